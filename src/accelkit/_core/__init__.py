@@ -1,0 +1,1 @@
+"""Logic every backend shares: validation, shape inference, pooling, host streams, dispatch."""

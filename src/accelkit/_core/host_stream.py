@@ -1,0 +1,239 @@
+"""Streams whose work runs on a host thread: the CPU backend's streams.
+
+Each stream has one worker thread (started on first use), so work on a stream runs in submission
+order and never on the event loop's thread. Small work submitted while the stream is idle runs
+inline on the submitting thread instead: nothing is queued ahead of it, so order is kept, and it
+skips the hand-off to the worker (tens of microseconds), which would dwarf a small operation.
+
+Positions in a stream are sequence numbers: ``submitted`` counts what was submitted, ``completed``
+what has finished. A tensor records the number of the operation that wrote it; waiting for a tensor
+is waiting until ``completed`` reaches that number.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from accelkit._core.loop import wait_for_callback
+from accelkit.abc.stream import Event, Stream
+from accelkit.device import Device
+from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
+
+__all__ = ["HostEvent", "HostStream"]
+
+_ids = itertools.count()
+
+
+class HostStream(Stream):
+    """A stream backed by one worker thread (see the module docstring)."""
+
+    def __init__(self, device: Device, name: str = "stream") -> None:
+        self._device = device
+        self.name = name
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: deque[tuple[int, Callable[[], None]]] = deque()
+        self.submitted = 0
+        self.completed = 0
+        self._waiters: list[tuple[int, int, Callable[[], None]]] = []
+        self._thread: threading.Thread | None = None
+        self._errors: list[tuple[int, BaseException]] = []
+        self._closed = False
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    def __repr__(self) -> str:
+        return (
+            f"HostStream({self.name!r}, device={self._device}, submitted={self.submitted},"
+            f" completed={self.completed})"
+        )
+
+    # -- submission -------------------------------------------------------------------------------
+    def submit(
+        self,
+        fn: Callable[[], None],
+        heavy: bool,
+        deps: Sequence[tuple[HostStream, int]] = (),
+    ) -> int:
+        """Run ``fn`` after everything submitted before it; returns its sequence number.
+
+        ``deps`` are (stream, seq) positions on other streams that must complete first.
+        """
+        cv = self._cv
+        with cv:
+            if self._closed:
+                raise DeviceError(f"{self!r} is closed (its backend was shut down)")
+            self.submitted += 1
+            seq = self.submitted
+            inline = not heavy and not deps and self.completed == seq - 1
+            if not inline:
+                if deps:
+                    fn = _after(deps, fn)
+                self._queue.append((seq, fn))
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._work, name=f"accelkit-{self.name}", daemon=True
+                    )
+                    self._thread.start()
+                cv.notify_all()
+                return seq
+        # Inline: the stream is idle, so running here keeps submission order. Work submitted by
+        # another thread meanwhile queues behind us (the worker waits for `completed`).
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported at the next wait
+            self._errors.append((seq, exc))
+        self._finish(seq)
+        return seq
+
+    def _work(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._queue and not self._closed:
+                    cv.wait()
+                if not self._queue:
+                    return
+                seq, fn = self._queue.popleft()
+                while self.completed < seq - 1:
+                    cv.wait()
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - reported at the next wait
+                self._errors.append((seq, exc))
+            del fn  # drop the closure (and the buffers it holds) before marking completion
+            self._finish(seq)
+
+    def _finish(self, seq: int) -> None:
+        ready: list[Callable[[], None]] = []
+        with self._cv:
+            self.completed = seq
+            self._cv.notify_all()
+            waiters = self._waiters
+            while waiters and waiters[0][0] <= seq:
+                ready.append(heapq.heappop(waiters)[2])
+        for callback in ready:
+            callback()
+
+    # -- waiting ----------------------------------------------------------------------------------
+    def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``callback`` (from any thread) once ``completed >= seq``; returns an unregister."""
+        entry = (seq, next(_ids), callback)
+        with self._cv:
+            if self.completed < seq:
+                heapq.heappush(self._waiters, entry)
+
+                def unregister() -> None:
+                    with self._cv:
+                        if entry in self._waiters:
+                            self._waiters.remove(entry)
+                            heapq.heapify(self._waiters)
+
+                return unregister
+        callback()
+        return None
+
+    async def wait_for(self, seq: int) -> None:
+        """Wait, without blocking the loop, until operation ``seq`` has completed."""
+        if self.completed < seq:
+            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
+        self.raise_errors(seq)
+
+    async def wait_for_quietly(self, seq: int) -> None:
+        """Wait like :meth:`wait_for` but drop errors instead of raising them (for shutdown)."""
+        if self.completed < seq:
+            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
+        self._errors.clear()
+
+    def wait_for_blocking(self, seq: int) -> None:
+        with self._cv:
+            while self.completed < seq:
+                self._cv.wait()
+        self.raise_errors(seq)
+
+    def raise_errors(self, seq: int) -> None:
+        """Raise (once) the error of a failed operation at or before ``seq``."""
+        if not self._errors:
+            return
+        for i, (err_seq, exc) in enumerate(self._errors):
+            if err_seq <= seq:
+                del self._errors[i]
+                if isinstance(exc, AccelError):
+                    raise exc
+                raise DeviceError(
+                    f"an operation on {self.name} ({self._device}) failed: {exc!r}"
+                ) from exc
+
+    # -- Stream interface -------------------------------------------------------------------------
+    def record_event(self) -> HostEvent:
+        return HostEvent(self, self.submitted)
+
+    def wait_event(self, event: Event) -> None:
+        if not isinstance(event, HostEvent):
+            raise InvalidArgumentError(
+                f"expected an event of a host stream; got {type(event).__name__}"
+            )
+        if event.query() or event.stream is self:
+            return
+        self.submit(lambda: None, heavy=True, deps=[(event.stream, event.seq)])
+
+    def query(self) -> bool:
+        return self.completed == self.submitted
+
+    async def synchronize(self) -> None:
+        await self.wait_for(self.submitted)
+
+    def synchronize_blocking(self) -> None:
+        self.wait_for_blocking(self.submitted)
+
+    def close(self) -> None:
+        """Let queued work finish, then stop the worker thread (called by shutdown)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._errors.clear()
+
+
+def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        for stream, seq in deps:
+            with stream._cv:
+                while stream.completed < seq:
+                    stream._cv.wait()
+        fn()
+
+    return run
+
+
+class HostEvent(Event):
+    """A position in a :class:`HostStream`."""
+
+    __slots__ = ("_stream", "seq")
+
+    def __init__(self, stream: HostStream, seq: int) -> None:
+        self._stream = stream
+        self.seq = seq
+
+    @property
+    def stream(self) -> HostStream:
+        return self._stream
+
+    def query(self) -> bool:
+        return self._stream.completed >= self.seq
+
+    async def wait(self) -> None:
+        await self._stream.wait_for(self.seq)
+
+    def wait_blocking(self) -> None:
+        self._stream.wait_for_blocking(self.seq)
+
+    def __repr__(self) -> str:
+        return f"HostEvent({self._stream.name!r}, seq={self.seq}, done={self.query()})"

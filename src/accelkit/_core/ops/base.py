@@ -1,0 +1,28 @@
+"""What every part of TensorOps shares: the owning backend and output allocation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accelkit.dtype import DType
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.abc.backend import ComputeBackend
+
+__all__ = ["OpsBase"]
+
+
+class OpsBase:
+    """Base of the TensorOps parts (and of KernelOps sub-interfaces)."""
+
+    def __init__(self, backend: ComputeBackend) -> None:
+        self.backend = backend
+
+    def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        """Allocate an output tensor (validated shape and dtype) on the backend's device."""
+        raise NotImplementedError
+
+    def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """A tensor sharing ``x``'s buffer with another shape of the same size."""
+        raise NotImplementedError

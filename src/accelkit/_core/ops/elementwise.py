@@ -1,0 +1,252 @@
+"""Elementwise operations: one table of unary and binary ops, validated once.
+
+Dtype rules (every backend follows them):
+- arithmetic (add sub mul maximum minimum pow mod) takes the promoted dtype
+  (:func:`accelkit.dtype.result_type`; Python scalars are weak);
+- ``div`` is true division: integer operands give F32;
+- comparisons give BOOL;
+- transcendental unary ops on integer or bool input give F32; ``relu abs neg floor ceil round``
+  keep the dtype (``neg`` of BOOL is refused).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from accelkit._core.ops.base import OpsBase
+from accelkit._core.shapes import broadcast_shapes
+from accelkit._core.validation import check_dtype, check_scalar, check_tensor
+from accelkit.dtype import DType, result_type, scalar_result_type
+from accelkit.errors import InvalidArgumentError
+from accelkit.tensor import Tensor
+
+__all__ = ["BINARY_OPS", "UNARY_OPS", "ElementwiseOps", "Operand"]
+
+Operand = Tensor | int | float | bool
+
+#: unary op -> "float" (integer input gives F32) or "same" (keeps the dtype)
+UNARY_OPS: dict[str, str] = {
+    "relu": "same", "abs": "same", "neg": "same", "floor": "same", "ceil": "same",
+    "round": "same", "sigmoid": "float", "tanh": "float", "exp": "float", "log": "float",
+    "sqrt": "float", "rsqrt": "float", "sin": "float", "cos": "float", "tan": "float",
+    "erf": "float", "gelu": "float", "gelu_tanh": "float", "silu": "float",
+}  # fmt: skip
+#: binary op -> "arith", "div" or "compare"
+BINARY_OPS: dict[str, str] = {
+    "add": "arith", "sub": "arith", "mul": "arith", "div": "div", "maximum": "arith",
+    "minimum": "arith", "pow": "arith", "mod": "arith", "eq": "compare", "ne": "compare",
+    "lt": "compare", "le": "compare", "gt": "compare", "ge": "compare",
+}  # fmt: skip
+
+
+class ElementwiseOps(OpsBase):
+    """``unary``, ``binary``, ``where``, ``cast`` and the named shortcuts."""
+
+    # -- generic entry points ---------------------------------------------------------------------
+    def unary(self, op: str, x: Tensor) -> Tensor:
+        """Apply the unary ``op`` (one of ``UNARY_OPS``) to every element of ``x``."""
+        kind = UNARY_OPS.get(op)
+        if kind is None:
+            raise InvalidArgumentError(
+                f"unknown unary op {op!r}; expected one of: {', '.join(UNARY_OPS)}"
+            )
+        check_tensor(self.backend, x)
+        dt = x._dtype
+        if kind == "float" and not dt.is_floating:
+            dt = DType.F32
+        elif dt is DType.BOOL and op in ("neg", "floor", "ceil", "round"):
+            raise InvalidArgumentError(f"{op} is not defined for bool tensors; cast first")
+        out = self._empty(x._shape, dt)
+        self._k_unary(op, x, out)
+        return out
+
+    def binary(self, op: str, a: Operand, b: Operand) -> Tensor:
+        """Apply ``op`` (one of ``BINARY_OPS``) with NumPy broadcasting; either side may be a
+        Python scalar, not both."""
+        kind = BINARY_OPS.get(op)
+        if kind is None:
+            raise InvalidArgumentError(
+                f"unknown binary op {op!r}; expected one of: {', '.join(BINARY_OPS)}"
+            )
+        backend = self.backend
+        if isinstance(a, Tensor):
+            check_tensor(backend, a, "a")
+            if isinstance(b, Tensor):
+                check_tensor(backend, b, "b")
+                shape = a._shape if a._shape == b._shape else broadcast_shapes(
+                    a._shape, b._shape, f"{op}: a and b"
+                )
+                dt = a._dtype if a._dtype is b._dtype else result_type(a._dtype, b._dtype)
+            else:
+                shape = a._shape
+                dt = scalar_result_type(a._dtype, check_scalar(b, "b"))
+        elif isinstance(b, Tensor):
+            check_tensor(backend, b, "b")
+            shape = b._shape
+            dt = scalar_result_type(b._dtype, check_scalar(a, "a"))
+        else:
+            raise InvalidArgumentError(
+                f"{op} needs at least one Tensor operand; got {type(a).__name__} and"
+                f" {type(b).__name__}"
+            )
+        if kind == "compare":
+            dt = DType.BOOL
+        elif kind == "div" and not dt.is_floating:
+            dt = DType.F32
+        elif dt is DType.BOOL and op in ("sub", "pow", "mod"):
+            raise InvalidArgumentError(f"{op} is not defined for bool tensors; cast first")
+        if dt not in backend.supported_dtypes:
+            check_dtype(backend, dt, f"result of {op}")
+        out = self._empty(shape, dt)
+        self._k_binary(op, a, b, out)
+        return out
+
+    def where(self, cond: Tensor, a: Operand, b: Operand) -> Tensor:
+        """``a`` where ``cond`` is true, else ``b`` (broadcast together; ``cond`` is BOOL)."""
+        backend = self.backend
+        check_tensor(backend, cond, "cond")
+        if cond._dtype is not DType.BOOL:
+            raise InvalidArgumentError(f"where: cond must be bool; got {cond._dtype.value}")
+        shape = cond._shape
+        dts: list[DType] = []
+        for name, v in (("a", a), ("b", b)):
+            if isinstance(v, Tensor):
+                check_tensor(backend, v, name)
+                shape = broadcast_shapes(shape, v._shape, f"where: cond and {name}")
+                dts.append(v._dtype)
+            else:
+                check_scalar(v, name)
+        if not dts:
+            raise InvalidArgumentError("where needs a Tensor for a or b; got two scalars")
+        dt = dts[0] if len(dts) == 1 else result_type(dts[0], dts[1])
+        for v in (a, b):
+            if not isinstance(v, Tensor):
+                dt = scalar_result_type(dt, v)
+        out = self._empty(shape, dt)
+        self._k_where(cond, a, b, out)
+        return out
+
+    def cast(self, x: Tensor, dtype: DType | str) -> Tensor:
+        """Convert to ``dtype`` (float to int truncates toward zero; to BOOL is ``x != 0``)."""
+        check_tensor(self.backend, x)
+        dt = check_dtype(self.backend, dtype)
+        out = self._empty(x._shape, dt)
+        self._k_cast(x, out)
+        return out
+
+    # -- kernel hooks (backends implement; arguments are validated, outputs allocated) ------------
+    @abstractmethod
+    def _k_unary(self, op: str, x: Tensor, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def _k_binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def _k_where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def _k_cast(self, x: Tensor, out: Tensor) -> None: ...
+
+    # -- named shortcuts --------------------------------------------------------------------------
+    def add(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("add", a, b)
+
+    def sub(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("sub", a, b)
+
+    def mul(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("mul", a, b)
+
+    def div(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("div", a, b)
+
+    def maximum(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("maximum", a, b)
+
+    def minimum(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("minimum", a, b)
+
+    def pow(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("pow", a, b)
+
+    def mod(self, a: Operand, b: Operand) -> Tensor:
+        """Remainder with the sign of the divisor (Python's and NumPy's ``%``)."""
+        return self.binary("mod", a, b)
+
+    def eq(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("eq", a, b)
+
+    def ne(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("ne", a, b)
+
+    def lt(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("lt", a, b)
+
+    def le(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("le", a, b)
+
+    def gt(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("gt", a, b)
+
+    def ge(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("ge", a, b)
+
+    def relu(self, x: Tensor) -> Tensor:
+        return self.unary("relu", x)
+
+    def sigmoid(self, x: Tensor) -> Tensor:
+        return self.unary("sigmoid", x)
+
+    def tanh(self, x: Tensor) -> Tensor:
+        return self.unary("tanh", x)
+
+    def exp(self, x: Tensor) -> Tensor:
+        return self.unary("exp", x)
+
+    def log(self, x: Tensor) -> Tensor:
+        return self.unary("log", x)
+
+    def sqrt(self, x: Tensor) -> Tensor:
+        return self.unary("sqrt", x)
+
+    def rsqrt(self, x: Tensor) -> Tensor:
+        return self.unary("rsqrt", x)
+
+    def abs(self, x: Tensor) -> Tensor:
+        return self.unary("abs", x)
+
+    def neg(self, x: Tensor) -> Tensor:
+        return self.unary("neg", x)
+
+    def sin(self, x: Tensor) -> Tensor:
+        return self.unary("sin", x)
+
+    def cos(self, x: Tensor) -> Tensor:
+        return self.unary("cos", x)
+
+    def tan(self, x: Tensor) -> Tensor:
+        return self.unary("tan", x)
+
+    def floor(self, x: Tensor) -> Tensor:
+        return self.unary("floor", x)
+
+    def ceil(self, x: Tensor) -> Tensor:
+        return self.unary("ceil", x)
+
+    def round(self, x: Tensor) -> Tensor:
+        """Round half to even (NumPy's and IEEE's default)."""
+        return self.unary("round", x)
+
+    def erf(self, x: Tensor) -> Tensor:
+        return self.unary("erf", x)
+
+    def gelu(self, x: Tensor, approximate: str = "none") -> Tensor:
+        """GELU: exact (``x * Phi(x)``) or, with ``approximate="tanh"``, the tanh form."""
+        if approximate not in ("none", "tanh"):
+            raise InvalidArgumentError(
+                f"gelu: approximate must be 'none' or 'tanh'; got {approximate!r}"
+            )
+        return self.unary("gelu" if approximate == "none" else "gelu_tanh", x)
+
+    def silu(self, x: Tensor) -> Tensor:
+        return self.unary("silu", x)

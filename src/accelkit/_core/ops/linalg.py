@@ -1,0 +1,162 @@
+"""Matrix products: gemm, batched_gemm, matmul, linear."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from accelkit._core.ops.base import OpsBase
+from accelkit._core.shapes import broadcast_shapes, matmul_shape
+from accelkit._core.validation import check_float_param, check_tensor
+from accelkit.dtype import DType, result_type
+from accelkit.errors import InvalidArgumentError
+from accelkit.tensor import Tensor
+
+__all__ = ["LinalgOps"]
+
+
+def _numeric(x: Tensor, op: str, name: str) -> None:
+    if x._dtype is DType.BOOL:
+        raise InvalidArgumentError(f"{op}: {name} is bool; cast it to a numeric dtype first")
+
+
+class LinalgOps(OpsBase):
+    """Matrix products. Low-precision floats (F16, BF16) accumulate in F32."""
+
+    def gemm(
+        self,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None = None,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> Tensor:
+        """``alpha * op(a) @ op(b) + beta * c`` for 2-d ``a`` [m, k] and ``b`` [k, n].
+
+        ``op`` transposes when ``trans_*`` is set. ``c`` (optional) broadcasts to [m, n].
+        Returns a new tensor; ``c`` is not modified.
+        """
+        return self._gemm("gemm", a, b, c, trans_a, trans_b, alpha, beta, batched=False)
+
+    def batched_gemm(
+        self,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None = None,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> Tensor:
+        """:meth:`gemm` over a batch: ``a`` [batch, m, k], ``b`` [batch, k, n] (same batch)."""
+        return self._gemm("batched_gemm", a, b, c, trans_a, trans_b, alpha, beta, batched=True)
+
+    def _gemm(
+        self,
+        op: str,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None,
+        trans_a: bool,
+        trans_b: bool,
+        alpha: float,
+        beta: float,
+        *,
+        batched: bool,
+    ) -> Tensor:
+        backend = self.backend
+        check_tensor(backend, a, "a")
+        check_tensor(backend, b, "b")
+        _numeric(a, op, "a")
+        _numeric(b, op, "b")
+        nd = 3 if batched else 2
+        for name, t in (("a", a), ("b", b)):
+            if t.ndim != nd:
+                raise InvalidArgumentError(
+                    f"{op}: {name} must be {nd}-d{' [batch, rows, cols]' if batched else ''};"
+                    f" got shape {t._shape}"
+                )
+        alpha = check_float_param(alpha, "alpha")
+        beta = check_float_param(beta, "beta")
+        m, ka = (a._shape[-1], a._shape[-2]) if trans_a else (a._shape[-2], a._shape[-1])
+        kb, n = (b._shape[-1], b._shape[-2]) if trans_b else (b._shape[-2], b._shape[-1])
+        if ka != kb:
+            raise InvalidArgumentError(
+                f"{op}: op(a) is {m}x{ka} and op(b) is {kb}x{n}; the inner dimensions differ"
+                f" (trans_a={trans_a}, trans_b={trans_b}, a {a._shape}, b {b._shape})"
+            )
+        if batched and a._shape[0] != b._shape[0]:
+            raise InvalidArgumentError(
+                f"{op}: a has batch {a._shape[0]} but b has batch {b._shape[0]}"
+            )
+        shape = (a._shape[0], m, n) if batched else (m, n)
+        dt = result_type(a._dtype, b._dtype)
+        if c is not None:
+            check_tensor(backend, c, "c")
+            _numeric(c, op, "c")
+            if broadcast_shapes(shape, c._shape, f"{op}: c and the product") != shape:
+                raise InvalidArgumentError(
+                    f"{op}: c of shape {c._shape} does not broadcast to the product's {shape}"
+                )
+            dt = result_type(dt, c._dtype)
+        out = self._empty(shape, dt)
+        self._k_gemm(a, b, c if beta != 0.0 else None, out, trans_a, trans_b, alpha, beta)
+        return out
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        """NumPy's ``matmul``: 1-d operands are promoted, batch dimensions broadcast."""
+        check_tensor(self.backend, a, "a")
+        check_tensor(self.backend, b, "b")
+        _numeric(a, "matmul", "a")
+        _numeric(b, "matmul", "b")
+        shape = matmul_shape(a._shape, b._shape)
+        out = self._empty(shape, result_type(a._dtype, b._dtype))
+        self._k_matmul(a, b, out)
+        return out
+
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``x @ weight.T + bias``: ``x`` [..., in], ``weight`` [out, in], ``bias`` [out]."""
+        backend = self.backend
+        check_tensor(backend, x, "x")
+        check_tensor(backend, weight, "weight")
+        _numeric(x, "linear", "x")
+        if weight.ndim != 2:
+            raise InvalidArgumentError(f"linear: weight must be [out, in]; got {weight._shape}")
+        if x.ndim < 1 or x._shape[-1] != weight._shape[1]:
+            raise InvalidArgumentError(
+                f"linear: x {x._shape} has {x._shape[-1] if x._shape else 0} input features but"
+                f" weight {weight._shape} expects {weight._shape[1]}"
+            )
+        dt = result_type(x._dtype, weight._dtype)
+        if bias is not None:
+            check_tensor(backend, bias, "bias")
+            if bias._shape != (weight._shape[0],):
+                raise InvalidArgumentError(
+                    f"linear: bias must be [{weight._shape[0]}]; got {bias._shape}"
+                )
+            dt = result_type(dt, bias._dtype)
+        out = self._empty((*x._shape[:-1], weight._shape[0]), dt)
+        self._k_linear(x, weight, bias, out)
+        return out
+
+    @abstractmethod
+    def _k_gemm(
+        self,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None,
+        out: Tensor,
+        trans_a: bool,
+        trans_b: bool,
+        alpha: float,
+        beta: float,
+    ) -> None: ...
+
+    @abstractmethod
+    def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None: ...

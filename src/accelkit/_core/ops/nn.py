@@ -1,0 +1,331 @@
+"""Neural-network operations: conv2d, attention, softmax, norms, losses, embedding, Adam."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from accelkit._core.ops.base import OpsBase
+from accelkit._core.shapes import broadcast_shapes, conv2d_output_hw
+from accelkit._core.validation import (
+    check_axis,
+    check_float,
+    check_float_param,
+    check_index,
+    check_int,
+    check_same_dtype,
+    check_tensor,
+    pair,
+)
+from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError
+from accelkit.tensor import Tensor
+
+__all__ = ["NNOps"]
+
+PairArg = int | tuple[int, int]
+
+
+class NNOps(OpsBase):
+    def conv2d(
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        *,
+        stride: PairArg = 1,
+        padding: PairArg = 0,
+        dilation: PairArg = 1,
+        groups: int = 1,
+    ) -> Tensor:
+        """2-d cross-correlation, NCHW: ``x`` [N, C, H, W], ``weight`` [O, C/groups, KH, KW],
+        ``bias`` [O]; zero padding. Output [N, O, OH, OW]."""
+        b = self.backend
+        check_tensor(b, x)
+        check_tensor(b, weight, "weight")
+        check_float(x, "conv2d")
+        dt = check_same_dtype("conv2d", x=x, weight=weight, bias=bias)
+        if x.ndim != 4 or weight.ndim != 4:
+            raise InvalidArgumentError(
+                f"conv2d: x must be [N, C, H, W] and weight [O, C/groups, KH, KW]; got x"
+                f" {x._shape} and weight {weight._shape}"
+            )
+        s = pair(stride, "stride", minimum=1)
+        p = pair(padding, "padding", minimum=0)
+        d = pair(dilation, "dilation", minimum=1)
+        g = check_int(groups, "groups", minimum=1)
+        n, c, h, w = x._shape
+        o, cg, kh, kw = weight._shape
+        if c % g or o % g:
+            raise InvalidArgumentError(
+                f"conv2d: groups={g} must divide both input channels ({c}) and output channels ({o})"
+            )
+        if cg != c // g:
+            raise InvalidArgumentError(
+                f"conv2d: weight {weight._shape} has {cg} input channels per group; x has {c}"
+                f" channels in {g} group(s), so {c // g} are expected"
+            )
+        if bias is not None:
+            check_tensor(b, bias, "bias")
+            if bias._shape != (o,):
+                raise InvalidArgumentError(f"conv2d: bias must be [{o}]; got {bias._shape}")
+        oh, ow = conv2d_output_hw(h, w, kh, kw, s, p, d)
+        out = self._empty((n, o, oh, ow), dt)
+        self._k_conv2d(x, weight, bias, out, s, p, d, g)
+        return out
+
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float | None = None,
+        causal: bool = False,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``.
+
+        ``q`` [B, H, Sq, D]; ``k`` [B, Hkv, Skv, D] and ``v`` [B, Hkv, Skv, Dv] with ``H`` a
+        multiple of ``Hkv`` (grouped KV heads: query head h reads KV head ``h // (H // Hkv)``).
+        ``scale`` defaults to ``1/sqrt(D)``. ``causal`` aligns the last query with the last key
+        (query i sees keys ``j <= i + Skv - Sq``), as a KV cache needs. ``mask`` broadcasts to
+        [B, H, Sq, Skv]: BOOL keeps True positions, a float mask is added to the scores. A query
+        that sees no key gets zeros. Output [B, H, Sq, Dv].
+        """
+        b = self.backend
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_tensor(b, t, name)
+            if t.ndim != 4:
+                raise InvalidArgumentError(
+                    f"attention: {name} must be [batch, heads, seq, head_dim]; got {t._shape}"
+                )
+        check_float(q, "attention", "q")
+        dt = check_same_dtype("attention", q=q, k=k, v=v)
+        bq, h, sq, dq = q._shape
+        bk, hk, sk, dk = k._shape
+        bv, hv, sv, dv = v._shape
+        if not (bq == bk == bv):
+            raise InvalidArgumentError(
+                f"attention: batch sizes differ: q {bq}, k {bk}, v {bv}"
+            )
+        if dq != dk:
+            raise InvalidArgumentError(f"attention: q head_dim {dq} != k head_dim {dk}")
+        if (hk, sk) != (hv, sv):
+            raise InvalidArgumentError(
+                f"attention: k {k._shape} and v {v._shape} must share heads and sequence length"
+            )
+        if hk == 0 or h % hk:
+            raise InvalidArgumentError(
+                f"attention: q has {h} heads, which is not a multiple of k/v's {hk} heads"
+            )
+        if scale is None:
+            sc = 1.0 / dq**0.5 if dq else 1.0
+        else:
+            sc = check_float_param(scale, "scale")
+        if mask is not None:
+            check_tensor(b, mask, "mask")
+            target = (bq, h, sq, sk)
+            if broadcast_shapes(mask._shape, target, "attention: mask and scores") != target:
+                raise InvalidArgumentError(
+                    f"attention: mask {mask._shape} does not broadcast to the scores {target}"
+                )
+            if mask._dtype is not DType.BOOL and not mask._dtype.is_floating:
+                raise InvalidArgumentError(
+                    f"attention: mask must be bool or floating; got {mask._dtype.value}"
+                )
+        out = self._empty((bq, h, sq, dv), dt)
+        self._k_attention(q, k, v, mask, out, sc, bool(causal))
+        return out
+
+    def softmax(self, x: Tensor, axis: int = -1) -> Tensor:
+        """``exp(x) / sum(exp(x))`` along ``axis`` (computed stably)."""
+        return self._softmax(x, axis, log=False)
+
+    def log_softmax(self, x: Tensor, axis: int = -1) -> Tensor:
+        return self._softmax(x, axis, log=True)
+
+    def _softmax(self, x: Tensor, axis: int, *, log: bool) -> Tensor:
+        check_tensor(self.backend, x)
+        ax = check_axis(axis, x.ndim)
+        dt = x._dtype if x._dtype.is_floating else DType.F32
+        out = self._empty(x._shape, dt)
+        self._k_softmax(x, ax, out, log)
+        return out
+
+    def layer_norm(
+        self,
+        x: Tensor,
+        weight: Tensor | None = None,
+        bias: Tensor | None = None,
+        eps: float = 1e-5,
+    ) -> Tensor:
+        """Normalize over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+        self._check_norm("layer_norm", x, weight=weight, bias=bias)
+        out = self._empty(x._shape, x._dtype)
+        self._k_layer_norm(x, weight, bias, check_float_param(eps, "eps", positive=True), out)
+        return out
+
+    def rms_norm(self, x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+        """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
+        self._check_norm("rms_norm", x, weight=weight)
+        out = self._empty(x._shape, x._dtype)
+        self._k_rms_norm(x, weight, check_float_param(eps, "eps", positive=True), out)
+        return out
+
+    def _check_norm(self, op: str, x: Tensor, **params: Tensor | None) -> None:
+        check_tensor(self.backend, x)
+        check_float(x, op)
+        if x.ndim < 1:
+            raise InvalidArgumentError(f"{op} needs at least 1 dimension; got a 0-d tensor")
+        for name, p in params.items():
+            if p is None:
+                continue
+            check_tensor(self.backend, p, name)
+            if p._shape != (x._shape[-1],):
+                raise InvalidArgumentError(
+                    f"{op}: {name} must be [{x._shape[-1]}] (x's last axis); got {p._shape}"
+                )
+        check_same_dtype(op, x=x, **params)
+
+    def cross_entropy(
+        self, logits: Tensor, targets: Tensor, reduction: str = "mean"
+    ) -> tuple[Tensor, Tensor]:
+        """Softmax cross-entropy: ``logits`` [N, C], ``targets`` [N] class indices.
+
+        Returns ``(loss, probabilities)``: the loss is a 0-d tensor for ``reduction`` "mean" or
+        "sum", [N] for "none"; probabilities are ``softmax(logits)`` [N, C] (the gradient with
+        respect to the logits is ``probabilities - one_hot(targets)``). A target outside
+        ``0..C-1`` is reported when the result is awaited.
+        """
+        b = self.backend
+        check_tensor(b, logits, "logits")
+        check_tensor(b, targets, "targets")
+        check_float(logits, "cross_entropy", "logits")
+        check_index(targets, "cross_entropy", "targets")
+        if logits.ndim != 2 or targets._shape != logits._shape[:1]:
+            raise InvalidArgumentError(
+                f"cross_entropy: logits must be [N, C] and targets [N]; got logits"
+                f" {logits._shape} and targets {targets._shape}"
+            )
+        if reduction not in ("mean", "sum", "none"):
+            raise InvalidArgumentError(
+                f"cross_entropy: reduction must be 'mean', 'sum' or 'none'; got {reduction!r}"
+            )
+        loss = self._empty(() if reduction != "none" else logits._shape[:1], logits._dtype)
+        probs = self._empty(logits._shape, logits._dtype)
+        self._k_cross_entropy(logits, targets, reduction, loss, probs)
+        return loss, probs
+
+    def embedding(self, indices: Tensor, weight: Tensor) -> Tensor:
+        """Rows of ``weight`` [V, D] picked by integer ``indices`` (any shape) -> [..., D].
+
+        An index outside ``0..V-1`` is reported when the result is awaited.
+        """
+        check_tensor(self.backend, indices, "indices")
+        check_tensor(self.backend, weight, "weight")
+        check_index(indices, "embedding", "indices")
+        if weight.ndim != 2:
+            raise InvalidArgumentError(f"embedding: weight must be [V, D]; got {weight._shape}")
+        out = self._empty((*indices._shape, weight._shape[1]), weight._dtype)
+        self._k_embedding(indices, weight, out)
+        return out
+
+    def adam_update(
+        self,
+        param: Tensor,
+        grad: Tensor,
+        m: Tensor,
+        v: Tensor,
+        *,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        step: int,
+        weight_decay: float = 0.0,
+    ) -> Tensor:
+        """One AdamW step, in place on ``param``, ``m`` and ``v``; returns ``param``.
+
+        ``m = b1 m + (1-b1) g``; ``v = b2 v + (1-b2) g^2``; ``param -= lr * (m_hat /
+        (sqrt(v_hat) + eps) + weight_decay * param)`` with bias-corrected ``m_hat``, ``v_hat``
+        for ``step`` (counted from 1). Weight decay is decoupled (AdamW).
+        """
+        b = self.backend
+        for name, t in (("param", param), ("grad", grad), ("m", m), ("v", v)):
+            check_tensor(b, t, name)
+            if t._shape != param._shape:
+                raise InvalidArgumentError(
+                    f"adam_update: {name} has shape {t._shape}, param has {param._shape}"
+                )
+        check_float(param, "adam_update", "param")
+        check_same_dtype("adam_update", param=param, grad=grad, m=m, v=v)
+        if len({id(param._buffer), id(grad._buffer), id(m._buffer), id(v._buffer)}) != 4:
+            raise InvalidArgumentError("adam_update: param, grad, m and v must be distinct buffers")
+        lr = check_float_param(lr, "lr")
+        for name, beta in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= check_float_param(beta, name) < 1.0:
+                raise InvalidArgumentError(f"adam_update: {name} must be in [0, 1); got {beta}")
+        eps = check_float_param(eps, "eps", positive=True)
+        step = check_int(step, "step", minimum=1)
+        weight_decay = check_float_param(weight_decay, "weight_decay")
+        self._k_adam_update(param, grad, m, v, lr, float(beta1), float(beta2), eps, step, weight_decay)
+        return param
+
+    @abstractmethod
+    def _k_conv2d(
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        out: Tensor,
+        stride: tuple[int, int],
+        padding: tuple[int, int],
+        dilation: tuple[int, int],
+        groups: int,
+    ) -> None: ...
+
+    @abstractmethod
+    def _k_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None: ...
+
+    @abstractmethod
+    def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None: ...
+
+    @abstractmethod
+    def _k_layer_norm(
+        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
+    ) -> None: ...
+
+    @abstractmethod
+    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def _k_cross_entropy(
+        self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
+    ) -> None: ...
+
+    @abstractmethod
+    def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def _k_adam_update(
+        self,
+        param: Tensor,
+        grad: Tensor,
+        m: Tensor,
+        v: Tensor,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: int,
+        weight_decay: float,
+    ) -> None: ...

@@ -1,0 +1,87 @@
+"""Reductions: sum mean max min prod argmax argmin."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from accelkit._core.ops.base import OpsBase
+from accelkit._core.shapes import reduced_shape
+from accelkit._core.validation import check_axes, check_axis, check_tensor
+from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError
+from accelkit.tensor import Tensor
+
+__all__ = ["REDUCE_OPS", "ReductionOps"]
+
+REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin")
+
+
+class ReductionOps(OpsBase):
+    """``reduce(op, x, axis=None, keepdims=False)`` and the named shortcuts.
+
+    Dtypes: ``sum``/``prod`` of integers or bools give I64 (U64 for unsigned); ``mean`` of
+    integers gives F32; ``max``/``min`` keep the dtype; ``argmax``/``argmin`` give I64 (first
+    index of the extreme). Low-precision floats accumulate in F32.
+    """
+
+    def reduce(
+        self,
+        op: str,
+        x: Tensor,
+        axis: int | tuple[int, ...] | None = None,
+        keepdims: bool = False,
+    ) -> Tensor:
+        if op not in REDUCE_OPS:
+            raise InvalidArgumentError(
+                f"unknown reduction {op!r}; expected one of: {', '.join(REDUCE_OPS)}"
+            )
+        check_tensor(self.backend, x)
+        if op in ("argmax", "argmin"):
+            if axis is not None and not isinstance(axis, int):
+                raise InvalidArgumentError(f"{op} takes one axis or None; got {axis!r}")
+            axes = tuple(range(x.ndim)) if axis is None else (check_axis(axis, x.ndim),)
+        else:
+            axes = check_axes(axis, x.ndim)
+        if op in ("max", "min", "argmax", "argmin") and any(x._shape[a] == 0 for a in axes):
+            raise InvalidArgumentError(f"{op} of an empty axis is undefined; x has shape {x._shape}")
+        dt = x._dtype
+        if op in ("sum", "prod") and not dt.is_floating:
+            dt = DType.U64 if dt in (DType.U8, DType.U16, DType.U32, DType.U64) else DType.I64
+        elif op == "mean" and not dt.is_floating:
+            dt = DType.F32
+        elif op in ("argmax", "argmin"):
+            dt = DType.I64
+        if op in ("argmax", "argmin") and axis is None:
+            shape = (1,) * x.ndim if keepdims else ()
+        else:
+            shape = reduced_shape(x._shape, axes, keepdims)
+        out = self._empty(shape, dt)
+        self._k_reduce(op, x, axes, keepdims, out)
+        return out
+
+    @abstractmethod
+    def _k_reduce(
+        self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
+    ) -> None:
+        """For argmax/argmin with all axes, index into the flattened tensor."""
+
+    def sum(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        return self.reduce("sum", x, axis, keepdims)
+
+    def mean(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        return self.reduce("mean", x, axis, keepdims)
+
+    def max(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        return self.reduce("max", x, axis, keepdims)
+
+    def min(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        return self.reduce("min", x, axis, keepdims)
+
+    def prod(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        return self.reduce("prod", x, axis, keepdims)
+
+    def argmax(self, x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        return self.reduce("argmax", x, axis, keepdims)
+
+    def argmin(self, x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        return self.reduce("argmin", x, axis, keepdims)

@@ -1,0 +1,271 @@
+"""A caching allocator with exact statistics, shared by every backend's memory manager.
+
+The backend supplies two functions, ``raw_alloc(size) -> handle`` and ``raw_free(handle)``; the
+pool rounds requests to size classes (at most 12.5 % waste), caches freed blocks per class and
+keeps the counters that :class:`~accelkit.memory.MemoryInfo` reports.
+
+Buffers are released from ``DeviceBuffer.__del__``, which may run on any thread and at any point
+(even inside the pool, through the garbage collector). Releases therefore only append to a deque
+(atomic in CPython); the deque is drained under the lock at the next allocation or query.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from accelkit.abc.memory import DeviceBuffer
+from accelkit.device import Device
+from accelkit.errors import (
+    InvalidArgumentError,
+    NotInitializedError,
+    OutOfMemoryError,
+    StaleHandleError,
+)
+from accelkit.memory import MemoryInfo, MemoryPoolConfig
+
+__all__ = ["CachingPool", "size_class"]
+
+_MIN_BLOCK = 64
+_MAX_ALLOC = 1 << 48
+
+
+def size_class(nbytes: int) -> int:
+    """Round ``nbytes`` up to its size class: multiples of 64 up to 512, then 8 steps per octave."""
+    if nbytes <= 512:
+        return max(_MIN_BLOCK, (nbytes + 63) & ~63)
+    step = 1 << (nbytes.bit_length() - 4)
+    return (nbytes + step - 1) & ~(step - 1)
+
+
+def _fmt(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+class CachingPool:
+    """Size-class caching allocator with exact accounting (see module docstring)."""
+
+    def __init__(
+        self,
+        device: Device,
+        raw_alloc: Callable[[int], Any],
+        raw_free: Callable[[Any], None],
+        total_bytes: int,
+        config: MemoryPoolConfig | None = None,
+    ) -> None:
+        self.device = device
+        self._raw_alloc = raw_alloc
+        self._raw_free = raw_free
+        self._device_total = total_bytes
+        self._config = config or MemoryPoolConfig()
+        self._lock = threading.Lock()
+        self._released: deque[DeviceBuffer] = deque()
+        self._cache: dict[int, list[Any]] = {}
+        self.generation = 1
+        self.closed = False
+        self._used = 0
+        self._reserved = 0
+        self._cached = 0
+        self._active = 0
+        self._peak = 0
+
+    # -- configuration ----------------------------------------------------------------------------
+    @property
+    def config(self) -> MemoryPoolConfig:
+        return self._config
+
+    def configure(self, config: MemoryPoolConfig) -> None:
+        if not isinstance(config, MemoryPoolConfig):
+            raise InvalidArgumentError(
+                f"expected a MemoryPoolConfig; got {type(config).__name__}"
+            )
+        with self._lock:
+            self._config = config
+            if not config.enabled:
+                self._trim_locked(0)
+            elif config.max_cached_bytes is not None:
+                self._trim_locked(config.max_cached_bytes)
+
+    @property
+    def total(self) -> int:
+        limit = self._config.limit_bytes
+        return min(limit, self._device_total) if limit else self._device_total
+
+    # -- allocation -------------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> DeviceBuffer:
+        """Allocate a buffer of ``nbytes`` (validated by the caller as a non-negative int)."""
+        block = size_class(nbytes)
+        with self._lock:
+            if self.closed:
+                raise NotInitializedError(
+                    f"the memory pool of {self.device} is closed: its backend was shut down"
+                )
+            if self._released:
+                self._drain_locked()
+            total = self.total
+            if self._used + nbytes > total:
+                raise OutOfMemoryError(
+                    f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
+                    f" {'limit' if self._config.limit_bytes else 'device memory'} of {_fmt(total)}"
+                    f" ({_fmt(self._used)} in use, {_fmt(total - self._used)} free)",
+                    requested=nbytes,
+                    used=self._used,
+                    limit=total,
+                )
+            free_list = self._cache.get(block)
+            if free_list:
+                handle = free_list.pop()
+                self._cached -= block
+            else:
+                handle = self._fresh_locked(nbytes, block)
+            self._used += nbytes
+            self._active += 1
+            if self._used > self._peak:
+                self._peak = self._used
+            return DeviceBuffer(self, handle, nbytes, block, self.device, self.generation)
+
+    def _fresh_locked(self, nbytes: int, block: int) -> Any:
+        if block > _MAX_ALLOC:
+            raise OutOfMemoryError(
+                f"cannot allocate {_fmt(nbytes)} on {self.device}: larger than any device",
+                requested=nbytes,
+                used=self._used,
+                limit=self.total,
+            )
+        # Keep what the pool holds under the limit by giving back cached blocks first.
+        if self._cached and self._reserved + block > self.total:
+            self._trim_locked(max(0, self.total - self._reserved - block + self._cached))
+        try:
+            handle = self._raw_alloc(block)
+        except MemoryError:
+            self._trim_locked(0)
+            try:
+                handle = self._raw_alloc(block)
+            except MemoryError as exc:
+                raise OutOfMemoryError(
+                    f"the device {self.device} has no {_fmt(nbytes)} left"
+                    f" ({_fmt(self._used)} in use by accelkit)",
+                    requested=nbytes,
+                    used=self._used,
+                    limit=self.total,
+                ) from exc
+        self._reserved += block
+        return handle
+
+    def release_later(self, buffer: DeviceBuffer) -> None:
+        """Called from ``DeviceBuffer.__del__``: queue the block for return to the cache."""
+        self._released.append(buffer)
+
+    def free(
+        self,
+        buffer: DeviceBuffer,
+        recycle_later: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        """Free ``buffer``: it is stale and uncounted at once; its block returns to the cache
+        now, or, with ``recycle_later``, when the function given to it is called (a backend
+        passes one that runs after the work already queued, which may still use the block)."""
+        with self._lock:
+            if buffer._pool is not self or buffer._gen != self.generation:
+                raise StaleHandleError(
+                    f"{buffer!r} was already freed, or belongs to another backend or to a"
+                    " context that was shut down"
+                )
+            buffer._pool = None
+            self._used -= buffer.nbytes
+            self._active -= 1
+            if recycle_later is None:
+                self._recycle_locked(buffer.handle, buffer.block_size)
+                return
+        handle, block, gen = buffer.handle, buffer.block_size, self.generation
+
+        def recycle() -> None:
+            with self._lock:
+                if gen == self.generation:
+                    self._recycle_locked(handle, block)
+
+        recycle_later(recycle)
+
+    def _drain_locked(self) -> None:
+        released = self._released
+        while released:
+            buf = released.popleft()
+            if buf._gen == self.generation and buf._pool is self:
+                self._return_locked(buf)
+            buf._pool = None
+
+    def _return_locked(self, buf: DeviceBuffer) -> None:
+        self._used -= buf.nbytes
+        self._active -= 1
+        self._recycle_locked(buf.handle, buf.block_size)
+
+    def _recycle_locked(self, handle: Any, block: int) -> None:
+        cfg = self._config
+        if cfg.enabled and (
+            cfg.max_cached_bytes is None or self._cached + block <= cfg.max_cached_bytes
+        ):
+            self._cache.setdefault(block, []).append(handle)
+            self._cached += block
+        else:
+            self._raw_free(handle)
+            self._reserved -= block
+
+    # -- maintenance ------------------------------------------------------------------------------
+    def trim(self) -> int:
+        with self._lock:
+            self._drain_locked()
+            return self._trim_locked(0)
+
+    def _trim_locked(self, keep: int) -> int:
+        released = 0
+        for block in sorted(self._cache, reverse=True):
+            free_list = self._cache[block]
+            while free_list and self._cached > keep:
+                self._raw_free(free_list.pop())
+                self._cached -= block
+                self._reserved -= block
+                released += block
+        self._cache = {k: v for k, v in self._cache.items() if v}
+        return released
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._drain_locked()
+            self._peak = self._used
+
+    def invalidate_all(self, close: bool = False) -> None:
+        """Shutdown or context rebuild: every live buffer becomes stale, all memory is released.
+
+        With ``close``, later allocations raise NotInitializedError."""
+        with self._lock:
+            self.closed = close
+            self._drain_locked()
+            self.generation += 1
+            self._trim_locked(0)
+            # Live blocks are released by dropping the pool's claim on them: their handles die
+            # with the last tensor that references them.
+            self._reserved = 0
+            self._used = 0
+            self._active = 0
+            self._peak = 0
+
+    def info(self) -> MemoryInfo:
+        with self._lock:
+            self._drain_locked()
+            total = self.total
+            reserved = self._reserved
+            used = self._used
+            return MemoryInfo(
+                total=total,
+                used=used,
+                free=max(0, total - used),
+                reserved=reserved,
+                peak=self._peak,
+                active_allocations=self._active,
+                fragmentation=(1.0 - used / reserved) if reserved else 0.0,
+            )

@@ -1,0 +1,196 @@
+"""Argument validation shared by every backend: written once, run before anything is allocated.
+
+Messages name what was expected and what was given, so that a wrong call can be fixed from the
+error alone.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from accelkit.dtype import DType
+from accelkit.errors import (
+    InvalidArgumentError,
+    NotInitializedError,
+    StaleHandleError,
+    UnsupportedOperationError,
+)
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.abc.backend import ComputeBackend
+
+__all__ = [
+    "check_axis",
+    "check_dtype",
+    "check_float",
+    "check_index",
+    "check_int",
+    "check_same_dtype",
+    "check_shape",
+    "check_tensor",
+    "check_tensors",
+    "check_scalar",
+]
+
+MAX_ELEMENTS = 1 << 48
+
+
+def check_tensor(backend: ComputeBackend, x: object, name: str = "x") -> Tensor:
+    """``x`` must be a live tensor of ``backend`` on its device."""
+    if type(x) is not Tensor:
+        if not isinstance(x, Tensor):
+            raise InvalidArgumentError(f"{name} must be a Tensor; got {type(x).__name__}")
+    if x._backend is not backend:
+        raise InvalidArgumentError(
+            f"{name} lives on backend {x._backend.name!r} ({x._device}); this operation runs on"
+            f" {backend.name!r} ({backend.device}); move it with tensor_factory.to_device()"
+        )
+    buf = x._buffer
+    pool = buf._pool
+    if pool is None or pool.generation != buf._gen:
+        if not backend.is_ready:
+            raise NotInitializedError(
+                f"backend {backend.name!r} is not initialized (it was shut down, or initialize()"
+                " was never awaited)"
+            )
+        raise StaleHandleError(
+            f"{name} was freed, or belongs to a context that was shut down or rebuilt"
+        )
+    return x
+
+
+def check_tensors(backend: ComputeBackend, xs: object, name: str) -> list[Tensor]:
+    if isinstance(xs, Tensor) or not isinstance(xs, Iterable):
+        raise InvalidArgumentError(f"{name} must be a sequence of Tensors; got {type(xs).__name__}")
+    out = [check_tensor(backend, x, f"{name}[{i}]") for i, x in enumerate(xs)]
+    if not out:
+        raise InvalidArgumentError(f"{name} must hold at least one Tensor; got none")
+    return out
+
+
+def check_dtype(backend: ComputeBackend, dtype: object, name: str = "dtype") -> DType:
+    d = DType.from_any(dtype)
+    if d not in backend.supported_dtypes:
+        raise UnsupportedOperationError(
+            f"{backend.name} on {backend.device} does not support dtype {d.value} ({name});"
+            f" supported: {', '.join(sorted(x.value for x in backend.supported_dtypes))}"
+        )
+    return d
+
+
+def check_float(x: Tensor, op: str, name: str = "x") -> None:
+    if not x._dtype.is_floating:
+        raise InvalidArgumentError(
+            f"{op} needs a floating-point {name} (f16, bf16, f32, f64); got {x._dtype.value}"
+        )
+
+
+def check_index(x: Tensor, op: str, name: str) -> None:
+    if not x._dtype.is_integer:
+        raise InvalidArgumentError(f"{op} needs an integer {name}; got {x._dtype.value}")
+
+
+def check_same_dtype(op: str, **tensors: Tensor | None) -> DType:
+    items = [(k, t) for k, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for k, t in items[1:]:
+        if t._dtype is not first._dtype:
+            raise InvalidArgumentError(
+                f"{op}: {k} has dtype {t._dtype.value} but {first_name} has"
+                f" {first._dtype.value}; cast one of them first"
+            )
+    return first._dtype
+
+
+def check_int(value: object, name: str, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be an int; got bool")
+    try:
+        v = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an int; got {type(value).__name__}") from None
+    if minimum is not None and v < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}; got {v}")
+    return v
+
+
+def check_float_param(value: object, name: str, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{name} must be a number; got {type(value).__name__}")
+    v = float(value)
+    if v != v:
+        raise InvalidArgumentError(f"{name} must not be NaN")
+    if positive and not v > 0:
+        raise InvalidArgumentError(f"{name} must be > 0; got {v}")
+    return v
+
+
+def check_scalar(value: object, name: str) -> int | float | bool:
+    if isinstance(value, bool | int | float):
+        return value
+    raise InvalidArgumentError(
+        f"{name} must be a Tensor or a Python int, float or bool; got {type(value).__name__}"
+    )
+
+
+def check_shape(shape: object, name: str = "shape") -> tuple[int, ...]:
+    """A shape: an int or a sequence of non-negative ints whose product is not absurd."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, Sequence) or isinstance(shape, str):
+        raise InvalidArgumentError(
+            f"{name} must be an int or a sequence of ints; got {type(shape).__name__}"
+        )
+    dims = tuple(check_int(d, f"{name}[{i}]") for i, d in enumerate(shape))
+    if any(d < 0 for d in dims):
+        raise InvalidArgumentError(f"{name} must have non-negative dimensions; got {dims}")
+    size = 1
+    for d in dims:
+        size *= d
+    if size > MAX_ELEMENTS:
+        raise InvalidArgumentError(f"{name} {dims} has {size} elements, more than any device holds")
+    return dims
+
+
+def check_axis(axis: object, ndim: int, name: str = "axis") -> int:
+    a = check_int(axis, name)
+    if not -ndim <= a < max(ndim, 1):
+        raise InvalidArgumentError(
+            f"{name} {a} is out of range for a {ndim}-d tensor (expected {-ndim}..{ndim - 1})"
+        )
+    return a % ndim if ndim else 0
+
+
+def check_axes(axis: object, ndim: int, name: str = "axis") -> tuple[int, ...]:
+    """None (all axes), an int, or a sequence of distinct ints -> sorted non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, Sequence) and not isinstance(axis, str):
+        axes = tuple(check_axis(a, ndim, name) for a in axis)
+    else:
+        axes = (check_axis(axis, ndim, name),)
+    if len(set(axes)) != len(axes):
+        raise InvalidArgumentError(f"{name} repeats an axis: {axis!r}")
+    return tuple(sorted(axes))
+
+
+def pair(value: object, name: str, *, minimum: int) -> tuple[int, int]:
+    """An int or a pair of ints (for stride, padding, dilation)."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != 2:
+            raise InvalidArgumentError(f"{name} must be an int or a pair of ints; got {value!r}")
+        return (
+            check_int(value[0], f"{name}[0]", minimum=minimum),
+            check_int(value[1], f"{name}[1]", minimum=minimum),
+        )
+    v = check_int(value, name, minimum=minimum)
+    return (v, v)
+
+
+def describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"Tensor{value.shape} {value.dtype.value}"
+    return repr(value)

@@ -1,0 +1,160 @@
+"""``TensorFactory``: making tensors on a backend's device.
+
+Factory calls are submissions like TensorOps calls: they return a tensor at once, and the fill
+runs in stream order. ``from_host`` snapshots its input before returning, so the caller may reuse
+the host array at once. Seeded random tensors are generated with NumPy's PCG64 on the host by
+default, so the same seed gives the same values on every backend.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+
+from accelkit._core.ops.base import OpsBase
+from accelkit._core.validation import check_dtype, check_float_param, check_int, check_shape
+from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError
+from accelkit.tensor import Tensor
+
+__all__ = ["TensorFactory"]
+
+ShapeLike = int | tuple[int, ...] | list[int]
+
+
+class TensorFactory(OpsBase):
+    """Creates tensors; backends implement the ``_k_*`` hooks and ``_empty``."""
+
+    def empty(self, shape: ShapeLike, dtype: DType | str = DType.F32) -> Tensor:
+        """Uninitialized memory (reading it before writing gives arbitrary values)."""
+        return self._empty(check_shape(shape), check_dtype(self.backend, dtype))
+
+    def full(self, shape: ShapeLike, value: int | float | bool, dtype: DType | str = DType.F32) -> Tensor:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"full: value must be a number; got {type(value).__name__}")
+        out = self.empty(shape, dtype)
+        self._k_fill(out, value)
+        return out
+
+    def zeros(self, shape: ShapeLike, dtype: DType | str = DType.F32) -> Tensor:
+        return self.full(shape, 0, dtype)
+
+    def ones(self, shape: ShapeLike, dtype: DType | str = DType.F32) -> Tensor:
+        return self.full(shape, 1, dtype)
+
+    def empty_like(self, x: Tensor, dtype: DType | str | None = None) -> Tensor:
+        return self.empty(x.shape, x.dtype if dtype is None else dtype)
+
+    def zeros_like(self, x: Tensor, dtype: DType | str | None = None) -> Tensor:
+        return self.zeros(x.shape, x.dtype if dtype is None else dtype)
+
+    def arange(
+        self, start: int | float, stop: int | float | None = None, step: int | float = 1,
+        dtype: DType | str | None = None,
+    ) -> Tensor:
+        """``start, start+step, ...`` below ``stop`` (``arange(n)`` is ``0..n-1``).
+
+        The dtype defaults to I64 for int arguments, F32 otherwise.
+        """
+        if stop is None:
+            start, stop = 0, start
+        for name, v in (("start", start), ("stop", stop), ("step", step)):
+            check_float_param(v, name)
+        if step == 0:
+            raise InvalidArgumentError("arange: step must not be 0")
+        all_int = all(isinstance(v, int) for v in (start, stop, step))
+        dt = check_dtype(self.backend, dtype if dtype is not None else (DType.I64 if all_int else DType.F32))
+        n = max(0, int(np.ceil((stop - start) / step)))
+        out = self._empty((n,), dt)
+        self._k_from_host(out, np.arange(n, dtype=np.float64) * step + start)
+        return out
+
+    def eye(self, n: int, m: int | None = None, dtype: DType | str = DType.F32) -> Tensor:
+        n = check_int(n, "n", minimum=0)
+        m = n if m is None else check_int(m, "m", minimum=0)
+        out = self.empty((n, m), dtype)
+        self._k_from_host(out, np.eye(n, m))
+        return out
+
+    def from_host(self, data: Any, dtype: DType | str | None = None) -> Tensor:
+        """Copy array-like ``data`` (a NumPy array, nested lists, a scalar, anything with the
+        buffer protocol) to the device. The dtype defaults to the data's (Python floats give F32,
+        Python ints I64)."""
+        if isinstance(data, Tensor):
+            raise InvalidArgumentError("from_host takes host data; use to_device() for a Tensor")
+        try:
+            arr = np.asarray(data)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgumentError(f"from_host: cannot read {type(data).__name__}: {exc}") from None
+        if dtype is None:
+            if arr.dtype == np.float64 and not isinstance(data, np.ndarray | np.generic):
+                dt = DType.F32
+            else:
+                dt = DType.from_any(arr.dtype)
+        else:
+            dt = DType.from_any(dtype)
+        dt = check_dtype(self.backend, dt)
+        out = self._empty(check_shape(arr.shape), dt)
+        self._k_from_host(out, arr)
+        return out
+
+    def uniform(
+        self, shape: ShapeLike, low: float = 0.0, high: float = 1.0, *, seed: int | None = None,
+        dtype: DType | str = DType.F32,
+    ) -> Tensor:
+        """Uniform samples in ``[low, high)``; the same ``seed`` gives the same values."""
+        lo, hi = check_float_param(low, "low"), check_float_param(high, "high")
+        if not hi >= lo:
+            raise InvalidArgumentError(f"uniform: high ({hi}) must be >= low ({lo})")
+        dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
+        rng = np.random.default_rng(seed)
+        out = self._empty(dims, dt)
+        self._k_from_host(out, rng.uniform(lo, hi, size=dims))
+        return out
+
+    def normal(
+        self, shape: ShapeLike, mean: float = 0.0, std: float = 1.0, *, seed: int | None = None,
+        dtype: DType | str = DType.F32,
+    ) -> Tensor:
+        """Normal samples; the same ``seed`` gives the same values."""
+        mu, sd = check_float_param(mean, "mean"), check_float_param(std, "std")
+        if sd < 0:
+            raise InvalidArgumentError(f"normal: std must be >= 0; got {sd}")
+        dims, dt = check_shape(shape), self._float_dtype(dtype, "normal")
+        rng = np.random.default_rng(seed)
+        out = self._empty(dims, dt)
+        self._k_from_host(out, rng.normal(mu, sd, size=dims))
+        return out
+
+    def _float_dtype(self, dtype: DType | str, op: str) -> DType:
+        dt = check_dtype(self.backend, dtype)
+        if not dt.is_floating:
+            raise InvalidArgumentError(f"{op}: dtype must be floating; got {dt.value}")
+        return dt
+
+    def from_dlpack(self, obj: Any) -> Tensor:
+        """Import a DLPack producer (copying it into this backend's memory)."""
+        try:
+            arr = np.from_dlpack(obj)
+        except (TypeError, BufferError, RuntimeError) as exc:
+            raise InvalidArgumentError(f"from_dlpack: cannot import {type(obj).__name__}: {exc}") from None
+        return self.from_host(arr)
+
+    async def to_device(self, x: Tensor) -> Tensor:
+        """Copy a tensor of any backend to this one (waits for the source's last writer)."""
+        if not isinstance(x, Tensor):
+            raise InvalidArgumentError(f"to_device takes a Tensor; got {type(x).__name__}")
+        host = await x.to_host()
+        return self.from_host(host, dtype=x.dtype)
+
+    @abstractmethod
+    def _k_fill(self, out: Tensor, value: int | float | bool) -> None: ...
+
+    @abstractmethod
+    def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
+        """Copy ``array`` (any dtype, same shape; cast with NumPy's unsafe casting) into ``out``.
+
+        Must snapshot ``array`` before returning."""

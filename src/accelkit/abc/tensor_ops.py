@@ -1,0 +1,42 @@
+"""``TensorOps``: the operations every backend runs.
+
+Every method is a *submission*: it validates its arguments (here, once for every backend),
+allocates the output, enqueues the work on the current stream and returns the output tensor at
+once, as a CUDA launch does. Nothing is computed yet when it returns; results are observed by
+awaiting a transfer, an event or ``synchronize``. A call that raises has changed nothing.
+
+Backends implement the ``_k_*`` kernel hooks, which receive validated inputs and allocated
+outputs and must enqueue (not run to completion on the caller's thread, unless the work is small
+and the stream idle) work that writes the outputs. The parts live in ``accelkit._core.ops``:
+elementwise, linalg, reduction, shape, nn and image (image ops are compositions a backend may
+replace with fused kernels).
+"""
+
+from __future__ import annotations
+
+from accelkit._core.ops.elementwise import BINARY_OPS, UNARY_OPS, ElementwiseOps, Operand
+from accelkit._core.ops.image import ImageOps
+from accelkit._core.ops.linalg import LinalgOps
+from accelkit._core.ops.nn import NNOps
+from accelkit._core.ops.reduction import REDUCE_OPS, ReductionOps
+from accelkit._core.ops.shape import ShapeOps
+
+__all__ = ["BINARY_OPS", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS", "Operand", "TensorOps"]
+
+
+class TensorOps(ElementwiseOps, LinalgOps, ReductionOps, ShapeOps, NNOps, ImageOps):
+    """All tensor operations of one backend (see the module docstring)."""
+
+
+#: Names of every TensorOps operation, as listed in capabilities.
+TENSOR_OPS: frozenset[str] = frozenset(
+    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS}
+    | {
+        "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
+        "conv2d", "attention", "softmax", "log_softmax", "layer_norm", "rms_norm",
+        "cross_entropy", "embedding", "adam_update", "reduce", "reshape", "transpose",
+        "permute", "concat", "split", "stack", "narrow", "gather", "scatter", "gaussian_blur",
+        "sobel_edges", "grayscale", "threshold", "brightness", "contrast", "invert_colors",
+        "sharpen",
+    }
+)  # fmt: skip

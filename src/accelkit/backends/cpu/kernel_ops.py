@@ -1,0 +1,3 @@
+"""PLACEHOLDER - being written."""
+from accelkit.abc.kernel_ops import KernelOps
+class CPUKernelOps(KernelOps): ...

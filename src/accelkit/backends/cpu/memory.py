@@ -1,0 +1,168 @@
+"""The CPU backend's memory manager: host memory from a caching pool, with exact accounting."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from accelkit._core.host_stream import HostStream
+from accelkit._core.pool import CachingPool
+from accelkit._core.validation import check_int, check_tensor
+from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
+from accelkit.device import Device
+from accelkit.errors import InvalidArgumentError, StaleHandleError
+from accelkit.memory import MemoryInfo, MemoryPoolConfig
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.backends.cpu.backend import CPUBackend
+
+__all__ = ["CPUMemoryManager", "system_memory_bytes"]
+
+
+def system_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _raw_alloc(alignment: int) -> Any:
+    def alloc(size: int) -> np.ndarray[Any, Any]:
+        raw = np.empty(size + alignment, np.uint8)
+        offset = (-raw.ctypes.data) % alignment
+        return raw[offset : offset + size]
+
+    return alloc
+
+
+def _raw_free(handle: Any) -> None:
+    """Host memory goes back to the allocator when the last reference to the array is dropped."""
+
+
+class CPUMemoryManager(DeviceMemoryManager):
+    def __init__(self, backend: CPUBackend, device: Device, config: MemoryPoolConfig) -> None:
+        self._backend = backend
+        self.pool = CachingPool(
+            device, _raw_alloc(config.alignment), _raw_free, system_memory_bytes(), config
+        )
+
+    # -- buffers ----------------------------------------------------------------------------------
+    def allocate(self, nbytes: int, alignment: int | None = None) -> DeviceBuffer:
+        self._backend._require_ready()
+        n = check_int(nbytes, "nbytes", minimum=0)
+        if alignment is not None:
+            a = check_int(alignment, "alignment", minimum=1)
+            if a & (a - 1) or a > self.pool.config.alignment:
+                raise InvalidArgumentError(
+                    f"alignment must be a power of two up to {self.pool.config.alignment}; got {a}"
+                )
+        return self.pool.allocate(n)
+
+    def _buffer(self, obj: DeviceBuffer | Tensor, name: str) -> DeviceBuffer:
+        if isinstance(obj, Tensor):
+            check_tensor(self._backend, obj, name)
+            return obj._buffer
+        if not isinstance(obj, DeviceBuffer):
+            raise InvalidArgumentError(
+                f"{name} must be a DeviceBuffer or a Tensor; got {type(obj).__name__}"
+            )
+        if obj._pool is not self.pool or not obj.is_alive:
+            raise StaleHandleError(f"{name} {obj!r} was freed or belongs to another backend")
+        return obj
+
+    def free(self, buffer: DeviceBuffer | Tensor) -> None:
+        buf = self._buffer(buffer, "buffer")
+        # Stream-ordered: the block returns after the work submitted so far, which may use it.
+        stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
+        if stream.query():
+            self.pool.free(buf)
+        else:
+            self.pool.free(buf, lambda recycle: stream.submit(recycle, heavy=True))
+
+    async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
+        buf = self._buffer(dst, "dst")
+        view = memoryview(src).cast("B")
+        if view.nbytes > buf.nbytes:
+            raise InvalidArgumentError(
+                f"copy_htod: src has {view.nbytes} bytes, dst only {buf.nbytes}"
+            )
+        data = np.frombuffer(view, np.uint8).copy()
+        if isinstance(dst, Tensor):
+            await dst._stream.synchronize()
+        self._backend.tensor_factory._launch(  # type: ignore[attr-defined]
+            lambda: buf.handle[: data.size].__setitem__(slice(None), data), data.size, (), ()
+        )
+        await self._backend.current_stream.synchronize()
+
+    async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
+        buf = self._buffer(src, "src")
+        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
+        if dst.nbytes > buf.nbytes:
+            raise InvalidArgumentError(f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}")
+        if isinstance(src, Tensor):
+            await src._stream.wait_for(src._seq)  # type: ignore[attr-defined]
+        await self._backend.current_stream.synchronize()
+        dst.reshape(-1).view(np.uint8)[...] = buf.handle[: dst.nbytes]
+
+    def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
+        d, s = self._buffer(dst, "dst"), self._buffer(src, "src")
+        if s.nbytes > d.nbytes:
+            raise InvalidArgumentError(f"copy_dtod: src has {s.nbytes} bytes, dst only {d.nbytes}")
+        n = s.nbytes
+        inputs = [src] if isinstance(src, Tensor) else []
+        outputs = [dst] if isinstance(dst, Tensor) else []
+
+        def run() -> None:
+            d.handle[:n] = s.handle[:n]
+
+        self._backend.tensor_factory._launch(run, n, inputs, outputs)  # type: ignore[attr-defined]
+
+    # -- statistics and pool ----------------------------------------------------------------------
+    def memory_info(self) -> MemoryInfo:
+        return self.pool.info()
+
+    def configure_pool(self, config: MemoryPoolConfig) -> None:
+        self.pool.configure(config)
+
+    def trim(self) -> int:
+        return self.pool.trim()
+
+    def reset_peak(self) -> None:
+        self.pool.reset_peak()
+
+    # -- tensor transfers -------------------------------------------------------------------------
+    async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        check_tensor(self._backend, tensor, "tensor")
+        stream: HostStream = tensor._stream  # type: ignore[assignment]
+        await stream.wait_for(tensor._seq)
+        return np.array(tensor._data, copy=True)
+
+    def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        check_tensor(self._backend, tensor, "tensor")
+        stream: HostStream = tensor._stream  # type: ignore[assignment]
+        stream.wait_for_blocking(tensor._seq)
+        return np.array(tensor._data, copy=True)
+
+    def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
+        check_tensor(self._backend, tensor, "tensor")
+        tensor._stream.wait_for_blocking(tensor._seq)  # type: ignore[attr-defined]
+        # The exported array's base holds the buffer, so the block is not reused while the
+        # consumer still reads it.
+        holder = _Holder(tensor._buffer, tensor._data)
+        return np.asarray(holder).__dlpack__(**kwargs)
+
+    def dlpack_device(self, tensor: Tensor) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+class _Holder:
+    __slots__ = ("__array_interface__", "buffer", "data")
+
+    def __init__(self, buffer: DeviceBuffer, data: np.ndarray[Any, Any]) -> None:
+        self.buffer = buffer
+        self.data = data
+        self.__array_interface__ = data.__array_interface__

@@ -1,0 +1,199 @@
+"""NumPy kernels for elementwise ops, reductions and shape ops (inputs already validated).
+
+F16 and BF16 are computed in F32 and rounded once when stored, as GPUs do. Large transcendental
+work goes through numexpr (multi-threaded, no temporaries).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numexpr
+import numpy as np
+
+__all__ = ["binary", "cast_into", "reduce", "unary", "where"]
+
+Array = np.ndarray[Any, Any]
+_LOW = (np.dtype(np.float16), np.dtype("bfloat16"))
+_NUMEXPR_MIN = 1 << 15
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def up(x: Any) -> Any:
+    """Low-precision float arrays as F32; everything else unchanged."""
+    if isinstance(x, np.ndarray) and x.dtype in _LOW:
+        return x.astype(np.float32)
+    return x
+
+
+def _erf(x: Array) -> Array:
+    from scipy.special import erf
+
+    return erf(x)  # type: ignore[no-any-return]
+
+
+def _ne(expr: str, x: Array, out: Array) -> None:
+    numexpr.evaluate(expr, local_dict={"x": x}, out=out, casting="unsafe")
+
+
+def _unary_float(op: str, x: Array, out: Array) -> None:
+    """x and out are F32 or F64 arrays."""
+    big = x.size >= _NUMEXPR_MIN
+    if op == "sigmoid":
+        if big:
+            _ne("1 / (1 + exp(-x))", x, out)
+        else:
+            np.negative(x, out=out)
+            np.exp(out, out=out)
+            out += 1
+            np.reciprocal(out, out=out)
+    elif op == "silu":
+        if big:
+            _ne("x / (1 + exp(-x))", x, out)
+        else:
+            np.divide(x, 1 + np.exp(-x), out=out)
+    elif op == "gelu_tanh":
+        if big:
+            _ne(f"0.5 * x * (1 + tanh({_SQRT_2_OVER_PI} * (x + 0.044715 * x * x * x)))", x, out)
+        else:
+            out[...] = 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+    elif op == "gelu":
+        out[...] = 0.5 * x * (1 + _erf(x * np.asarray(0.7071067811865476, x.dtype)))
+    elif op == "erf":
+        out[...] = _erf(x)
+    elif op == "rsqrt":
+        np.sqrt(x, out=out)
+        np.reciprocal(out, out=out)
+    elif big and op in ("exp", "tanh", "log", "sqrt", "sin", "cos", "tan"):
+        _ne(f"{op}(x)", x, out)
+    else:
+        getattr(np, op)(x, out=out)
+
+
+_SAME = {"abs": np.abs, "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "round": np.rint}
+
+
+def unary(op: str, x: Array, out: Array) -> None:
+    if op == "relu":
+        if x.dtype.kind in "ub":
+            out[...] = x
+        else:
+            np.maximum(x, 0, out=out, casting="unsafe")
+        return
+    if op in _SAME:
+        if x.dtype.kind in "iub" and op in ("floor", "ceil", "round"):
+            out[...] = x
+        elif x.dtype in _LOW:
+            out[...] = _SAME[op](x.astype(np.float32))
+        else:
+            _SAME[op](x, out=out)
+        return
+    with np.errstate(all="ignore"):
+        if out.dtype in _LOW:
+            tmp = np.empty(out.shape, np.float32)
+            _unary_float(op, x.astype(np.float32), tmp)
+            out[...] = tmp
+        elif x.dtype != out.dtype:
+            _unary_float(op, x.astype(out.dtype), out)
+        else:
+            _unary_float(op, x, out)
+
+
+_BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+    "maximum": np.maximum, "minimum": np.minimum, "mod": np.mod,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+}  # fmt: skip
+
+
+def _operand(v: Any, dtype: np.dtype[Any]) -> Any:
+    """Bring an operand to the computation dtype (Python scalars stay weak)."""
+    if isinstance(v, np.ndarray):
+        return v if v.dtype == dtype else v.astype(dtype)
+    return v
+
+
+def binary(op: str, a: Any, b: Any, out: Array) -> None:
+    """``a``/``b`` are arrays or Python scalars; ``out`` has the result dtype."""
+    if op == "pow":
+        _pow(a, b, out)
+        return
+    fn = _BINARY[op]
+    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        fn(up(a), up(b), out=out)
+        return
+    if out.dtype in _LOW:
+        out[...] = fn(_operand(a, np.dtype(np.float32)), _operand(b, np.dtype(np.float32)))
+        return
+    if op in ("div", "mod"):
+        with np.errstate(all="ignore"):
+            fn(_operand(a, out.dtype), _operand(b, out.dtype), out=out)
+        return
+    fn(a, b, out=out, casting="unsafe")
+
+
+def _pow(a: Any, b: Any, out: Array) -> None:
+    if out.dtype.kind in "iu":
+        # Integer powers: negative exponents truncate toward zero (1, -1 or 0), never raise.
+        ai, bi = _operand(a, out.dtype), _operand(b, out.dtype)
+        if out.dtype.kind == "i":
+            bneg = np.less(bi, 0)
+            safe_b = np.where(bneg, 0, bi)
+            res = np.power(ai, safe_b)
+            ones = np.equal(ai, 1) | (np.equal(ai, -1) & (np.remainder(bi, 2) == 0))
+            minus = np.equal(ai, -1) & (np.remainder(bi, 2) != 0)
+            res = np.where(bneg, np.where(ones, 1, np.where(minus, -1, 0)), res)
+            out[...] = res
+        else:
+            np.power(ai, bi, out=out)
+        return
+    with np.errstate(all="ignore"):
+        if out.dtype in _LOW:
+            out[...] = np.power(_operand(a, np.dtype(np.float32)), _operand(b, np.dtype(np.float32)))
+        else:
+            np.power(_operand(a, out.dtype), _operand(b, out.dtype), out=out)
+
+
+def where(cond: Array, a: Any, b: Any, out: Array) -> None:
+    out[...] = np.where(cond, _operand(a, out.dtype), _operand(b, out.dtype))
+
+
+def cast_into(x: Array, out: Array) -> None:
+    """Cast with C semantics: floats to ints truncate toward zero; NaN and out-of-range values
+    become 0 rather than a platform-dependent value."""
+    if out.dtype.kind in "iu" and x.dtype.kind == "f":
+        xf = up(x)
+        info = np.iinfo(out.dtype)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(xf) & (xf >= info.min) & (xf <= info.max)
+            out[...] = np.where(ok, np.trunc(np.where(ok, xf, 0)), 0).astype(out.dtype)
+        return
+    if out.dtype == np.bool_:
+        np.not_equal(up(x), 0, out=out)
+        return
+    with np.errstate(all="ignore"):
+        out[...] = x if x.dtype not in _LOW or out.dtype in _LOW else x.astype(np.float32)
+
+
+def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array) -> None:
+    xu = up(x)
+    if op in ("argmax", "argmin"):
+        fn = np.argmax if op == "argmax" else np.argmin
+        if len(axes) == x.ndim and x.ndim != 1:
+            res = fn(xu.reshape(-1))
+            out[...] = np.reshape(res, out.shape)
+        else:
+            out[...] = fn(xu, axis=axes[0], keepdims=keepdims) if x.ndim else 0
+        return
+    if op == "mean":
+        acc = np.float64 if x.dtype == np.float64 else np.float32
+        with np.errstate(all="ignore"):
+            res = np.mean(xu, axis=axes, keepdims=keepdims, dtype=acc)
+    elif op in ("sum", "prod"):
+        fn = np.sum if op == "sum" else np.prod
+        acc = out.dtype if out.dtype.kind in "iu" else xu.dtype
+        res = fn(xu, axis=axes, keepdims=keepdims, dtype=acc)
+    else:
+        res = (np.max if op == "max" else np.min)(xu, axis=axes, keepdims=keepdims)
+    out[...] = res

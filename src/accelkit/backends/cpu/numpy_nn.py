@@ -1,0 +1,236 @@
+"""NumPy kernels for matrix products and neural-network ops (inputs already validated).
+
+Low-precision floats (F16, BF16) are computed in F32 and rounded once when stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numexpr
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from accelkit.backends.cpu.numpy_elementwise import up
+from accelkit.errors import InvalidArgumentError
+
+__all__ = [
+    "adam_update", "attention", "conv2d", "cross_entropy", "embedding", "gemm", "layer_norm",
+    "linear", "matmul", "rms_norm", "softmax",
+]  # fmt: skip
+
+Array = np.ndarray[Any, Any]
+_LOW = (np.dtype(np.float16), np.dtype("bfloat16"))
+_ATTN_CHUNK_ELEMS = 1 << 22  # score elements per chunk (16 MiB of f32)
+
+
+def _compute_dtype(*xs: Array) -> np.dtype[Any]:
+    dt = np.result_type(*(up(x) for x in xs))
+    return np.dtype(np.float32) if dt in _LOW else dt
+
+
+def _store(out: Array, value: Any) -> None:
+    if isinstance(value, np.ndarray) and value.dtype == out.dtype:
+        np.copyto(out, value)
+    else:
+        out[...] = value
+
+
+def gemm(
+    a: Array, b: Array, c: Array | None, out: Array, trans_a: bool, trans_b: bool,
+    alpha: float, beta: float,
+) -> None:
+    ct = _compute_dtype(a, b) if out.dtype not in _LOW else np.dtype(np.float32)
+    av, bv = a.astype(ct, copy=False), b.astype(ct, copy=False)
+    if trans_a:
+        av = np.swapaxes(av, -1, -2)
+    if trans_b:
+        bv = np.swapaxes(bv, -1, -2)
+    if out.dtype == ct:
+        np.matmul(av, bv, out=out)
+        res = out
+    else:
+        res = np.matmul(av, bv)
+    if alpha != 1.0:
+        res = res * alpha if res is not out or ct.kind != "f" else np.multiply(res, alpha, out=out)
+    if c is not None:
+        res = res + beta * up(c)
+    if res is not out:
+        _store(out, res)
+
+
+def matmul(a: Array, b: Array, out: Array) -> None:
+    if a.dtype == b.dtype == out.dtype and out.dtype not in _LOW:
+        np.matmul(a, b, out=out)
+    else:
+        ct = _compute_dtype(a, b)
+        _store(out, np.matmul(a.astype(ct, copy=False), b.astype(ct, copy=False)))
+
+
+def linear(x: Array, w: Array, bias: Array | None, out: Array) -> None:
+    matmul(x, w.T, out)
+    if bias is not None:
+        if out.dtype in _LOW:
+            _store(out, out.astype(np.float32) + up(bias))
+        else:
+            np.add(out, bias, out=out, casting="unsafe")
+
+
+def conv2d(
+    x: Array, w: Array, bias: Array | None, out: Array, stride: tuple[int, int],
+    padding: tuple[int, int], dilation: tuple[int, int], groups: int,
+) -> None:
+    """im2col + one batched matmul per group."""
+    xf, wf = up(x), up(w)
+    n, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    if ph or pw:
+        xf = np.pad(xf, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    win = sliding_window_view(xf, (eh, ew), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+    oh, ow = out.shape[2], out.shape[3]
+    win = win[:, :, :oh, :ow]
+    g = groups
+    # [N, G, Cg, OH, OW, KH, KW] -> [N, G, OH*OW, Cg*KH*KW]
+    cols = win.reshape(n, g, cg, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6)
+    cols = cols.reshape(n, g, oh * ow, cg * kh * kw)
+    wm = wf.reshape(g, o // g, cg * kh * kw).transpose(0, 2, 1)  # [G, Cg*KH*KW, O/G]
+    res = np.matmul(cols, wm)  # [N, G, OH*OW, O/G]
+    res = res.transpose(0, 1, 3, 2).reshape(n, o, oh, ow)
+    if bias is not None:
+        res = res + up(bias)[None, :, None, None]
+    _store(out, res)
+
+
+def softmax_rows(s: Array, log: bool = False) -> Array:
+    """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64)."""
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    s -= m
+    if log:
+        lse = np.log(np.sum(np.exp(s), axis=-1, keepdims=True))
+        s -= lse
+        return s
+    if s.size >= 1 << 15:
+        numexpr.evaluate("exp(s)", local_dict={"s": s}, out=s)
+    else:
+        np.exp(s, out=s)
+    total = np.sum(s, axis=-1, keepdims=True)
+    np.divide(s, total, out=s, where=total > 0)
+    return s
+
+
+def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
+    ct = _compute_dtype(x) if x.dtype.kind == "f" else np.dtype(np.float32)
+    s = np.moveaxis(x, axis, -1).astype(ct, copy=True)
+    with np.errstate(all="ignore"):
+        s = softmax_rows(s, log)
+    _store(out, np.moveaxis(s, -1, axis))
+
+
+def attention(
+    q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool
+) -> None:
+    """Grouped-KV attention, chunked over query rows so scores stay bounded in memory."""
+    ct = _compute_dtype(q)
+    b, h, sq, d = q.shape
+    hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    grp = h // hk
+    qg = q.astype(ct, copy=False).reshape(b, hk, grp, sq, d)
+    kt = np.swapaxes(k.astype(ct, copy=False), -1, -2)[:, :, None]  # [B, Hkv, 1, D, Skv]
+    vg = v.astype(ct, copy=False)[:, :, None]  # [B, Hkv, 1, Skv, Dv]
+    if mask is not None:
+        mk = np.broadcast_to(mask, (b, h, sq, sk)).reshape(b, hk, grp, sq, sk)
+    rows = max(1, _ATTN_CHUNK_ELEMS // max(1, b * h * sk))
+    res = np.empty((b, hk, grp, sq, dv), ct)
+    offset = sk - sq
+    with np.errstate(all="ignore"):
+        for r0 in range(0, sq, rows):
+            r1 = min(sq, r0 + rows)
+            s = np.matmul(qg[:, :, :, r0:r1], kt)
+            s *= ct.type(scale)
+            if mask is not None:
+                mc = mk[:, :, :, r0:r1]
+                if mc.dtype == np.bool_:
+                    s = np.where(mc, s, -np.inf)
+                else:
+                    s += up(mc)
+            if causal:
+                qi = np.arange(r0, r1)[:, None] + offset
+                kj = np.arange(sk)[None, :]
+                s = np.where(kj <= qi, s, -np.inf)
+            p = softmax_rows(s)
+            p = np.where(np.isnan(p), 0, p)
+            np.matmul(p, vg, out=res[:, :, :, r0:r1])
+    _store(out, res.reshape(b, h, sq, dv))
+
+
+def layer_norm(x: Array, w: Array | None, bias: Array | None, eps: float, out: Array) -> None:
+    ct = _compute_dtype(x)
+    xf = x.astype(ct, copy=False)
+    mean = np.mean(xf, axis=-1, keepdims=True)
+    xc = xf - mean
+    var = np.mean(np.square(xc), axis=-1, keepdims=True)
+    res = xc * (1.0 / np.sqrt(var + eps)).astype(ct)
+    if w is not None:
+        res *= up(w)
+    if bias is not None:
+        res += up(bias)
+    _store(out, res)
+
+
+def rms_norm(x: Array, w: Array | None, eps: float, out: Array) -> None:
+    ct = _compute_dtype(x)
+    xf = x.astype(ct, copy=False)
+    ms = np.mean(np.square(xf), axis=-1, keepdims=True)
+    res = xf * (1.0 / np.sqrt(ms + eps)).astype(ct)
+    if w is not None:
+        res *= up(w)
+    _store(out, res)
+
+
+def _check_range(idx: Array, n: int, op: str, what: str) -> None:
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise InvalidArgumentError(
+            f"{op}: {what} must lie in 0..{n - 1}; got values from {int(idx.min())} to"
+            f" {int(idx.max())}"
+        )
+
+
+def cross_entropy(logits: Array, targets: Array, reduction: str, loss: Array, probs: Array) -> None:
+    _check_range(targets, logits.shape[1], "cross_entropy", "targets")
+    ct = _compute_dtype(logits)
+    with np.errstate(all="ignore"):
+        logp = softmax_rows(logits.astype(ct, copy=True), log=True)
+    picked = -np.take_along_axis(logp, targets.astype(np.int64)[:, None], axis=1)[:, 0]
+    if reduction == "mean":
+        _store(loss, picked.mean() if picked.size else np.nan)
+    elif reduction == "sum":
+        _store(loss, picked.sum())
+    else:
+        _store(loss, picked)
+    _store(probs, np.exp(logp))
+
+
+def embedding(indices: Array, weight: Array, out: Array) -> None:
+    _check_range(indices, weight.shape[0], "embedding", "indices")
+    np.take(weight, indices.astype(np.intp, copy=False), axis=0, out=out)
+
+
+def adam_update(
+    p: Array, g: Array, m: Array, v: Array, lr: float, beta1: float, beta2: float, eps: float,
+    step: int, weight_decay: float,
+) -> None:
+    ct = _compute_dtype(p)
+    pf, gf, mf, vf = (t.astype(ct, copy=False) for t in (p, g, m, v))
+    mf = beta1 * mf + (1 - beta1) * gf
+    vf = beta2 * vf + (1 - beta2) * gf * gf
+    m_hat = mf / (1 - beta1**step)
+    v_hat = vf / (1 - beta2**step)
+    upd = m_hat / (np.sqrt(v_hat) + eps)
+    if weight_decay:
+        upd = upd + weight_decay * pf
+    _store(p, pf - lr * upd)
+    _store(m, mf)
+    _store(v, vf)

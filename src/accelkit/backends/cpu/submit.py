@@ -1,0 +1,77 @@
+"""How CPU components allocate outputs and submit work to a host stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from accelkit._core.host_stream import HostStream
+from accelkit._core.ops.base import OpsBase
+from accelkit.dtype import DType
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.backends.cpu.backend import CPUBackend
+
+__all__ = ["INLINE_MAX_COST", "CPUComponent", "arr"]
+
+#: Work estimated below this many element-operations runs inline when the stream is idle
+#: (about 20 microseconds of NumPy time); above it, on the stream's worker thread.
+INLINE_MAX_COST = 1 << 15
+
+
+def arr(x: Any) -> Any:
+    """The NumPy array behind a tensor (or the scalar itself)."""
+    return x._data if type(x) is Tensor else x
+
+
+class CPUComponent(OpsBase):
+    """Allocation and submission shared by the CPU backend's components."""
+
+    backend: CPUBackend
+
+    def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        backend = self.backend
+        size = 1
+        for d in shape:
+            size *= d
+        npdt = dtype.to_numpy()
+        buf = backend._pool.allocate(size * npdt.itemsize)
+        data = np.ndarray(shape, npdt, buf.handle)
+        stream = backend._stream_var.get() or backend._default_stream
+        return Tensor(backend, buf, data, shape, dtype, backend._device_obj, size, stream, 0)
+
+    def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        return Tensor(
+            x._backend, x._buffer, x._data.reshape(shape), shape, x._dtype, x._device, x._size,
+            x._stream, x._seq,
+        )
+
+    def _launch(
+        self,
+        fn: Callable[[], object],
+        cost: int,
+        inputs: Iterable[Any],
+        outputs: Iterable[Tensor],
+    ) -> None:
+        """Submit ``fn`` to the current stream after the inputs' writers on other streams.
+
+        ``fn`` must reach the tensors it uses through its closure, so that their buffers stay
+        alive (and out of the pool) until it has run.
+        """
+        backend = self.backend
+        stream: HostStream = backend._stream_var.get() or backend._default_stream  # type: ignore[assignment]
+        deps: list[tuple[HostStream, int]] | None = None
+        for t in inputs:
+            if type(t) is Tensor:
+                s: HostStream = t._stream  # type: ignore[assignment]
+                if s is not stream and s.completed < t._seq:
+                    if deps is None:
+                        deps = []
+                    deps.append((s, t._seq))
+        seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or ())  # type: ignore[arg-type]
+        for o in outputs:
+            o._stream = stream
+            o._seq = seq
