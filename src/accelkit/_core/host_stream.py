@@ -34,7 +34,11 @@ class HostStream(Stream):
     def __init__(self, device: Device, name: str = "stream") -> None:
         self._device = device
         self.name = name
-        self._cv = threading.Condition(threading.Lock())
+        # One lock guards the counters; the condition on it is only notified when a thread is
+        # actually blocked on it (`_blocked`), which keeps the inline path to one lock round trip.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._blocked = 0
         self._queue: deque[tuple[int, Callable[[], None]]] = deque()
         self.submitted = 0
         self.completed = 0
@@ -64,8 +68,7 @@ class HostStream(Stream):
 
         ``deps`` are (stream, seq) positions on other streams that must complete first.
         """
-        cv = self._cv
-        with cv:
+        with self._lock:
             if self._closed:
                 raise DeviceError(f"{self!r} is closed (its backend was shut down)")
             self.submitted += 1
@@ -80,7 +83,8 @@ class HostStream(Stream):
                         target=self._work, name=f"accelkit-{self.name}", daemon=True
                     )
                     self._thread.start()
-                cv.notify_all()
+                elif self._blocked:
+                    self._cv.notify_all()
                 return seq
         # Inline: the stream is idle, so running here keeps submission order. Work submitted by
         # another thread meanwhile queues behind us (the worker waits for `completed`).
@@ -91,17 +95,23 @@ class HostStream(Stream):
         self._finish(seq)
         return seq
 
+    def _wait_locked(self) -> None:
+        self._blocked += 1
+        try:
+            self._cv.wait()
+        finally:
+            self._blocked -= 1
+
     def _work(self) -> None:
-        cv = self._cv
         while True:
-            with cv:
+            with self._lock:
                 while not self._queue and not self._closed:
-                    cv.wait()
+                    self._wait_locked()
                 if not self._queue:
                     return
                 seq, fn = self._queue.popleft()
                 while self.completed < seq - 1:
-                    cv.wait()
+                    self._wait_locked()
             try:
                 fn()
             except BaseException as exc:  # noqa: BLE001 - reported at the next wait
@@ -110,11 +120,14 @@ class HostStream(Stream):
             self._finish(seq)
 
     def _finish(self, seq: int) -> None:
-        ready: list[Callable[[], None]] = []
-        with self._cv:
+        with self._lock:
             self.completed = seq
-            self._cv.notify_all()
+            if self._blocked:
+                self._cv.notify_all()
             waiters = self._waiters
+            if not waiters or waiters[0][0] > seq:
+                return
+            ready: list[Callable[[], None]] = []
             while waiters and waiters[0][0] <= seq:
                 ready.append(heapq.heappop(waiters)[2])
         for callback in ready:
@@ -124,12 +137,12 @@ class HostStream(Stream):
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) once ``completed >= seq``; returns an unregister."""
         entry = (seq, next(_ids), callback)
-        with self._cv:
+        with self._lock:
             if self.completed < seq:
                 heapq.heappush(self._waiters, entry)
 
                 def unregister() -> None:
-                    with self._cv:
+                    with self._lock:
                         if entry in self._waiters:
                             self._waiters.remove(entry)
                             heapq.heapify(self._waiters)
@@ -151,9 +164,9 @@ class HostStream(Stream):
         self._errors.clear()
 
     def wait_for_blocking(self, seq: int) -> None:
-        with self._cv:
+        with self._lock:
             while self.completed < seq:
-                self._cv.wait()
+                self._wait_locked()
         self.raise_errors(seq)
 
     def raise_errors(self, seq: int) -> None:
@@ -163,11 +176,16 @@ class HostStream(Stream):
         for i, (err_seq, exc) in enumerate(self._errors):
             if err_seq <= seq:
                 del self._errors[i]
-                if isinstance(exc, AccelError):
-                    raise exc
-                raise DeviceError(
-                    f"an operation on {self.name} ({self._device}) failed: {exc!r}"
-                ) from exc
+                try:
+                    if isinstance(exc, AccelError):
+                        raise exc
+                    raise DeviceError(
+                        f"an operation on {self.name} ({self._device}) failed: {exc!r}"
+                    ) from exc
+                finally:
+                    # Break the cycle exc -> traceback -> this frame -> exc, which would keep the
+                    # failed kernel's tensors (and their device memory) alive until a gc pass.
+                    del exc
 
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> HostEvent:
@@ -193,7 +211,7 @@ class HostStream(Stream):
 
     def close(self) -> None:
         """Let queued work finish, then stop the worker thread (called by shutdown)."""
-        with self._cv:
+        with self._lock:
             self._closed = True
             self._cv.notify_all()
             thread = self._thread
@@ -205,9 +223,9 @@ class HostStream(Stream):
 def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         for stream, seq in deps:
-            with stream._cv:
+            with stream._lock:
                 while stream.completed < seq:
-                    stream._cv.wait()
+                    stream._wait_locked()
         fn()
 
     return run

@@ -64,6 +64,7 @@ class CachingPool:
         self._raw_free = raw_free
         self._device_total = total_bytes
         self._config = config or MemoryPoolConfig()
+        self._update_total()
         self._lock = threading.Lock()
         self._released: deque[DeviceBuffer] = deque()
         self._cache: dict[int, list[Any]] = {}
@@ -87,6 +88,7 @@ class CachingPool:
             )
         with self._lock:
             self._config = config
+            self._update_total()
             if not config.enabled:
                 self._trim_locked(0)
             elif config.max_cached_bytes is not None:
@@ -94,13 +96,17 @@ class CachingPool:
 
     @property
     def total(self) -> int:
+        """Device memory, or the configured limit if lower."""
+        return self._total
+
+    def _update_total(self) -> None:
         limit = self._config.limit_bytes
-        return min(limit, self._device_total) if limit else self._device_total
+        self._total = min(limit, self._device_total) if limit else self._device_total
 
     # -- allocation -------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> DeviceBuffer:
         """Allocate a buffer of ``nbytes`` (validated by the caller as a non-negative int)."""
-        block = size_class(nbytes)
+        block = (((nbytes + 63) & ~63) or 64) if nbytes <= 512 else size_class(nbytes)
         with self._lock:
             if self.closed:
                 raise NotInitializedError(
@@ -108,8 +114,9 @@ class CachingPool:
                 )
             if self._released:
                 self._drain_locked()
-            total = self.total
-            if self._used + nbytes > total:
+            used = self._used + nbytes
+            if used > self._total:
+                total = self._total
                 raise OutOfMemoryError(
                     f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
                     f" {'limit' if self._config.limit_bytes else 'device memory'} of {_fmt(total)}"
@@ -124,10 +131,10 @@ class CachingPool:
                 self._cached -= block
             else:
                 handle = self._fresh_locked(nbytes, block)
-            self._used += nbytes
+            self._used = used
             self._active += 1
-            if self._used > self._peak:
-                self._peak = self._used
+            if used > self._peak:
+                self._peak = used
             return DeviceBuffer(self, handle, nbytes, block, self.device, self.generation)
 
     def _fresh_locked(self, nbytes: int, block: int) -> Any:

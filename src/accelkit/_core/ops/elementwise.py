@@ -20,7 +20,7 @@ from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import InvalidArgumentError
 from accelkit.tensor import Tensor
 
-__all__ = ["BINARY_OPS", "UNARY_OPS", "ElementwiseOps", "Operand"]
+__all__ = ["BINARY_OPS", "UNARY_OPS", "ElementwiseOps", "Operand", "check_int_scalar"]
 
 Operand = Tensor | int | float | bool
 
@@ -37,6 +37,20 @@ BINARY_OPS: dict[str, str] = {
     "minimum": "arith", "pow": "arith", "mod": "arith", "eq": "compare", "ne": "compare",
     "lt": "compare", "le": "compare", "gt": "compare", "ge": "compare",
 }  # fmt: skip
+
+
+def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:
+    """A Python int operand must fit an integer result dtype (as NumPy 2 requires, NEP 50):
+    ``u8_tensor + 300`` is refused here rather than wrapping or failing inside a kernel."""
+    if not dtype.is_integer or not isinstance(value, int) or isinstance(value, bool):
+        return
+    bits = 8 * dtype.itemsize
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+    if not lo <= value <= hi:
+        raise InvalidArgumentError(
+            f"{op}: {name}={value} does not fit the result dtype {dtype.value} ({lo}..{hi});"
+            " cast the tensor to a wider dtype first"
+        )
 
 
 class ElementwiseOps(OpsBase):
@@ -95,6 +109,9 @@ class ElementwiseOps(OpsBase):
             dt = DType.F32
         elif dt is DType.BOOL and op in ("sub", "pow", "mod"):
             raise InvalidArgumentError(f"{op} is not defined for bool tensors; cast first")
+        elif dt.is_integer:
+            check_int_scalar(op, "a", a, dt)
+            check_int_scalar(op, "b", b, dt)
         if dt not in backend.supported_dtypes:
             check_dtype(backend, dt, f"result of {op}")
         out = self._empty(shape, dt)
@@ -122,6 +139,8 @@ class ElementwiseOps(OpsBase):
         for v in (a, b):
             if not isinstance(v, Tensor):
                 dt = scalar_result_type(dt, v)
+        check_int_scalar("where", "a", a, dt)
+        check_int_scalar("where", "b", b, dt)
         out = self._empty(shape, dt)
         self._k_where(cond, a, b, out)
         return out

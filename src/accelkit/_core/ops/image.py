@@ -113,10 +113,16 @@ class ImageOps(OpsBase):
 
     def grayscale(self, img: Tensor) -> Tensor:
         """Luma (BT.601: 0.299 R + 0.587 G + 0.114 B) of an RGB or RGBA image; one channel."""
+        check_tensor(self.backend, img, "img")
+        if img.ndim in (3, 4):
+            # Checked before _image, which allocates a converted copy: a refusal allocates nothing.
+            c = img.shape[-1] if img.ndim == 3 else img.shape[1]
+            if c not in (3, 4):
+                raise InvalidArgumentError(
+                    f"grayscale: img must have 3 (RGB) or 4 (RGBA) channels; got {c}"
+                )
         x, hwc, work = self._image(img, "grayscale")
         c = x.shape[1]
-        if c not in (3, 4):
-            raise InvalidArgumentError(f"grayscale: img must have 3 (RGB) or 4 (RGBA) channels; got {c}")
         w = np.zeros((1, c, 1, 1))
         w[0, :3, 0, 0] = _GRAY
         y = self.conv2d(x, self._const(w, work))  # type: ignore[attr-defined]
@@ -129,10 +135,10 @@ class ImageOps(OpsBase):
         t = check_float_param(thresh, "thresh")
         hi = float(_max_value(img.dtype)) if max_value is None else check_float_param(max_value, "max_value")
         ops = self
+        mask = ops.cast(ops.gt(img, t), img.dtype)  # type: ignore[attr-defined]
         if not img.dtype.is_floating:
-            hi = float(round(hi))
-            return ops.where(ops.gt(img, t), int(hi), 0)  # type: ignore[attr-defined,no-any-return]
-        return ops.where(ops.gt(img, t), hi, 0.0)  # type: ignore[attr-defined,no-any-return]
+            return ops.mul(mask, int(round(hi)))  # type: ignore[attr-defined,no-any-return]
+        return ops.mul(mask, hi)  # type: ignore[attr-defined,no-any-return]
 
     def brightness(self, img: Tensor, factor: float) -> Tensor:
         """Scale intensities by ``factor`` (0 gives black, 1 the image), clipped."""

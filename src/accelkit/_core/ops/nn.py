@@ -161,15 +161,17 @@ class NNOps(OpsBase):
     ) -> Tensor:
         """Normalize over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
         self._check_norm("layer_norm", x, weight=weight, bias=bias)
+        eps = check_float_param(eps, "eps", positive=True)  # before allocating: a refusal allocates nothing
         out = self._empty(x._shape, x._dtype)
-        self._k_layer_norm(x, weight, bias, check_float_param(eps, "eps", positive=True), out)
+        self._k_layer_norm(x, weight, bias, eps, out)
         return out
 
     def rms_norm(self, x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
         self._check_norm("rms_norm", x, weight=weight)
+        eps = check_float_param(eps, "eps", positive=True)
         out = self._empty(x._shape, x._dtype)
-        self._k_rms_norm(x, weight, check_float_param(eps, "eps", positive=True), out)
+        self._k_rms_norm(x, weight, eps, out)
         return out
 
     def _check_norm(self, op: str, x: Tensor, **params: Tensor | None) -> None:

@@ -9,6 +9,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 
 from accelkit._core.ops.base import OpsBase
+from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.shapes import prod
 from accelkit._core.validation import (
     check_axis,
@@ -188,6 +189,7 @@ class ShapeOps(OpsBase):
                 raise InvalidArgumentError(
                     f"scatter: a {type(src).__name__} src does not fit a {x._dtype.value} tensor"
                 )
+            check_int_scalar("scatter", "src", src, x._dtype)
         out = self._empty(x._shape, x._dtype)
         self._k_scatter(x, ax, index, src, out)
         return out

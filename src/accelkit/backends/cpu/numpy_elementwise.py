@@ -33,30 +33,48 @@ def _erf(x: Array) -> Array:
 
 
 def _ne(expr: str, x: Array, out: Array) -> None:
-    numexpr.evaluate(expr, local_dict={"x": x}, out=out, casting="unsafe")
+    # Constants are passed as 0-d arrays of x's dtype: a literal would be a double and make
+    # numexpr compute the whole expression in float64.
+    t = x.dtype.type
+    consts = {"one": t(1), "half": t(0.5), "c0": t(_SQRT_2_OVER_PI), "c1": t(0.044715)}
+    numexpr.evaluate(expr, local_dict={"x": x, **consts}, out=out, casting="unsafe")
 
 
 def _unary_float(op: str, x: Array, out: Array) -> None:
-    """x and out are F32 or F64 arrays."""
+    """x and out are F32 or F64 arrays of the same dtype.
+
+    Transcendentals use NumPy's own SIMD loops (faster than numexpr's on this kind of CPU);
+    numexpr fuses the polynomial parts, where NumPy would make temporaries.
+    """
     big = x.size >= _NUMEXPR_MIN
-    if op == "sigmoid":
-        if big:
-            _ne("1 / (1 + exp(-x))", x, out)
-        else:
-            np.negative(x, out=out)
-            np.exp(out, out=out)
-            out += 1
+    if op in ("sigmoid", "silu"):
+        np.negative(x, out=out)
+        np.exp(out, out=out)
+        out += 1
+        if op == "sigmoid":
             np.reciprocal(out, out=out)
-    elif op == "silu":
-        if big:
-            _ne("x / (1 + exp(-x))", x, out)
         else:
-            np.divide(x, 1 + np.exp(-x), out=out)
+            np.divide(x, out, out=out)
     elif op == "gelu_tanh":
         if big:
-            _ne(f"0.5 * x * (1 + tanh({_SQRT_2_OVER_PI} * (x + 0.044715 * x * x * x)))", x, out)
+            _ne("c0 * (x + c1 * x * x * x)", x, out)
         else:
-            out[...] = 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+            np.multiply(x, x, out=out)
+            out *= x
+            out *= x.dtype.type(0.044715)
+            out += x
+            out *= x.dtype.type(_SQRT_2_OVER_PI)
+        np.tanh(out, out=out)
+        if big:
+            numexpr.evaluate(
+                "half * x * (one + t)",
+                local_dict={"x": x, "t": out, "half": x.dtype.type(0.5), "one": x.dtype.type(1)},
+                out=out,
+            )
+        else:
+            out += 1
+            out *= x
+            out *= x.dtype.type(0.5)
     elif op == "gelu":
         out[...] = 0.5 * x * (1 + _erf(x * np.asarray(0.7071067811865476, x.dtype)))
     elif op == "erf":
@@ -64,8 +82,6 @@ def _unary_float(op: str, x: Array, out: Array) -> None:
     elif op == "rsqrt":
         np.sqrt(x, out=out)
         np.reciprocal(out, out=out)
-    elif big and op in ("exp", "tanh", "log", "sqrt", "sin", "cos", "tan"):
-        _ne(f"{op}(x)", x, out)
     else:
         getattr(np, op)(x, out=out)
 
@@ -124,7 +140,8 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
         fn(up(a), up(b), out=out)
         return
     if out.dtype in _LOW:
-        out[...] = fn(_operand(a, np.dtype(np.float32)), _operand(b, np.dtype(np.float32)))
+        with np.errstate(all="ignore"):  # IEEE results (inf, nan), silently, as for F32
+            out[...] = fn(_operand(a, np.dtype(np.float32)), _operand(b, np.dtype(np.float32)))
         return
     if op in ("div", "mod"):
         with np.errstate(all="ignore"):
@@ -162,12 +179,14 @@ def where(cond: Array, a: Any, b: Any, out: Array) -> None:
 def cast_into(x: Array, out: Array) -> None:
     """Cast with C semantics: floats to ints truncate toward zero; NaN and out-of-range values
     become 0 rather than a platform-dependent value."""
-    if out.dtype.kind in "iu" and x.dtype.kind == "f":
-        xf = up(x)
+    if out.dtype.kind in "iu" and (x.dtype.kind == "f" or x.dtype in _LOW):  # bf16's kind is "V"
         info = np.iinfo(out.dtype)
         with np.errstate(invalid="ignore"):
-            ok = np.isfinite(xf) & (xf >= info.min) & (xf <= info.max)
-            out[...] = np.where(ok, np.trunc(np.where(ok, xf, 0)), 0).astype(out.dtype)
+            # The truncated value is range-checked in float64 against bounds that are exact there
+            # (min and max + 1 are powers of two), so 255.9 -> 255 fits a u8 and 2**31 misses an i32.
+            t = np.trunc(x.astype(np.float64))
+            ok = np.isfinite(t) & (t >= float(info.min)) & (t < float(info.max) + 1.0)
+            out[...] = np.where(ok, t, 0).astype(out.dtype)
         return
     if out.dtype == np.bool_:
         np.not_equal(up(x), 0, out=out)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numexpr
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -112,10 +111,7 @@ def softmax_rows(s: Array, log: bool = False) -> Array:
         lse = np.log(np.sum(np.exp(s), axis=-1, keepdims=True))
         s -= lse
         return s
-    if s.size >= 1 << 15:
-        numexpr.evaluate("exp(s)", local_dict={"s": s}, out=s)
-    else:
-        np.exp(s, out=s)
+    np.exp(s, out=s)  # NumPy's SIMD exp beats numexpr's here
     total = np.sum(s, axis=-1, keepdims=True)
     np.divide(s, total, out=s, where=total > 0)
     return s
@@ -145,11 +141,11 @@ def attention(
     rows = max(1, _ATTN_CHUNK_ELEMS // max(1, b * h * sk))
     res = np.empty((b, hk, grp, sq, dv), ct)
     offset = sk - sq
+    qg = qg * ct.type(scale)  # scaling q costs D per row, scaling the scores Skv
     with np.errstate(all="ignore"):
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)
             s = np.matmul(qg[:, :, :, r0:r1], kt)
-            s *= ct.type(scale)
             if mask is not None:
                 mc = mk[:, :, :, r0:r1]
                 if mc.dtype == np.bool_:
@@ -157,12 +153,11 @@ def attention(
                 else:
                     s += up(mc)
             if causal:
+                # 0 where key j is visible to query i, -inf elsewhere; added in place.
                 qi = np.arange(r0, r1)[:, None] + offset
-                kj = np.arange(sk)[None, :]
-                s = np.where(kj <= qi, s, -np.inf)
-            p = softmax_rows(s)
-            p = np.where(np.isnan(p), 0, p)
-            np.matmul(p, vg, out=res[:, :, :, r0:r1])
+                s += np.where(np.arange(sk)[None, :] <= qi, 0.0, -np.inf).astype(ct)
+            # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
+            np.matmul(softmax_rows(s), vg, out=res[:, :, :, r0:r1])
     _store(out, res.reshape(b, h, sq, dv))
 
 

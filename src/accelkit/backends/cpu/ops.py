@@ -100,7 +100,11 @@ class CPUTensorOps(CPUComponent, TensorOps):
                 values = src._data[tuple(slice(0, d) for d in index._shape)]
             else:
                 values = np.asarray(src, dtype=out._data.dtype)
-            np.put_along_axis(out._data, idx, values, axis=axis)
+            # index may be smaller than x off the axis: write into that corner (a view of out).
+            region = out._data[
+                tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(index._shape))
+            ]
+            np.put_along_axis(region, idx, values, axis=axis)
 
         self._launch(run, out._size + index._size, (x, index, src), (out,))
 

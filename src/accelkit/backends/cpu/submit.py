@@ -21,6 +21,8 @@ __all__ = ["INLINE_MAX_COST", "CPUComponent", "arr"]
 #: (about 20 microseconds of NumPy time); above it, on the stream's worker thread.
 INLINE_MAX_COST = 1 << 15
 
+_NUMPY_DTYPES = {d: d.to_numpy() for d in DType}
+
 
 def arr(x: Any) -> Any:
     """The NumPy array behind a tensor (or the scalar itself)."""
@@ -37,10 +39,10 @@ class CPUComponent(OpsBase):
         size = 1
         for d in shape:
             size *= d
-        npdt = dtype.to_numpy()
+        npdt = _NUMPY_DTYPES[dtype]
         buf = backend._pool.allocate(size * npdt.itemsize)
         data = np.ndarray(shape, npdt, buf.handle)
-        stream = backend._stream_var.get() or backend._default_stream
+        stream = backend._stream_var.get() or backend._default
         return Tensor(backend, buf, data, shape, dtype, backend._device_obj, size, stream, 0)
 
     def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -62,7 +64,7 @@ class CPUComponent(OpsBase):
         alive (and out of the pool) until it has run.
         """
         backend = self.backend
-        stream: HostStream = backend._stream_var.get() or backend._default_stream  # type: ignore[assignment]
+        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
         deps: list[tuple[HostStream, int]] | None = None
         for t in inputs:
             if type(t) is Tensor:

@@ -1,0 +1,277 @@
+"""Core benchmarks of the CPU backend, as ratios against peers timed in the same process.
+
+Run with ``nox -s bench`` (installs PyTorch's CPU build as a peer) or ``python
+benchmarks/bench_core.py [--quick] [--json PATH]``. Each figure names its peer:
+
+- small-op overhead: a 64x64 f32 add through TensorOps (submitted and completed) vs ``np.add``;
+- GEMM: 2048x2048 f32 matmul throughput vs NumPy's ``@``;
+- event-loop latency: the worst lateness of a 1 ms heartbeat while a 4096x4096 matmul runs on
+  the backend, vs the same NumPy call made on the loop;
+- transformer block (batch 4, seq 256, width 512, 8 heads, causal, 4x tanh-GELU MLP) vs PyTorch
+  CPU and vs plain NumPy;
+- memory: reserved bytes over 10,000 allocate/free cycles of mixed sizes, and ``used`` after
+  shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+
+import accelkit as ak
+from accelkit.workloads import (
+    BlockConfig,
+    block_weights,
+    transformer_block,
+    transformer_block_numpy,
+    upload_weights,
+)
+
+
+def per_call_us(fn: Callable[[], object], calls: int = 200, rounds: int = 50) -> float:
+    """Median over ``rounds`` of the mean time of ``calls`` back-to-back calls, in us."""
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls)
+    return 1e6 * statistics.median(samples)
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+async def best_of_async(fn: Callable[[], Any], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        await fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+async def small_op(backend: ak.ComputeBackend, report: dict[str, Any]) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    a_h = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    b_h = a_h * 2
+    a, b = f.from_host(a_h), f.from_host(b_h)
+
+    def through_accelkit() -> None:
+        out = ops.add(a, b)
+        assert out._stream.completed >= out._seq  # completed, not only submitted
+
+    np_us = per_call_us(lambda: np.add(a_h, b_h))
+    ak_us = per_call_us(through_accelkit)
+    np.testing.assert_allclose(ops.add(a, b).numpy(), a_h + b_h)
+    report["small_op"] = {"numpy_us": np_us, "accelkit_us": ak_us, "overhead_us": ak_us - np_us}
+
+
+async def gemm(backend: ak.ComputeBackend, report: dict[str, Any], n: int, repeats: int) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rng = np.random.default_rng(1)
+    a_h = rng.standard_normal((n, n)).astype(np.float32)
+    b_h = rng.standard_normal((n, n)).astype(np.float32)
+    a, b = f.from_host(a_h), f.from_host(b_h)
+
+    async def run() -> None:
+        ops.matmul(a, b)
+        await backend.synchronize()
+
+    await run()
+    t_ak = await best_of_async(run, repeats)
+    t_np = best_of(lambda: a_h @ b_h, repeats)
+    flops = 2 * n**3
+    report["gemm"] = {
+        "n": n,
+        "numpy_gflops": flops / t_np / 1e9,
+        "accelkit_gflops": flops / t_ak / 1e9,
+        "ratio": t_np / t_ak,
+    }
+
+
+async def heartbeat(backend: ak.ComputeBackend, report: dict[str, Any], n: int) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rng = np.random.default_rng(2)
+    a_h = rng.standard_normal((n, n)).astype(np.float32)
+    a = f.from_host(a_h)
+
+    async def measure(work: Callable[[], Any]) -> float:
+        late: list[float] = []
+        done = anyio.Event()
+
+        async def beat() -> None:
+            while not done.is_set():
+                t0 = time.perf_counter()
+                await anyio.sleep(0.001)
+                late.append(time.perf_counter() - t0 - 0.001)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(beat)
+            await anyio.sleep(0.01)
+            await work()
+            await anyio.sleep(0.01)
+            done.set()
+        return 1e3 * max(late)
+
+    async def on_backend() -> None:
+        for _ in range(3):
+            ops.matmul(a, a)
+        await backend.synchronize()
+
+    async def on_loop() -> None:
+        _ = a_h @ a_h
+
+    report["heartbeat"] = {
+        "n": n,
+        "accelkit_max_late_ms": await measure(on_backend),
+        "numpy_on_loop_max_late_ms": await measure(on_loop),
+    }
+
+
+async def block(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int) -> None:
+    cfg = BlockConfig()
+    rng = np.random.default_rng(3)
+    x_h = rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
+    w_h = block_weights(cfg)
+    w = upload_weights(backend, w_h)
+    x = backend.tensor_factory.from_host(x_h)
+
+    async def run() -> None:
+        await transformer_block(backend, x, w, cfg).to_host()
+
+    await run()
+    t_ak = await best_of_async(run, repeats)
+    t_np = best_of(lambda: transformer_block_numpy(x_h, w_h, cfg), repeats)
+    entry: dict[str, Any] = {"accelkit_ms": 1e3 * t_ak, "numpy_ms": 1e3 * t_np, "vs_numpy": t_np / t_ak}
+    try:
+        import torch
+    except ImportError:
+        entry["torch_ms"] = None
+    else:
+        tw = {k: torch.from_numpy(v) for k, v in w_h.items()}
+        tx = torch.from_numpy(x_h)
+
+        def torch_block() -> None:
+            with torch.inference_mode():
+                _torch_block(torch, tx, tw, cfg)
+
+        torch_block()
+        t_t = best_of(torch_block, repeats)
+        entry.update(torch_ms=1e3 * t_t, vs_torch=t_t / t_ak, torch_threads=torch.get_num_threads())
+    report["transformer_block"] = entry
+
+
+def _torch_block(torch: Any, x: Any, w: dict[str, Any], cfg: BlockConfig) -> Any:
+    fn = torch.nn.functional
+    b, s, d, h, hd = cfg.batch, cfg.seq, cfg.width, cfg.heads, cfg.head_dim
+    y = fn.layer_norm(x, (d,), w["ln1_g"], w["ln1_b"], cfg.eps)
+    qkv = fn.linear(y, w["w_qkv"], w["b_qkv"]).view(b, s, 3, h, hd).permute(2, 0, 3, 1, 4)
+    att = fn.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+    x = x + fn.linear(att.transpose(1, 2).reshape(b, s, d), w["w_o"], w["b_o"])
+    y = fn.layer_norm(x, (d,), w["ln2_g"], w["ln2_b"], cfg.eps)
+    m = fn.gelu(fn.linear(y, w["w_1"], w["b_1"]), approximate="tanh")
+    return x + fn.linear(m, w["w_2"], w["b_2"])
+
+
+async def memory(report: dict[str, Any], cycles: int) -> None:
+    backend = ak.create_backend("cpu")
+    await backend.initialize()
+    mm = backend.memory_manager
+    rng = np.random.default_rng(4)
+    sizes = rng.integers(1, 1 << 20, size=64).tolist()
+    live: list[Any] = []
+    reserved = []
+    for i in range(cycles):
+        live.append(mm.allocate(sizes[i % len(sizes)]))
+        if len(live) > 16:
+            mm.free(live.pop(int(rng.integers(len(live)))))
+        if i % (cycles // 10) == 0:
+            reserved.append(mm.memory_info().reserved)
+    live.clear()
+    info = mm.memory_info()
+    await backend.shutdown()
+    after = backend.memory_manager.memory_info()
+    report["memory"] = {
+        "cycles": cycles,
+        "reserved_samples_mib": [r / 2**20 for r in reserved],
+        "reserved_growth_after_warmup": reserved[-1] / reserved[2] if reserved[2] else 0.0,
+        "used_after_frees": info.used,
+        "used_after_shutdown": after.used,
+        "reserved_after_shutdown": after.reserved,
+    }
+
+
+async def main(quick: bool) -> dict[str, Any]:
+    report: dict[str, Any] = {"numpy": np.__version__, "accelkit": ak.__version__}
+    repeats = 3 if quick else 7
+    async with ak.open_backend("cpu") as backend:
+        steps = [
+            ("small-op overhead", small_op(backend, report)),
+            ("2048 GEMM", gemm(backend, report, 1024 if quick else 2048, repeats)),
+            ("event-loop heartbeat", heartbeat(backend, report, 2048 if quick else 4096)),
+            ("transformer block", block(backend, report, repeats)),
+        ]
+        for i, (name, coro) in enumerate(steps, 1):
+            print(f"[{i}/{len(steps) + 1}] {name} ...", flush=True)
+            await coro
+    print(f"[{len(steps) + 1}/{len(steps) + 1}] memory cycles ...", flush=True)
+    await memory(report, 2000 if quick else 10_000)
+    return report
+
+
+def show(r: dict[str, Any]) -> None:
+    s, g, h, t, m = r["small_op"], r["gemm"], r["heartbeat"], r["transformer_block"], r["memory"]
+    print()
+    print(f"{'benchmark':<34}{'accelkit':>14}{'peer':>14}   result")
+    print(
+        f"{'64x64 f32 add (median/call)':<34}{s['accelkit_us']:>12.2f}us{s['numpy_us']:>12.2f}us"
+        f"   +{s['overhead_us']:.2f} us over NumPy (target <= 3 us)"
+    )
+    print(
+        f"{str(g['n']) + 'x' + str(g['n']) + ' f32 matmul':<34}{g['accelkit_gflops']:>8.0f} GFLOP/s"
+        f"{g['numpy_gflops']:>8.0f} GFLOP/s   {g['ratio']:.2f}x NumPy's throughput (target >= 0.95)"
+    )
+    print(
+        f"{'heartbeat during ' + str(h['n']) + ' matmul':<34}{h['accelkit_max_late_ms']:>12.2f}ms"
+        f"{h['numpy_on_loop_max_late_ms']:>12.1f}ms   worst lateness (target <= 5 ms; peer: NumPy on"
+        " the loop)"
+    )
+    if t.get("torch_ms"):
+        print(
+            f"{'transformer block':<34}{t['accelkit_ms']:>12.1f}ms{t['torch_ms']:>12.1f}ms"
+            f"   {t['accelkit_ms'] / t['torch_ms']:.2f}x PyTorch CPU's time (target <= 1.5)"
+        )
+    print(
+        f"{'transformer block':<34}{t['accelkit_ms']:>12.1f}ms{t['numpy_ms']:>12.1f}ms"
+        f"   {t['vs_numpy']:.2f}x faster than plain NumPy"
+    )
+    print(
+        f"{str(m['cycles']) + ' alloc/free cycles':<34}{'':>14}{'':>14}   reserved after warm-up grew"
+        f" {m['reserved_growth_after_warmup']:.2f}x; used after shutdown = {m['used_after_shutdown']}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    result = anyio.run(main, args.quick)
+    show(result)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)

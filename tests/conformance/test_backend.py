@@ -1,0 +1,96 @@
+"""The facade: identity, capabilities, status and lifecycle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+import accelkit
+from accelkit import DType, LifecycleState, Requirements
+from accelkit.abc.tensor_ops import TENSOR_OPS, UNARY_OPS
+
+from .checks import fetch
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_identity_and_capabilities(backend):
+    caps = backend.capabilities
+    assert isinstance(backend.name, str) and backend.name
+    assert isinstance(backend.version, str) and backend.version
+    assert caps.backend == backend.name
+    assert caps.device == str(backend.device)
+    assert DType.F32 in caps.dtypes
+    assert backend.supports_device(backend.device)
+    # Every TensorOps name the backend claims is there to call.
+    claimed = caps.ops & TENSOR_OPS
+    assert {"add", "matmul", "reduce"} <= claimed
+    x = backend.tensor_factory.ones((2,))
+    for name in claimed:
+        if name in UNARY_OPS:  # reachable through unary(); most also have a named shortcut
+            assert backend.tensor_ops.unary(name, x).shape == (2,)
+        else:
+            assert callable(getattr(backend.tensor_ops, name, None)), f"{name} is claimed but missing"
+    # Every claimed dtype can hold a tensor.
+    for dt in caps.dtypes:
+        assert backend.tensor_factory.zeros((2,), dt).dtype is dt
+    assert caps.meets(Requirements(ops={"matmul"}, dtypes={DType.F32}))
+    with pytest.raises(ValidationError):
+        caps.backend = "other"  # frozen
+
+
+async def test_status_snapshot(backend):
+    f = backend.tensor_factory
+    keep = f.ones((1000,))
+    await backend.synchronize()
+    status = backend.status
+    assert status.backend == backend.name
+    assert status.state is LifecycleState.READY
+    assert status.device == str(backend.device)
+    assert status.memory_used_bytes == backend.memory_manager.memory_info().used >= keep.nbytes
+    assert status.pending_operations == 0
+    assert status.completed_operations >= 1
+    assert status.error is None
+
+
+async def test_synchronize_and_initialize_again(backend):
+    t = backend.tensor_ops.mul(backend.tensor_factory.ones((64, 64)), 3.0)
+    await backend.synchronize()
+    await backend.synchronize(backend.device)
+    await backend.synchronize(str(backend.device))
+    await backend.initialize(backend.device)  # same device: nothing happens
+    assert backend.is_ready
+    np.testing.assert_array_equal(await fetch(t), np.full((64, 64), 3.0, np.float32))
+
+
+async def test_open_backend_by_device_and_async_with(backend):
+    async with accelkit.open_backend(backend.device) as by_device:
+        assert by_device.device == backend.device
+        assert by_device is not backend
+    assert not by_device.is_ready
+    async with accelkit.create_backend(backend.name) as entered:
+        assert entered.is_ready
+        np.testing.assert_array_equal(await fetch(entered.tensor_factory.ones((2,))), [1.0, 1.0])
+    assert entered.status.state is LifecycleState.SHUT_DOWN
+
+
+async def test_shutdown_releases_every_byte_and_invalidates_tensors(backend):
+    async with accelkit.open_backend(backend.name) as other:
+        f, ops = other.tensor_factory, other.tensor_ops
+        keep = [f.ones((256, 256)), ops.matmul(f.ones((128, 128)), f.ones((128, 128)))]
+        buf = other.memory_manager.allocate(12345)
+        assert other.memory_manager.memory_info().used > 0
+    info = other.memory_manager.memory_info()
+    assert (info.used, info.reserved, info.active_allocations) == (0, 0, 0)
+    assert all(not t.is_alive for t in keep) and not buf.is_alive
+
+
+async def test_default_and_current_stream(backend):
+    assert backend.current_stream is backend.default_stream
+    s = backend.create_stream()
+    assert s.device == backend.device
+    with backend.use_stream(s) as used:
+        assert used is s
+        assert backend.current_stream is s
+    assert backend.current_stream is backend.default_stream

@@ -1,0 +1,261 @@
+"""TensorFactory, tensor metadata, transfers and operators."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import accelkit
+from accelkit import DType, Tensor
+
+from .checks import ALL_DTYPES, FLOATS, assert_close, fetch, ids, require_dtype, sample
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
+async def test_empty_metadata(backend, dtype):
+    require_dtype(backend, dtype)
+    t = backend.tensor_factory.empty((2, 3, 4), dtype)
+    assert isinstance(t, Tensor)
+    assert t.shape == (2, 3, 4)
+    assert t.dtype is dtype
+    assert t.ndim == 3
+    assert t.size == 24
+    assert t.nbytes == 24 * dtype.itemsize
+    assert len(t) == 2
+    assert t.device == backend.device
+    assert t.backend is backend
+    assert t.is_alive
+    assert dtype.value in repr(t)
+    host = await fetch(t, dtype)
+    assert host.shape == (2, 3, 4)
+
+
+async def test_empty_accepts_int_and_list_shapes_and_dtype_names(backend):
+    f = backend.tensor_factory
+    assert f.empty(5).shape == (5,)
+    assert f.empty([2, 3]).shape == (2, 3)
+    assert f.empty((), "float64").dtype is DType.F64
+    assert f.empty((0, 4), np.int32).shape == (0, 4)
+    assert (await fetch(f.empty((0, 4)))).size == 0
+
+
+async def test_zero_d_tensor_has_no_len(backend):
+    t = backend.tensor_factory.zeros(())
+    assert t.ndim == 0 and t.size == 1
+    with pytest.raises(TypeError):
+        len(t)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
+async def test_zeros_ones_full(backend, dtype):
+    require_dtype(backend, dtype)
+    f = backend.tensor_factory
+    npd = dtype.to_numpy()
+    np.testing.assert_array_equal(await fetch(f.zeros((3, 2), dtype), dtype), np.zeros((3, 2), npd))
+    np.testing.assert_array_equal(await fetch(f.ones((4,), dtype), dtype), np.ones((4,), npd))
+    value = True if dtype is DType.BOOL else 7
+    np.testing.assert_array_equal(
+        await fetch(f.full((2, 2), value, dtype), dtype), np.full((2, 2), value, npd)
+    )
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
+async def test_full_float_value(backend, dtype):
+    require_dtype(backend, dtype)
+    got = await fetch(backend.tensor_factory.full((3,), -2.5, dtype), dtype)
+    np.testing.assert_array_equal(got.astype(np.float64), [-2.5, -2.5, -2.5])
+
+
+async def test_full_integral_float_into_int_dtype(backend):
+    got = await fetch(backend.tensor_factory.full((2,), 3.0, DType.I32), DType.I32)
+    np.testing.assert_array_equal(got, [3, 3])
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.I32, DType.BF16, DType.U8], ids=str)
+async def test_like_constructors(backend, dtype):
+    require_dtype(backend, dtype)
+    f = backend.tensor_factory
+    src = f.ones((2, 5), dtype)
+    e = f.empty_like(src)
+    assert (e.shape, e.dtype) == ((2, 5), dtype)
+    z = f.zeros_like(src)
+    np.testing.assert_array_equal(await fetch(z, dtype), np.zeros((2, 5), dtype.to_numpy()))
+    z64 = f.zeros_like(src, dtype=DType.F64)
+    assert z64.dtype is DType.F64 and z64.shape == (2, 5)
+    assert f.empty_like(src, "i64").dtype is DType.I64
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "expected", "dtype"),
+    [
+        ((5,), {}, np.arange(5), DType.I64),
+        ((2, 9, 3), {}, np.arange(2, 9, 3), DType.I64),
+        ((5, 0, -2), {}, np.array([5, 3, 1]), DType.I64),
+        ((0, 1, 0.25), {}, np.array([0.0, 0.25, 0.5, 0.75]), DType.F32),
+        ((1.5,), {}, np.array([0.0, 1.0]), DType.F32),
+        ((0, 4), {"dtype": DType.F64}, np.arange(4.0), DType.F64),
+        ((3, 1), {}, np.arange(0), DType.I64),
+        ((-3, 3, 2), {"dtype": "i8"}, np.array([-3, -1, 1]), DType.I8),
+    ],
+)
+async def test_arange(backend, args, kwargs, expected, dtype):
+    require_dtype(backend, dtype)
+    t = backend.tensor_factory.arange(*args, **kwargs)
+    assert_close(await fetch(t, dtype), expected, dtype)
+
+
+@pytest.mark.parametrize(("n", "m"), [(3, None), (2, 4), (4, 2), (0, None)])
+@pytest.mark.parametrize("dtype", [DType.F32, DType.I64, DType.BOOL, DType.F16], ids=str)
+async def test_eye(backend, n, m, dtype):
+    require_dtype(backend, dtype)
+    t = backend.tensor_factory.eye(n, m, dtype=dtype)
+    np.testing.assert_array_equal(await fetch(t, dtype), np.eye(n, m, dtype=dtype.to_numpy()))
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
+async def test_from_host_keeps_the_array_dtype(backend, dtype):
+    require_dtype(backend, dtype)
+    a = sample((3, 4), dtype, seed=3)
+    t = backend.tensor_factory.from_host(a)
+    np.testing.assert_array_equal(await fetch(t, dtype), a)
+
+
+@pytest.mark.parametrize(
+    ("data", "dtype", "expected"),
+    [
+        ([[1.5, 2], [3, 4]], DType.F32, [[1.5, 2.0], [3.0, 4.0]]),
+        ([1, 2, 3], DType.I64, [1, 2, 3]),
+        ([True, False], DType.BOOL, [True, False]),
+        (2.5, DType.F32, 2.5),
+        (7, DType.I64, 7),
+    ],
+)
+async def test_from_host_python_data_defaults(backend, data, dtype, expected):
+    t = backend.tensor_factory.from_host(data)
+    assert_close(await fetch(t, dtype), np.asarray(expected), dtype)
+
+
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16, DType.F64, DType.I16, DType.U8], ids=str)
+async def test_from_host_explicit_dtype_converts(backend, dtype):
+    require_dtype(backend, dtype)
+    t = backend.tensor_factory.from_host([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], dtype=dtype)
+    got = await fetch(t, dtype)
+    np.testing.assert_array_equal(got.astype(np.float64), np.arange(6.0).reshape(2, 3))
+
+
+async def test_from_host_snapshots_its_input(backend):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = backend.tensor_factory.from_host(a)
+    a[...] = -1.0  # the caller may reuse its array at once
+    np.testing.assert_array_equal(await fetch(t), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+async def test_from_host_non_contiguous_and_bytes(backend):
+    f = backend.tensor_factory
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)
+    np.testing.assert_array_equal(await fetch(f.from_host(a.T)), a.T)
+    np.testing.assert_array_equal(await fetch(f.from_host(a[:, ::2])), a[:, ::2])
+    b = f.from_host(memoryview(np.array([1, 2, 3], np.int16)))
+    np.testing.assert_array_equal(await fetch(b, DType.I16), [1, 2, 3])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
+async def test_uniform(backend, dtype):
+    require_dtype(backend, dtype)
+    f = backend.tensor_factory
+    a = await fetch(f.uniform((64, 32), -3.0, 5.0, seed=11, dtype=dtype), dtype)
+    b = await fetch(f.uniform((64, 32), -3.0, 5.0, seed=11, dtype=dtype), dtype)
+    c = await fetch(f.uniform((64, 32), -3.0, 5.0, seed=12, dtype=dtype), dtype)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    x = a.astype(np.float64)
+    assert x.min() >= -3.0 and x.max() <= 5.0
+    assert abs(x.mean() - 1.0) < 0.3
+    # The documented default generator: NumPy's PCG64, so seeds agree across backends.
+    expected = np.random.default_rng(11).uniform(-3.0, 5.0, size=(64, 32))
+    assert_close(a, expected.astype(dtype.to_numpy()), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
+async def test_normal(backend, dtype):
+    require_dtype(backend, dtype)
+    f = backend.tensor_factory
+    a = await fetch(f.normal((100, 100), 2.0, 0.5, seed=4, dtype=dtype), dtype)
+    b = await fetch(f.normal((100, 100), 2.0, 0.5, seed=4, dtype=dtype), dtype)
+    np.testing.assert_array_equal(a, b)
+    x = a.astype(np.float64)
+    assert abs(x.mean() - 2.0) < 0.02
+    assert abs(x.std() - 0.5) < 0.02
+    expected = np.random.default_rng(4).normal(2.0, 0.5, size=(100, 100))
+    assert_close(a, expected.astype(dtype.to_numpy()), dtype)
+
+
+async def test_normal_zero_std_is_constant(backend):
+    got = await fetch(backend.tensor_factory.normal((10,), 3.0, 0.0, seed=1))
+    np.testing.assert_array_equal(got, np.full(10, 3.0, np.float32))
+
+
+async def test_from_dlpack(backend):
+    a = np.arange(10, dtype=np.float32).reshape(2, 5)
+    t = backend.tensor_factory.from_dlpack(a)
+    np.testing.assert_array_equal(await fetch(t, DType.F32), a)
+
+
+async def test_dlpack_export_where_supported(backend):
+    t = backend.tensor_factory.arange(6, dtype=DType.F32)
+    try:
+        device = t.__dlpack_device__()
+        exported = np.from_dlpack(t)
+    except accelkit.UnsupportedOperationError:
+        pytest.skip(f"{backend.name} tensors do not export DLPack")
+    assert isinstance(device, tuple) and len(device) == 2
+    np.testing.assert_array_equal(exported, np.arange(6, dtype=np.float32))
+
+
+async def test_to_device_from_another_backend_instance(backend):
+    src = backend.tensor_factory.from_host(np.arange(6, dtype=np.int32).reshape(3, 2))
+    async with accelkit.open_backend("cpu") as other:
+        moved = await other.tensor_factory.to_device(src)
+        assert moved.backend is other
+        np.testing.assert_array_equal(await fetch(moved, DType.I32), np.arange(6).reshape(3, 2))
+        back = await backend.tensor_factory.to_device(moved)
+        assert back.backend is backend
+        np.testing.assert_array_equal(await fetch(back, DType.I32), np.arange(6).reshape(3, 2))
+
+
+async def test_numpy_is_the_blocking_twin_of_to_host(backend):
+    t = backend.tensor_ops.add(backend.tensor_factory.arange(4, dtype=DType.F64), 1.0)
+    np.testing.assert_array_equal(t.numpy(), [1.0, 2.0, 3.0, 4.0])
+
+
+async def test_to_host_returns_a_copy(backend):
+    t = backend.tensor_factory.zeros((3,))
+    a = await t.to_host()
+    a[0] = 5.0
+    np.testing.assert_array_equal(await fetch(t), [0.0, 0.0, 0.0])
+
+
+async def test_operators(backend):
+    f = backend.tensor_factory
+    a_h = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+    b_h = np.array([[0.5, 2.0], [-1.0, 8.0]], np.float32)
+    a, b = f.from_host(a_h), f.from_host(b_h)
+    cases = {
+        "a + b": (a + b, a_h + b_h),
+        "a - b": (a - b, a_h - b_h),
+        "a * b": (a * b, a_h * b_h),
+        "a / b": (a / b, a_h / b_h),
+        "a @ b": (a @ b, a_h @ b_h),
+        "-a": (-a, -a_h),
+        "a ** 2": (a**2, a_h**2),
+        "2 + a": (2 + a, 2 + a_h),
+        "1 - a": (1 - a, 1 - a_h),
+        "3 * a": (3 * a, 3 * a_h),
+        "1 / b": (1 / b, 1 / b_h),
+        "a - 1.5": (a - 1.5, a_h - 1.5),
+    }
+    for name, (t, expected) in cases.items():
+        assert t.dtype is DType.F32, name
+        assert_close(await fetch(t), expected, DType.F32)

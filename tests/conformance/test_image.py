@@ -1,0 +1,170 @@
+"""Image ops against explicit per-pixel formulas with replicated borders, on [N, C, H, W] and
+[H, W, C] images, for float images in [0, 1] and U8 images (rounded half to even, clipped)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from accelkit import DType
+
+from . import reference as ref
+from .checks import assert_close, f64, fetch, require_dtype
+
+pytestmark = pytest.mark.anyio
+
+DTYPES = [DType.F32, DType.F64, DType.U8, DType.F16, DType.BF16]
+LAYOUTS = {"nchw": (2, 3, 6, 7), "hwc": (6, 7, 3)}
+
+
+def _image(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if dtype is DType.U8:
+        return rng.integers(0, 256, size=shape).astype(np.uint8)
+    return rng.random(shape).astype(dtype.to_numpy())
+
+
+def _check(got, expected, dtype, scale=4.0):
+    """Integer images may differ by one where float rounding lands on .5; floats by tolerance."""
+    assert got.shape == expected.shape, f"shape {got.shape} != expected {expected.shape}"
+    if dtype.is_floating:
+        assert_close(got, expected, dtype, scale=scale)
+        return
+    diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
+    assert diff.max() <= 1, f"max difference {diff.max()} > 1"
+    assert (diff == 0).mean() > 0.95, "more than 5% of the pixels are off by one"
+
+
+def _params(*names):
+    return pytest.mark.parametrize(
+        ("layout", "dtype"),
+        [(lay, dt) for lay in LAYOUTS for dt in DTYPES if not names or dt.value in names],
+        ids=[f"{lay}-{dt.value}" for lay in LAYOUTS for dt in DTYPES if not names or dt.value in names],
+    )
+
+
+@_params()
+@pytest.mark.parametrize(("sigma", "size"), [(1.0, None), (0.8, 3), (0.5, 5)])
+async def test_gaussian_blur(backend, layout, dtype, sigma, size):
+    require_dtype(backend, dtype)
+    img = _image(LAYOUTS[layout], dtype, seed=1)
+    y = backend.tensor_ops.gaussian_blur(backend.tensor_factory.from_host(img), sigma, size)
+    _check(await fetch(y, dtype), ref.gaussian_blur(img, sigma, size), dtype)
+
+
+async def test_gaussian_blur_keeps_a_constant_image(backend):
+    """Replicated borders: a flat image stays flat up to the edges (zero padding would darken)."""
+    img = np.full((1, 1, 5, 6), 0.5, np.float32)
+    y = backend.tensor_ops.gaussian_blur(backend.tensor_factory.from_host(img), 2.0)
+    assert_close(await fetch(y), img, DType.F32)
+
+
+@_params()
+async def test_sobel_edges(backend, layout, dtype):
+    require_dtype(backend, dtype)
+    img = _image(LAYOUTS[layout], dtype, seed=2)
+    y = backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(img))
+    out_dt = DType.F64 if dtype is DType.F64 else DType.F32
+    expected = ref.sobel_edges(img)
+    if dtype in (DType.F16, DType.BF16):
+        assert_close(await fetch(y, out_dt), expected, dtype, scale=4.0)
+    else:
+        assert_close(await fetch(y, out_dt), expected, out_dt, scale=10.0)
+
+
+async def test_sobel_edges_of_a_ramp_and_of_a_flat_image(backend):
+    ramp = np.tile(np.arange(6, dtype=np.float64), (5, 1))[None, None]  # d/dx = 1 per pixel
+    got = await fetch(backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(ramp)), DType.F64)
+    # Interior: gx = 8 (the Sobel weights sum to 4 on each side, times a step of 2), gy = 0.
+    np.testing.assert_allclose(got[0, 0, :, 1:-1], 8.0)
+    # Replicated borders: the one-sided difference at the edges is half as large.
+    np.testing.assert_allclose(got[0, 0, :, 0], 4.0)
+    flat = np.full((4, 4, 3), 0.3, np.float32)
+    got = await fetch(backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(flat)), DType.F32)
+    np.testing.assert_allclose(got, 0.0, atol=1e-6)
+
+
+@_params()
+@pytest.mark.parametrize("channels", [3, 4])
+async def test_grayscale(backend, layout, dtype, channels):
+    require_dtype(backend, dtype)
+    shape = list(LAYOUTS[layout])
+    shape[1 if layout == "nchw" else 2] = channels
+    img = _image(tuple(shape), dtype, seed=3)
+    y = backend.tensor_ops.grayscale(backend.tensor_factory.from_host(img))
+    expected = ref.grayscale(img)
+    assert y.shape == expected.shape
+    _check(await fetch(y, dtype), expected, dtype)
+
+
+@_params()
+async def test_threshold(backend, layout, dtype):
+    require_dtype(backend, dtype)
+    img = _image(LAYOUTS[layout], dtype, seed=4)
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    t = 100 if dtype is DType.U8 else 0.4
+    white = 255 if dtype is DType.U8 else 1.0
+    x = f.from_host(img)
+    _check(await fetch(ops.threshold(x, t), dtype), ref.threshold(img, t, white), dtype)
+    custom = 77 if dtype is DType.U8 else 0.25
+    _check(await fetch(ops.threshold(x, t, custom), dtype), ref.threshold(img, t, custom), dtype)
+
+
+@_params()
+@pytest.mark.parametrize("factor", [0.0, 0.5, 1.0, 1.7])
+async def test_brightness(backend, layout, dtype, factor):
+    require_dtype(backend, dtype)
+    img = _image(LAYOUTS[layout], dtype, seed=5)
+    y = backend.tensor_ops.brightness(backend.tensor_factory.from_host(img), factor)
+    _check(await fetch(y, dtype), ref.brightness(img, factor), dtype)
+
+
+@_params()
+@pytest.mark.parametrize("factor", [0.0, 0.5, 1.5])
+async def test_contrast(backend, layout, dtype, factor):
+    require_dtype(backend, dtype)
+    img = _image(LAYOUTS[layout], dtype, seed=6)
+    y = backend.tensor_ops.contrast(backend.tensor_factory.from_host(img), factor)
+    _check(await fetch(y, dtype), ref.contrast(img, factor), dtype)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 4])
+async def test_contrast_other_channel_counts(backend, channels):
+    """RGBA uses the luma of RGB; other channel counts use the channel mean."""
+    img = _image((2, channels, 5, 5), DType.F32, seed=7)
+    y = backend.tensor_ops.contrast(backend.tensor_factory.from_host(img), 1.8)
+    _check(await fetch(y, DType.F32), ref.contrast(img, 1.8), DType.F32)
+
+
+@_params()
+async def test_invert_colors(backend, layout, dtype):
+    require_dtype(backend, dtype)
+    img = _image(LAYOUTS[layout], dtype, seed=8)
+    y = backend.tensor_ops.invert_colors(backend.tensor_factory.from_host(img))
+    _check(await fetch(y, dtype), ref.invert_colors(img), dtype, scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", [DType.I16, DType.U16], ids=str)
+async def test_invert_colors_of_other_integers_uses_the_dtype_maximum(backend, dtype):
+    require_dtype(backend, dtype)
+    img = np.array([[[0, 5, 1000]]], dtype.to_numpy())
+    y = backend.tensor_ops.invert_colors(backend.tensor_factory.from_host(img))
+    np.testing.assert_array_equal(await fetch(y, dtype), ref.invert_colors(img))
+
+
+@_params()
+@pytest.mark.parametrize("amount", [0.0, 0.5, 1.0])
+async def test_sharpen(backend, layout, dtype, amount):
+    require_dtype(backend, dtype)
+    img = _image(LAYOUTS[layout], dtype, seed=9)
+    y = backend.tensor_ops.sharpen(backend.tensor_factory.from_host(img), amount)
+    _check(await fetch(y, dtype), ref.sharpen(img, amount), dtype)
+
+
+async def test_float_image_ops_that_brighten_clip_to_unit_range(backend):
+    img = np.array([[[0.2, 0.9, 0.6]]], np.float32)
+    ops, f = backend.tensor_ops, backend.tensor_factory
+    got = await fetch(ops.brightness(f.from_host(img), 2.0))
+    np.testing.assert_allclose(got, [[[0.4, 1.0, 1.0]]], rtol=1e-6)
+    sharp = f64(await fetch(ops.sharpen(f.from_host(np.eye(5, dtype=np.float32)[None, None]), 2.0)))
+    assert sharp.min() >= 0.0 and sharp.max() <= 1.0
