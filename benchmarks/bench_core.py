@@ -156,7 +156,11 @@ async def block(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int
     await run()
     t_ak = await best_of_async(run, repeats)
     t_np = best_of(lambda: transformer_block_numpy(x_h, w_h, cfg), repeats)
-    entry: dict[str, Any] = {"accelkit_ms": 1e3 * t_ak, "numpy_ms": 1e3 * t_np, "vs_numpy": t_np / t_ak}
+    entry: dict[str, Any] = {
+        "accelkit_ms": 1e3 * t_ak,
+        "numpy_ms": 1e3 * t_np,
+        "vs_numpy": t_np / t_ak,
+    }
     try:
         import torch
     except ImportError:
@@ -266,7 +270,9 @@ def show(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()

@@ -11,8 +11,9 @@ Quick start::
         print(await y.to_host())     # awaiting a transfer observes the result
 """
 
-from accelkit import errors
+from accelkit import errors, quant
 from accelkit._api import create_backend, open_backend
+from accelkit._core.dispatch import KernelDispatcher, Route
 from accelkit.abc import (
     ComputeBackend,
     DeviceBuffer,
@@ -73,6 +74,7 @@ __all__ = [
     "IncompatiblePluginError",
     "InvalidArgumentError",
     "KernelCompileError",
+    "KernelDispatcher",
     "KernelExecutor",
     "KernelOps",
     "LifecycleState",
@@ -85,6 +87,7 @@ __all__ = [
     "PerformanceHints",
     "PluginLoadError",
     "Requirements",
+    "Route",
     "StaleHandleError",
     "Stream",
     "Tensor",
@@ -94,5 +97,7 @@ __all__ = [
     "UnsupportedOperationError",
     "__version__",
     "create_backend",
+    "open_backend",
     "errors",
+    "quant",
 ]

@@ -21,9 +21,7 @@ def _builtin(name: str) -> type[ComputeBackend]:
         from accelkit.backends.cpu.backend import CPUBackend
 
         return CPUBackend
-    raise BackendNotFoundError(
-        f"no backend named {name!r} is installed; installed: cpu"
-    )
+    raise BackendNotFoundError(f"no backend named {name!r} is installed; installed: cpu")
 
 
 def create_backend(target: str | Device = "cpu") -> ComputeBackend:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import numpy as np
@@ -73,7 +74,9 @@ async def run_demo(
                 out = transformer_block(backend, x, w, cfg)
                 got = await out.to_host()
                 best = min(best, time.perf_counter() - t0)
-                say(f"  transformer block, run {i + 1}/{repeats}: {1e3 * (time.perf_counter() - t0):.1f} ms")
+                say(
+                    f"  transformer block, run {i + 1}/{repeats}: {1e3 * (time.perf_counter() - t0):.1f} ms"
+                )
             imgs = backend.tensor_factory.from_host(images_host)
             t0 = time.perf_counter()
             edges = await image_pipeline(backend, imgs).to_host()
@@ -110,18 +113,21 @@ async def run_demo(
             f"{t['image_pipeline_numpy'] / t['image_pipeline']:>8.2f}x"
             f"   {100 * mismatch:.3f}% pixels differ"
         )
-        say(f"event loop: heartbeat (every 2 ms) woke at most {result.heartbeat_late_ms:.1f} ms late")
+        say(
+            f"event loop: heartbeat (every 2 ms) woke at most {result.heartbeat_late_ms:.1f} ms late"
+        )
         say(f"memory: {backend.memory_manager.memory_info().peak / 2**20:.1f} MiB peak")
         say("result: " + ("OK, matches NumPy" if result.ok else "MISMATCH against NumPy"))
     return result
 
 
-def _test_images(rng: np.random.Generator, n: int, size: int) -> np.ndarray:  # type: ignore[type-arg]
+def _test_images(rng: np.random.Generator, n: int, size: int) -> np.ndarray[Any, Any]:
     """Synthetic RGB u8 images with shapes and edges (discs and bars over noise)."""
     yy, xx = np.mgrid[0:size, 0:size]
     imgs = np.empty((n, 3, size, size), np.uint8)
     for i in range(n):
-        cy, cx, r = rng.integers(size // 4, 3 * size // 4, 2).tolist() + [size // 5]
+        cy, cx = rng.integers(size // 4, 3 * size // 4, 2).tolist()
+        r = size // 5
         disc = ((yy - cy) ** 2 + (xx - cx) ** 2 < r * r).astype(np.float64)
         bars = ((xx // 32) % 2).astype(np.float64)
         for c in range(3):

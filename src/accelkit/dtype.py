@@ -126,7 +126,9 @@ def result_type(a: DType, b: DType) -> DType:
         return a
     if b in _FLOATS and a not in _FLOATS:
         return b
-    if {a, b} == {DType.U64, DType.I64} or (DType.U64 in (a, b) and (a in _SIGNED_INTS or b in _SIGNED_INTS)):
+    if {a, b} == {DType.U64, DType.I64} or (
+        DType.U64 in (a, b) and (a in _SIGNED_INTS or b in _SIGNED_INTS)
+    ):
         return DType.I64
     return _FROM_NUMPY[np.promote_types(a.to_numpy(), b.to_numpy())]
 

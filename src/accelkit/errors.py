@@ -87,5 +87,5 @@ class IncompatiblePluginError(PluginLoadError):
     """A plugin was built for another major version of the accelkit plugin API."""
 
 
-class TimeoutError(AccelError, builtins.TimeoutError):  # noqa: A001 - the contract's name
+class TimeoutError(AccelError, builtins.TimeoutError):
     """A wait on device work ran past its deadline."""

@@ -47,7 +47,8 @@ def block_weights(cfg: BlockConfig, seed: int = 0) -> dict[str, Array]:
     d = cfg.width
 
     def w(*shape: int) -> Array:
-        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        out: Array = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        return out
 
     return {
         "ln1_g": (1 + 0.1 * rng.standard_normal(d)).astype(np.float32),
@@ -94,7 +95,8 @@ def transformer_block_numpy(x: Array, w: dict[str, Array], cfg: BlockConfig) -> 
     def ln(t: Array, g: Array, bias: Array) -> Array:
         mu = t.mean(-1, keepdims=True)
         var = ((t - mu) ** 2).mean(-1, keepdims=True)
-        return (t - mu) / np.sqrt(var + cfg.eps) * g + bias
+        out: Array = (t - mu) / np.sqrt(var + cfg.eps) * g + bias
+        return out
 
     y = ln(x, w["ln1_g"], w["ln1_b"])
     qkv = y @ w["w_qkv"].T + w["b_qkv"]

@@ -14,6 +14,8 @@ from .backends import conformance_backends
 
 
 @pytest.fixture(params=conformance_backends())
-async def backend(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[ComputeBackend]:
+async def backend(
+    request: pytest.FixtureRequest, anyio_backend: str
+) -> AsyncIterator[ComputeBackend]:
     async with accelkit.open_backend(request.param) as b:
         yield b

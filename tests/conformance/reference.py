@@ -238,7 +238,7 @@ def finish(y: Array, dtype: np.dtype[Any], clip: bool) -> Array:
 def filter_replicate(x: Array, kernel: Array) -> Array:
     """Apply ``kernel`` (cross-correlation) to each channel of NCHW ``x``; borders replicated."""
     kh, kw = kernel.shape
-    n, c, h, w = x.shape
+    _n, _c, h, w = x.shape
     xp = np.pad(x, ((0, 0), (0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2)), mode="edge")
     out = np.zeros_like(x)
     for i in range(h):

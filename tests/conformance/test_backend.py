@@ -17,8 +17,10 @@ pytestmark = pytest.mark.anyio
 
 async def test_identity_and_capabilities(backend):
     caps = backend.capabilities
-    assert isinstance(backend.name, str) and backend.name
-    assert isinstance(backend.version, str) and backend.version
+    assert isinstance(backend.name, str)
+    assert backend.name
+    assert isinstance(backend.version, str)
+    assert backend.version
     assert caps.backend == backend.name
     assert caps.device == str(backend.device)
     assert DType.F32 in caps.dtypes
@@ -31,7 +33,9 @@ async def test_identity_and_capabilities(backend):
         if name in UNARY_OPS:  # reachable through unary(); most also have a named shortcut
             assert backend.tensor_ops.unary(name, x).shape == (2,)
         else:
-            assert callable(getattr(backend.tensor_ops, name, None)), f"{name} is claimed but missing"
+            assert callable(getattr(backend.tensor_ops, name, None)), (
+                f"{name} is claimed but missing"
+            )
     # Every claimed dtype can hold a tensor.
     for dt in caps.dtypes:
         assert backend.tensor_factory.zeros((2,), dt).dtype is dt
@@ -83,7 +87,8 @@ async def test_shutdown_releases_every_byte_and_invalidates_tensors(backend):
         assert other.memory_manager.memory_info().used > 0
     info = other.memory_manager.memory_info()
     assert (info.used, info.reserved, info.active_allocations) == (0, 0, 0)
-    assert all(not t.is_alive for t in keep) and not buf.is_alive
+    assert all(not t.is_alive for t in keep)
+    assert not buf.is_alive
 
 
 async def test_default_and_current_stream(backend):

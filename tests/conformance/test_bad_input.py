@@ -31,7 +31,9 @@ from .checks import fetch
 pytestmark = pytest.mark.anyio
 
 
-def refuses(backend, exc_type: type[AccelError], call: Callable[[], Any], *fragments: str) -> AccelError:
+def refuses(
+    backend, exc_type: type[AccelError], call: Callable[[], Any], *fragments: str
+) -> AccelError:
     """Run ``call``; it must raise ``exc_type`` with every fragment in its message and leave the
     memory statistics as they were (checked while the exception, and its frames, are alive)."""
     mm = backend.memory_manager
@@ -108,28 +110,60 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "matmul_batch": (IAE, lambda o, f, t: o.matmul(t.a234, t.a342), ("(2,)", "(3,)")),
     "gemm_rank": (IAE, lambda o, f, t: o.gemm(t.a234, t.a34), ("2-d", "(2, 3, 4)")),
     "gemm_inner": (IAE, lambda o, f, t: o.gemm(t.a23, t.a45), ("(2, 3)", "(4, 5)")),
-    "gemm_trans_inner": (IAE, lambda o, f, t: o.gemm(t.a23, t.a34, trans_a=True), ("trans_a=True", "(2, 3)")),
+    "gemm_trans_inner": (
+        IAE,
+        lambda o, f, t: o.gemm(t.a23, t.a34, trans_a=True),
+        ("trans_a=True", "(2, 3)"),
+    ),
     "gemm_c_shape": (IAE, lambda o, f, t: o.gemm(t.a23, t.a34, t.v3, beta=1.0), ("(3,)", "(2, 4)")),
-    "batched_gemm_batch": (IAE, lambda o, f, t: o.batched_gemm(t.a234, t.a345), ("batch 2", "batch 3")),
+    "batched_gemm_batch": (
+        IAE,
+        lambda o, f, t: o.batched_gemm(t.a234, t.a345),
+        ("batch 2", "batch 3"),
+    ),
     "linear_features": (IAE, lambda o, f, t: o.linear(t.a23, t.a45), ("(2, 3)", "(4, 5)")),
     "linear_bias": (IAE, lambda o, f, t: o.linear(t.a23, t.a43, t.v3), ("[4]", "(3,)")),
-    "conv_channels": (IAE, lambda o, f, t: o.conv2d(t.img, t.w_conv2), ("(2, 2, 3, 3)", "3 are expected")),
+    "conv_channels": (
+        IAE,
+        lambda o, f, t: o.conv2d(t.img, t.w_conv2),
+        ("(2, 2, 3, 3)", "3 are expected"),
+    ),
     "conv_rank": (IAE, lambda o, f, t: o.conv2d(t.img3, t.w_conv), ("(3, 5, 5)", "(2, 3, 3, 3)")),
     "conv_too_small": (IAE, lambda o, f, t: o.conv2d(t.img_small, t.w_conv), ("3x3", "2x2")),
     "conv_groups": (IAE, lambda o, f, t: o.conv2d(t.img, t.w_conv, groups=2), ("groups=2", "(3)")),
     "conv_bias": (IAE, lambda o, f, t: o.conv2d(t.img, t.w_conv, t.v3), ("[2]", "(3,)")),
     "conv_stride": (IAE, lambda o, f, t: o.conv2d(t.img, t.w_conv, stride=0), ("stride", "0")),
-    "conv_padding": (IAE, lambda o, f, t: o.conv2d(t.img, t.w_conv, padding=(1, 2, 3)), ("padding", "(1, 2, 3)")),
+    "conv_padding": (
+        IAE,
+        lambda o, f, t: o.conv2d(t.img, t.w_conv, padding=(1, 2, 3)),
+        ("padding", "(1, 2, 3)"),
+    ),
     "attn_heads": (IAE, lambda o, f, t: o.attention(t.q, t.k3, t.k3), ("4 heads", "3 heads")),
     "attn_head_dim": (IAE, lambda o, f, t: o.attention(t.q, t.k_d4, t.k_d4), ("8", "4")),
-    "attn_kv": (IAE, lambda o, f, t: o.attention(t.q, t.k, t.k_s3), ("(1, 2, 4, 8)", "(1, 2, 3, 8)")),
+    "attn_kv": (
+        IAE,
+        lambda o, f, t: o.attention(t.q, t.k, t.k_s3),
+        ("(1, 2, 4, 8)", "(1, 2, 3, 8)"),
+    ),
     "attn_rank": (IAE, lambda o, f, t: o.attention(t.q3d, t.k, t.k), ("q", "(4, 4, 8)")),
-    "attn_mask_shape": (IAE, lambda o, f, t: o.attention(t.q, t.k, t.k, mask=t.m55), ("(5, 5)", "(1, 4, 4, 4)")),
-    "attn_mask_dtype": (IAE, lambda o, f, t: o.attention(t.q, t.k, t.k, mask=t.i44), ("mask", "i32")),
+    "attn_mask_shape": (
+        IAE,
+        lambda o, f, t: o.attention(t.q, t.k, t.k, mask=t.m55),
+        ("(5, 5)", "(1, 4, 4, 4)"),
+    ),
+    "attn_mask_dtype": (
+        IAE,
+        lambda o, f, t: o.attention(t.q, t.k, t.k, mask=t.i44),
+        ("mask", "i32"),
+    ),
     "reshape_size": (IAE, lambda o, f, t: o.reshape(t.a23, (4, 2)), ("(2, 3)", "(4, 2)")),
     "reshape_two_unknowns": (IAE, lambda o, f, t: o.reshape(t.a234, (-1, -1)), ("-1", "(-1, -1)")),
     "reshape_infer": (IAE, lambda o, f, t: o.reshape(t.a23, (4, -1)), ("(4, -1)", "6")),
-    "permute_not_perm": (IAE, lambda o, f, t: o.permute(t.a234, (0, 0, 1)), ("(0, 0, 1)", "permutation")),
+    "permute_not_perm": (
+        IAE,
+        lambda o, f, t: o.permute(t.a234, (0, 0, 1)),
+        ("(0, 0, 1)", "permutation"),
+    ),
     "permute_len": (IAE, lambda o, f, t: o.permute(t.a234, (0, 1)), ("3 axes", "(2, 3, 4)")),
     "transpose_1d": (IAE, lambda o, f, t: o.transpose(t.v3), ("2 dimensions", "(3,)")),
     "concat_shapes": (IAE, lambda o, f, t: o.concat([t.a23, t.a24], axis=0), ("(2, 4)", "(2, 3)")),
@@ -150,12 +184,32 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "rms_norm_weight": (IAE, lambda o, f, t: o.rms_norm(t.a34, t.v3), ("[4]", "(3,)")),
     "layer_norm_eps": (IAE, lambda o, f, t: o.layer_norm(t.a34, eps=0.0), ("eps", "0.0")),
     "ce_shapes": (IAE, lambda o, f, t: o.cross_entropy(t.a23, t.i64_3), ("(2, 3)", "(3,)")),
-    "ce_reduction": (IAE, lambda o, f, t: o.cross_entropy(t.a23, t.i64, reduction="avg"), ("'avg'", "'mean'")),
+    "ce_reduction": (
+        IAE,
+        lambda o, f, t: o.cross_entropy(t.a23, t.i64, reduction="avg"),
+        ("'avg'", "'mean'"),
+    ),
     "embedding_weight": (IAE, lambda o, f, t: o.embedding(t.i64, t.a234), ("[V, D]", "(2, 3, 4)")),
-    "adam_shape": (IAE, lambda o, f, t: o.adam_update(t.a23, t.a34, t.a23, t.a23, lr=0.1, step=1), ("(3, 4)", "(2, 3)")),
-    "adam_aliasing": (IAE, lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23, t.a23c, lr=0.1, step=1), ("distinct",)),
-    "adam_beta": (IAE, lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23c, t.a23d, lr=0.1, step=1, beta1=1.0), ("beta1", "[0, 1)", "1.0")),
-    "adam_step": (IAE, lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23c, t.a23d, lr=0.1, step=0), ("step", ">= 1", "0")),
+    "adam_shape": (
+        IAE,
+        lambda o, f, t: o.adam_update(t.a23, t.a34, t.a23, t.a23, lr=0.1, step=1),
+        ("(3, 4)", "(2, 3)"),
+    ),
+    "adam_aliasing": (
+        IAE,
+        lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23, t.a23c, lr=0.1, step=1),
+        ("distinct",),
+    ),
+    "adam_beta": (
+        IAE,
+        lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23c, t.a23d, lr=0.1, step=1, beta1=1.0),
+        ("beta1", "[0, 1)", "1.0"),
+    ),
+    "adam_step": (
+        IAE,
+        lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23c, t.a23d, lr=0.1, step=0),
+        ("step", ">= 1", "0"),
+    ),
     "image_rank": (IAE, lambda o, f, t: o.gaussian_blur(t.a23), ("[N, C, H, W]", "(2, 3)")),
     "grayscale_channels": (IAE, lambda o, f, t: o.grayscale(t.img2), ("3 (RGB)", "got 2")),
     "blur_even_kernel": (IAE, lambda o, f, t: o.gaussian_blur(t.img, 1.0, 4), ("odd", "4")),
@@ -173,7 +227,11 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "ce_float_targets": (IAE, lambda o, f, t: o.cross_entropy(t.a23, t.v2), ("integer", "f32")),
     "where_cond": (IAE, lambda o, f, t: o.where(t.v3, t.v3, 0.0), ("bool", "f32")),
     "where_scalars": (IAE, lambda o, f, t: o.where(t.b3, 1.0, 0.0), ("two scalars",)),
-    "adam_dtypes": (IAE, lambda o, f, t: o.adam_update(t.a23, t.f64_23, t.a23c, t.a23d, lr=0.1, step=1), ("f64", "f32")),
+    "adam_dtypes": (
+        IAE,
+        lambda o, f, t: o.adam_update(t.a23, t.f64_23, t.a23c, t.a23d, lr=0.1, step=1),
+        ("f64", "f32"),
+    ),
     "matmul_bool": (IAE, lambda o, f, t: o.matmul(t.b3, t.b3), ("bool",)),
     "neg_bool": (IAE, lambda o, f, t: o.neg(t.b3), ("neg", "bool")),
     "sub_bool": (IAE, lambda o, f, t: o.sub(t.b3, t.b3), ("sub", "bool")),
@@ -181,12 +239,20 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "i32_scalar_overflow": (IAE, lambda o, f, t: o.mul(t.i23, 2**40), (str(2**40), "i32")),
     "where_scalar_overflow": (IAE, lambda o, f, t: o.where(t.b4, 300, t.u8), ("300", "u8")),
     "scatter_scalar_overflow": (IAE, lambda o, f, t: o.scatter(t.u8, 0, t.i64, 256), ("256", "u8")),
-    "scatter_float_into_int": (IAE, lambda o, f, t: o.scatter(t.u8, 0, t.i64, 1.5), ("float", "u8")),
+    "scatter_float_into_int": (
+        IAE,
+        lambda o, f, t: o.scatter(t.u8, 0, t.i64, 1.5),
+        ("float", "u8"),
+    ),
     "unknown_dtype": (IAE, lambda o, f, t: f.zeros((2,), "fp8"), ("'fp8'", "f32")),
     "cast_unknown_dtype": (IAE, lambda o, f, t: o.cast(t.v3, "complex64"), ("complex64",)),
     "uniform_int": (IAE, lambda o, f, t: f.uniform((2,), dtype=DType.I32), ("floating", "i32")),
     "full_fraction_into_int": (IAE, lambda o, f, t: f.full((4,), 1.5, DType.I32), ("1.5", "i32")),
-    "full_nan_into_int": (IAE, lambda o, f, t: f.full((4,), float("nan"), DType.I64), ("nan", "i64")),
+    "full_nan_into_int": (
+        IAE,
+        lambda o, f, t: f.full((4,), float("nan"), DType.I64),
+        ("nan", "i64"),
+    ),
     "full_out_of_range": (IAE, lambda o, f, t: f.full((4,), 256, DType.U8), ("256", "u8")),
     "full_not_a_number": (IAE, lambda o, f, t: f.full((4,), "1"), ("number", "str")),
     # wrong Python types
@@ -197,13 +263,25 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "unknown_binary": (IAE, lambda o, f, t: o.binary("atan2", t.v3, t.v3), ("'atan2'", "add")),
     "unknown_reduce": (IAE, lambda o, f, t: o.reduce("median", t.v3), ("'median'", "sum")),
     "gelu_mode": (IAE, lambda o, f, t: o.gelu(t.v3, approximate="fast"), ("'fast'", "'tanh'")),
-    "gemm_alpha_nan": (IAE, lambda o, f, t: o.gemm(t.a23, t.a34, alpha=float("nan")), ("alpha", "NaN")),
-    "attn_scale_type": (IAE, lambda o, f, t: o.attention(t.q, t.k, t.k, scale="big"), ("scale", "str")),
+    "gemm_alpha_nan": (
+        IAE,
+        lambda o, f, t: o.gemm(t.a23, t.a34, alpha=float("nan")),
+        ("alpha", "NaN"),
+    ),
+    "attn_scale_type": (
+        IAE,
+        lambda o, f, t: o.attention(t.q, t.k, t.k, scale="big"),
+        ("scale", "str"),
+    ),
     "from_host_tensor": (IAE, lambda o, f, t: f.from_host(t.v3), ("to_device",)),
     "from_host_ragged": (IAE, lambda o, f, t: f.from_host([[1, 2], [3]]), ("list",)),
     # sizes
     "negative_dim": (IAE, lambda o, f, t: f.empty((2, -1)), ("non-negative", "(2, -1)")),
-    "absurd_size": (IAE, lambda o, f, t: f.zeros((1 << 30, 1 << 30)), ("more than any device", str(1 << 60))),
+    "absurd_size": (
+        IAE,
+        lambda o, f, t: f.zeros((1 << 30, 1 << 30)),
+        ("more than any device", str(1 << 60)),
+    ),
     "shape_type": (IAE, lambda o, f, t: f.empty((2, "x")), ("shape[1]", "str")),
     "shape_float": (IAE, lambda o, f, t: f.empty(2.5), ("shape", "float")),
     "arange_step": (IAE, lambda o, f, t: f.arange(0, 5, 0), ("step", "0")),
@@ -225,12 +303,16 @@ async def test_submission_refuses_bad_input(backend, case):
 
 async def test_invalid_argument_error_is_a_value_error(backend):
     with pytest.raises(ValueError, match=r"\(2, 3\)"):
-        backend.tensor_ops.add(backend.tensor_factory.ones((2, 3)), backend.tensor_factory.ones((4,)))
+        backend.tensor_ops.add(
+            backend.tensor_factory.ones((2, 3)), backend.tensor_factory.ones((4,))
+        )
 
 
 # -- sizes and memory limits ------------------------------------------------------------------------
 async def test_allocation_larger_than_the_device(backend):
-    err = refuses(backend, OutOfMemoryError, lambda: backend.tensor_factory.empty((1 << 20, 1 << 20)))
+    err = refuses(
+        backend, OutOfMemoryError, lambda: backend.tensor_factory.empty((1 << 20, 1 << 20))
+    )
     assert err.requested == 4 << 40
     assert isinstance(err, MemoryError)
     err = refuses(backend, OutOfMemoryError, lambda: backend.memory_manager.allocate(1 << 50))
@@ -238,10 +320,13 @@ async def test_allocation_larger_than_the_device(backend):
 
 
 @pytest.mark.parametrize(
-    ("nbytes", "fragments"), [(-5, ("nbytes", ">= 0", "-5")), (1.5, ("nbytes", "float")), ("10", ("nbytes", "str"))]
+    ("nbytes", "fragments"),
+    [(-5, ("nbytes", ">= 0", "-5")), (1.5, ("nbytes", "float")), ("10", ("nbytes", "str"))],
 )
 async def test_allocate_refuses_bad_sizes(backend, nbytes, fragments):
-    refuses(backend, InvalidArgumentError, lambda: backend.memory_manager.allocate(nbytes), *fragments)
+    refuses(
+        backend, InvalidArgumentError, lambda: backend.memory_manager.allocate(nbytes), *fragments
+    )
 
 
 async def test_memory_limit_raises_out_of_memory_naming_requested_and_used(backend):
@@ -252,14 +337,17 @@ async def test_memory_limit_raises_out_of_memory_naming_requested_and_used(backe
         keep = f.zeros((100_000,), DType.U8)  # within the limit
         used = mm.memory_info().used
         assert used >= 100_000
-        err = refuses(backend, OutOfMemoryError, lambda: f.zeros((1 << 19,), DType.F32), "2.0 MiB", "in use")
+        err = refuses(
+            backend, OutOfMemoryError, lambda: f.zeros((1 << 19,), DType.F32), "2.0 MiB", "in use"
+        )
         assert err.requested == 2 << 20
         assert err.used == used
         assert err.limit == 1 << 20
         # Just over what is left: refused too, and the message names the bytes in use.
         left = (1 << 20) - used
         err = refuses(backend, OutOfMemoryError, lambda: mm.allocate(left + 1), "in use")
-        assert err.requested == left + 1 and err.used == used
+        assert err.requested == left + 1
+        assert err.used == used
         # Exactly what is left still fits.
         buf = mm.allocate(left)
         assert mm.memory_info().used == 1 << 20
@@ -287,11 +375,12 @@ async def test_tensors_of_another_backend_instance_are_refused(backend):
         refuses(backend, InvalidArgumentError, lambda: backend.memory_manager.free(foreign))
         foreign_buffer = other.memory_manager.allocate(16)
         refuses(backend, StaleHandleError, lambda: backend.memory_manager.free(foreign_buffer))
-        with pytest.raises(InvalidArgumentError):
-            with backend.use_stream(other.create_stream()):
-                pass
+        with pytest.raises(InvalidArgumentError), backend.use_stream(other.create_stream()):
+            pass
         # The foreign tensor still works on its own backend.
-        np.testing.assert_array_equal(await fetch(other.tensor_ops.add(foreign, 1.0)), [2.0, 2.0, 2.0])
+        np.testing.assert_array_equal(
+            await fetch(other.tensor_ops.add(foreign, 1.0)), [2.0, 2.0, 2.0]
+        )
 
 
 async def test_freed_tensors_raise_stale_handle(backend):
@@ -302,7 +391,8 @@ async def test_freed_tensors_raise_stale_handle(backend):
     used = mm.memory_info().used
     mm.free(t)
     assert mm.memory_info().used == used - 16
-    assert not t.is_alive and not view.is_alive
+    assert not t.is_alive
+    assert not view.is_alive
     assert "freed" in repr(t)
     refuses(backend, StaleHandleError, lambda: ops.relu(t), "freed")
     refuses(backend, StaleHandleError, lambda: ops.add(live22, view), "b", "freed")
@@ -330,7 +420,14 @@ async def test_freed_buffers_raise_stale_handle(backend):
 async def test_use_before_initialize(backend):
     fresh = accelkit.create_backend(backend.name)
     assert not fresh.is_ready
-    for attr in ("tensor_ops", "tensor_factory", "memory_manager", "kernel_ops", "kernel_executor", "default_stream"):
+    for attr in (
+        "tensor_ops",
+        "tensor_factory",
+        "memory_manager",
+        "kernel_ops",
+        "kernel_executor",
+        "default_stream",
+    ):
         with pytest.raises(NotInitializedError, match="never initialized"):
             getattr(fresh, attr)
     with pytest.raises(NotInitializedError, match="never initialized"):
@@ -363,12 +460,14 @@ async def test_use_after_shutdown(backend):
         f.zeros((2,))
     with pytest.raises(NotInitializedError):
         mm.allocate(16)
-    with pytest.raises(NotInitializedError):
-        with other.use_stream(stream):
-            pass
-    assert not t.is_alive and not buf.is_alive
+    with pytest.raises(NotInitializedError), other.use_stream(stream):
+        pass
+    assert not t.is_alive
+    assert not buf.is_alive
     info = mm.memory_info()
-    assert info.used == 0 and info.active_allocations == 0 and info.reserved == 0
+    assert info.used == 0
+    assert info.active_allocations == 0
+    assert info.reserved == 0
     await other.shutdown()  # twice: a no-op
     # The backend under test is untouched by the other one's shutdown.
     np.testing.assert_array_equal(await fetch(backend.tensor_factory.ones((2,))), [1.0, 1.0])

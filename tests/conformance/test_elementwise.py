@@ -59,7 +59,9 @@ async def test_round_is_half_to_even_and_floor_ceil_are_exact(backend, dtype):
     ops = backend.tensor_ops
     x_h = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1.25, -1.75], dtype.to_numpy())
     x = backend.tensor_factory.from_host(x_h)
-    np.testing.assert_array_equal(f64(await fetch(ops.round(x), dtype)), [0, 2, 2, -0, -2, -2, 1, -2])
+    np.testing.assert_array_equal(
+        f64(await fetch(ops.round(x), dtype)), [0, 2, 2, -0, -2, -2, 1, -2]
+    )
     np.testing.assert_array_equal(f64(await fetch(ops.floor(x), dtype)), np.floor(f64(x_h)))
     np.testing.assert_array_equal(f64(await fetch(ops.ceil(x), dtype)), np.ceil(f64(x_h)))
 
@@ -70,7 +72,9 @@ async def test_unary_special_values(backend, dtype):
     ops = backend.tensor_ops
     x = backend.tensor_factory.from_host(np.array([0.0, -1.0, np.inf], dtype.to_numpy()))
     log = f64(await fetch(ops.log(x), dtype))
-    assert log[0] == -np.inf and np.isnan(log[1]) and log[2] == np.inf
+    assert log[0] == -np.inf
+    assert np.isnan(log[1])
+    assert log[2] == np.inf
     sig = f64(await fetch(ops.sigmoid(ops.neg(x)), dtype))
     np.testing.assert_allclose(sig, [0.5, 1 / (1 + np.exp(-1.0)), 0.0], **{"rtol": 1e-2})
     assert f64(await fetch(ops.exp(x), dtype))[2] == np.inf
@@ -148,12 +152,18 @@ def _expected_dtype(op, dtype):
     return dtype
 
 
-@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
-@pytest.mark.parametrize("op", ARITH + COMPARE)
+@pytest.mark.parametrize(
+    ("op", "dtype"),
+    [
+        (op, dt)
+        for op in ARITH + COMPARE
+        for dt in ALL_DTYPES
+        if not (dt is DType.BOOL and op in ("sub", "pow", "mod"))  # refused: see test_bad_input
+    ],
+    ids=lambda v: v.value if isinstance(v, DType) else v,
+)
 async def test_binary_same_dtype(backend, op, dtype):
     require_dtype(backend, dtype)
-    if dtype is DType.BOOL and op in ("sub", "pow", "mod"):
-        pytest.skip("refused for bool (checked in test_bad_input)")
     a_h, b_h = _binary_inputs(op, dtype, (4, 6), (4, 6))
     f, ops = backend.tensor_factory, backend.tensor_ops
     a, b = f.from_host(a_h), f.from_host(b_h)
@@ -272,7 +282,7 @@ async def test_scalar_on_the_left_of_non_commutative_ops(backend, dtype):
     assert_close(await fetch(ops.div(1, x), div_dt), 1 / f64(x_h), div_dt)
     assert_close(await fetch(ops.pow(2, x), dtype), 2 ** f64(x_h), dtype)
     assert_close(await fetch(ops.mod(11, x), dtype), 11 % f64(x_h), dtype)
-    assert_close(await fetch(ops.gt(3, x), DType.BOOL), 3 > f64(x_h), DType.BOOL)
+    assert_close(await fetch(ops.gt(3, x), DType.BOOL), f64(x_h) < 3, DType.BOOL)
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F64, DType.I32, DType.I64], ids=str)
@@ -285,7 +295,9 @@ async def test_mod_takes_the_sign_of_the_divisor(backend, dtype):
     got = await fetch(ops.mod(f.from_host(a_h), f.from_host(b_h)), dtype)
     np.testing.assert_array_equal(f64(got), [1, 2, -2, -1, 0])
     if dtype.is_floating:
-        got = await fetch(ops.mod(f.from_host(np.array([-7.5, 7.5], dtype.to_numpy())), -2.0), dtype)
+        got = await fetch(
+            ops.mod(f.from_host(np.array([-7.5, 7.5], dtype.to_numpy())), -2.0), dtype
+        )
         np.testing.assert_allclose(f64(got), [-1.5, -0.5])
 
 
@@ -319,7 +331,9 @@ async def test_float_division_by_zero_is_ieee(backend, dtype):
     f = backend.tensor_factory
     a = f.from_host(np.array([1.0, -1.0, 0.0], dtype.to_numpy()))
     got = f64(await fetch(backend.tensor_ops.div(a, 0.0), dtype))
-    assert got[0] == np.inf and got[1] == -np.inf and np.isnan(got[2])
+    assert got[0] == np.inf
+    assert got[1] == -np.inf
+    assert np.isnan(got[2])
 
 
 @pytest.mark.parametrize("dtype", [DType.U8, DType.I8, DType.I32], ids=str)
@@ -414,7 +428,9 @@ async def test_cast_float_to_u8_keeps_in_range_truncations(backend, src):
     """255.5 truncates to 255, which fits; -0.5 truncates to 0, which fits."""
     require_dtype(backend, src)
     x_h = np.array([255.5, -0.5, 254.0, 256.0], src.to_numpy())
-    got = await fetch(backend.tensor_ops.cast(backend.tensor_factory.from_host(x_h), DType.U8), DType.U8)
+    got = await fetch(
+        backend.tensor_ops.cast(backend.tensor_factory.from_host(x_h), DType.U8), DType.U8
+    )
     expected = [int(np.trunc(v)) if 0 <= np.trunc(v) <= 255 else 0 for v in f64(x_h)]
     np.testing.assert_array_equal(got, expected)
 
@@ -423,13 +439,15 @@ async def test_cast_float_to_u8_keeps_in_range_truncations(backend, src):
 async def test_cast_float_to_bool(backend, src):
     require_dtype(backend, src)
     x_h = np.array([0.0, -0.0, 0.1, -2.0, np.inf], src.to_numpy())
-    got = await fetch(backend.tensor_ops.cast(backend.tensor_factory.from_host(x_h), "bool"), DType.BOOL)
+    got = await fetch(
+        backend.tensor_ops.cast(backend.tensor_factory.from_host(x_h), "bool"), DType.BOOL
+    )
     np.testing.assert_array_equal(got, [False, False, True, True, True])
 
 
 @pytest.mark.parametrize("dst", [DType.F16, DType.BF16, DType.F32], ids=str)
 async def test_cast_rounds_to_nearest_float(backend, dst):
     require_dtype(backend, dst)
-    x_h = np.array([1 / 3, 1000.7, -2.0**-3, 257.0], np.float64)
+    x_h = np.array([1 / 3, 1000.7, -(2.0**-3), 257.0], np.float64)
     got = await fetch(backend.tensor_ops.cast(backend.tensor_factory.from_host(x_h), dst), dst)
     np.testing.assert_array_equal(got, x_h.astype(dst.to_numpy()))

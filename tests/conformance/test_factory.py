@@ -43,7 +43,8 @@ async def test_empty_accepts_int_and_list_shapes_and_dtype_names(backend):
 
 async def test_zero_d_tensor_has_no_len(backend):
     t = backend.tensor_factory.zeros(())
-    assert t.ndim == 0 and t.size == 1
+    assert t.ndim == 0
+    assert t.size == 1
     with pytest.raises(TypeError):
         len(t)
 
@@ -83,7 +84,8 @@ async def test_like_constructors(backend, dtype):
     z = f.zeros_like(src)
     np.testing.assert_array_equal(await fetch(z, dtype), np.zeros((2, 5), dtype.to_numpy()))
     z64 = f.zeros_like(src, dtype=DType.F64)
-    assert z64.dtype is DType.F64 and z64.shape == (2, 5)
+    assert z64.dtype is DType.F64
+    assert z64.shape == (2, 5)
     assert f.empty_like(src, "i64").dtype is DType.I64
 
 
@@ -171,7 +173,8 @@ async def test_uniform(backend, dtype):
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     x = a.astype(np.float64)
-    assert x.min() >= -3.0 and x.max() <= 5.0
+    assert x.min() >= -3.0
+    assert x.max() <= 5.0
     assert abs(x.mean() - 1.0) < 0.3
     # The documented default generator: NumPy's PCG64, so seeds agree across backends.
     expected = np.random.default_rng(11).uniform(-3.0, 5.0, size=(64, 32))
@@ -210,7 +213,8 @@ async def test_dlpack_export_where_supported(backend):
         exported = np.from_dlpack(t)
     except accelkit.UnsupportedOperationError:
         pytest.skip(f"{backend.name} tensors do not export DLPack")
-    assert isinstance(device, tuple) and len(device) == 2
+    assert isinstance(device, tuple)
+    assert len(device) == 2
     np.testing.assert_array_equal(exported, np.arange(6, dtype=np.float32))
 
 

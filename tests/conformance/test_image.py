@@ -39,7 +39,12 @@ def _params(*names):
     return pytest.mark.parametrize(
         ("layout", "dtype"),
         [(lay, dt) for lay in LAYOUTS for dt in DTYPES if not names or dt.value in names],
-        ids=[f"{lay}-{dt.value}" for lay in LAYOUTS for dt in DTYPES if not names or dt.value in names],
+        ids=[
+            f"{lay}-{dt.value}"
+            for lay in LAYOUTS
+            for dt in DTYPES
+            if not names or dt.value in names
+        ],
     )
 
 
@@ -74,13 +79,17 @@ async def test_sobel_edges(backend, layout, dtype):
 
 async def test_sobel_edges_of_a_ramp_and_of_a_flat_image(backend):
     ramp = np.tile(np.arange(6, dtype=np.float64), (5, 1))[None, None]  # d/dx = 1 per pixel
-    got = await fetch(backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(ramp)), DType.F64)
+    got = await fetch(
+        backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(ramp)), DType.F64
+    )
     # Interior: gx = 8 (the Sobel weights sum to 4 on each side, times a step of 2), gy = 0.
     np.testing.assert_allclose(got[0, 0, :, 1:-1], 8.0)
     # Replicated borders: the one-sided difference at the edges is half as large.
     np.testing.assert_allclose(got[0, 0, :, 0], 4.0)
     flat = np.full((4, 4, 3), 0.3, np.float32)
-    got = await fetch(backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(flat)), DType.F32)
+    got = await fetch(
+        backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(flat)), DType.F32
+    )
     np.testing.assert_allclose(got, 0.0, atol=1e-6)
 
 
@@ -167,4 +176,5 @@ async def test_float_image_ops_that_brighten_clip_to_unit_range(backend):
     got = await fetch(ops.brightness(f.from_host(img), 2.0))
     np.testing.assert_allclose(got, [[[0.4, 1.0, 1.0]]], rtol=1e-6)
     sharp = f64(await fetch(ops.sharpen(f.from_host(np.eye(5, dtype=np.float32)[None, None]), 2.0)))
-    assert sharp.min() >= 0.0 and sharp.max() <= 1.0
+    assert sharp.min() >= 0.0
+    assert sharp.max() <= 1.0

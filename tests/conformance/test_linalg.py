@@ -34,7 +34,9 @@ async def test_gemm_transposes(backend, dtype, trans_a, trans_b):
     m, k, n = 5, 7, 3
     a_h, b_h = _inputs(dtype, (k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n))
     f = backend.tensor_factory
-    y = backend.tensor_ops.gemm(f.from_host(a_h), f.from_host(b_h), trans_a=trans_a, trans_b=trans_b)
+    y = backend.tensor_ops.gemm(
+        f.from_host(a_h), f.from_host(b_h), trans_a=trans_a, trans_b=trans_b
+    )
     assert y.shape == (m, n)
     a64, b64 = f64(a_h), f64(b_h)
     expected = (a64.T if trans_a else a64) @ (b64.T if trans_b else b64)
@@ -44,7 +46,13 @@ async def test_gemm_transposes(backend, dtype, trans_a, trans_b):
 @pytest.mark.parametrize("dtype", NUMERIC, ids=ids(NUMERIC))
 @pytest.mark.parametrize(
     ("c_shape", "alpha", "beta"),
-    [((4, 6), 2.0, 1.0), ((6,), 1.0, -1.0), ((1, 6), 0.5, 2.0), ((4, 1), -1.0, 3.0), ((), 1.0, 1.0)],
+    [
+        ((4, 6), 2.0, 1.0),
+        ((6,), 1.0, -1.0),
+        ((1, 6), 0.5, 2.0),
+        ((4, 1), -1.0, 3.0),
+        ((), 1.0, 1.0),
+    ],
 )
 async def test_gemm_alpha_beta_and_c(backend, dtype, c_shape, alpha, beta):
     require_dtype(backend, dtype)
@@ -153,7 +161,9 @@ async def test_matmul(backend, dtype, sa, sb, sout):
 async def test_matmul_explicit_loops(backend):
     """A batched, broadcasting product against a triple loop (independent of np.matmul)."""
     a_h, b_h = _inputs(DType.F64, (2, 1, 3, 4), (3, 4, 2), seed=1)
-    y = backend.tensor_ops.matmul(backend.tensor_factory.from_host(a_h), backend.tensor_factory.from_host(b_h))
+    y = backend.tensor_ops.matmul(
+        backend.tensor_factory.from_host(a_h), backend.tensor_factory.from_host(b_h)
+    )
     expected = np.zeros((2, 3, 3, 2))
     for i in range(2):
         for j in range(3):

@@ -27,7 +27,9 @@ CONV_CASES = {
     "dilation2": dict(x=(1, 2, 9, 9), w=(2, 2, 3, 3), dilation=2),
     "groups2": dict(x=(1, 4, 6, 6), w=(6, 2, 3, 3), groups=2, bias=True),
     "depthwise": dict(x=(2, 3, 5, 5), w=(3, 1, 3, 3), groups=3, padding=1),
-    "combo": dict(x=(1, 4, 11, 10), w=(4, 2, 3, 2), stride=(2, 1), padding=(2, 1), dilation=(1, 2), groups=2),
+    "combo": dict(
+        x=(1, 4, 11, 10), w=(4, 2, 3, 2), stride=(2, 1), padding=(2, 1), dilation=(1, 2), groups=2
+    ),
     "1x1": dict(x=(2, 5, 3, 4), w=(2, 5, 1, 1)),
     "kernel_is_input": dict(x=(1, 1, 3, 3), w=(1, 1, 3, 3)),
 }
@@ -80,7 +82,10 @@ async def test_conv2d_large_runs_correctly(backend):
 
     xp = np.pad(f64(x_h), ((0, 0), (0, 0), (1, 1), (1, 1)))
     expected = np.stack(
-        [np.stack([correlate(xp[n], f64(w_h)[o], mode="valid")[0][::2, ::2] for o in range(16)]) for n in range(2)]
+        [
+            np.stack([correlate(xp[n], f64(w_h)[o], mode="valid")[0][::2, ::2] for o in range(16)])
+            for n in range(2)
+        ]
     )
     assert_close(await fetch(y), expected, DType.F32, scale=5.0)
 
@@ -128,7 +133,11 @@ async def test_attention(backend, case, dtype):
 async def test_attention_causal_rows_that_see_no_key_are_zero(backend):
     q_h, k_h, v_h = _qkv(DType.F32, 1, 1, 1, 5, 3, 4)
     f = backend.tensor_factory
-    got = await fetch(backend.tensor_ops.attention(f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), causal=True))
+    got = await fetch(
+        backend.tensor_ops.attention(
+            f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), causal=True
+        )
+    )
     # Query i sees keys j <= i + (3 - 5): rows 0 and 1 see none.
     np.testing.assert_array_equal(got[0, 0, :2], np.zeros((2, 4), np.float32))
     assert np.all(np.isfinite(got))
@@ -145,7 +154,9 @@ async def test_attention_bool_mask(backend, dtype, mask_shape):
     mask_h = np.random.default_rng(1).random(mask_shape) < 0.6
     mask_h[..., 0] = True  # every row keeps a key here (fully masked rows are tested below)
     f = backend.tensor_factory
-    y = backend.tensor_ops.attention(f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(mask_h))
+    y = backend.tensor_ops.attention(
+        f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(mask_h)
+    )
     expected = ref.attention(f64(q_h), f64(k_h), f64(v_h), mask=mask_h)
     assert_close(await fetch(y, dtype), expected, dtype, scale=2.0)
 
@@ -156,7 +167,9 @@ async def test_attention_float_mask_is_added(backend, dtype):
     q_h, k_h, v_h = _qkv(dtype, 1, 2, 2, 4, 5, 4, seed=5)
     mask_h = sample((1, 1, 4, 5), dtype, low=-2, high=2, seed=9)
     f = backend.tensor_factory
-    y = backend.tensor_ops.attention(f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(mask_h))
+    y = backend.tensor_ops.attention(
+        f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(mask_h)
+    )
     expected = ref.attention(f64(q_h), f64(k_h), f64(v_h), mask=f64(mask_h))
     assert_close(await fetch(y, dtype), expected, dtype, scale=2.0)
 
@@ -181,7 +194,12 @@ async def test_attention_fully_masked_rows_yield_zeros(backend, dtype):
     bool_mask = np.ones((1, 2, 3, 4), bool)
     bool_mask[0, 1, 2] = False
     bool_mask[0, 0, 0] = False
-    y = await fetch(ops.attention(f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(bool_mask)), dtype)
+    y = await fetch(
+        ops.attention(
+            f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(bool_mask)
+        ),
+        dtype,
+    )
     np.testing.assert_array_equal(f64(y[0, 1, 2]), np.zeros(4))
     np.testing.assert_array_equal(f64(y[0, 0, 0]), np.zeros(4))
     assert np.all(np.isfinite(f64(y)))
@@ -189,7 +207,12 @@ async def test_attention_fully_masked_rows_yield_zeros(backend, dtype):
 
     float_mask = np.zeros((3, 4), dtype.to_numpy())
     float_mask[1] = -np.inf
-    y = await fetch(ops.attention(f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(float_mask)), dtype)
+    y = await fetch(
+        ops.attention(
+            f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), mask=f.from_host(float_mask)
+        ),
+        dtype,
+    )
     np.testing.assert_array_equal(f64(y[:, :, 1]), np.zeros((1, 2, 4)))
     assert np.all(np.isfinite(f64(y)))
 
@@ -198,7 +221,9 @@ async def test_attention_large_sequence(backend):
     """Long enough to exercise any chunking over query rows."""
     q_h, k_h, v_h = _qkv(DType.F32, 1, 2, 1, 300, 300, 16, seed=8)
     f = backend.tensor_factory
-    y = backend.tensor_ops.attention(f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), causal=True)
+    y = backend.tensor_ops.attention(
+        f.from_host(q_h), f.from_host(k_h), f.from_host(v_h), causal=True
+    )
     # Vectorised float64 reference (the loop reference is too slow at this size).
     s = np.einsum("bhqd,bhkd->bhqk", f64(q_h), np.repeat(f64(k_h), 2, axis=1)) / 4.0
     s = np.where(np.tril(np.ones((300, 300), bool)), s, -np.inf)
@@ -257,7 +282,9 @@ async def test_softmax_large_rows(backend):
 
 # -- norms ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-@pytest.mark.parametrize(("weight", "bias"), [(False, False), (True, False), (True, True), (False, True)])
+@pytest.mark.parametrize(
+    ("weight", "bias"), [(False, False), (True, False), (True, True), (False, True)]
+)
 @pytest.mark.parametrize("shape", [(4, 16), (2, 3, 8), (32,)])
 async def test_layer_norm(backend, dtype, weight, bias, shape):
     require_dtype(backend, dtype)
@@ -271,13 +298,17 @@ async def test_layer_norm(backend, dtype, weight, bias, shape):
         None if b_h is None else f.from_host(b_h),
         eps=1e-3,
     )
-    expected = ref.layer_norm(f64(x_h), None if w_h is None else f64(w_h), None if b_h is None else f64(b_h), 1e-3)
+    expected = ref.layer_norm(
+        f64(x_h), None if w_h is None else f64(w_h), None if b_h is None else f64(b_h), 1e-3
+    )
     assert_close(await fetch(y, dtype), expected, dtype, scale=3.0)
 
 
 async def test_layer_norm_default_eps_and_constant_rows(backend):
     x_h = np.array([[2.0, 2.0, 2.0, 2.0], [1.0, 2.0, 3.0, 4.0]], np.float64)
-    got = await fetch(backend.tensor_ops.layer_norm(backend.tensor_factory.from_host(x_h)), DType.F64)
+    got = await fetch(
+        backend.tensor_ops.layer_norm(backend.tensor_factory.from_host(x_h)), DType.F64
+    )
     assert_close(got, ref.layer_norm(x_h, None, None, 1e-5), DType.F64)
     np.testing.assert_array_equal(got[0], np.zeros(4))
 
@@ -290,7 +321,9 @@ async def test_rms_norm(backend, dtype, weight, shape):
     x_h = sample(shape, dtype, low=-3, high=3, seed=4)
     w_h = sample((shape[-1],), dtype, low=0.5, high=1.5, seed=5) if weight else None
     f = backend.tensor_factory
-    y = backend.tensor_ops.rms_norm(f.from_host(x_h), None if w_h is None else f.from_host(w_h), eps=1e-4)
+    y = backend.tensor_ops.rms_norm(
+        f.from_host(x_h), None if w_h is None else f.from_host(w_h), eps=1e-4
+    )
     expected = ref.rms_norm(f64(x_h), None if w_h is None else f64(w_h), 1e-4)
     assert_close(await fetch(y, dtype), expected, dtype, scale=3.0)
     default = backend.tensor_ops.rms_norm(f.from_host(x_h))
@@ -306,7 +339,9 @@ async def test_cross_entropy(backend, dtype, reduction, target_dtype):
     logits_h = sample((6, 5), dtype, low=-3, high=3, seed=1)
     targets_h = np.array([0, 4, 2, 2, 1, 3], target_dtype.to_numpy())
     f = backend.tensor_factory
-    loss, probs = backend.tensor_ops.cross_entropy(f.from_host(logits_h), f.from_host(targets_h), reduction)
+    loss, probs = backend.tensor_ops.cross_entropy(
+        f.from_host(logits_h), f.from_host(targets_h), reduction
+    )
     exp_loss, exp_probs = ref.cross_entropy(f64(logits_h), targets_h, reduction)
     assert loss.shape == ((6,) if reduction == "none" else ())
     assert_close(await fetch(loss, dtype), exp_loss, dtype, scale=2.0)
@@ -327,7 +362,9 @@ async def test_cross_entropy_default_is_mean_and_probs_give_the_gradient(backend
     l0, _ = ref.cross_entropy(logits_h, targets_h, "sum")
     l1, _ = ref.cross_entropy(bumped, targets_h, "sum")
     assert abs(float(l1 - l0) / eps - (got_probs[1, 2] - 0.0)) < 1e-4
-    assert_close(await fetch(loss, DType.F64), ref.cross_entropy(logits_h, targets_h, "mean")[0], DType.F64)
+    assert_close(
+        await fetch(loss, DType.F64), ref.cross_entropy(logits_h, targets_h, "mean")[0], DType.F64
+    )
 
 
 @pytest.mark.parametrize("dtype", [*FLOATS, DType.I32], ids=ids([*FLOATS, DType.I32]))
@@ -387,7 +424,18 @@ async def test_adam_update_default_hyperparameters(backend):
     p_h, g_h = sample((8,), DType.F64, seed=1), sample((8,), DType.F64, seed=2)
     param, m, v = f.from_host(p_h), f.zeros((8,), DType.F64), f.zeros((8,), DType.F64)
     backend.tensor_ops.adam_update(param, f.from_host(g_h), m, v, lr=1e-3, step=1)
-    p_ref, _, _ = ref.adamw(p_h, g_h, np.zeros(8), np.zeros(8), lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, step=1, weight_decay=0.0)
+    p_ref, _, _ = ref.adamw(
+        p_h,
+        g_h,
+        np.zeros(8),
+        np.zeros(8),
+        lr=1e-3,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        step=1,
+        weight_decay=0.0,
+    )
     assert_close(await fetch(param, DType.F64), p_ref, DType.F64)
     # The first bias-corrected step moves each weight by about lr * sign(g).
     np.testing.assert_allclose(p_h - await fetch(param), 1e-3 * np.sign(g_h), rtol=1e-4)

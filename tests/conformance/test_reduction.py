@@ -45,7 +45,10 @@ async def test_reduce(backend, op, dtype, axis, keepdims):
     x = backend.tensor_factory.from_host(x_h)
     out_dt = _out_dtype(op, dtype)
     expected = _reference(op, x_h, axis, keepdims)
-    for y in (backend.tensor_ops.reduce(op, x, axis, keepdims), getattr(backend.tensor_ops, op)(x, axis=axis, keepdims=keepdims)):
+    for y in (
+        backend.tensor_ops.reduce(op, x, axis, keepdims),
+        getattr(backend.tensor_ops, op)(x, axis=axis, keepdims=keepdims),
+    ):
         assert y.shape == np.shape(expected)
         assert_close(await fetch(y, out_dt), expected, out_dt, scale=4.0)
 
@@ -125,5 +128,7 @@ async def test_integer_sum_does_not_overflow_the_input_dtype(backend):
 async def test_large_reduction(backend):
     x_h = sample((512, 300), DType.F32, seed=3)
     x = backend.tensor_factory.from_host(x_h)
-    assert_close(await fetch(backend.tensor_ops.sum(x, axis=0)), f64(x_h).sum(axis=0), DType.F32, scale=50)
+    assert_close(
+        await fetch(backend.tensor_ops.sum(x, axis=0)), f64(x_h).sum(axis=0), DType.F32, scale=50
+    )
     assert_close(await fetch(backend.tensor_ops.max(x, axis=1)), f64(x_h).max(axis=1), DType.F32)

@@ -20,7 +20,12 @@ async def test_reshape_is_a_view_with_the_same_elements(backend, dtype):
     x_h = sample((2, 3, 4), dtype, seed=1)
     x = backend.tensor_factory.from_host(x_h)
     ops = backend.tensor_ops
-    for shape, expected in (((4, 6), (4, 6)), ((-1, 2), (12, 2)), (24, (24,)), ((2, -1, 3), (2, 4, 3))):
+    for shape, expected in (
+        ((4, 6), (4, 6)),
+        ((-1, 2), (12, 2)),
+        (24, (24,)),
+        ((2, -1, 3), (2, 4, 3)),
+    ):
         y = ops.reshape(x, shape)
         assert y.shape == expected
         assert y.buffer is x.buffer  # shares the buffer: no copy
@@ -111,7 +116,8 @@ async def test_stack(backend, dtype, axis):
 
 
 @pytest.mark.parametrize(
-    ("axis", "start", "length"), [(0, 1, 2), (1, 0, 4), (2, 3, 2), (-1, -2, 2), (1, 4, 0), (0, 0, 3)]
+    ("axis", "start", "length"),
+    [(0, 1, 2), (1, 0, 4), (2, 3, 2), (-1, -2, 2), (1, 4, 0), (0, 0, 3)],
 )
 async def test_narrow(backend, axis, start, length):
     x_h = sample((3, 4, 5), DType.F32, seed=5)

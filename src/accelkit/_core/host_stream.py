@@ -90,7 +90,7 @@ class HostStream(Stream):
         # another thread meanwhile queues behind us (the worker waits for `completed`).
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001 - reported at the next wait
+        except BaseException as exc:
             self._errors.append((seq, exc))
         self._finish(seq)
         return seq
@@ -114,7 +114,7 @@ class HostStream(Stream):
                     self._wait_locked()
             try:
                 fn()
-            except BaseException as exc:  # noqa: BLE001 - reported at the next wait
+            except BaseException as exc:
                 self._errors.append((seq, exc))
             del fn  # drop the closure (and the buffers it holds) before marking completion
             self._finish(seq)

@@ -83,9 +83,7 @@ class CachingPool:
 
     def configure(self, config: MemoryPoolConfig) -> None:
         if not isinstance(config, MemoryPoolConfig):
-            raise InvalidArgumentError(
-                f"expected a MemoryPoolConfig; got {type(config).__name__}"
-            )
+            raise InvalidArgumentError(f"expected a MemoryPoolConfig; got {type(config).__name__}")
         with self._lock:
             self._config = config
             self._update_total()

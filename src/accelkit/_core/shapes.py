@@ -14,7 +14,9 @@ def prod(shape: tuple[int, ...]) -> int:
     return n
 
 
-def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], what: str = "operands") -> tuple[int, ...]:
+def broadcast_shapes(
+    a: tuple[int, ...], b: tuple[int, ...], what: str = "operands"
+) -> tuple[int, ...]:
     """NumPy broadcasting of two shapes; the error names both."""
     if a == b:
         return a

@@ -40,9 +40,8 @@ MAX_ELEMENTS = 1 << 48
 
 def check_tensor(backend: ComputeBackend, x: object, name: str = "x") -> Tensor:
     """``x`` must be a live tensor of ``backend`` on its device."""
-    if type(x) is not Tensor:
-        if not isinstance(x, Tensor):
-            raise InvalidArgumentError(f"{name} must be a Tensor; got {type(x).__name__}")
+    if type(x) is not Tensor and not isinstance(x, Tensor):
+        raise InvalidArgumentError(f"{name} must be a Tensor; got {type(x).__name__}")
     if x._backend is not backend:
         raise InvalidArgumentError(
             f"{name} lives on backend {x._backend.name!r} ({x._device}); this operation runs on"

@@ -250,6 +250,7 @@ class ComputeBackend(ABC):
         finally:
             self._stream_var.reset(token)
 
+    @abstractmethod
     def _check_stream(self, stream: Stream) -> None:
         """Raise InvalidArgumentError if ``stream`` is not one of this backend's."""
 

@@ -31,10 +31,11 @@ class TensorFactory(OpsBase):
         """Uninitialized memory (reading it before writing gives arbitrary values)."""
         return self._empty(check_shape(shape), check_dtype(self.backend, dtype))
 
-    def full(self, shape: ShapeLike, value: int | float | bool, dtype: DType | str = DType.F32) -> Tensor:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            if not isinstance(value, bool):
-                raise InvalidArgumentError(f"full: value must be a number; got {type(value).__name__}")
+    def full(
+        self, shape: ShapeLike, value: int | float | bool, dtype: DType | str = DType.F32
+    ) -> Tensor:
+        if not isinstance(value, int | float):  # bool is an int
+            raise InvalidArgumentError(f"full: value must be a number; got {type(value).__name__}")
         out = self.empty(shape, dtype)
         self._k_fill(out, value)
         return out
@@ -52,7 +53,10 @@ class TensorFactory(OpsBase):
         return self.zeros(x.shape, x.dtype if dtype is None else dtype)
 
     def arange(
-        self, start: int | float, stop: int | float | None = None, step: int | float = 1,
+        self,
+        start: int | float,
+        stop: int | float | None = None,
+        step: int | float = 1,
         dtype: DType | str | None = None,
     ) -> Tensor:
         """``start, start+step, ...`` below ``stop`` (``arange(n)`` is ``0..n-1``).
@@ -66,7 +70,9 @@ class TensorFactory(OpsBase):
         if step == 0:
             raise InvalidArgumentError("arange: step must not be 0")
         all_int = all(isinstance(v, int) for v in (start, stop, step))
-        dt = check_dtype(self.backend, dtype if dtype is not None else (DType.I64 if all_int else DType.F32))
+        dt = check_dtype(
+            self.backend, dtype if dtype is not None else (DType.I64 if all_int else DType.F32)
+        )
         n = max(0, int(np.ceil((stop - start) / step)))
         out = self._empty((n,), dt)
         self._k_from_host(out, np.arange(n, dtype=np.float64) * step + start)
@@ -88,7 +94,9 @@ class TensorFactory(OpsBase):
         try:
             arr = np.asarray(data)
         except (ValueError, TypeError) as exc:
-            raise InvalidArgumentError(f"from_host: cannot read {type(data).__name__}: {exc}") from None
+            raise InvalidArgumentError(
+                f"from_host: cannot read {type(data).__name__}: {exc}"
+            ) from None
         if dtype is None:
             if arr.dtype == np.float64 and not isinstance(data, np.ndarray | np.generic):
                 dt = DType.F32
@@ -102,7 +110,12 @@ class TensorFactory(OpsBase):
         return out
 
     def uniform(
-        self, shape: ShapeLike, low: float = 0.0, high: float = 1.0, *, seed: int | None = None,
+        self,
+        shape: ShapeLike,
+        low: float = 0.0,
+        high: float = 1.0,
+        *,
+        seed: int | None = None,
         dtype: DType | str = DType.F32,
     ) -> Tensor:
         """Uniform samples in ``[low, high)``; the same ``seed`` gives the same values."""
@@ -116,7 +129,12 @@ class TensorFactory(OpsBase):
         return out
 
     def normal(
-        self, shape: ShapeLike, mean: float = 0.0, std: float = 1.0, *, seed: int | None = None,
+        self,
+        shape: ShapeLike,
+        mean: float = 0.0,
+        std: float = 1.0,
+        *,
+        seed: int | None = None,
         dtype: DType | str = DType.F32,
     ) -> Tensor:
         """Normal samples; the same ``seed`` gives the same values."""
@@ -140,7 +158,9 @@ class TensorFactory(OpsBase):
         try:
             arr = np.from_dlpack(obj)
         except (TypeError, BufferError, RuntimeError) as exc:
-            raise InvalidArgumentError(f"from_dlpack: cannot import {type(obj).__name__}: {exc}") from None
+            raise InvalidArgumentError(
+                f"from_dlpack: cannot import {type(obj).__name__}: {exc}"
+            ) from None
         return self.from_host(arr)
 
     async def to_device(self, x: Tensor) -> Tensor:

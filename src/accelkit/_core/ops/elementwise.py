@@ -45,7 +45,9 @@ def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:
     if not dtype.is_integer or not isinstance(value, int) or isinstance(value, bool):
         return
     bits = 8 * dtype.itemsize
-    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+    lo, hi = (
+        (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+    )
     if not lo <= value <= hi:
         raise InvalidArgumentError(
             f"{op}: {name}={value} does not fit the result dtype {dtype.value} ({lo}..{hi});"
@@ -87,8 +89,10 @@ class ElementwiseOps(OpsBase):
             check_tensor(backend, a, "a")
             if isinstance(b, Tensor):
                 check_tensor(backend, b, "b")
-                shape = a._shape if a._shape == b._shape else broadcast_shapes(
-                    a._shape, b._shape, f"{op}: a and b"
+                shape = (
+                    a._shape
+                    if a._shape == b._shape
+                    else broadcast_shapes(a._shape, b._shape, f"{op}: a and b")
                 )
                 dt = a._dtype if a._dtype is b._dtype else result_type(a._dtype, b._dtype)
             else:

@@ -11,6 +11,7 @@ kernel; the composition is the reference.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class ImageOps(OpsBase):
             y = ops.permute(ops.reshape(y, (c, h, w)), (1, 2, 0))  # type: ignore[attr-defined]
         return y if y.dtype is dtype else ops.cast(y, dtype)  # type: ignore[attr-defined]
 
-    def _const(self, array: np.ndarray, dtype: DType) -> Tensor:  # type: ignore[type-arg]
+    def _const(self, array: np.ndarray[Any, Any], dtype: DType) -> Tensor:
         return self.backend.tensor_factory.from_host(array, dtype=dtype)
 
     def _pad_replicate(self, x: Tensor, ph: int, pw: int) -> Tensor:
@@ -73,7 +74,7 @@ class ImageOps(OpsBase):
             x = ops.concat([left] * pw + [x] + [right] * pw, 3)  # type: ignore[attr-defined]
         return x
 
-    def _depthwise(self, x: Tensor, kernel: np.ndarray, work: DType) -> Tensor:  # type: ignore[type-arg]
+    def _depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], work: DType) -> Tensor:
         """Apply the same 2-d ``kernel`` to every channel, with replicated borders."""
         c = x.shape[1]
         kh, kw = kernel.shape
@@ -82,11 +83,15 @@ class ImageOps(OpsBase):
         return self.conv2d(padded, w, groups=c)  # type: ignore[attr-defined,no-any-return]
 
     # -- the operations ---------------------------------------------------------------------------
-    def gaussian_blur(self, img: Tensor, sigma: float = 1.0, kernel_size: int | None = None) -> Tensor:
+    def gaussian_blur(
+        self, img: Tensor, sigma: float = 1.0, kernel_size: int | None = None
+    ) -> Tensor:
         """Gaussian blur (separable); ``kernel_size`` defaults to ``2 * ceil(3 sigma) + 1``."""
         sigma = check_float_param(sigma, "sigma", positive=True)
-        ks = 2 * math.ceil(3 * sigma) + 1 if kernel_size is None else check_int(
-            kernel_size, "kernel_size", minimum=1
+        ks = (
+            2 * math.ceil(3 * sigma) + 1
+            if kernel_size is None
+            else check_int(kernel_size, "kernel_size", minimum=1)
         )
         if ks % 2 == 0:
             raise InvalidArgumentError(f"gaussian_blur: kernel_size must be odd; got {ks}")
@@ -133,11 +138,15 @@ class ImageOps(OpsBase):
         white: 255 for U8, 1.0 for floats)."""
         check_tensor(self.backend, img, "img")
         t = check_float_param(thresh, "thresh")
-        hi = float(_max_value(img.dtype)) if max_value is None else check_float_param(max_value, "max_value")
+        hi = (
+            float(_max_value(img.dtype))
+            if max_value is None
+            else check_float_param(max_value, "max_value")
+        )
         ops = self
         mask = ops.cast(ops.gt(img, t), img.dtype)  # type: ignore[attr-defined]
         if not img.dtype.is_floating:
-            return ops.mul(mask, int(round(hi)))  # type: ignore[attr-defined,no-any-return]
+            return ops.mul(mask, round(hi))  # type: ignore[attr-defined,no-any-return]
         return ops.mul(mask, hi)  # type: ignore[attr-defined,no-any-return]
 
     def brightness(self, img: Tensor, factor: float) -> Tensor:

@@ -105,9 +105,7 @@ class NNOps(OpsBase):
         bk, hk, sk, dk = k._shape
         bv, hv, sv, dv = v._shape
         if not (bq == bk == bv):
-            raise InvalidArgumentError(
-                f"attention: batch sizes differ: q {bq}, k {bk}, v {bv}"
-            )
+            raise InvalidArgumentError(f"attention: batch sizes differ: q {bq}, k {bk}, v {bv}")
         if dq != dk:
             raise InvalidArgumentError(f"attention: q head_dim {dq} != k head_dim {dk}")
         if (hk, sk) != (hv, sv):
@@ -161,7 +159,8 @@ class NNOps(OpsBase):
     ) -> Tensor:
         """Normalize over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
         self._check_norm("layer_norm", x, weight=weight, bias=bias)
-        eps = check_float_param(eps, "eps", positive=True)  # before allocating: a refusal allocates nothing
+        # Validated before allocating, so that a refusal allocates nothing.
+        eps = check_float_param(eps, "eps", positive=True)
         out = self._empty(x._shape, x._dtype)
         self._k_layer_norm(x, weight, bias, eps, out)
         return out
@@ -270,7 +269,9 @@ class NNOps(OpsBase):
         eps = check_float_param(eps, "eps", positive=True)
         step = check_int(step, "step", minimum=1)
         weight_decay = check_float_param(weight_decay, "weight_decay")
-        self._k_adam_update(param, grad, m, v, lr, float(beta1), float(beta2), eps, step, weight_decay)
+        self._k_adam_update(
+            param, grad, m, v, lr, float(beta1), float(beta2), eps, step, weight_decay
+        )
         return param
 
     @abstractmethod

@@ -43,7 +43,9 @@ class ReductionOps(OpsBase):
         else:
             axes = check_axes(axis, x.ndim)
         if op in ("max", "min", "argmax", "argmin") and any(x._shape[a] == 0 for a in axes):
-            raise InvalidArgumentError(f"{op} of an empty axis is undefined; x has shape {x._shape}")
+            raise InvalidArgumentError(
+                f"{op} of an empty axis is undefined; x has shape {x._shape}"
+            )
         dt = x._dtype
         if op in ("sum", "prod") and not dt.is_floating:
             dt = DType.U64 if dt in (DType.U8, DType.U16, DType.U32, DType.U64) else DType.I64
@@ -65,19 +67,29 @@ class ReductionOps(OpsBase):
     ) -> None:
         """For argmax/argmin with all axes, index into the flattened tensor."""
 
-    def sum(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+    def sum(
+        self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False
+    ) -> Tensor:
         return self.reduce("sum", x, axis, keepdims)
 
-    def mean(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+    def mean(
+        self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False
+    ) -> Tensor:
         return self.reduce("mean", x, axis, keepdims)
 
-    def max(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+    def max(
+        self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False
+    ) -> Tensor:
         return self.reduce("max", x, axis, keepdims)
 
-    def min(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+    def min(
+        self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False
+    ) -> Tensor:
         return self.reduce("min", x, axis, keepdims)
 
-    def prod(self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+    def prod(
+        self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False
+    ) -> Tensor:
         return self.reduce("prod", x, axis, keepdims)
 
     def argmax(self, x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:

@@ -83,7 +83,9 @@ class ShapeOps(OpsBase):
                     f"concat: tensors[{i}] is {t._dtype.value}, tensors[0] is {first._dtype.value}"
                 )
             if t.ndim != first.ndim or any(
-                d != e for j, (d, e) in enumerate(zip(t._shape, first._shape, strict=True)) if j != ax
+                d != e
+                for j, (d, e) in enumerate(zip(t._shape, first._shape, strict=True))
+                if j != ax
             ):
                 raise InvalidArgumentError(
                     f"concat along axis {ax}: tensors[{i}] has shape {t._shape}, tensors[0] has"
@@ -140,7 +142,8 @@ class ShapeOps(OpsBase):
                 )
             sizes = [dim // n] * n
         else:
-            sizes = [check_int(s, "sections[i]", minimum=0) for s in sections]
+            parts_in: Sequence[int] = sections  # type: ignore[assignment]
+            sizes = [check_int(s, f"sections[{i}]", minimum=0) for i, s in enumerate(parts_in)]
             if sum(sizes) != dim:
                 raise InvalidArgumentError(
                     f"split: sizes {sizes} add up to {sum(sizes)}, axis {ax} has {dim}"

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from accelkit._core.host_stream import HostStream
 from accelkit.abc.backend import ComputeBackend
 from accelkit.abc.stream import Stream
 from accelkit.abc.tensor_ops import TENSOR_OPS
@@ -22,7 +23,6 @@ from accelkit.device import Device
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit.memory import MemoryPoolConfig
-from accelkit._core.host_stream import HostStream
 
 __all__ = ["CPUBackend"]
 
@@ -71,7 +71,11 @@ class CPUBackend(ComputeBackend):
             performance=PerformanceHints(
                 # Declared estimates (about 16 f32 FMA lanes per core at ~2.5 GHz); calibration
                 # replaces them with measured figures.
-                peak_gflops={DType.F32: 80.0 * cores, DType.F64: 40.0 * cores, DType.F16: 10.0 * cores},
+                peak_gflops={
+                    DType.F32: 80.0 * cores,
+                    DType.F64: 40.0 * cores,
+                    DType.F16: 10.0 * cores,
+                },
                 bandwidth_gbs=10.0,
                 launch_latency_us=3.0,
             ),

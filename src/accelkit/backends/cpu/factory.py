@@ -19,7 +19,9 @@ __all__ = ["CPUTensorFactory"]
 
 
 class CPUTensorFactory(CPUComponent, TensorFactory):
-    def full(self, shape: ShapeLike, value: int | float | bool, dtype: DType | str = DType.F32) -> Tensor:
+    def full(
+        self, shape: ShapeLike, value: int | float | bool, dtype: DType | str = DType.F32
+    ) -> Tensor:
         # A value the dtype cannot hold is refused before the output is allocated (the base
         # class would allocate first, and the fill would then fail inside the kernel).
         dt = check_dtype(self.backend, dtype)
@@ -35,9 +37,7 @@ class CPUTensorFactory(CPUComponent, TensorFactory):
                 out._data.fill(value)
 
         if not out._dtype.is_floating and isinstance(value, float) and not value.is_integer():
-            raise InvalidArgumentError(
-                f"full: {value} is not representable in {out._dtype.value}"
-            )
+            raise InvalidArgumentError(f"full: {value} is not representable in {out._dtype.value}")
         self._launch(run, out._size, (), (out,))
 
     def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:

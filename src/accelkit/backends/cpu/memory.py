@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,7 +81,11 @@ class CPUMemoryManager(DeviceMemoryManager):
         if stream.query():
             self.pool.free(buf)
         else:
-            self.pool.free(buf, lambda recycle: stream.submit(recycle, heavy=True))
+
+            def recycle_later(recycle: Callable[[], None]) -> None:
+                stream.submit(recycle, heavy=True)
+
+            self.pool.free(buf, recycle_later)
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         buf = self._buffer(dst, "dst")
@@ -102,7 +107,9 @@ class CPUMemoryManager(DeviceMemoryManager):
         if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
             raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
         if dst.nbytes > buf.nbytes:
-            raise InvalidArgumentError(f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}")
+            raise InvalidArgumentError(
+                f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}"
+            )
         if isinstance(src, Tensor):
             await src._stream.wait_for(src._seq)  # type: ignore[attr-defined]
         await self._backend.current_stream.synchronize()

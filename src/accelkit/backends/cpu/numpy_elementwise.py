@@ -27,7 +27,7 @@ def up(x: Any) -> Any:
 
 
 def _erf(x: Array) -> Array:
-    from scipy.special import erf
+    from scipy.special import erf  # type: ignore[import-untyped]
 
     return erf(x)  # type: ignore[no-any-return]
 
@@ -167,7 +167,9 @@ def _pow(a: Any, b: Any, out: Array) -> None:
         return
     with np.errstate(all="ignore"):
         if out.dtype in _LOW:
-            out[...] = np.power(_operand(a, np.dtype(np.float32)), _operand(b, np.dtype(np.float32)))
+            out[...] = np.power(
+                _operand(a, np.dtype(np.float32)), _operand(b, np.dtype(np.float32))
+            )
         else:
             np.power(_operand(a, out.dtype), _operand(b, out.dtype), out=out)
 
@@ -200,19 +202,21 @@ def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array)
     if op in ("argmax", "argmin"):
         fn = np.argmax if op == "argmax" else np.argmin
         if len(axes) == x.ndim and x.ndim != 1:
-            res = fn(xu.reshape(-1))
-            out[...] = np.reshape(res, out.shape)
+            out[...] = np.reshape(fn(xu.reshape(-1)), out.shape)
         else:
             out[...] = fn(xu, axis=axes[0], keepdims=keepdims) if x.ndim else 0
         return
+    res: Any
     if op == "mean":
         acc = np.float64 if x.dtype == np.float64 else np.float32
         with np.errstate(all="ignore"):
             res = np.mean(xu, axis=axes, keepdims=keepdims, dtype=acc)
     elif op in ("sum", "prod"):
-        fn = np.sum if op == "sum" else np.prod
         acc = out.dtype if out.dtype.kind in "iu" else xu.dtype
-        res = fn(xu, axis=axes, keepdims=keepdims, dtype=acc)
+        if op == "sum":
+            res = np.sum(xu, axis=axes, keepdims=keepdims, dtype=acc)
+        else:
+            res = np.prod(xu, axis=axes, keepdims=keepdims, dtype=acc)
     else:
         res = (np.max if op == "max" else np.min)(xu, axis=axes, keepdims=keepdims)
     out[...] = res

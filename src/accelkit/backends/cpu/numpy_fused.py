@@ -1,9 +1,10 @@
 """NumPy kernels for the KernelOps that TensorOps has no kernel for (inputs already validated).
 
-Each function is one launch of its whole op, with as few temporaries as NumPy allows; the ops that TensorOps already has (rms_norm, layer_norm, attention, linear, gelu) reuse its
-kernels in :mod:`accelkit.backends.cpu.numpy_nn`. F16 and BF16 are computed in F32 and rounded
-once when stored. Errors that depend on values (ids out of range) are raised here, and so surface
-when the result is awaited.
+Each function is one launch of its whole op, with as few temporaries as NumPy allows; the ops
+that TensorOps already has (rms_norm, layer_norm, attention, linear, gelu) reuse its kernels in
+:mod:`accelkit.backends.cpu.numpy_nn`. F16 and BF16 are computed in F32 and rounded once when
+stored. Errors that depend on values (ids out of range) are raised here, and so surface when the
+result is awaited.
 """
 
 from __future__ import annotations

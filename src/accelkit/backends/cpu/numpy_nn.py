@@ -36,8 +36,14 @@ def _store(out: Array, value: Any) -> None:
 
 
 def gemm(
-    a: Array, b: Array, c: Array | None, out: Array, trans_a: bool, trans_b: bool,
-    alpha: float, beta: float,
+    a: Array,
+    b: Array,
+    c: Array | None,
+    out: Array,
+    trans_a: bool,
+    trans_b: bool,
+    alpha: float,
+    beta: float,
 ) -> None:
     ct = _compute_dtype(a, b) if out.dtype not in _LOW else np.dtype(np.float32)
     av, bv = a.astype(ct, copy=False), b.astype(ct, copy=False)
@@ -76,12 +82,18 @@ def linear(x: Array, w: Array, bias: Array | None, out: Array) -> None:
 
 
 def conv2d(
-    x: Array, w: Array, bias: Array | None, out: Array, stride: tuple[int, int],
-    padding: tuple[int, int], dilation: tuple[int, int], groups: int,
+    x: Array,
+    w: Array,
+    bias: Array | None,
+    out: Array,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    groups: int,
 ) -> None:
     """im2col + one batched matmul per group."""
     xf, wf = up(x), up(w)
-    n, c, _, _ = x.shape
+    n = x.shape[0]
     o, cg, kh, kw = w.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     if ph or pw:
@@ -104,6 +116,8 @@ def conv2d(
 
 def softmax_rows(s: Array, log: bool = False) -> Array:
     """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64)."""
+    if s.shape[-1] == 0:
+        return s
     m = np.max(s, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
     s -= m
@@ -214,8 +228,16 @@ def embedding(indices: Array, weight: Array, out: Array) -> None:
 
 
 def adam_update(
-    p: Array, g: Array, m: Array, v: Array, lr: float, beta1: float, beta2: float, eps: float,
-    step: int, weight_decay: float,
+    p: Array,
+    g: Array,
+    m: Array,
+    v: Array,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    step: int,
+    weight_decay: float,
 ) -> None:
     ct = _compute_dtype(p)
     pf, gf, mf, vf = (t.astype(ct, copy=False) for t in (p, g, m, v))

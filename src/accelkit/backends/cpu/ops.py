@@ -22,7 +22,12 @@ class CPUTensorOps(CPUComponent, TensorOps):
         self._launch(lambda: ew.unary(op, x._data, out._data), out._size, (x,), (out,))
 
     def _k_binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
-        if op == "add" and type(a) is Tensor and type(b) is Tensor and a._dtype is b._dtype is out._dtype:
+        if (
+            op == "add"
+            and type(a) is Tensor
+            and type(b) is Tensor
+            and a._dtype is b._dtype is out._dtype
+        ):
             # The fast path of the commonest op: no dtype juggling.
             self._launch(lambda: np.add(a._data, b._data, out=out._data), out._size, (a, b), (out,))
             return
@@ -38,13 +43,22 @@ class CPUTensorOps(CPUComponent, TensorOps):
 
     # -- linear algebra ---------------------------------------------------------------------------
     def _k_gemm(
-        self, a: Tensor, b: Tensor, c: Tensor | None, out: Tensor, trans_a: bool, trans_b: bool,
-        alpha: float, beta: float,
+        self,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None,
+        out: Tensor,
+        trans_a: bool,
+        trans_b: bool,
+        alpha: float,
+        beta: float,
     ) -> None:
         k = a._shape[-1] if not trans_a else a._shape[-2]
         self._launch(
             lambda: nn.gemm(a._data, b._data, arr(c), out._data, trans_a, trans_b, alpha, beta),
-            out._size * k, (a, b, c), (out,),
+            out._size * k,
+            (a, b, c),
+            (out,),
         )
 
     def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
@@ -55,12 +69,18 @@ class CPUTensorOps(CPUComponent, TensorOps):
     def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         self._launch(
             lambda: nn.linear(x._data, weight._data, arr(bias), out._data),
-            out._size * weight._shape[1], (x, weight, bias), (out,),
+            out._size * weight._shape[1],
+            (x, weight, bias),
+            (out,),
         )
 
     # -- reductions -------------------------------------------------------------------------------
-    def _k_reduce(self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor) -> None:
-        self._launch(lambda: ew.reduce(op, x._data, axes, keepdims, out._data), x._size, (x,), (out,))
+    def _k_reduce(
+        self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
+    ) -> None:
+        self._launch(
+            lambda: ew.reduce(op, x._data, axes, keepdims, out._data), x._size, (x,), (out,)
+        )
 
     # -- shape ------------------------------------------------------------------------------------
     def _k_permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
@@ -71,7 +91,9 @@ class CPUTensorOps(CPUComponent, TensorOps):
     def _k_concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
         self._launch(
             lambda: np.concatenate([t._data for t in tensors], axis=axis, out=out._data),
-            out._size, tensors, (out,),
+            out._size,
+            tensors,
+            (out,),
         )
 
     def _k_narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
@@ -85,7 +107,9 @@ class CPUTensorOps(CPUComponent, TensorOps):
     def _k_gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         def run() -> None:
             idx = _checked_index(index._data, x._shape[axis], "gather")
-            src = x._data[tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(index._shape))]
+            src = x._data[
+                tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(index._shape))
+            ]
             np.copyto(out._data, np.take_along_axis(src, idx, axis=axis))
 
         self._launch(run, out._size, (x, index), (out,))
@@ -110,23 +134,42 @@ class CPUTensorOps(CPUComponent, TensorOps):
 
     # -- neural-network ops -----------------------------------------------------------------------
     def _k_conv2d(
-        self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
-        stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], groups: int,
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        out: Tensor,
+        stride: tuple[int, int],
+        padding: tuple[int, int],
+        dilation: tuple[int, int],
+        groups: int,
     ) -> None:
         cost = out._size * weight._size // max(1, weight._shape[0])
         self._launch(
-            lambda: nn.conv2d(x._data, weight._data, arr(bias), out._data, stride, padding, dilation, groups),
-            cost, (x, weight, bias), (out,),
+            lambda: nn.conv2d(
+                x._data, weight._data, arr(bias), out._data, stride, padding, dilation, groups
+            ),
+            cost,
+            (x, weight, bias),
+            (out,),
         )
 
     def _k_attention(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
         causal: bool,
     ) -> None:
         cost = q._size * k._shape[2] * 2
         self._launch(
             lambda: nn.attention(q._data, k._data, v._data, arr(mask), out._data, scale, causal),
-            cost, (q, k, v, mask), (out,),
+            cost,
+            (q, k, v, mask),
+            (out,),
         )
 
     def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
@@ -137,36 +180,59 @@ class CPUTensorOps(CPUComponent, TensorOps):
     ) -> None:
         self._launch(
             lambda: nn.layer_norm(x._data, arr(weight), arr(bias), eps, out._data),
-            4 * x._size, (x, weight, bias), (out,),
+            4 * x._size,
+            (x, weight, bias),
+            (out,),
         )
 
     def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._launch(
-            lambda: nn.rms_norm(x._data, arr(weight), eps, out._data), 3 * x._size, (x, weight), (out,)
+            lambda: nn.rms_norm(x._data, arr(weight), eps, out._data),
+            3 * x._size,
+            (x, weight),
+            (out,),
         )
 
     def _k_cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
     ) -> None:
         self._launch(
-            lambda: nn.cross_entropy(logits._data, targets._data, reduction, loss._data, probs._data),
-            4 * logits._size, (logits, targets), (loss, probs),
+            lambda: nn.cross_entropy(
+                logits._data, targets._data, reduction, loss._data, probs._data
+            ),
+            4 * logits._size,
+            (logits, targets),
+            (loss, probs),
         )
 
     def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
         self._launch(
-            lambda: nn.embedding(indices._data, weight._data, out._data), out._size, (indices, weight), (out,)
+            lambda: nn.embedding(indices._data, weight._data, out._data),
+            out._size,
+            (indices, weight),
+            (out,),
         )
 
     def _k_adam_update(
-        self, param: Tensor, grad: Tensor, m: Tensor, v: Tensor, lr: float, beta1: float,
-        beta2: float, eps: float, step: int, weight_decay: float,
+        self,
+        param: Tensor,
+        grad: Tensor,
+        m: Tensor,
+        v: Tensor,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: int,
+        weight_decay: float,
     ) -> None:
         self._launch(
             lambda: nn.adam_update(
                 param._data, grad._data, m._data, v._data, lr, beta1, beta2, eps, step, weight_decay
             ),
-            8 * param._size, (param, grad, m, v), (param, m, v),
+            8 * param._size,
+            (param, grad, m, v),
+            (param, m, v),
         )
 
 

@@ -43,12 +43,20 @@ class CPUComponent(OpsBase):
         buf = backend._pool.allocate(size * npdt.itemsize)
         data = np.ndarray(shape, npdt, buf.handle)
         stream = backend._stream_var.get() or backend._default
+        assert stream is not None
         return Tensor(backend, buf, data, shape, dtype, backend._device_obj, size, stream, 0)
 
     def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         return Tensor(
-            x._backend, x._buffer, x._data.reshape(shape), shape, x._dtype, x._device, x._size,
-            x._stream, x._seq,
+            x._backend,
+            x._buffer,
+            x._data.reshape(shape),
+            shape,
+            x._dtype,
+            x._device,
+            x._size,
+            x._stream,
+            x._seq,
         )
 
     def _launch(

@@ -1,0 +1,331 @@
+"""The memory manager: exact accounting, the caching pool, limits, trim, peak, transfers and
+release on shutdown."""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import numpy as np
+import pytest
+
+import accelkit
+from accelkit import DType, MemoryPoolConfig, MemoryPressure, StaleHandleError
+from accelkit._core.pool import size_class
+
+pytestmark = pytest.mark.anyio
+
+
+def _info(backend):
+    return backend.memory_manager.memory_info()
+
+
+async def test_fresh_backend_uses_nothing(backend):
+    info = _info(backend)
+    assert (info.used, info.active_allocations, info.peak) == (0, 0, 0)
+    assert info.free == info.total > 0
+    assert info.fragmentation == 0.0
+    assert backend.memory_manager.pressure is MemoryPressure.LOW
+
+
+async def test_used_is_the_exact_sum_of_requested_sizes(backend):
+    mm = backend.memory_manager
+    sizes = [0, 1, 7, 63, 64, 65, 1000, 4097, 100_000]
+    buffers = [mm.allocate(n) for n in sizes]
+    info = _info(backend)
+    assert info.used == sum(sizes)
+    assert info.active_allocations == len(sizes)
+    assert info.free == info.total - info.used
+    assert info.reserved >= sum(size_class(n) for n in sizes)
+    assert 0.0 <= info.fragmentation < 1.0
+    assert [b.nbytes for b in buffers] == sizes
+    for b in buffers[:4]:
+        mm.free(b)
+    assert _info(backend).used == sum(sizes[4:])
+    assert _info(backend).active_allocations == len(sizes) - 4
+
+
+async def test_tensors_count_their_bytes_and_views_count_nothing(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    a = f.zeros((3, 5))  # 60 bytes
+    b = f.ones((7,), DType.F64)  # 56 bytes
+    c = f.empty((2, 2), DType.U8)  # 4 bytes
+    assert _info(backend).used == 120
+    view = ops.reshape(a, (15,))
+    assert _info(backend).used == 120
+    d = ops.add(a, 1.0)
+    assert _info(backend).used == 180
+    assert _info(backend).active_allocations == 4
+    backend.memory_manager.free(b)
+    assert _info(backend).used == 124
+    del c
+    assert _info(backend).used == 120  # released when the last reference goes
+    del a, d
+    assert _info(backend).used == 60  # the view still holds a's buffer
+    del view
+    assert _info(backend).used == 0
+
+
+async def test_freed_blocks_are_reused_from_the_cache(backend):
+    mm = backend.memory_manager
+    first = mm.allocate(1000)
+    address = first.handle.ctypes.data
+    mm.free(first)
+    info = _info(backend)
+    assert info.used == 0
+    assert info.reserved == size_class(1000)
+    again = mm.allocate(1000)  # same size class: the cached block, not a new one
+    assert _info(backend).reserved == size_class(1000)
+    assert again.handle.ctypes.data == address
+    other = mm.allocate(990)  # same class, but the cached block is taken: a new one
+    assert _info(backend).reserved == 2 * size_class(1000)
+    mm.free(again)
+    mm.free(other)
+
+
+async def test_tensor_memory_is_reused(backend):
+    f = backend.tensor_factory
+    for _ in range(50):
+        t = f.ones((128, 128))
+        del t
+    info = _info(backend)
+    assert info.used == 0
+    assert info.reserved == size_class(128 * 128 * 4)
+
+
+async def test_size_classes_waste_at_most_an_eighth():
+    for n in [*range(0, 2000, 7), 4097, 65_537, 10**6 + 3, 3 * 2**30 + 1]:
+        c = size_class(n)
+        assert c >= n
+        assert c % 64 == 0
+        assert c <= max(64, n + n / 8 + 63)
+
+
+async def test_ten_thousand_mixed_cycles_keep_reserved_bounded(backend):
+    mm = backend.memory_manager
+    rng = random.Random(7)
+    sizes = [17, 100, 1000, 5000, 40_000, 250_000, 1 << 20]
+    max_live = 6
+    live = []
+    reserved_after_warmup = None
+    for i in range(10_000):
+        live.append(mm.allocate(rng.choice(sizes)))
+        if len(live) > max_live or rng.random() < 0.3:
+            mm.free(live.pop(rng.randrange(len(live))))
+        if i == 1000:
+            reserved_after_warmup = _info(backend).reserved
+    info = _info(backend)
+    # Bounded by what can be live at once, whatever the number of cycles.
+    bound = (max_live + 1) * sum(size_class(s) for s in sizes)
+    assert info.reserved <= bound
+    assert info.reserved <= 2 * max(reserved_after_warmup, 1) + bound // 4
+    assert info.used == sum(b.nbytes for b in live)
+    for b in live:
+        mm.free(b)
+    info = _info(backend)
+    assert info.used == 0
+    assert info.active_allocations == 0
+    assert info.reserved <= bound
+
+
+async def test_tensor_cycles_keep_reserved_flat(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.ones((64, 64))
+    ops.add(x, 1.0)  # warm up the size class
+    reserved = _info(backend).reserved
+    for _ in range(2000):
+        y = ops.add(x, 1.0)
+        del y
+    assert _info(backend).reserved == reserved
+    assert _info(backend).used == x.nbytes
+
+
+async def test_trim_releases_cached_bytes(backend):
+    mm = backend.memory_manager
+    keep = mm.allocate(500)
+    for n in (1000, 20_000, 300_000):
+        mm.free(mm.allocate(n))
+    info = _info(backend)
+    cached = info.reserved - size_class(500)
+    assert cached == size_class(1000) + size_class(20_000) + size_class(300_000)
+    assert mm.trim() == cached
+    info = _info(backend)
+    assert info.reserved == size_class(500)
+    assert info.used == 500
+    assert mm.trim() == 0
+    mm.free(keep)
+
+
+async def test_peak_and_reset_peak(backend):
+    mm = backend.memory_manager
+    a = mm.allocate(1000)
+    b = mm.allocate(2000)
+    mm.free(a)
+    c = mm.allocate(500)
+    assert _info(backend).peak == 3000
+    mm.free(b)
+    assert _info(backend).peak == 3000
+    mm.reset_peak()
+    assert _info(backend).peak == 500
+    d = mm.allocate(10)
+    assert _info(backend).peak == 510
+    mm.free(c)
+    mm.free(d)
+    assert _info(backend).peak == 510
+
+
+async def test_free_twice_raises_stale_handle(backend):
+    mm, f = backend.memory_manager, backend.tensor_factory
+    buf = mm.allocate(128)
+    mm.free(buf)
+    with pytest.raises(StaleHandleError):
+        mm.free(buf)
+    t = f.ones((4,))
+    mm.free(t)
+    with pytest.raises(StaleHandleError):
+        mm.free(t)
+    assert _info(backend).used == 0
+
+
+async def test_disabled_cache_returns_blocks_at_once(backend):
+    mm = backend.memory_manager
+    mm.configure_pool(MemoryPoolConfig(enabled=False))
+    mm.free(mm.allocate(10_000))
+    assert _info(backend).reserved == 0
+    mm.configure_pool(MemoryPoolConfig())
+    mm.free(mm.allocate(10_000))
+    assert _info(backend).reserved == size_class(10_000)
+    mm.configure_pool(MemoryPoolConfig(enabled=False))  # turning the cache off empties it
+    assert _info(backend).reserved == 0
+
+
+async def test_max_cached_bytes_caps_the_cache(backend):
+    mm = backend.memory_manager
+    mm.configure_pool(MemoryPoolConfig(max_cached_bytes=10_000))
+    bufs = [mm.allocate(4000) for _ in range(5)]
+    for b in bufs:
+        mm.free(b)
+    assert _info(backend).reserved <= 10_000
+    assert _info(backend).reserved >= size_class(4000)
+
+
+async def test_pressure_follows_the_limit(backend):
+    mm = backend.memory_manager
+    mm.configure_pool(MemoryPoolConfig(limit_bytes=10_000))
+    assert _info(backend).total == 10_000
+    levels = []
+    bufs = []
+    for n in (4000, 2000, 2000, 1500):
+        bufs.append(mm.allocate(n))
+        levels.append(mm.pressure)
+    assert levels == [
+        MemoryPressure.LOW,
+        MemoryPressure.MEDIUM,
+        MemoryPressure.HIGH,
+        MemoryPressure.CRITICAL,
+    ]
+    for b in bufs:
+        mm.free(b)
+    assert mm.pressure is MemoryPressure.LOW
+
+
+async def test_limit_below_current_use_refuses_new_allocations_only(backend):
+    mm = backend.memory_manager
+    keep = mm.allocate(5000)
+    mm.configure_pool(MemoryPoolConfig(limit_bytes=4000))
+    with pytest.raises(accelkit.OutOfMemoryError):
+        mm.allocate(1)
+    assert keep.is_alive
+    assert _info(backend).used == 5000
+    mm.free(keep)
+    mm.free(mm.allocate(4000))
+
+
+async def test_alignment(backend):
+    mm = backend.memory_manager
+    for align in (1, 8, 64):
+        buf = mm.allocate(100, alignment=align)
+        assert buf.handle.ctypes.data % align == 0
+    for bad in (3, 48, 1 << 20):
+        with pytest.raises(accelkit.InvalidArgumentError, match=str(bad)):
+            mm.allocate(100, alignment=bad)
+
+
+async def test_host_transfers_round_trip(backend):
+    mm, f = backend.memory_manager, backend.tensor_factory
+    src = np.arange(25, dtype=np.float32)
+    buf = mm.allocate(src.nbytes)
+    await mm.copy_htod(buf, src)
+    back = np.empty_like(src)
+    await mm.copy_dtoh(back, buf)
+    np.testing.assert_array_equal(back, src)
+    # Tensors too, and a device-to-device copy ordered after the write it reads.
+    t = f.zeros((25,))
+    await mm.copy_htod(t, src * 2)
+    u = f.empty((25,))
+    mm.copy_dtod(u, t)
+    np.testing.assert_array_equal(await u.to_host(), src * 2)
+    out = np.empty((5, 5), np.float32)
+    await mm.copy_dtoh(out, u)
+    np.testing.assert_array_equal(out.reshape(-1), src * 2)
+
+
+async def test_host_transfer_size_checks(backend):
+    mm = backend.memory_manager
+    buf = mm.allocate(16)
+    with pytest.raises(accelkit.InvalidArgumentError, match="32"):
+        await mm.copy_htod(buf, np.zeros(8, np.float32))
+    with pytest.raises(accelkit.InvalidArgumentError, match="32"):
+        await mm.copy_dtoh(np.zeros(8, np.float32), buf)
+    with pytest.raises(accelkit.InvalidArgumentError):
+        await mm.copy_dtoh(np.zeros((4, 4), np.uint8).T, buf)  # not C-contiguous
+    with pytest.raises(accelkit.InvalidArgumentError, match="32"):
+        mm.copy_dtod(buf, mm.allocate(32))
+
+
+async def test_free_while_work_is_queued_is_stream_ordered(backend):
+    """free() returns the block after the queued work that reads it, so a new tensor cannot
+    overwrite the input of a matmul that has not run yet."""
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    x = f.full((256, 256), 0.5)
+    y = ops.matmul(x, x)  # large: queued on the worker
+    mm.free(x)
+    z = f.full((256, 256), 7.0)  # same size class; must not be x's block while y is pending
+    np.testing.assert_array_equal(await y.to_host(), np.full((256, 256), 64.0, np.float32))
+    np.testing.assert_array_equal(await z.to_host(), np.full((256, 256), 7.0, np.float32))
+    del z
+    assert _info(backend).used == y.nbytes
+
+
+async def test_used_is_zero_after_shutdown_with_live_tensors():
+    async with accelkit.open_backend("cpu") as b:
+        f, ops = b.tensor_factory, b.tensor_ops
+        tensors = [f.ones((100, 100)), ops.matmul(f.ones((300, 300)), f.ones((300, 300)))]
+        bufs = [b.memory_manager.allocate(n) for n in (10, 1000)]
+        mm = b.memory_manager
+        assert mm.memory_info().used > 0
+    info = mm.memory_info()
+    assert (info.used, info.reserved, info.active_allocations, info.peak) == (0, 0, 0, 0)
+    assert not any(t.is_alive for t in tensors)
+    assert not any(x.is_alive for x in bufs)
+    # Dropping the stale tensors afterwards does not disturb the counters.
+    del tensors, bufs
+    gc.collect()
+    assert mm.memory_info().used == 0
+
+
+async def test_garbage_collected_cycles_are_released(backend):
+    """A tensor kept alive only by a reference cycle is released when the collector runs
+    (DeviceBuffer.__del__ may run on any thread, even inside the pool)."""
+    f = backend.tensor_factory
+
+    class Node:
+        pass
+
+    for _ in range(20):
+        n = Node()
+        n.self = n
+        n.t = f.ones((1000,))
+    del n
+    gc.collect()
+    assert _info(backend).used == 0

@@ -1,0 +1,329 @@
+"""Streams and events under asyncio and trio: ordering, cross-stream waits, automatic dependencies,
+cancellation, a free event loop while device work runs, ``use_stream``, and kernel errors."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+
+import accelkit
+from accelkit import DeviceError, InvalidArgumentError
+
+pytestmark = pytest.mark.anyio
+
+N = 1024  # matrices big enough that each product runs on a stream's worker, not inline
+
+
+def _idempotent(f, n=N):
+    """J/n (all entries 1/n): (J/n) @ (J/n) == J/n exactly in float32 for n a power of two."""
+    return f.full((n, n), 1.0 / n)
+
+
+def _chain(ops, x, length):
+    y = x
+    for _ in range(length):
+        y = ops.matmul(y, x)
+    return y
+
+
+async def test_one_stream_runs_in_submission_order(backend):
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    s = backend.create_stream()
+    with backend.use_stream(s):
+        a = f.full((512, 512), 1.0)
+        y = ops.matmul(a, a)  # reads a (queued on the worker)
+        mm.copy_dtod(a, f.zeros((512, 512)))  # then overwrites it: must wait for the read
+        z = ops.add(a, 1.0)  # and this reads the overwritten a
+        w = ops.mul(y, 2.0)
+    np.testing.assert_array_equal(await y.to_host(), np.full((512, 512), 512.0, np.float32))
+    np.testing.assert_array_equal(await z.to_host(), np.ones((512, 512), np.float32))
+    np.testing.assert_array_equal(await w.to_host(), np.full((512, 512), 1024.0, np.float32))
+
+
+async def test_in_place_updates_apply_in_order(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    shape = (200, 200)  # past the inline threshold
+    param, m, v = f.ones(shape), f.zeros(shape), f.zeros(shape)
+    grads = [f.full(shape, g) for g in (1.0, -2.0, 0.5, 3.0)]
+    p_ref, m_ref, v_ref = 1.0, 0.0, 0.0
+    for step, (g_t, g) in enumerate(zip(grads, (1.0, -2.0, 0.5, 3.0), strict=True), start=1):
+        ops.adam_update(param, g_t, m, v, lr=0.1, step=step, weight_decay=0.01)
+        m_ref = 0.9 * m_ref + 0.1 * g
+        v_ref = 0.999 * v_ref + 0.001 * g * g
+        upd = (m_ref / (1 - 0.9**step)) / (np.sqrt(v_ref / (1 - 0.999**step)) + 1e-8)
+        p_ref = p_ref - 0.1 * (upd + 0.01 * p_ref)
+    np.testing.assert_allclose(await param.to_host(), np.full(shape, p_ref), rtol=1e-5)
+    np.testing.assert_allclose(await m.to_host(), np.full(shape, m_ref), rtol=1e-5)
+
+
+async def test_wait_event_orders_work_across_streams(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    s1, s2 = backend.create_stream(), backend.create_stream()
+    x = _idempotent(f)
+    small = f.ones((4,))
+    with backend.use_stream(s1):
+        y = _chain(ops, x, 6)  # tens of milliseconds of work
+    ev = s1.record_event()
+    s2.wait_event(ev)
+    with backend.use_stream(s2):
+        z = ops.add(small, 1.0)  # shares no tensor with s1's work: only the event orders it
+    np.testing.assert_array_equal(await z.to_host(), [2.0] * 4)
+    assert ev.query(), "work after wait_event completed before the event"
+    np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))
+
+
+async def test_reading_a_tensor_written_on_another_stream_waits_for_the_writer(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = _idempotent(f)
+    # Fill the cache with blocks of NaN, so an early read of a result shows NaN, not zeros.
+    poison = [f.full((N, N), float("nan")) for _ in range(4)]
+    await backend.synchronize()
+    del poison
+    s1, s2 = backend.create_stream(), backend.create_stream()
+    with backend.use_stream(s1):
+        y = _chain(ops, x, 4)
+    with backend.use_stream(s2):
+        z = ops.add(y, 1.0)  # large: queued on s2, after s1's write of y
+        small = ops.sum(ops.narrow(y, 0, 0, 1))  # small ops depend on y too
+    np.testing.assert_array_equal(await z.to_host(), np.full((N, N), 1.0 + 1.0 / N, np.float32))
+    np.testing.assert_allclose(await small.to_host(), 1.0, rtol=1e-6)
+    # The default stream reads it correctly too, and a transfer waits for exactly the writer.
+    np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))
+
+
+async def test_events_query_and_wait(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    s = backend.create_stream()
+    idle = s.record_event()
+    assert idle.stream is s
+    assert idle.query()
+    assert s.query()
+    await idle.wait()
+    x = _idempotent(f)
+    with backend.use_stream(s):
+        y = _chain(ops, x, 3)
+    ev1 = s.record_event()
+    with backend.use_stream(s):
+        z = _chain(ops, x, 2)
+    ev2 = s.record_event()
+    await ev2.wait()
+    assert ev1.query()
+    assert ev2.query()
+    assert s.query()
+    await ev1.wait()  # already complete: returns at once
+    await anyio.to_thread.run_sync(ev2.wait_blocking)
+    np.testing.assert_array_equal(await y.to_host(), await z.to_host())
+    await s.synchronize()
+
+
+async def test_backend_synchronize_waits_for_every_stream(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = _idempotent(f)
+    streams = [backend.create_stream() for _ in range(2)]
+    results = []
+    for s in streams:
+        with backend.use_stream(s):
+            results.append(_chain(ops, x, 2))
+    results.append(_chain(ops, x, 2))  # and the default stream
+    await backend.synchronize()
+    assert all(s.query() for s in streams)
+    assert backend.default_stream.query()
+    assert backend.status.pending_operations == 0
+
+
+async def test_cancelling_a_transfer_leaves_the_backend_usable_and_accounted(backend):
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    n = 2048
+    baseline = mm.memory_info().used
+    x = _idempotent(f, n)
+    y = _chain(ops, x, 4)  # a few hundred milliseconds of work
+    with anyio.move_on_after(0.001) as scope:
+        await y.to_host()
+    assert scope.cancelled_caught
+    # The work went on; the result is intact and correct.
+    got = await y.to_host()
+    np.testing.assert_array_equal(got, np.full((n, n), 1.0 / n, np.float32))
+    np.testing.assert_array_equal(await ops.add(f.ones((3,)), 1.0).to_host(), [2.0] * 3)
+    # Cancel again, this time dropping every reference while the work is still queued.
+    y2 = _chain(ops, x, 3)
+    with anyio.move_on_after(0.001) as scope:
+        await backend.synchronize()
+    assert scope.cancelled_caught
+    del y, y2, x, got
+    await backend.synchronize()
+    assert mm.memory_info().used == baseline
+    assert backend.status.pending_operations == 0
+
+
+async def test_cancelling_event_and_stream_waits(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    s = backend.create_stream()
+    x = _idempotent(f)
+    with backend.use_stream(s):
+        y = _chain(ops, x, 6)
+    ev = s.record_event()
+    with anyio.move_on_after(0.001) as scope:
+        await ev.wait()
+    assert scope.cancelled_caught
+    with anyio.move_on_after(0.001) as scope:
+        await s.synchronize()
+    assert scope.cancelled_caught
+    await ev.wait()  # a later wait works
+    assert ev.query()
+    np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))
+
+
+async def test_the_event_loop_is_not_blocked_while_a_large_matmul_runs(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = _idempotent(f, 2048)
+    ticks = 0
+
+    async def heartbeat():
+        nonlocal ticks
+        while True:
+            await anyio.sleep(0.005)
+            ticks += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        await anyio.lowlevel.checkpoint()
+        y = _chain(ops, x, 4)  # submissions: return at once
+        before = ticks
+        result = await y.to_host()
+        during = ticks - before
+        tg.cancel_scope.cancel()
+    np.testing.assert_array_equal(result, np.full((2048, 2048), 1.0 / 2048, np.float32))
+    # Hundreds of milliseconds of matmul; a blocked loop would tick at most once. Generous bound.
+    assert during >= 3, f"the heartbeat ticked only {during} times while the matmuls ran"
+
+
+async def test_use_stream_sends_work_to_that_stream(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    blocker, target = backend.create_stream(), backend.create_stream()
+    x = _idempotent(f)
+    with backend.use_stream(blocker):
+        _chain(ops, x, 6)
+    ev = blocker.record_event()
+    target.wait_event(ev)  # work on `target` now waits for the blocker
+    small = f.ones((3,))
+    with backend.use_stream(target):
+        assert backend.current_stream is target
+        z = ops.mul(small, 5.0)
+    assert backend.current_stream is backend.default_stream
+    np.testing.assert_array_equal(await z.to_host(), [5.0] * 3)
+    assert ev.query(), "the op inside use_stream did not run on that stream"
+
+
+async def test_use_stream_is_per_task(backend):
+    s = backend.create_stream()
+    seen = {}
+    entered = anyio.Event()
+    release = anyio.Event()
+
+    async def outside():
+        await entered.wait()
+        seen["outside"] = backend.current_stream
+        release.set()
+
+    async def inside():
+        seen["inside"] = backend.current_stream
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(outside)
+        with backend.use_stream(s):
+            tg.start_soon(inside)  # a task started here inherits the setting
+            entered.set()
+            await release.wait()
+    assert seen["inside"] is s
+    assert seen["outside"] is backend.default_stream
+
+
+async def test_kernel_errors_surface_at_the_await(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    weight = f.ones((10, 4))
+    bad_idx = f.from_host(np.full((200, 200), 12, np.int64))  # large: runs on the worker
+    bad = ops.embedding(bad_idx, weight)  # returns at once
+    good = ops.embedding(f.from_host(np.zeros((200, 200), np.int64)), weight)
+    with pytest.raises(InvalidArgumentError, match="12"):
+        await bad.to_host()
+    np.testing.assert_array_equal(await good.to_host(), np.ones((200, 200, 4), np.float32))
+
+
+async def test_kernel_errors_surface_at_event_and_stream_waits(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    s = backend.create_stream()
+    with backend.use_stream(s):
+        bad = ops.embedding(f.from_host([5]), f.ones((2, 2)))
+    ev = s.record_event()
+    with pytest.raises(InvalidArgumentError, match="5"):
+        await ev.wait()
+    await s.synchronize()  # reported once
+    with backend.use_stream(s):
+        bad2 = ops.gather(f.ones((2, 2)), 1, f.from_host([[0, 7]]))
+    with pytest.raises(InvalidArgumentError, match="7"):
+        await s.synchronize()
+    del bad, bad2
+
+
+async def test_unexpected_kernel_failures_become_device_errors(backend, monkeypatch):
+    from accelkit.backends.cpu import numpy_nn
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the device caught fire")
+
+    monkeypatch.setattr(numpy_nn, "softmax", broken)
+    y = backend.tensor_ops.softmax(backend.tensor_factory.ones((3, 3)))
+    with pytest.raises(DeviceError, match="caught fire") as info:
+        await y.to_host()
+    assert isinstance(info.value.__cause__, RuntimeError)
+    monkeypatch.undo()
+    np.testing.assert_allclose(
+        await backend.tensor_ops.softmax(backend.tensor_factory.ones((2,))).to_host(), [0.5, 0.5]
+    )
+
+
+async def test_concurrent_tasks_share_a_backend(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    results = {}
+
+    async def worker(i):
+        x = f.full((300, 300), float(i))
+        y = ops.matmul(x, f.eye(300))
+        await anyio.lowlevel.checkpoint()
+        results[i] = await y.to_host()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(worker, i)
+    for i in range(8):
+        np.testing.assert_array_equal(results[i], np.full((300, 300), float(i), np.float32))
+
+
+async def test_blocking_twins_from_a_worker_thread(backend):
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    y = _chain(ops, _idempotent(f), 3)
+    got = await anyio.to_thread.run_sync(y.numpy)
+    np.testing.assert_array_equal(got, np.full((N, N), 1.0 / N, np.float32))
+    s = backend.create_stream()
+    with backend.use_stream(s):
+        _chain(ops, _idempotent(f), 2)
+    ev = s.record_event()
+    await anyio.to_thread.run_sync(ev.wait_blocking)
+    assert ev.query()
+
+
+async def test_shutdown_waits_for_queued_work_and_releases_memory():
+    async with accelkit.open_backend("cpu") as b:
+        f, ops = b.tensor_factory, b.tensor_ops
+        y = _chain(ops, _idempotent(f), 4)
+        s = b.create_stream()
+        with b.use_stream(s):
+            bad = ops.embedding(f.from_host([9]), f.ones((2, 2)))  # an unobserved failure
+        mm = b.memory_manager
+    # Shutdown neither raised the unobserved error nor left anything allocated or running.
+    assert mm.memory_info().used == 0
+    assert not y.is_alive
+    assert not bad.is_alive
+    assert b.status.pending_operations == 0
