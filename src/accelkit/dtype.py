@@ -59,6 +59,10 @@ class DType(enum.Enum):
             key = value.lower()
             if key in _BY_NAME:
                 return _BY_NAME[key]
+        if value is None:  # np.dtype(None) would be float64
+            raise _invalid(
+                f"unknown dtype None; expected one of: {', '.join(d.value for d in cls)}"
+            )
         try:
             npd = np.dtype(value)  # type: ignore[call-overload]
         except TypeError:
@@ -70,6 +74,10 @@ class DType(enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    # Members are singletons compared by identity, so identity hashing is consistent with
+    # equality, and it is a C-level hash: DType keys every hot dict and set lookup.
+    __hash__ = object.__hash__
 
 
 def _invalid(msg: str) -> Exception:

@@ -71,29 +71,32 @@ class HostStream(Stream):
         with self._lock:
             if self._closed:
                 raise DeviceError(f"{self!r} is closed (its backend was shut down)")
-            self.submitted += 1
-            seq = self.submitted
-            inline = not heavy and not deps and self.completed == seq - 1
-            if not inline:
-                if deps:
-                    fn = _after(deps, fn)
-                self._queue.append((seq, fn))
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._work, name=f"accelkit-{self.name}", daemon=True
-                    )
-                    self._thread.start()
-                elif self._blocked:
+            seq = self.submitted + 1
+            self.submitted = seq
+            if not heavy and not deps and self.completed == seq - 1:
+                # Inline: the stream is idle, so running here keeps submission order. It runs
+                # under the lock (small work, by the caller's estimate): a submission from another
+                # thread meanwhile waits, then queues behind it. No waiter can be registered for
+                # a position that did not exist a moment ago, so none is due.
+                try:
+                    fn()
+                except BaseException as exc:
+                    self._errors.append((seq, exc))
+                self.completed = seq
+                if self._blocked:
                     self._cv.notify_all()
                 return seq
-        # Inline: the stream is idle, so running here keeps submission order. Work submitted by
-        # another thread meanwhile queues behind us (the worker waits for `completed`).
-        try:
-            fn()
-        except BaseException as exc:
-            self._errors.append((seq, exc))
-        self._finish(seq)
-        return seq
+            if deps:
+                fn = _after(deps, fn)
+            self._queue.append((seq, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._work, name=f"accelkit-{self.name}", daemon=True
+                )
+                self._thread.start()
+            elif self._blocked:
+                self._cv.notify_all()
+            return seq
 
     def _wait_locked(self) -> None:
         self._blocked += 1

@@ -98,8 +98,10 @@ class CachingPool:
         return self._total
 
     def _update_total(self) -> None:
-        limit = self._config.limit_bytes
+        cfg = self._config
+        limit = cfg.limit_bytes
         self._total = min(limit, self._device_total) if limit else self._device_total
+        self._max_cached = cfg.max_cached_bytes if cfg.max_cached_bytes is not None else 1 << 62
 
     # -- allocation -------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> DeviceBuffer:
@@ -197,11 +199,25 @@ class CachingPool:
         recycle_later(recycle)
 
     def _drain_locked(self) -> None:
-        released = self._released
+        # The hot path of every allocation after a tensor died: kept to one tight loop.
+        released, gen, cache = self._released, self.generation, self._cache
+        caching, max_cached = self._config.enabled, self._max_cached
         while released:
             buf = released.popleft()
-            if buf._gen == self.generation and buf._pool is self:
-                self._return_locked(buf)
+            if buf._gen == gen and buf._pool is self:
+                block = buf.block_size
+                self._used -= buf.nbytes
+                self._active -= 1
+                if caching and self._cached + block <= max_cached:
+                    free_list = cache.get(block)
+                    if free_list is None:
+                        cache[block] = [buf.handle]
+                    else:
+                        free_list.append(buf.handle)
+                    self._cached += block
+                else:
+                    self._raw_free(buf.handle)
+                    self._reserved -= block
             buf._pool = None
 
     def _return_locked(self, buf: DeviceBuffer) -> None:
@@ -210,10 +226,7 @@ class CachingPool:
         self._recycle_locked(buf.handle, buf.block_size)
 
     def _recycle_locked(self, handle: Any, block: int) -> None:
-        cfg = self._config
-        if cfg.enabled and (
-            cfg.max_cached_bytes is None or self._cached + block <= cfg.max_cached_bytes
-        ):
+        if self._config.enabled and self._cached + block <= self._max_cached:
             self._cache.setdefault(block, []).append(handle)
             self._cached += block
         else:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from accelkit._core.ops.base import OpsBase
+from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.validation import check_dtype, check_float_param, check_int, check_shape
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
@@ -36,7 +37,13 @@ class TensorFactory(OpsBase):
     ) -> Tensor:
         if not isinstance(value, int | float):  # bool is an int
             raise InvalidArgumentError(f"full: value must be a number; got {type(value).__name__}")
-        out = self.empty(shape, dtype)
+        # A value the dtype cannot hold is refused before anything is allocated.
+        dt = check_dtype(self.backend, dtype)
+        if not dt.is_floating and not isinstance(value, bool):
+            if isinstance(value, float) and not value.is_integer():
+                raise InvalidArgumentError(f"full: {value} is not representable in {dt.value}")
+            check_int_scalar("full", "value", int(value), dt)
+        out = self.empty(shape, dt)
         self._k_fill(out, value)
         return out
 

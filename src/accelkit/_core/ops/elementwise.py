@@ -116,7 +116,7 @@ class ElementwiseOps(OpsBase):
         elif dt.is_integer:
             check_int_scalar(op, "a", a, dt)
             check_int_scalar(op, "b", b, dt)
-        if dt not in backend.supported_dtypes:
+        if dt not in backend.supported_dtypes:  # only a promotion can leave the supported set
             check_dtype(backend, dt, f"result of {op}")
         out = self._empty(shape, dt)
         self._k_binary(op, a, b, out)

@@ -207,6 +207,9 @@ def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array)
             out[...] = fn(xu, axis=axes[0], keepdims=keepdims) if x.ndim else 0
         return
     res: Any
+    if op == "mean" and x.size == 0:
+        out.fill(np.nan)  # the mean of nothing, without NumPy's "empty slice" warning
+        return
     if op == "mean":
         acc = np.float64 if x.dtype == np.float64 else np.float32
         with np.errstate(all="ignore"):
