@@ -46,22 +46,21 @@ def per_call_us(fn: Callable[[], object], calls: int = 200, rounds: int = 50) ->
     return 1e6 * statistics.median(samples)
 
 
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
+async def interleaved(
+    subject: Callable[[], Any], peer: Callable[[], object], rounds: int
+) -> tuple[float, float]:
+    """Median times (s) of ``await subject()`` and ``peer()``, run alternately so that both see
+    the same machine: on a shared machine, a block of one then a block of the other measures
+    the neighbours as much as the code."""
+    ts, tp = [], []
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-async def best_of_async(fn: Callable[[], Any], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
+        await subject()
+        ts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        await fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        peer()
+        tp.append(time.perf_counter() - t0)
+    return statistics.median(ts), statistics.median(tp)
 
 
 async def small_op(backend: ak.ComputeBackend, report: dict[str, Any]) -> None:
@@ -92,8 +91,7 @@ async def gemm(backend: ak.ComputeBackend, report: dict[str, Any], n: int, repea
         await backend.synchronize()
 
     await run()
-    t_ak = await best_of_async(run, repeats)
-    t_np = best_of(lambda: a_h @ b_h, repeats)
+    t_ak, t_np = await interleaved(run, lambda: a_h @ b_h, repeats)
     flops = 2 * n**3
     report["gemm"] = {
         "n": n,
@@ -154,8 +152,7 @@ async def block(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int
         await transformer_block(backend, x, w, cfg).to_host()
 
     await run()
-    t_ak = await best_of_async(run, repeats)
-    t_np = best_of(lambda: transformer_block_numpy(x_h, w_h, cfg), repeats)
+    t_ak, t_np = await interleaved(run, lambda: transformer_block_numpy(x_h, w_h, cfg), repeats)
     entry: dict[str, Any] = {
         "accelkit_ms": 1e3 * t_ak,
         "numpy_ms": 1e3 * t_np,
@@ -173,8 +170,26 @@ async def block(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int
             with torch.inference_mode():
                 _torch_block(torch, tx, tw, cfg)
 
-        torch_block()
-        t_t = best_of(torch_block, repeats)
+        # Not interleaved with accelkit: PyTorch's OpenMP threads spin after each call and
+        # would steal the cores from OpenBLAS's threads (and theirs from PyTorch's). Each side
+        # gets its own block of runs, with a pause between for spinning threads to park.
+        await anyio.sleep(0.5)
+        for _ in range(3):
+            torch_block()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch_block()
+            times.append(time.perf_counter() - t0)
+        t_t = statistics.median(times)
+        await anyio.sleep(0.5)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            await run()
+            times.append(time.perf_counter() - t0)
+        t_ak = statistics.median(times)
+        entry["accelkit_ms"] = 1e3 * t_ak
         entry.update(torch_ms=1e3 * t_t, vs_torch=t_t / t_ak, torch_threads=torch.get_num_threads())
     report["transformer_block"] = entry
 
@@ -203,7 +218,7 @@ async def memory(report: dict[str, Any], cycles: int) -> None:
         live.append(mm.allocate(sizes[i % len(sizes)]))
         if len(live) > 16:
             mm.free(live.pop(int(rng.integers(len(live)))))
-        if i % (cycles // 10) == 0:
+        if i % (cycles // 20) == 0:
             reserved.append(mm.memory_info().reserved)
     live.clear()
     info = mm.memory_info()
@@ -212,7 +227,9 @@ async def memory(report: dict[str, Any], cycles: int) -> None:
     report["memory"] = {
         "cycles": cycles,
         "reserved_samples_mib": [r / 2**20 for r in reserved],
-        "reserved_growth_after_warmup": reserved[-1] / reserved[2] if reserved[2] else 0.0,
+        # After the first quarter (warm-up), reserved should stay within a narrow band.
+        "reserved_band_after_warmup": max(reserved[5:]) / min(reserved[5:]),
+        "reserved_first_last_mib": [reserved[5] / 2**20, reserved[-1] / 2**20],
         "used_after_frees": info.used,
         "used_after_shutdown": after.used,
         "reserved_after_shutdown": after.reserved,
@@ -221,7 +238,7 @@ async def memory(report: dict[str, Any], cycles: int) -> None:
 
 async def main(quick: bool) -> dict[str, Any]:
     report: dict[str, Any] = {"numpy": np.__version__, "accelkit": ak.__version__}
-    repeats = 3 if quick else 7
+    repeats = 3 if quick else 11
     async with ak.open_backend("cpu") as backend:
         steps = [
             ("small-op overhead", small_op(backend, report)),
@@ -264,8 +281,10 @@ def show(r: dict[str, Any]) -> None:
         f"   {t['vs_numpy']:.2f}x faster than plain NumPy"
     )
     print(
-        f"{str(m['cycles']) + ' alloc/free cycles':<34}{'':>14}{'':>14}   reserved after warm-up grew"
-        f" {m['reserved_growth_after_warmup']:.2f}x; used after shutdown = {m['used_after_shutdown']}"
+        f"{str(m['cycles']) + ' alloc/free cycles':<34}{'':>14}{'':>14}   reserved after warm-up"
+        f" {m['reserved_first_last_mib'][0]:.1f} -> {m['reserved_first_last_mib'][1]:.1f} MiB"
+        f" (max/min {m['reserved_band_after_warmup']:.2f}); used after shutdown ="
+        f" {m['used_after_shutdown']}"
     )
 
 

@@ -1,21 +1,19 @@
 """NumPy kernels for elementwise ops, reductions and shape ops (inputs already validated).
 
-F16 and BF16 are computed in F32 and rounded once when stored, as GPUs do. Large transcendental
-work goes through numexpr (multi-threaded, no temporaries).
+F16 and BF16 are computed in F32 and rounded once when stored, as GPUs do. Composite activations
+(GELU, SiLU, sigmoid) are chains of in-place passes, so they make no temporaries.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numexpr
 import numpy as np
 
 __all__ = ["binary", "cast_into", "reduce", "unary", "where"]
 
 Array = np.ndarray[Any, Any]
 _LOW = (np.dtype(np.float16), np.dtype("bfloat16"))
-_NUMEXPR_MIN = 1 << 15
 _SQRT_2_OVER_PI = 0.7978845608028654
 
 
@@ -32,21 +30,12 @@ def _erf(x: Array) -> Array:
     return erf(x)  # type: ignore[no-any-return]
 
 
-def _ne(expr: str, x: Array, out: Array) -> None:
-    # Constants are passed as 0-d arrays of x's dtype: a literal would be a double and make
-    # numexpr compute the whole expression in float64.
-    t = x.dtype.type
-    consts = {"one": t(1), "half": t(0.5), "c0": t(_SQRT_2_OVER_PI), "c1": t(0.044715)}
-    numexpr.evaluate(expr, local_dict={"x": x, **consts}, out=out, casting="unsafe")
-
-
 def _unary_float(op: str, x: Array, out: Array) -> None:
     """x and out are F32 or F64 arrays of the same dtype.
 
-    Transcendentals use NumPy's own SIMD loops (faster than numexpr's on this kind of CPU);
-    numexpr fuses the polynomial parts, where NumPy would make temporaries.
+    Everything runs as in-place passes of NumPy's SIMD loops: on AVX-512 CPUs NumPy's exp and
+    tanh are several times faster than numexpr's, and in-place passes make no temporaries.
     """
-    big = x.size >= _NUMEXPR_MIN
     if op in ("sigmoid", "silu"):
         np.negative(x, out=out)
         np.exp(out, out=out)
@@ -56,25 +45,16 @@ def _unary_float(op: str, x: Array, out: Array) -> None:
         else:
             np.divide(x, out, out=out)
     elif op == "gelu_tanh":
-        if big:
-            _ne("c0 * (x + c1 * x * x * x)", x, out)
-        else:
-            np.multiply(x, x, out=out)
-            out *= x
-            out *= x.dtype.type(0.044715)
-            out += x
-            out *= x.dtype.type(_SQRT_2_OVER_PI)
-        np.tanh(out, out=out)
-        if big:
-            numexpr.evaluate(
-                "half * x * (one + t)",
-                local_dict={"x": x, "t": out, "half": x.dtype.type(0.5), "one": x.dtype.type(1)},
-                out=out,
-            )
-        else:
-            out += 1
-            out *= x
-            out *= x.dtype.type(0.5)
+        # 0.5 x (1 + tanh(u)) == x * sigmoid(2u) with u = c0 (x + c1 x^3): seven in-place
+        # passes of NumPy's SIMD loops, no temporaries.
+        t = x.dtype.type
+        np.multiply(x, x, out=out)
+        out *= t(-2 * _SQRT_2_OVER_PI * 0.044715)
+        out += t(-2 * _SQRT_2_OVER_PI)
+        out *= x
+        np.exp(out, out=out)
+        out += 1
+        np.divide(x, out, out=out)
     elif op == "gelu":
         out[...] = 0.5 * x * (1 + _erf(x * np.asarray(0.7071067811865476, x.dtype)))
     elif op == "erf":

@@ -158,15 +158,23 @@ def attention(
     if mask is not None:
         mk = np.broadcast_to(mask, (b, h, sq, sk)).reshape(b, hk, grp, sq, sk)
     rows = max(1, _ATTN_CHUNK_ELEMS // max(1, b * h * sk))
+    if causal:
+        # Smaller chunks let each one stop at the last key its rows can see: about half the
+        # score work for a square causal mask.
+        rows = min(rows, max(16, sq // 8))
     res = np.empty((b, hk, grp, sq, dv), ct)
     offset = sk - sq
     qg = qg * ct.type(scale)  # scaling q costs D per row, scaling the scores Skv
     with np.errstate(all="ignore"):
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)
-            s = np.matmul(qg[:, :, :, r0:r1], kt)
+            kend = min(sk, r1 + offset) if causal else sk
+            if kend <= 0:  # no row of this chunk sees any key
+                res[:, :, :, r0:r1] = 0
+                continue
+            s = np.matmul(qg[:, :, :, r0:r1], kt[..., :kend])
             if mask is not None:
-                mc = mk[:, :, :, r0:r1]
+                mc = mk[:, :, :, r0:r1, :kend]
                 if mc.dtype == np.bool_:
                     s = np.where(mc, s, -np.inf)
                 else:
@@ -174,9 +182,9 @@ def attention(
             if causal:
                 # 0 where key j is visible to query i, -inf elsewhere; added in place.
                 qi = np.arange(r0, r1)[:, None] + offset
-                s += np.where(np.arange(sk)[None, :] <= qi, 0.0, -np.inf).astype(ct)
+                s += np.where(np.arange(kend)[None, :] <= qi, 0.0, -np.inf).astype(ct)
             # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
-            np.matmul(softmax_rows(s), vg, out=res[:, :, :, r0:r1])
+            np.matmul(softmax_rows(s), vg[..., :kend, :], out=res[:, :, :, r0:r1])
     _store(out, res.reshape(b, h, sq, dv))
 
 
