@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
+from accelkit._core.kernel_validation import check_norm
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes, conv2d_output_hw
 from accelkit._core.validation import (
@@ -158,35 +159,18 @@ class NNOps(OpsBase):
         eps: float = 1e-5,
     ) -> Tensor:
         """Normalize over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
-        self._check_norm("layer_norm", x, weight=weight, bias=bias)
         # Validated before allocating, so that a refusal allocates nothing.
-        eps = check_float_param(eps, "eps", positive=True)
+        eps = check_norm(self.backend, "layer_norm", x, eps, weight=weight, bias=bias)
         out = self._empty(x._shape, x._dtype)
         self._k_layer_norm(x, weight, bias, eps, out)
         return out
 
     def rms_norm(self, x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
-        self._check_norm("rms_norm", x, weight=weight)
-        eps = check_float_param(eps, "eps", positive=True)
+        eps = check_norm(self.backend, "rms_norm", x, eps, weight=weight)
         out = self._empty(x._shape, x._dtype)
         self._k_rms_norm(x, weight, eps, out)
         return out
-
-    def _check_norm(self, op: str, x: Tensor, **params: Tensor | None) -> None:
-        check_tensor(self.backend, x)
-        check_float(x, op)
-        if x.ndim < 1:
-            raise InvalidArgumentError(f"{op} needs at least 1 dimension; got a 0-d tensor")
-        for name, p in params.items():
-            if p is None:
-                continue
-            check_tensor(self.backend, p, name)
-            if p._shape != (x._shape[-1],):
-                raise InvalidArgumentError(
-                    f"{op}: {name} must be [{x._shape[-1]}] (x's last axis); got {p._shape}"
-                )
-        check_same_dtype(op, x=x, **params)
 
     def cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str = "mean"
