@@ -9,52 +9,71 @@ Quick start::
         x = f.normal((512, 512), seed=0)
         y = ops.relu(x @ x)          # submissions: return at once
         print(await y.to_host())     # awaiting a transfer observes the result
+
+Names are loaded on first use (as anyio and NumPy load theirs): ``import accelkit`` imports
+neither NumPy nor any backend, so a broken or slow driver can never break it.
 """
 
-from accelkit import errors, quant
-from accelkit._api import create_backend, open_backend
-from accelkit._core.dispatch import KernelDispatcher, Route
-from accelkit.abc import (
-    ComputeBackend,
-    DeviceBuffer,
-    DeviceMemoryManager,
-    Event,
-    KernelExecutor,
-    KernelOps,
-    Stream,
-    TensorFactory,
-    TensorOps,
-)
-from accelkit.capabilities import (
-    BackendCapabilities,
-    BackendStatus,
-    Features,
-    LifecycleState,
-    Limits,
-    PerformanceHints,
-    Requirements,
-)
-from accelkit.device import Device, DeviceInfo
-from accelkit.dtype import DType
-from accelkit.errors import (
-    AccelError,
-    BackendNotFoundError,
-    ContextPoisonedError,
-    DeviceError,
-    IncompatiblePluginError,
-    InvalidArgumentError,
-    KernelCompileError,
-    NotInitializedError,
-    OutOfMemoryError,
-    PluginLoadError,
-    StaleHandleError,
-    TimeoutError,
-    UnsupportedOperationError,
-)
-from accelkit.memory import MemoryInfo, MemoryPoolConfig, MemoryPressure
-from accelkit.tensor import Tensor
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: public name -> module that defines it
+_LAZY: dict[str, str] = {
+    # types
+    "Device": "accelkit.device",
+    "DeviceInfo": "accelkit.device",
+    "DType": "accelkit.dtype",
+    "Tensor": "accelkit.tensor",
+    "BackendCapabilities": "accelkit.capabilities",
+    "BackendStatus": "accelkit.capabilities",
+    "Features": "accelkit.capabilities",
+    "LifecycleState": "accelkit.capabilities",
+    "Limits": "accelkit.capabilities",
+    "PerformanceHints": "accelkit.capabilities",
+    "Requirements": "accelkit.capabilities",
+    "MemoryInfo": "accelkit.memory",
+    "MemoryPoolConfig": "accelkit.memory",
+    "MemoryPressure": "accelkit.memory",
+    # interfaces
+    "ComputeBackend": "accelkit.abc",
+    "DeviceBuffer": "accelkit.abc",
+    "DeviceMemoryManager": "accelkit.abc",
+    "Event": "accelkit.abc",
+    "KernelExecutor": "accelkit.abc",
+    "KernelOps": "accelkit.abc",
+    "Stream": "accelkit.abc",
+    "TensorFactory": "accelkit.abc",
+    "TensorOps": "accelkit.abc",
+    # functions users call first
+    "create_backend": "accelkit._api",
+    "open_backend": "accelkit._api",
+    "devices": "accelkit._api",
+    "select": "accelkit.selector",
+    "Selection": "accelkit.selector",
+    "PluginDescriptor": "accelkit.plugins",
+    "PLUGIN_API_VERSION": "accelkit.plugins",
+    "KernelDispatcher": "accelkit._core.dispatch",
+    "Route": "accelkit._core.dispatch",
+    # errors
+    "AccelError": "accelkit.errors",
+    "BackendNotFoundError": "accelkit.errors",
+    "ContextPoisonedError": "accelkit.errors",
+    "DeviceError": "accelkit.errors",
+    "IncompatiblePluginError": "accelkit.errors",
+    "InvalidArgumentError": "accelkit.errors",
+    "KernelCompileError": "accelkit.errors",
+    "NotInitializedError": "accelkit.errors",
+    "OutOfMemoryError": "accelkit.errors",
+    "PluginLoadError": "accelkit.errors",
+    "StaleHandleError": "accelkit.errors",
+    "TimeoutError": "accelkit.errors",
+    "UnsupportedOperationError": "accelkit.errors",
+}
+_SUBMODULES = frozenset({"errors", "quant", "registry", "calibration", "workloads"})
 
 __all__ = [
     "AccelError",
@@ -84,10 +103,13 @@ __all__ = [
     "MemoryPressure",
     "NotInitializedError",
     "OutOfMemoryError",
+    "PLUGIN_API_VERSION",
     "PerformanceHints",
+    "PluginDescriptor",
     "PluginLoadError",
     "Requirements",
     "Route",
+    "Selection",
     "StaleHandleError",
     "Stream",
     "Tensor",
@@ -96,8 +118,75 @@ __all__ = [
     "TimeoutError",
     "UnsupportedOperationError",
     "__version__",
+    "calibration",
     "create_backend",
-    "open_backend",
+    "devices",
     "errors",
+    "open_backend",
     "quant",
+    "registry",
+    "select",
+    "workloads",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"accelkit.{name}")
+    else:
+        raise AttributeError(f"module 'accelkit' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from accelkit import calibration, errors, quant, registry, workloads
+    from accelkit._api import create_backend, devices, open_backend
+    from accelkit._core.dispatch import KernelDispatcher, Route
+    from accelkit.abc import (
+        ComputeBackend,
+        DeviceBuffer,
+        DeviceMemoryManager,
+        Event,
+        KernelExecutor,
+        KernelOps,
+        Stream,
+        TensorFactory,
+        TensorOps,
+    )
+    from accelkit.capabilities import (
+        BackendCapabilities,
+        BackendStatus,
+        Features,
+        LifecycleState,
+        Limits,
+        PerformanceHints,
+        Requirements,
+    )
+    from accelkit.device import Device, DeviceInfo
+    from accelkit.dtype import DType
+    from accelkit.errors import (
+        AccelError,
+        BackendNotFoundError,
+        ContextPoisonedError,
+        DeviceError,
+        IncompatiblePluginError,
+        InvalidArgumentError,
+        KernelCompileError,
+        NotInitializedError,
+        OutOfMemoryError,
+        PluginLoadError,
+        StaleHandleError,
+        TimeoutError,
+        UnsupportedOperationError,
+    )
+    from accelkit.memory import MemoryInfo, MemoryPoolConfig, MemoryPressure
+    from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
+    from accelkit.selector import Selection, select
+    from accelkit.tensor import Tensor

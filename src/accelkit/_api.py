@@ -1,46 +1,113 @@
-"""The functions users call first: ``create_backend`` and ``open_backend``.
-
-For now they know the embedded CPU backend; the plugin registry and selector (entry points,
-ranking, explanations) build on the same two functions.
-"""
+"""The functions users call first: ``devices``, ``create_backend`` and ``open_backend``."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
-from accelkit.abc.backend import ComputeBackend
-from accelkit.device import Device
-from accelkit.errors import BackendNotFoundError, InvalidArgumentError
+from accelkit.device import Device, DeviceInfo
+from accelkit.errors import InvalidArgumentError
 
-__all__ = ["create_backend", "open_backend"]
+if TYPE_CHECKING:
+    from accelkit.abc.backend import ComputeBackend
+    from accelkit.capabilities import Requirements
+    from accelkit.registry import Registry
+    from accelkit.selector import Selection
 
-
-def _builtin(name: str) -> type[ComputeBackend]:
-    if name == "cpu":
-        from accelkit.backends.cpu.backend import CPUBackend
-
-        return CPUBackend
-    raise BackendNotFoundError(f"no backend named {name!r} is installed; installed: cpu")
+__all__ = ["create_backend", "devices", "open_backend"]
 
 
-def create_backend(target: str | Device = "cpu") -> ComputeBackend:
-    """A backend (not yet initialized) for a backend name (``"cpu"``) or a device (``"cpu:0"``)."""
-    if isinstance(target, Device):
-        return _builtin(target.kind)()
+def devices(refresh: bool = False) -> list[DeviceInfo]:
+    """Every device of every usable backend plugin (probed once, cached; no backend imported)."""
+    from accelkit.registry import default_registry
+
+    return default_registry.devices(refresh=refresh)
+
+
+def _resolve(
+    target: str | Device | Selection | None,
+    requires: Requirements | None,
+    policy: str,
+    registry: Registry | None,
+) -> tuple[str, Device]:
+    from accelkit.registry import default_registry
+    from accelkit.selector import Selection, select
+
+    reg = registry or default_registry
+    if isinstance(target, Selection):
+        return target.backend, Device.parse(target.device)
+    if target is None or isinstance(target, Device):
+        sel = select(target, requires, policy, registry=reg)
+        return sel.backend, Device.parse(sel.device)
     if not isinstance(target, str):
         raise InvalidArgumentError(
-            f"create_backend takes a backend name or a device; got {type(target).__name__}"
+            "expected a backend name ('cpu'), a device ('cuda:0'), a Device or a Selection; got"
+            f" {type(target).__name__}"
         )
-    return _builtin(Device.parse(target).kind)()
+    text = target.strip().lower()
+    if ":" in text:  # a device: the best backend for exactly that device
+        sel = select(Device.parse(text), requires, policy, registry=reg)
+        return sel.backend, Device.parse(sel.device)
+    if text in reg.names():  # a backend name: its best device
+        sel = select(None, requires, policy, backend=text, registry=reg)
+        return sel.backend, Device.parse(sel.device)
+    if not any(text in d.device_kinds for d in reg.descriptors()):
+        from accelkit.errors import BackendNotFoundError
+        from accelkit.registry import _install_hint
+
+        raise BackendNotFoundError(
+            f"no backend named {text!r} is installed, and no installed backend drives devices of"
+            f" kind {text!r} (installed: {', '.join(reg.names()) or 'none'})" + _install_hint(text)
+        )
+    sel = select(text, requires, policy, registry=reg)  # a device kind ('cuda')
+    return sel.backend, Device.parse(sel.device)
+
+
+def create_backend(
+    target: str | Device | Selection | None = None,
+    *,
+    requires: Requirements | None = None,
+    policy: str = "performance",
+    registry: Registry | None = None,
+) -> ComputeBackend:
+    """A backend, not yet initialized, for a backend name (``"cpu"``), a device kind
+    (``"cuda"``), a device (``"cuda:1"``), a :class:`Selection`, or the best one (None).
+
+    The backend's class is imported here (the first time), not when plugins are listed. Pass the
+    returned backend's ``device`` hint to ``initialize``: ``await b.initialize(b.selected_device)``.
+    """
+    from accelkit.registry import default_registry
+
+    reg = registry or default_registry
+    name, device = _resolve(target, requires, policy, reg)
+    backend = reg.backend_class(name)()
+    backend.selected_device = device
+    return backend
 
 
 @asynccontextmanager
-async def open_backend(target: str | Device = "cpu") -> AsyncIterator[ComputeBackend]:
-    """Create, initialize and (on exit, whatever happens) shut down a backend."""
-    backend = create_backend(target)
-    device = target if isinstance(target, Device) or ":" in str(target) else None
-    await backend.initialize(device)
+async def open_backend(
+    target: str | Device | Selection | None = None,
+    *,
+    requires: Requirements | None = None,
+    policy: str = "performance",
+    registry: Registry | None = None,
+) -> AsyncIterator[ComputeBackend]:
+    """Select, create and initialize a backend; shut it down on exit, whatever happens.
+
+    A backend whose ``initialize`` fails is quarantined (``accelkit doctor`` shows why) and the
+    error propagates: an explicit request never turns silently into another backend.
+    """
+    from accelkit.registry import default_registry
+
+    reg = registry or default_registry
+    backend = create_backend(target, requires=requires, policy=policy, registry=reg)
+    try:
+        await backend.initialize(backend.selected_device)
+    except Exception as exc:
+        reg.quarantine(backend.name, "initialize", exc)
+        raise
     try:
         yield backend
     finally:

@@ -57,6 +57,8 @@ class PerformanceHints(BaseModel):
     peak_gflops: dict[DType, float] = Field(default_factory=dict, description="per dtype")
     bandwidth_gbs: float = Field(0.0, ge=0.0, description="device memory bandwidth, GB/s")
     launch_latency_us: float = Field(0.0, ge=0.0, description="cost of submitting one op")
+    power_watts: float = Field(0.0, ge=0.0, description="typical board power (0: unknown)")
+    calibrated: bool = Field(False, description="figures measured by `accelkit calibrate`")
 
 
 class Requirements(BaseModel):

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from accelkit.capabilities import BackendCapabilities
 from accelkit.errors import InvalidArgumentError
 
 __all__ = ["Device", "DeviceInfo"]
@@ -94,4 +95,7 @@ class DeviceInfo(BaseModel):
     vendor: str = ""
     memory_bytes: int = Field(0, ge=0, description="total device memory, 0 if unknown")
     compute_units: int = Field(0, ge=0)
+    capabilities: BackendCapabilities | None = Field(
+        None, description="what the backend can do on it, as probed (used by the selector)"
+    )
     extra: dict[str, Any] = Field(default_factory=dict, description="vendor-specific data")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import enum
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
+# NumPy and ml_dtypes are imported on first use, not here: listing backends and selecting one
+# need DType but not NumPy, and `import accelkit` stays cheap.
 
 __all__ = ["DType", "result_type", "scalar_result_type"]
 
@@ -48,7 +51,7 @@ class DType(enum.Enum):
 
     def to_numpy(self) -> np.dtype[Any]:
         """The NumPy dtype (``ml_dtypes.bfloat16`` for BF16)."""
-        return _TO_NUMPY[self]
+        return _numpy_maps()[0][self]
 
     @classmethod
     def from_any(cls, value: object) -> DType:
@@ -63,12 +66,15 @@ class DType(enum.Enum):
             raise _invalid(
                 f"unknown dtype None; expected one of: {', '.join(d.value for d in cls)}"
             )
+        import numpy as np
+
         try:
             npd = np.dtype(value)  # type: ignore[call-overload]
         except TypeError:
             npd = None
-        if npd is not None and npd in _FROM_NUMPY:
-            return _FROM_NUMPY[npd]
+        from_numpy = _numpy_maps()[1]
+        if npd is not None and npd in from_numpy:
+            return from_numpy[npd]
         accepted = ", ".join(d.value for d in cls)
         raise _invalid(f"unknown dtype {value!r}; expected one of: {accepted}")
 
@@ -94,16 +100,25 @@ _ITEMSIZE = {
 _FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
 _SIGNED_INTS = frozenset({DType.I8, DType.I16, DType.I32, DType.I64})
 _INTS = _SIGNED_INTS | {DType.U8, DType.U16, DType.U32, DType.U64}
-_TO_NUMPY: dict[DType, np.dtype[Any]] = {
-    DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(ml_dtypes.bfloat16),
-    DType.F32: np.dtype(np.float32), DType.F64: np.dtype(np.float64),
-    DType.I8: np.dtype(np.int8), DType.I16: np.dtype(np.int16),
-    DType.I32: np.dtype(np.int32), DType.I64: np.dtype(np.int64),
-    DType.U8: np.dtype(np.uint8), DType.U16: np.dtype(np.uint16),
-    DType.U32: np.dtype(np.uint32), DType.U64: np.dtype(np.uint64),
-    DType.BOOL: np.dtype(np.bool_),
-}  # fmt: skip
-_FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
+
+
+@cache
+def _numpy_maps() -> tuple[dict[DType, np.dtype[Any]], dict[np.dtype[Any], DType]]:
+    import ml_dtypes
+    import numpy as np
+
+    to_numpy: dict[DType, np.dtype[Any]] = {
+        DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(ml_dtypes.bfloat16),
+        DType.F32: np.dtype(np.float32), DType.F64: np.dtype(np.float64),
+        DType.I8: np.dtype(np.int8), DType.I16: np.dtype(np.int16),
+        DType.I32: np.dtype(np.int32), DType.I64: np.dtype(np.int64),
+        DType.U8: np.dtype(np.uint8), DType.U16: np.dtype(np.uint16),
+        DType.U32: np.dtype(np.uint32), DType.U64: np.dtype(np.uint64),
+        DType.BOOL: np.dtype(np.bool_),
+    }  # fmt: skip
+    return to_numpy, {v: k for k, v in to_numpy.items()}
+
+
 _BY_NAME = {d.value: d for d in DType} | {
     "float16": DType.F16, "half": DType.F16, "bfloat16": DType.BF16,
     "float32": DType.F32, "float": DType.F32, "float64": DType.F64, "double": DType.F64,
@@ -138,7 +153,9 @@ def result_type(a: DType, b: DType) -> DType:
         DType.U64 in (a, b) and (a in _SIGNED_INTS or b in _SIGNED_INTS)
     ):
         return DType.I64
-    return _FROM_NUMPY[np.promote_types(a.to_numpy(), b.to_numpy())]
+    import numpy as np
+
+    return _numpy_maps()[1][np.promote_types(a.to_numpy(), b.to_numpy())]
 
 
 def scalar_result_type(t: DType, scalar: object) -> DType:

@@ -51,6 +51,9 @@ class ComputeBackend(ABC):
     def __init__(self) -> None:
         self._state = LifecycleState.CREATED
         self._device: Device | None = None
+        #: The device the selector chose for this backend (``create_backend`` sets it);
+        #: ``initialize()`` without an argument opens it.
+        self.selected_device: Device | None = None
         self._error: str | None = None
         self._stream_var: contextvars.ContextVar[Stream | None] = contextvars.ContextVar(
             f"accelkit_{self.name}_stream_{id(self)}", default=None
@@ -112,7 +115,9 @@ class ComputeBackend(ABC):
         Initializing a ready backend again on the same device does nothing; on another device it
         raises: shut down first.
         """
-        dev = self._default_device() if device is None else Device.parse(device)
+        if device is None:
+            device = self.selected_device or self._default_device()
+        dev = Device.parse(device)
         if self._state is LifecycleState.READY:
             if dev == self._device:
                 return

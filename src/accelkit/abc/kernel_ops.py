@@ -47,6 +47,7 @@ from accelkit._core.kernel_validation import (
     check_sampling,
     check_silu_mul,
 )
+from accelkit._core.op_names import KERNEL_OP_GROUPS, KERNEL_OPS
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.ops.linalg import LinalgOps
 from accelkit._core.ops.nn import NNOps
@@ -73,17 +74,6 @@ __all__ = [
     "rotary_inv_freq",
 ]
 
-#: Sub-interface attribute -> the ops it provides.
-KERNEL_OP_GROUPS: dict[str, tuple[str, ...]] = {
-    "norm_ops": ("rms_norm", "rms_norm_residual", "layer_norm"),
-    "position_ops": ("rotary_embedding",),
-    "attention_ops": ("attention", "paged_attention"),
-    "activation_ops": ("silu_mul", "gelu"),
-    "linear_ops": ("linear", "quantized_linear"),
-    "sampling_ops": ("argmax", "sample_token"),
-}
-#: Names of every KernelOps operation, as listed in capabilities.
-KERNEL_OPS: frozenset[str] = frozenset(op for ops in KERNEL_OP_GROUPS.values() for op in ops)
 #: sample_token clamps its uniform noise to the largest float32 below 1, so that the Gumbel
 #: transform ``-log(-log(u))`` stays finite.
 GUMBEL_UNIFORM_MAX = float(np.nextafter(np.float32(1), np.float32(0)))

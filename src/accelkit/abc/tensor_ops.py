@@ -14,11 +14,12 @@ replace with fused kernels).
 
 from __future__ import annotations
 
-from accelkit._core.ops.elementwise import BINARY_OPS, UNARY_OPS, ElementwiseOps, Operand
+from accelkit._core.op_names import BINARY_OPS, REDUCE_OPS, TENSOR_OPS, UNARY_OPS
+from accelkit._core.ops.elementwise import ElementwiseOps, Operand
 from accelkit._core.ops.image import ImageOps
 from accelkit._core.ops.linalg import LinalgOps
 from accelkit._core.ops.nn import NNOps
-from accelkit._core.ops.reduction import REDUCE_OPS, ReductionOps
+from accelkit._core.ops.reduction import ReductionOps
 from accelkit._core.ops.shape import ShapeOps
 
 __all__ = ["BINARY_OPS", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS", "Operand", "TensorOps"]
@@ -26,17 +27,3 @@ __all__ = ["BINARY_OPS", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS", "Operand", "Te
 
 class TensorOps(ElementwiseOps, LinalgOps, ReductionOps, ShapeOps, NNOps, ImageOps):
     """All tensor operations of one backend (see the module docstring)."""
-
-
-#: Names of every TensorOps operation, as listed in capabilities.
-TENSOR_OPS: frozenset[str] = frozenset(
-    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS}
-    | {
-        "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
-        "conv2d", "attention", "softmax", "log_softmax", "layer_norm", "rms_norm",
-        "cross_entropy", "embedding", "adam_update", "reduce", "reshape", "transpose",
-        "permute", "concat", "split", "stack", "narrow", "gather", "scatter", "gaussian_blur",
-        "sobel_edges", "grayscale", "threshold", "brightness", "contrast", "invert_colors",
-        "sharpen",
-    }
-)  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
+from accelkit._core.op_names import BINARY_OPS, UNARY_OPS
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes
 from accelkit._core.validation import check_dtype, check_scalar, check_tensor
@@ -23,20 +24,6 @@ from accelkit.tensor import Tensor
 __all__ = ["BINARY_OPS", "UNARY_OPS", "ElementwiseOps", "Operand", "check_int_scalar"]
 
 Operand = Tensor | int | float | bool
-
-#: unary op -> "float" (integer input gives F32) or "same" (keeps the dtype)
-UNARY_OPS: dict[str, str] = {
-    "relu": "same", "abs": "same", "neg": "same", "floor": "same", "ceil": "same",
-    "round": "same", "sigmoid": "float", "tanh": "float", "exp": "float", "log": "float",
-    "sqrt": "float", "rsqrt": "float", "sin": "float", "cos": "float", "tan": "float",
-    "erf": "float", "gelu": "float", "gelu_tanh": "float", "silu": "float",
-}  # fmt: skip
-#: binary op -> "arith", "div" or "compare"
-BINARY_OPS: dict[str, str] = {
-    "add": "arith", "sub": "arith", "mul": "arith", "div": "div", "maximum": "arith",
-    "minimum": "arith", "pow": "arith", "mod": "arith", "eq": "compare", "ne": "compare",
-    "lt": "compare", "le": "compare", "gt": "compare", "ge": "compare",
-}  # fmt: skip
 
 
 def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:

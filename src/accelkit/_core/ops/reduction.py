@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
+from accelkit._core.op_names import REDUCE_OPS
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import reduced_shape
 from accelkit._core.validation import check_axes, check_axis, check_tensor
@@ -12,8 +13,6 @@ from accelkit.errors import InvalidArgumentError
 from accelkit.tensor import Tensor
 
 __all__ = ["REDUCE_OPS", "ReductionOps"]
-
-REDUCE_OPS = ("sum", "mean", "max", "min", "prod", "argmax", "argmin")
 
 
 class ReductionOps(OpsBase):

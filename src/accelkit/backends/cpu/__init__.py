@@ -1,5 +1,5 @@
-"""The embedded CPU backend on NumPy: always available, and the numerical reference."""
+"""The embedded CPU backend on NumPy: always available, and the numerical reference.
 
-from accelkit.backends.cpu.backend import CPUBackend
-
-__all__ = ["CPUBackend"]
+Importing this package imports nothing heavy (its descriptor and probe are read by the registry);
+the backend itself is ``accelkit.backends.cpu.backend.CPUBackend``.
+"""

@@ -7,18 +7,14 @@ small ones inline when the stream is idle, because the hand-off would cost more 
 
 from __future__ import annotations
 
-import os
-import platform
 from typing import Any
 
 import anyio
-import numpy as np
 
 from accelkit._core.host_stream import HostStream
 from accelkit.abc.backend import ComputeBackend
 from accelkit.abc.stream import Stream
-from accelkit.abc.tensor_ops import TENSOR_OPS
-from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
+from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
@@ -52,35 +48,9 @@ class CPUBackend(ComputeBackend):
 
     @property
     def capabilities(self) -> BackendCapabilities:
-        from accelkit.abc.kernel_ops import KERNEL_OPS
-        from accelkit.backends.cpu.memory import system_memory_bytes
+        from accelkit.backends.cpu.probe import cpu_capabilities
 
-        cores = os.cpu_count() or 1
-        return BackendCapabilities(
-            backend=self.name,
-            device="cpu:0",
-            dtypes=frozenset(DType),
-            ops=TENSOR_OPS | KERNEL_OPS,
-            kernel_languages=frozenset(),
-            features=Features(fp16=True, bf16=True, fp64=True, unified_memory=True),
-            limits=Limits(
-                memory_bytes=system_memory_bytes(),
-                max_alloc_bytes=system_memory_bytes(),
-                compute_units=cores,
-            ),
-            performance=PerformanceHints(
-                # Declared estimates (about 16 f32 FMA lanes per core at ~2.5 GHz); calibration
-                # replaces them with measured figures.
-                peak_gflops={
-                    DType.F32: 80.0 * cores,
-                    DType.F64: 40.0 * cores,
-                    DType.F16: 10.0 * cores,
-                },
-                bandwidth_gbs=10.0,
-                launch_latency_us=3.0,
-            ),
-            extra={"numpy": np.__version__, "machine": platform.machine()},
-        )
+        return cpu_capabilities()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:

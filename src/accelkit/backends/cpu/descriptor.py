@@ -1,13 +1,20 @@
-"""The CPU backend's plugin descriptor. Imports nothing heavy: listing backends stays cheap."""
+"""The CPU backend's plugin descriptor. Imports nothing heavy: listing backends stays cheap.
+
+accelkit registers it through its own entry point, exactly as an outside plugin would.
+"""
 
 from __future__ import annotations
 
-DESCRIPTOR = {
-    "name": "cpu",
-    "distribution": "accelkit",
-    "api_version": "1.0",
-    "device_kinds": ["cpu"],
-    "priority": 0,
-    "backend_class": "accelkit.backends.cpu.backend:CPUBackend",
-    "summary": "NumPy on the host CPU: always available, the numerical reference",
-}
+from accelkit.plugins import PluginDescriptor
+
+DESCRIPTOR = PluginDescriptor(
+    name="cpu",
+    distribution="accelkit",
+    version="0.1.0",
+    api_version="1.0",
+    device_kinds=frozenset({"cpu"}),
+    priority=0,
+    backend_class="accelkit.backends.cpu.backend:CPUBackend",
+    probe="accelkit.backends.cpu.probe:probe",
+    summary="NumPy on the host CPU: always available, the numerical reference",
+)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ from accelkit._core.host_stream import HostStream
 from accelkit._core.pool import CachingPool
 from accelkit._core.validation import check_int, check_tensor
 from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
+from accelkit.backends.cpu.probe import system_memory_bytes
 from accelkit.device import Device
 from accelkit.errors import InvalidArgumentError, StaleHandleError
 from accelkit.memory import MemoryInfo, MemoryPoolConfig
@@ -21,13 +21,6 @@ if TYPE_CHECKING:
     from accelkit.backends.cpu.backend import CPUBackend
 
 __all__ = ["CPUMemoryManager", "system_memory_bytes"]
-
-
-def system_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
 
 
 def _raw_alloc(alignment: int) -> Any:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["binary", "cast_into", "reduce", "unary", "where"]
 
 Array = np.ndarray[Any, Any]
-_LOW = (np.dtype(np.float16), np.dtype("bfloat16"))
+_LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _SQRT_2_OVER_PI = 0.7978845608028654
 
 

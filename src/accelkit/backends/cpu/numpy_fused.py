@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numexpr
 import numpy as np
 
@@ -26,7 +27,7 @@ __all__ = [
 ]  # fmt: skip
 
 Array = np.ndarray[Any, Any]
-_LOW = (np.dtype(np.float16), np.dtype("bfloat16"))
+_LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _NUMEXPR_MIN = 1 << 15
 #: Weight elements expanded at once by quantized_linear (16 MiB of f32).
 _DEQUANT_CHUNK_ELEMS = 1 << 22

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -19,7 +20,7 @@ __all__ = [
 ]  # fmt: skip
 
 Array = np.ndarray[Any, Any]
-_LOW = (np.dtype(np.float16), np.dtype("bfloat16"))
+_LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _ATTN_CHUNK_ELEMS = 1 << 22  # score elements per chunk (16 MiB of f32)
 
 

@@ -1,0 +1,55 @@
+"""Environment settings, parsed strictly and read when used (never cached at import).
+
+A malformed value raises :class:`~accelkit.errors.InvalidArgumentError` naming the variable, the
+value and the accepted forms, instead of being half-understood.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from accelkit.errors import InvalidArgumentError
+
+__all__ = ["env_flag", "env_names", "env_str"]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def env_str(name: str) -> str | None:
+    """The stripped value, or None when unset or empty."""
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise InvalidArgumentError(
+        f"{name}={value!r} is not a boolean; use 1/true/yes/on or 0/false/no/off"
+    )
+
+
+def env_names(name: str) -> frozenset[str] | None:
+    """A comma-separated list of backend names, or None when unset."""
+    value = env_str(name)
+    if value is None:
+        return None
+    names = [n.strip().lower() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if not _NAME.match(n)]
+    if bad:
+        raise InvalidArgumentError(
+            f"{name}={value!r}: {', '.join(map(repr, bad))} is not a backend name; expected a"
+            " comma-separated list like 'cpu,opencl'"
+        )
+    return frozenset(names)

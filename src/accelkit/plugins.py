@@ -1,0 +1,81 @@
+"""Plugin descriptors: how a backend describes itself before it is imported.
+
+A plugin distribution registers one entry point in the group ``accelkit.backends``, pointing at a
+:class:`PluginDescriptor` in a module that imports no driver library. accelkit reads descriptors
+to list, gate and rank backends; it imports the backend class (named by import path) only when a
+backend is created, and the plugin's probe (also named by import path) only to enumerate devices.
+
+A probe is a function ``probe() -> list[DeviceInfo]`` that must be cheap (no context, no heavy
+import where a lighter way exists) and must answer "no devices" (an empty list, or raising
+``DeviceError`` with the reason) on a machine without the hardware or the driver.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["ENTRY_POINT_GROUP", "PLUGIN_API_VERSION", "PluginDescriptor", "api_major"]
+
+#: The plugin API this accelkit implements ("MAJOR.MINOR"). A plugin built for another MAJOR is
+#: refused before its backend is imported; a newer MINOR of the same MAJOR is accepted.
+PLUGIN_API_VERSION = "1.0"
+ENTRY_POINT_GROUP = "accelkit.backends"
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def api_major(version: str) -> int:
+    return int(version.split(".", 1)[0])
+
+
+class PluginDescriptor(BaseModel):
+    """What accelkit knows about a backend plugin without importing it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="backend name, e.g. 'cuda' (lower case, [a-z0-9_])")
+    distribution: str = Field(description="the distribution that ships it, e.g. 'accelkit-cuda'")
+    version: str = Field(description="the plugin's version")
+    api_version: str = Field(description="the accelkit plugin API it was built for, 'MAJOR.MINOR'")
+    device_kinds: frozenset[str] = Field(description="device kinds it drives, e.g. {'cuda'}")
+    priority: int = Field(
+        0, description="tie-breaker between equally good candidates (higher wins)"
+    )
+    backend_class: str = Field(description="'module:Class' of the ComputeBackend subclass")
+    probe: str | None = Field(None, description="'module:function' listing its devices cheaply")
+    summary: str = ""
+    hardware_hint: str = Field(
+        "", description="how to tell that hardware for it is present (for `accelkit doctor`)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"plugin name must match [a-z][a-z0-9_]*; got {v!r}")
+        return v
+
+    @field_validator("api_version")
+    @classmethod
+    def _api(cls, v: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+", v):
+            raise ValueError(f"api_version must be 'MAJOR.MINOR'; got {v!r}")
+        return v
+
+    @field_validator("backend_class", "probe")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not _IMPORT_PATH.match(v):
+            raise ValueError(f"expected an import path 'package.module:Name'; got {v!r}")
+        return v
+
+    @field_validator("device_kinds")
+    @classmethod
+    def _kinds(cls, v: frozenset[str]) -> frozenset[str]:
+        for kind in v:
+            if not _NAME.match(kind):
+                raise ValueError(f"device kind must match [a-z][a-z0-9_]*; got {kind!r}")
+        return v
