@@ -48,4 +48,5 @@ def bench(session: nox.Session) -> None:
     would download a CUDA build of several GB.
     """
     session.install("-e", ".", "torch==2.13.0")
+    session.run("python", "benchmarks/bench_startup.py")
     session.run("python", "benchmarks/bench_core.py", *session.posargs)

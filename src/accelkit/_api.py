@@ -93,11 +93,15 @@ async def open_backend(
     requires: Requirements | None = None,
     policy: str = "performance",
     registry: Registry | None = None,
+    fallback: str | None = None,
 ) -> AsyncIterator[ComputeBackend]:
     """Select, create and initialize a backend; shut it down on exit, whatever happens.
 
     A backend whose ``initialize`` fails is quarantined (``accelkit doctor`` shows why) and the
     error propagates: an explicit request never turns silently into another backend.
+
+    ``fallback`` (a backend name or device, e.g. ``"cpu"``) opts in to running the operations
+    the backend refuses on that one instead; ``backend.fallback.events`` reports each.
     """
     from accelkit.registry import default_registry
 
@@ -109,6 +113,11 @@ async def open_backend(
         reg.quarantine(backend.name, "initialize", exc)
         raise
     try:
-        yield backend
+        if fallback is None:
+            yield backend
+            return
+        async with open_backend(fallback, registry=reg) as spare:
+            backend.enable_fallback(spare)
+            yield backend
     finally:
         await backend.shutdown()

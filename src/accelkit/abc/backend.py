@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from accelkit.abc.memory import DeviceMemoryManager
     from accelkit.abc.stream import Stream
     from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.fallback import FallbackTensorOps
 
 __all__ = ["ComputeBackend"]
 
@@ -64,6 +65,7 @@ class ComputeBackend(ABC):
         self._memory_manager: DeviceMemoryManager | None = None
         self._kernel_executor: KernelExecutor | None = None
         self._kernel_ops: KernelOps | None = None
+        self._fallback_ops: FallbackTensorOps | None = None
 
     # -- identity ---------------------------------------------------------------------------------
     @property
@@ -164,6 +166,7 @@ class ComputeBackend(ABC):
         finally:
             self._state = LifecycleState.SHUT_DOWN
             self._tensor_ops = self._tensor_factory = None
+            self._fallback_ops = None
             self._kernel_executor = self._kernel_ops = None
 
     async def __aenter__(self) -> ComputeBackend:
@@ -202,8 +205,31 @@ class ComputeBackend(ABC):
     @property
     def tensor_ops(self) -> TensorOps:
         self._require_ready()
+        if self._fallback_ops is not None:
+            return self._fallback_ops  # type: ignore[return-value]
         assert self._tensor_ops is not None
         return self._tensor_ops
+
+    def enable_fallback(self, fallback: ComputeBackend) -> FallbackTensorOps:
+        """Run operations this backend refuses on ``fallback`` (an initialized backend), moving
+        tensors through the host; returns the wrapper, whose ``events`` and ``counts`` report
+        every fallback (see :mod:`accelkit.fallback`)."""
+        from accelkit.fallback import FallbackTensorOps
+
+        self._require_ready()
+        if fallback is self or not fallback.is_ready:
+            raise InvalidArgumentError(
+                "enable_fallback needs another, initialized backend as the fallback"
+            )
+        assert self._tensor_ops is not None
+        self._fallback_ops = FallbackTensorOps(self, self._tensor_ops, fallback)
+        return self._fallback_ops
+
+    @property
+    def fallback(self) -> FallbackTensorOps | None:
+        """The fallback wrapper, if :meth:`enable_fallback` was called (its ``events`` and
+        ``counts`` report every operation that ran elsewhere)."""
+        return self._fallback_ops
 
     @property
     def tensor_factory(self) -> TensorFactory:

@@ -1,0 +1,100 @@
+"""Opt-in fallback: an operation a backend refuses runs on another backend, and says so.
+
+``open_backend("opencl", fallback="cpu")`` wraps the backend's TensorOps: a call that raises
+:class:`~accelkit.errors.UnsupportedOperationError` (refused at submission, so nothing was queued)
+is run on the fallback backend instead. Its tensor arguments travel through the host, and the
+result comes back the same way, as a tensor of the primary backend. Every such event is logged
+(a warning, the first time per op), recorded in ``events`` and counted in ``counts``: a fallback
+is never silent. The transfers block the calling thread; fallback is for correctness on a backend
+with gaps, not for speed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from accelkit.errors import UnsupportedOperationError
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.abc.backend import ComputeBackend
+    from accelkit.abc.tensor_ops import TensorOps
+
+__all__ = ["FallbackEvent", "FallbackTensorOps"]
+
+log = logging.getLogger("accelkit.fallback")
+
+
+class FallbackEvent(BaseModel):
+    """One operation that ran on the fallback backend."""
+
+    model_config = ConfigDict(frozen=True)
+
+    op: str
+    backend: str
+    fallback: str
+    reason: str
+
+
+class FallbackTensorOps:
+    """The primary backend's TensorOps, with refused operations run on ``fallback``."""
+
+    def __init__(self, primary: ComputeBackend, primary_ops: TensorOps, fallback: ComputeBackend):
+        self._backend = primary
+        self._ops = primary_ops
+        self._fallback = fallback
+        self.events: list[FallbackEvent] = []
+        self.counts: Counter[str] = Counter()
+
+    @property
+    def fallback_backend(self) -> ComputeBackend:
+        return self._fallback
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ops, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            except UnsupportedOperationError as exc:
+                return self._run_elsewhere(name, args, kwargs, exc)
+
+        call.__name__ = name
+        call.__doc__ = attr.__doc__
+        return call
+
+    def _run_elsewhere(
+        self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception
+    ) -> Any:
+        fb = self._fallback
+        event = FallbackEvent(op=op, backend=self._backend.name, fallback=fb.name, reason=str(exc))
+        if not self.counts[op]:
+            log.warning("%s: %s runs on %s instead (%s)", self._backend.name, op, fb.name, exc)
+        self.events.append(event)
+        self.counts[op] += 1
+        to_fb = _mapper(lambda t: fb.tensor_factory.from_host(t.numpy(), dtype=t.dtype))
+        result = getattr(fb.tensor_ops, op)(*to_fb(args), **to_fb(kwargs))
+        primary = self._backend.tensor_factory
+        return _mapper(lambda t: primary.from_host(t.numpy(), dtype=t.dtype))(result)
+
+
+def _mapper(convert: Callable[[Tensor], Tensor]) -> Callable[[Any], Any]:
+    def walk(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return convert(value)
+        if isinstance(value, tuple):
+            return tuple(walk(v) for v in value)
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        return value
+
+    return walk
