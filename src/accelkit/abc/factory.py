@@ -9,6 +9,7 @@ default, so the same seed gives the same values on every backend.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,14 +83,14 @@ class TensorFactory(OpsBase):
         )
         n = max(0, int(np.ceil((stop - start) / step)))
         out = self._empty((n,), dt)
-        self._k_from_host(out, np.arange(n, dtype=np.float64) * step + start)
+        self._k_generate(out, lambda: np.arange(n, dtype=np.float64) * step + start)
         return out
 
     def eye(self, n: int, m: int | None = None, dtype: DType | str = DType.F32) -> Tensor:
         n = check_int(n, "n", minimum=0)
         m = n if m is None else check_int(m, "m", minimum=0)
         out = self.empty((n, m), dtype)
-        self._k_from_host(out, np.eye(n, m))
+        self._k_generate(out, lambda: np.eye(n, m))
         return out
 
     def from_host(self, data: Any, dtype: DType | str | None = None) -> Tensor:
@@ -130,9 +131,8 @@ class TensorFactory(OpsBase):
         if not hi >= lo:
             raise InvalidArgumentError(f"uniform: high ({hi}) must be >= low ({lo})")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
-        rng = np.random.default_rng(seed)
         out = self._empty(dims, dt)
-        self._k_from_host(out, rng.uniform(lo, hi, size=dims))
+        self._k_generate(out, lambda: np.random.default_rng(seed).uniform(lo, hi, size=dims))
         return out
 
     def normal(
@@ -149,9 +149,8 @@ class TensorFactory(OpsBase):
         if sd < 0:
             raise InvalidArgumentError(f"normal: std must be >= 0; got {sd}")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "normal")
-        rng = np.random.default_rng(seed)
         out = self._empty(dims, dt)
-        self._k_from_host(out, rng.normal(mu, sd, size=dims))
+        self._k_generate(out, lambda: np.random.default_rng(seed).normal(mu, sd, size=dims))
         return out
 
     def _float_dtype(self, dtype: DType | str, op: str) -> DType:
@@ -179,6 +178,14 @@ class TensorFactory(OpsBase):
 
     @abstractmethod
     def _k_fill(self, out: Tensor, value: int | float | bool) -> None: ...
+
+    def _k_generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
+        """Fill ``out`` with the host array ``make()`` returns (random numbers, ranges).
+
+        The default makes it now and copies it with ``_k_from_host``; a backend may instead run
+        ``make`` in stream order off the caller's thread (large random tensors take a while).
+        """
+        self._k_from_host(out, make())
 
     @abstractmethod
     def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
