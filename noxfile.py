@@ -23,7 +23,16 @@ PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The core test suite and the conformance suite on every installed backend."""
-    session.install("-e", ".[test]")
+    session.install(
+        "-e",
+        ".[test]",
+        # small plugin distributions made for the registry, selector and fallback tests
+        "./tests/plugins/accelkit-testplug-good",
+        "./tests/plugins/accelkit-testplug-broken",
+        "./tests/plugins/accelkit-testplug-future",
+        "./tests/plugins/accelkit-testplug-badprobe",
+        "./tests/plugins/accelkit-testplug-subset",
+    )
     session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -74,12 +75,20 @@ class _File(BaseModel):
 
 
 def cache_dir() -> Path:
+    """``ACCELKIT_CACHE_DIR``, or the user's cache folder, as platformdirs would give it (accelkit
+    does not depend on it): ``$XDG_CACHE_HOME/accelkit`` (default ``~/.cache/accelkit``),
+    ``~/Library/Caches/accelkit`` on macOS, ``%LOCALAPPDATA%\\accelkit\\Cache`` on Windows."""
     override = env_str("ACCELKIT_CACHE_DIR")
     if override:
         return Path(override)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("accelkit", appauthor=False))
+    if sys.platform == "win32":
+        local = env_str("LOCALAPPDATA")
+        return Path(local or Path.home() / "AppData" / "Local") / "accelkit" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "accelkit"
+    xdg = env_str("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "accelkit"
 
 
 def calibration_path() -> Path:
@@ -90,21 +99,23 @@ def _key(backend: str, device: str) -> str:
     return f"{backend}/{device}"
 
 
-_cache: tuple[Path, float, dict[str, CalibrationEntry]] | None = None
+_cache: tuple[Path, tuple[int, int, int], dict[str, CalibrationEntry]] | None = None
 
 
 def load() -> dict[str, CalibrationEntry]:
-    """Entries keyed ``backend/device`` ({} when there is no usable file). Cached by mtime."""
+    """Entries keyed ``backend/device`` ({} when there is no usable file). Cached while the file's
+    (mtime, size, inode) stay the same."""
     global _cache
     path = calibration_path()
     try:
-        mtime = path.stat().st_mtime
+        st = path.stat()
     except OSError:
         return {}
-    if _cache is not None and _cache[0] == path and _cache[1] == mtime:
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    if _cache is not None and _cache[0] == path and _cache[1] == stamp:
         return _cache[2]
     try:
-        if path.stat().st_size > _MAX_BYTES:
+        if st.st_size > _MAX_BYTES:
             raise ValueError(f"larger than {_MAX_BYTES} bytes")
         data = _File.model_validate(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, ValidationError) as exc:
@@ -121,7 +132,7 @@ def load() -> dict[str, CalibrationEntry]:
             stacklevel=2,
         )
         return {}
-    _cache = (path, mtime, data.entries)
+    _cache = (path, stamp, data.entries)
     return data.entries
 
 
@@ -141,6 +152,8 @@ def save(entries: dict[str, CalibrationEntry]) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    global _cache
+    _cache = None  # a rewrite within the file system's timestamp resolution must not look unchanged
     return path
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
@@ -26,6 +26,9 @@ from accelkit.workloads import (
     transformer_block_numpy,
     upload_weights,
 )
+
+if TYPE_CHECKING:
+    from accelkit.selector import Selection
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -48,11 +51,12 @@ async def _heartbeat(period: float, lateness: list[float], stop: anyio.Event) ->
 
 
 async def run_demo(
-    backend_name: str = "cpu", repeats: int = 3, say: Callable[[str], None] = print
+    target: str | Selection = "cpu", repeats: int = 3, say: Callable[[str], None] = print
 ) -> DemoResult:
-    """Run the demo workloads on ``backend_name``; report timings and agreement with NumPy."""
+    """Run the demo workloads on ``target`` (a backend name, a device, or a Selection, as
+    :func:`~accelkit.open_backend` takes); report timings and agreement with NumPy."""
     cfg = BlockConfig()
-    async with open_backend(backend_name) as backend:
+    async with open_backend(target) as backend:
         result = DemoResult(backend=backend.name, device=str(backend.device))
         say(f"accelkit demo on backend {backend.name!r} ({backend.device})")
         rng = np.random.default_rng(0)

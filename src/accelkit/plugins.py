@@ -16,7 +16,16 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ENTRY_POINT_GROUP", "PLUGIN_API_VERSION", "PluginDescriptor", "api_major"]
+from accelkit._core.op_names import KERNEL_OPS, TENSOR_OPS
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "KERNEL_OPS",
+    "PLUGIN_API_VERSION",
+    "TENSOR_OPS",
+    "PluginDescriptor",
+    "api_major",
+]
 
 #: The plugin API this accelkit implements ("MAJOR.MINOR"). A plugin built for another MAJOR is
 #: refused before its backend is imported; a newer MINOR of the same MAJOR is accepted.

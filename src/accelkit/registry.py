@@ -105,8 +105,10 @@ class Registry:
             for ep in importlib.metadata.entry_points(group=self._group):
                 if ep.name in found:
                     dist = ep.dist.name if ep.dist else "?"
+                    # Keyed apart from the name: the first plugin stays usable, as the message
+                    # says; the record only makes the shadowed one visible to `accelkit doctor`.
                     self._quarantine.setdefault(
-                        ep.name,
+                        f"{ep.name} ({dist}, shadowed)",
                         QuarantineRecord(
                             name=ep.name,
                             stage="load",

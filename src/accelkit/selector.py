@@ -176,7 +176,9 @@ def select(
         backend = env_backend.lower()
     if env_device:
         try:
-            device = Device.parse(env_device) if ":" in env_device else env_device
+            device = (
+                Device.parse(env_device) if ":" in env_device else Device(env_device.lower()).kind
+            )
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(f"ACCELKIT_DEVICE: {exc}") from None
     want_kind, want_device = _device_filter(device)

@@ -75,7 +75,9 @@ class ImageOps(OpsBase):
         return x
 
     def _depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], work: DType) -> Tensor:
-        """Apply the same 2-d ``kernel`` to every channel, with replicated borders."""
+        """Apply the same 2-d ``kernel`` (odd sizes) to every channel of the NCHW float ``x``,
+        with replicated borders. The composition below is the reference; a backend may
+        override this one method with a fused kernel to speed up every filter at once."""
         c = x.shape[1]
         kh, kw = kernel.shape
         w = self._const(np.broadcast_to(kernel, (c, 1, kh, kw)).copy(), work)

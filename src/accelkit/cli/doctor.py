@@ -1,0 +1,359 @@
+"""``accelkit doctor``: what is wrong with this installation, and how to fix it.
+
+It checks, in order: the environment settings; every installed plugin (quarantined ones with
+their errors and tracebacks, plugins built for another plugin API or another accelkit, disabled
+ones and why); the calibration file; and the hardware present that no installed plugin drives
+(an NVIDIA GPU without accelkit-cuda), with the pip command that fixes it.
+
+Findings are *problems* (exit status 1) or *notes* (informational: a plugin an administrator
+disabled on purpose, a driver registry a plugin could use). A healthy machine exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from accelkit.cli.render import print_json, table
+from accelkit.errors import AccelError
+
+__all__ = ["Finding", "diagnose", "run"]
+
+_PLUGIN_SETTINGS = ("ACCELKIT_PLUGINS", "ACCELKIT_DISABLE_PLUGINS")
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Literal["problem", "note"]
+    check: Literal["settings", "plugin", "version", "calibration", "hardware"]
+    subject: str
+    message: str
+    fix: str = ""
+    traceback: str = ""
+
+
+@dataclass
+class Diagnosis:
+    findings: list[Finding]
+    plugins: list[Any]  # PluginStatus
+    hardware: list[dict[str, Any]]
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "problem"]
+
+    @property
+    def notes(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "note"]
+
+
+def diagnose() -> Diagnosis:
+    from accelkit._core.hardware import detect_hardware
+
+    findings: list[Finding] = []
+    settings_ok = _check_plugin_settings(findings)
+    statuses = []
+    if settings_ok:
+        from accelkit import registry
+
+        statuses = registry.statuses()
+        _check_plugins(findings, statuses)
+        _check_overrides(findings)
+    _check_calibration(findings)
+    hardware = [
+        _check_hardware(findings, item, statuses, settings_ok) for item in detect_hardware()
+    ]
+    return Diagnosis(findings=findings, plugins=statuses, hardware=hardware)
+
+
+def _check_plugin_settings(findings: list[Finding]) -> bool:
+    from accelkit import registry
+    from accelkit._core.env import env_names
+
+    ok = True
+    installed: set[str] = set()
+    for name in _PLUGIN_SETTINGS:
+        try:
+            names = env_names(name)
+        except AccelError as exc:
+            findings.append(
+                Finding(
+                    "problem",
+                    "settings",
+                    name,
+                    f"{exc}; plugin checks are skipped until it is fixed",
+                    fix=f"correct or unset {name}",
+                )
+            )
+            ok = False
+            continue
+        if not names:
+            continue
+        installed = installed or set(registry.default_registry.names())
+        for unknown in sorted(names - installed):
+            findings.append(
+                Finding(
+                    "note",
+                    "settings",
+                    name,
+                    f"names {unknown!r}, which is not installed (installed:"
+                    f" {', '.join(sorted(installed)) or 'none'})",
+                )
+            )
+    return ok
+
+
+def _check_plugins(findings: list[Finding], statuses: list[Any]) -> None:
+    from accelkit import registry
+
+    records = registry.quarantined()
+    shown: set[int] = set()
+    for status in statuses:
+        if status.status == "disabled":
+            findings.append(Finding("note", "plugin", status.name, status.reason))
+        elif status.status == "quarantined":
+            record = next(
+                (
+                    r
+                    for r in records
+                    if r.name == status.name and f"{r.stage}: {r.error}" == status.reason
+                ),
+                None,
+            )
+            if record is not None:
+                shown.add(id(record))
+            _report_quarantine(findings, status.name, status.distribution, record, status.reason)
+        elif status.devices == 0:
+            findings.append(
+                Finding("note", "plugin", status.name, f"no device: {status.reason or 'none'}")
+            )
+        if status.status != "disabled" and status.distribution:
+            _check_accelkit_requirement(findings, status.name, status.distribution)
+    # Records no status stands for: a plugin shadowed by another of the same name, or one
+    # quarantined in this process under a name no longer registered.
+    disabled = {s.name for s in statuses if s.status == "disabled"}
+    for record in records:
+        if id(record) not in shown:
+            level: Literal["problem", "note"] = "note" if record.name in disabled else "problem"
+            _report_quarantine(findings, record.name, record.distribution, record, "", level)
+
+
+def _report_quarantine(
+    findings: list[Finding],
+    name: str,
+    distribution: str,
+    record: Any,
+    reason: str,
+    level: Literal["problem", "note"] = "problem",
+) -> None:
+    dist = (record.distribution if record else "") or distribution
+    if record is not None and record.stage == "version":
+        fix = f"pip install --upgrade '{dist}'" if dist else ""
+        findings.append(Finding(level, "version", name, record.error, fix=fix))
+        return
+    message = f"quarantined at {record.stage}: {record.error}" if record else reason
+    fix = f"pip install --force-reinstall '{dist}', or report it to its authors" if dist else ""
+    if record is not None and record.error.startswith("two plugins named"):
+        fix = f"uninstall one of them (pip uninstall '{dist}')"
+    findings.append(
+        Finding(
+            level,
+            "plugin",
+            name,
+            message,
+            fix=fix,
+            traceback=record.traceback if record else "",
+        )
+    )
+
+
+def _check_accelkit_requirement(findings: list[Finding], plugin: str, dist: str) -> None:
+    """A plugin whose distribution declares it needs another accelkit than this one."""
+    from accelkit import __version__
+
+    if dist == "accelkit":
+        return
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.version import InvalidVersion
+
+        requires = importlib.metadata.distribution(dist).requires or []
+    except (ImportError, importlib.metadata.PackageNotFoundError):
+        return  # without `packaging` (or the metadata) this check cannot be made
+    for text in requires:
+        try:
+            req = Requirement(text)
+            if req.name.lower() != "accelkit" or (req.marker and not req.marker.evaluate()):
+                continue
+            if not req.specifier.contains(__version__, prereleases=True):
+                findings.append(
+                    Finding(
+                        "problem",
+                        "version",
+                        plugin,
+                        f"{dist} requires {text}; this is accelkit {__version__}",
+                        fix=f"pip install --upgrade '{dist}' (or install the accelkit it needs)",
+                    )
+                )
+        except (InvalidRequirement, InvalidVersion):
+            continue
+
+
+def _check_overrides(findings: list[Finding]) -> None:
+    """ACCELKIT_BACKEND / ACCELKIT_DEVICE must name something that can serve."""
+    from accelkit._core.env import env_str
+    from accelkit.selector import select
+
+    names = [n for n in ("ACCELKIT_BACKEND", "ACCELKIT_DEVICE") if env_str(n)]
+    if not names:
+        return
+    try:
+        select()
+    except AccelError as exc:
+        findings.append(
+            Finding(
+                "problem",
+                "settings",
+                " and ".join(names),
+                f"every selection will fail: {exc}",
+                fix=f"correct or unset {' and '.join(names)}",
+            )
+        )
+
+
+def _check_calibration(findings: list[Finding]) -> None:
+    from accelkit import calibration
+
+    try:
+        path = calibration.calibration_path()
+    except AccelError as exc:  # pragma: no cover - cache_dir() raises only on odd platforms
+        findings.append(Finding("problem", "calibration", "cache", str(exc)))
+        return
+    if path.parent.exists() and not path.parent.is_dir():
+        findings.append(
+            Finding(
+                "problem",
+                "calibration",
+                str(path.parent),
+                "the cache directory is a file; calibration cannot be stored",
+                fix="remove it, or point ACCELKIT_CACHE_DIR elsewhere",
+            )
+        )
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", calibration.CalibrationWarning)
+        calibration.load()
+    for w in caught:
+        if issubclass(w.category, calibration.CalibrationWarning):
+            findings.append(
+                Finding(
+                    "note",
+                    "calibration",
+                    str(path),
+                    str(w.message),
+                    fix="accelkit calibrate",
+                )
+            )
+
+
+def _check_hardware(
+    findings: list[Finding], item: Any, statuses: list[Any], settings_ok: bool
+) -> dict[str, Any]:
+    """Match one piece of hardware to the plugin that would drive it; returns its table row."""
+    by_name = {s.name: s for s in statuses}
+    status = by_name.get(item.plugin)
+    physical = item.kind == "gpu"
+    level: Literal["problem", "note"] = "problem" if physical else "note"
+    if not settings_ok:
+        state = "unknown (settings)"
+    elif status is None:
+        state = "no plugin installed"
+        findings.append(
+            Finding(
+                level,
+                "hardware",
+                item.name,
+                f"{'present' if physical else 'found'} ({item.source}), but no installed plugin"
+                f" drives it; the {item.plugin} plugin would",
+                fix=item.install_command,
+            )
+        )
+    elif status.status == "disabled":
+        state = f"{item.plugin} plugin disabled"
+        findings.append(
+            Finding(
+                "note",
+                "hardware",
+                item.name,
+                f"the {item.plugin} plugin would drive it, but it is {status.reason}",
+            )
+        )
+    elif status.status == "quarantined":
+        state = f"{item.plugin} plugin quarantined"
+    elif status.devices == 0:
+        state = f"{item.plugin} plugin finds no device"
+        findings.append(
+            Finding(
+                level,
+                "hardware",
+                item.name,
+                f"present, but the {item.plugin} plugin finds no device: {status.reason}",
+                fix="check the driver (e.g. nvidia-smi for NVIDIA GPUs)"
+                if item.vendor == "NVIDIA"
+                else "",
+            )
+        )
+    else:
+        state = f"driven by {item.plugin} ({status.devices} device(s))"
+    return {**item.model_dump(mode="json"), "status": state}
+
+
+def run(args: argparse.Namespace) -> int:
+    diagnosis = diagnose()
+    problems, notes = diagnosis.problems, diagnosis.notes
+    if args.json:
+        print_json(
+            {
+                "healthy": not problems,
+                "problems": [asdict(f) for f in problems],
+                "notes": [asdict(f) for f in notes],
+                "plugins": diagnosis.plugins,
+                "hardware": diagnosis.hardware,
+            }
+        )
+        return 1 if problems else 0
+    print(
+        "accelkit doctor: "
+        + (f"{len(problems)} problem(s)" if problems else "healthy")
+        + (f", {len(notes)} note(s)" if notes else "")
+    )
+    if diagnosis.plugins:
+        print()
+        print("plugins")
+        rows = [[s.name, s.status, s.version, s.distribution, s.devices] for s in diagnosis.plugins]
+        print(table(("name", "status", "version", "distribution", "devices"), rows, right=(4,)))
+    print()
+    print("hardware")
+    if diagnosis.hardware:
+        rows = [[h["kind"], h["name"], h["plugin"], h["status"]] for h in diagnosis.hardware]
+        print(table(("kind", "name", "plugin", "status"), rows))
+    else:
+        print("  (no GPU, OpenCL or Vulkan driver found)")
+    for title, items in (("problems", problems), ("notes", notes)):
+        if not items:
+            continue
+        print()
+        print(title)
+        for i, f in enumerate(items, 1):
+            print(f"  {i}. [{f.check}] {f.subject}: {f.message}")
+            if f.fix:
+                print(f"     fix: {f.fix}")
+            if f.traceback:
+                if args.verbose:
+                    print("     " + f.traceback.rstrip().replace("\n", "\n     "))
+                else:
+                    print("     (run 'accelkit doctor --verbose' for the traceback)")
+    return 1 if problems else 0

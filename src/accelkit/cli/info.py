@@ -1,0 +1,52 @@
+"""``accelkit info``: the version, the plugins with their status, and the devices."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+
+from accelkit.cli.devices import devices_table
+from accelkit.cli.render import print_json, table
+
+__all__ = ["run"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from accelkit import __version__, calibration, registry
+    from accelkit.plugins import PLUGIN_API_VERSION
+
+    statuses = registry.statuses()
+    devices = registry.devices()
+    cache = calibration.cache_dir()
+    measured = calibration.load()
+    if args.json:
+        print_json(
+            {
+                "accelkit": __version__,
+                "plugin_api": PLUGIN_API_VERSION,
+                "python": platform.python_version(),
+                "platform": f"{platform.system()} {platform.machine()}",
+                "cache_dir": cache,
+                "calibration_file": calibration.calibration_path(),
+                "calibrated_devices": sorted(measured),
+                "plugins": statuses,
+                "devices": devices,
+            }
+        )
+        return 0
+    print(
+        f"accelkit {__version__} (plugin API {PLUGIN_API_VERSION}) on Python"
+        f" {platform.python_version()}, {platform.system()} {platform.machine()}"
+    )
+    print(f"cache: {cache} ({len(measured)} device(s) calibrated)")
+    print()
+    print("plugins")
+    rows = [[s.name, s.status, s.version, s.distribution, s.devices, s.reason] for s in statuses]
+    print(table(("name", "status", "version", "distribution", "devices", "note"), rows, right=(4,)))
+    print()
+    print("devices")
+    print(devices_table(devices))
+    if any(s.status == "quarantined" for s in statuses):
+        print()
+        print("run 'accelkit doctor' for why the quarantined plugins failed")
+    return 0

@@ -1,0 +1,6 @@
+"""accelkit-testplug-subset: a backend lacking ``attention``, made for accelkit's fallback tests.
+
+It drives one device, ``subset:0``, and computes on the host with the CPU backend's kernels,
+except ``attention``, which it refuses at submission with UnsupportedOperationError (and which
+its capabilities omit, as do its KernelOps: it has no ``attention_ops``).
+"""
