@@ -176,13 +176,13 @@ def _check_accelkit_requirement(findings: list[Finding], plugin: str, dist: str)
 
     if dist == "accelkit":
         return
-    try:
-        from packaging.requirements import InvalidRequirement, Requirement
-        from packaging.version import InvalidVersion
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion
 
+    try:
         requires = importlib.metadata.distribution(dist).requires or []
-    except (ImportError, importlib.metadata.PackageNotFoundError):
-        return  # without `packaging` (or the metadata) this check cannot be made
+    except importlib.metadata.PackageNotFoundError:
+        return  # without the metadata this check cannot be made
     for text in requires:
         try:
             req = Requirement(text)
