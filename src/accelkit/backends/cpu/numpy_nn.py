@@ -150,7 +150,10 @@ def softmax_rows(s: Array, log: bool = False) -> Array:
         return s
     np.exp(s, out=s)  # NumPy's SIMD exp beats numexpr's here
     total = np.sum(s, axis=-1, keepdims=True)
-    np.divide(s, total, out=s, where=total > 0)
+    if total.size and total.min() > 0:
+        s *= 1 / total  # one division per row, then multiplies
+    else:
+        np.divide(s, total, out=s, where=total > 0)  # rows that see nothing stay 0
     return s
 
 
@@ -180,9 +183,13 @@ def attention(
         # Smaller chunks let each one stop at the last key its rows can see: about half the
         # score work for a square causal mask.
         rows = min(rows, max(16, sq // 8))
-    res = np.empty((b, hk, grp, sq, dv), ct)
+    direct = out.dtype == ct
+    res = out.reshape(b, hk, grp, sq, dv) if direct else np.empty((b, hk, grp, sq, dv), ct)
     offset = sk - sq
     qg = qg * ct.type(scale)  # scaling q costs D per row, scaling the scores Skv
+    if causal:  # 0 where key j is visible to query i, -inf elsewhere; sliced per chunk
+        visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + offset
+        causal_bias = np.where(visible, 0.0, -np.inf).astype(ct)
     with np.errstate(all="ignore"):
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)
@@ -198,36 +205,47 @@ def attention(
                 else:
                     s += up(mc)
             if causal:
-                # 0 where key j is visible to query i, -inf elsewhere; added in place.
-                qi = np.arange(r0, r1)[:, None] + offset
-                s += np.where(np.arange(kend)[None, :] <= qi, 0.0, -np.inf).astype(ct)
+                s += causal_bias[r0:r1, :kend]
             # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
             np.matmul(softmax_rows(s), vg[..., :kend, :], out=res[:, :, :, r0:r1])
-    _store(out, res.reshape(b, h, sq, dv))
+    if not direct:
+        _store(out, res.reshape(b, h, sq, dv))
 
 
 def layer_norm(x: Array, w: Array | None, bias: Array | None, eps: float, out: Array) -> None:
+    # Two-pass (mean, then the centred sum of squares: stable), written in place into the
+    # output where its dtype allows: about half the passes and none of the temporaries of the
+    # textbook expression.
     ct = _compute_dtype(x)
     xf = x.astype(ct, copy=False)
-    mean = np.mean(xf, axis=-1, keepdims=True)
-    xc = xf - mean
-    var = np.mean(np.square(xc), axis=-1, keepdims=True)
-    res = xc * (1.0 / np.sqrt(var + eps)).astype(ct)
+    d = x.shape[-1]
+    res = out if out.dtype == ct else np.empty(out.shape, ct)
+    np.subtract(xf, np.mean(xf, axis=-1, keepdims=True), out=res)
+    r2 = res.reshape(-1, d)
+    var = np.einsum("ij,ij->i", r2, r2) / d
+    rstd = (1.0 / np.sqrt(var + eps)).astype(ct).reshape(*x.shape[:-1], 1)
+    res *= rstd
     if w is not None:
         res *= up(w)
     if bias is not None:
         res += up(bias)
-    _store(out, res)
+    if res is not out:
+        _store(out, res)
 
 
 def rms_norm(x: Array, w: Array | None, eps: float, out: Array) -> None:
     ct = _compute_dtype(x)
     xf = x.astype(ct, copy=False)
-    ms = np.mean(np.square(xf), axis=-1, keepdims=True)
-    res = xf * (1.0 / np.sqrt(ms + eps)).astype(ct)
+    d = x.shape[-1]
+    x2 = xf.reshape(-1, d)
+    ms = np.einsum("ij,ij->i", x2, x2) / d
+    rstd = (1.0 / np.sqrt(ms + eps)).astype(ct).reshape(*x.shape[:-1], 1)
+    res = out if out.dtype == ct else np.empty(out.shape, ct)
+    np.multiply(xf, rstd, out=res)
     if w is not None:
         res *= up(w)
-    _store(out, res)
+    if res is not out:
+        _store(out, res)
 
 
 def _check_range(idx: Array, n: int, op: str, what: str) -> None:
