@@ -179,7 +179,9 @@ def test_import_accelkit_imports_neither_numpy_nor_any_backend(tmp_path: Path) -
 def test_listing_imports_no_backend_module_in_a_fresh_interpreter(tmp_path: Path) -> None:
     out = _run(
         """
-        import json, sys
+        import json, os, sys
+        # Only the plugins this test knows: a real plugin's probe may import its driver.
+        os.environ["ACCELKIT_PLUGINS"] = "badprobe,broken,cpu,fakegpu,future,subset"
         import accelkit
         from accelkit import registry
 
@@ -203,7 +205,11 @@ def test_listing_imports_no_backend_module_in_a_fresh_interpreter(tmp_path: Path
     assert {"cpu:0", "fakegpu:0", "fakegpu:1", "subset:0"} <= set(out["devices"])  # type: ignore[arg-type]
     # the test plugins are slower than the CPU, so installing them changes no default choice
     assert out["chosen"] == "cpu:0"
-    assert out["statuses"] == {
+    statuses = out["statuses"]
+    assert isinstance(statuses, dict)
+    known = {"badprobe", "broken", "cpu", "fakegpu", "future", "subset"}
+    # Other real plugins installed beside the test ones (accelkit-opencl, say) may be listed too.
+    assert {k: v for k, v in statuses.items() if k in known} == {
         "badprobe": "quarantined",
         "broken": "quarantined",
         "cpu": "ok",

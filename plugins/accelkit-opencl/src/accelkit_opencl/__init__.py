@@ -1,0 +1,1 @@
+"""accelkit-opencl: the OpenCL backend plugin (imports nothing: listing backends stays cheap)."""

@@ -1,0 +1,379 @@
+"""Compiling OpenCL C: the program cache, and the KernelExecutor for user kernels.
+
+Programs are cached in memory and on disk, keyed by a hash of the source, the build options and
+the device (platform, name, driver version). The disk cache holds program binaries; entries are
+written to a temporary file and renamed into place (atomic, so concurrent processes never read a
+half-written entry), and an entry that fails to load is deleted and rebuilt from source. The
+folder is ``$ACCELKIT_OPENCL_CACHE``, or ``opencl/`` under :func:`accelkit.calibration.cache_dir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import numpy as np
+import pyopencl as cl
+
+from accelkit._core.env import env_str
+from accelkit._core.validation import check_tensor
+from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
+from accelkit.abc.memory import DeviceBuffer
+from accelkit.errors import (
+    InvalidArgumentError,
+    KernelCompileError,
+    StaleHandleError,
+    UnsupportedOperationError,
+)
+from accelkit.tensor import Tensor
+from accelkit_opencl.submit import CLComponent
+
+if TYPE_CHECKING:
+    from accelkit_opencl.backend import OpenCLBackend
+
+__all__ = ["LocalMemory", "OpenCLKernelExecutor", "ProgramCache", "cache_folder"]
+
+#: A ``__local`` kernel argument of the given size in bytes (``LocalMemory(4096)``).
+LocalMemory = cl.LocalMemory
+
+_SCALARS = {
+    "char": np.int8, "uchar": np.uint8, "short": np.int16, "ushort": np.uint16,
+    "int": np.int32, "uint": np.uint32, "long": np.int64, "ulong": np.uint64,
+    "float": np.float32, "double": np.float64, "half": np.float16, "size_t": np.uint64,
+    "bool": np.uint8,
+}  # fmt: skip
+
+
+def cache_folder() -> Path:
+    override = env_str("ACCELKIT_OPENCL_CACHE")
+    if override:
+        return Path(override)
+    from accelkit.calibration import cache_dir
+
+    return cache_dir() / "opencl"
+
+
+class ProgramCache:
+    """Built programs of one context and device, from memory, disk, or the compiler."""
+
+    def __init__(self, context: Any, device: Any) -> None:
+        self.context = context
+        self.device = device
+        self._device_id = "\0".join(
+            s.strip()
+            for s in (device.platform.name, device.name, device.driver_version, device.version)
+        )
+        self._programs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.hits = {"memory": 0, "disk": 0, "compiled": 0}
+
+    def key(self, source: str, options: Sequence[str]) -> str:
+        text = "\0\0".join((source, "\0".join(options), self._device_id))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def get(self, source: str, options: Sequence[str] = ()) -> tuple[str, Any]:
+        """``(key, program)``; raises KernelCompileError with the build log."""
+        key = self.key(source, options)
+        with self._lock:
+            program = self._programs.get(key)
+        if program is not None:
+            self.hits["memory"] += 1
+            return key, program
+        program = self._load(key, options)
+        if program is None:
+            program = self._compile(source, options)
+            self._store(key, program)
+            self.hits["compiled"] += 1
+        else:
+            self.hits["disk"] += 1
+        with self._lock:
+            self._programs.setdefault(key, program)
+        return key, program
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._programs.pop(key, None)
+
+    def _path(self, key: str) -> Path:
+        return cache_folder() / f"{key}.bin"
+
+    def _load(self, key: str, options: Sequence[str]) -> Any | None:
+        path = self._path(key)
+        try:
+            binary = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            program = cl.Program(self.context, [self.device], [binary])
+            program.build(options=list(options), devices=[self.device])
+            return program
+        except (cl.Error, ValueError):
+            # A corrupt or foreign entry: drop it, and build from source.
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+
+    def _compile(self, source: str, options: Sequence[str]) -> Any:
+        program = cl.Program(self.context, source)
+        try:
+            program.build(options=list(options), devices=[self.device], cache_dir=False)
+        except cl.Error as exc:
+            try:
+                log = program.get_build_info(self.device, cl.program_build_info.LOG)
+            except cl.Error:
+                log = str(exc)
+            raise KernelCompileError(
+                f"OpenCL program failed to build on {self.device.name.strip()}", log=log.strip()
+            ) from None
+        return program
+
+    def _store(self, key: str, program: Any) -> None:
+        try:
+            binary = program.get_info(cl.program_info.BINARIES)[0]
+        except cl.Error:
+            return
+        if not binary:
+            return
+        folder = cache_folder()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(binary)
+                os.replace(tmp, self._path(key))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError:
+            pass  # an unwritable cache costs a compile next time, nothing else
+
+
+class _Loaded:
+    __slots__ = ("arg_types", "kernel", "program")
+
+    def __init__(self, program: Any, kernel: Any, arg_types: list[tuple[str, int]]) -> None:
+        self.program = program
+        self.kernel = kernel
+        self.arg_types = arg_types
+
+
+class OpenCLKernelExecutor(CLComponent, KernelExecutor):
+    """User kernels in OpenCL C (``language="opencl"``).
+
+    ``execute_kernel(handle, grid, block, args)`` takes CUDA's convention: ``grid`` counts
+    work-groups per dimension and ``block`` is the work-group size, so the global size is
+    ``grid * block``. Arguments: Tensors and DeviceBuffers for ``__global`` pointers,
+    :data:`LocalMemory` for ``__local`` ones, Python or NumPy numbers for scalars (converted to
+    the declared type). Every tensor argument is treated as read and written.
+    """
+
+    languages = frozenset({"opencl"})
+
+    def __init__(self, backend: OpenCLBackend) -> None:
+        super().__init__(backend)
+        self._loaded: dict[tuple[str, str], _Loaded] = {}
+
+    @property
+    def programs(self) -> ProgramCache:
+        return self.backend._programs
+
+    async def load_kernel(
+        self, source: str, name: str, *, language: str = "opencl", options: Sequence[str] = ()
+    ) -> KernelHandle:
+        self.backend._require_ready()
+        if language != "opencl":
+            raise UnsupportedOperationError(
+                f"the opencl backend compiles OpenCL C (language='opencl'); got {language!r}"
+            )
+        if not isinstance(source, str) or not isinstance(name, str) or not name:
+            raise InvalidArgumentError("load_kernel: source and name must be non-empty strings")
+        if isinstance(options, str) or not all(isinstance(o, str) for o in options):
+            raise InvalidArgumentError("load_kernel: options must be a sequence of strings")
+        opts = (*options, "-cl-kernel-arg-info")
+        key, program = await anyio.to_thread.run_sync(self.programs.get, source, opts)
+        try:
+            kernel = cl.Kernel(program, name)
+        except cl.Error:
+            names = program.get_info(cl.program_info.KERNEL_NAMES)
+            raise InvalidArgumentError(
+                f"load_kernel: the program has no kernel {name!r}; it defines: {names}"
+            ) from None
+        arg_types = []
+        for i in range(kernel.num_args):
+            type_name = kernel.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME).strip()
+            qualifier = kernel.get_arg_info(i, cl.kernel_arg_info.ADDRESS_QUALIFIER)
+            arg_types.append((type_name, int(qualifier)))
+        self._loaded[(key, name)] = _Loaded(program, kernel, arg_types)
+        return KernelHandle(
+            name=name,
+            language="opencl",
+            key=key,
+            backend="opencl",
+            device=str(self.backend.device),
+            generation=self.backend._generation(),
+        )
+
+    def _get(self, handle: KernelHandle) -> _Loaded:
+        self.backend._require_ready()
+        if not isinstance(handle, KernelHandle):
+            raise InvalidArgumentError(f"expected a KernelHandle; got {type(handle).__name__}")
+        loaded = self._loaded.get((handle.key, handle.name))
+        if loaded is None or handle.generation != self.backend._generation():
+            raise StaleHandleError(
+                f"kernel {handle.name!r} was unloaded, or belongs to another backend or context"
+            )
+        return loaded
+
+    def execute_kernel(
+        self,
+        handle: KernelHandle,
+        grid: Sequence[int],
+        block: Sequence[int],
+        args: Sequence[Any],
+    ) -> None:
+        loaded = self._get(handle)
+        device = self.backend._cl_device
+        grid_t, block_t = _sizes(grid, "grid"), _sizes(block, "block")
+        if len(grid_t) != len(block_t):
+            raise InvalidArgumentError(
+                f"execute_kernel: grid {grid_t} and block {block_t} have different ranks"
+            )
+        limits = device.max_work_item_sizes
+        group = 1
+        for i, b in enumerate(block_t):
+            group *= b
+            if b > limits[i]:
+                raise InvalidArgumentError(
+                    f"execute_kernel: block[{i}]={b} exceeds the device's limit {limits[i]}"
+                )
+        max_group = loaded.kernel.get_work_group_info(
+            cl.kernel_work_group_info.WORK_GROUP_SIZE, device
+        )
+        if group > max_group:
+            raise InvalidArgumentError(
+                f"execute_kernel: a block of {group} work-items exceeds the {max_group} this"
+                f" kernel allows on {device.name.strip()}"
+            )
+        if len(args) != len(loaded.arg_types):
+            raise InvalidArgumentError(
+                f"execute_kernel: {handle.name} takes {len(loaded.arg_types)} arguments;"
+                f" got {len(args)}"
+            )
+        values: list[Any] = []
+        tensors: list[Tensor] = []
+        keep: list[Any] = []
+        for i, (arg, (type_name, qualifier)) in enumerate(zip(args, loaded.arg_types, strict=True)):
+            values.append(self._arg(i, arg, type_name, qualifier, tensors, keep))
+        global_size = tuple(g * b for g, b in zip(grid_t, block_t, strict=True))
+        kernel = loaded.kernel
+
+        def launch(queue: Any, wait_for: list[Any] | None) -> Any:
+            kernel.set_args(*values)
+            return cl.enqueue_nd_range_kernel(
+                queue, kernel, global_size, block_t, wait_for=wait_for
+            )
+
+        self._enqueue(launch, tensors, tensors, (*keep, loaded))
+
+    def _arg(
+        self,
+        i: int,
+        arg: Any,
+        type_name: str,
+        qualifier: int,
+        tensors: list[Tensor],
+        keep: list[Any],
+    ) -> Any:
+        aq = cl.kernel_arg_address_qualifier
+        if qualifier == aq.LOCAL:
+            if not isinstance(arg, cl.LocalMemory):
+                raise InvalidArgumentError(
+                    f"execute_kernel: argument {i} is __local {type_name}; pass LocalMemory(nbytes)"
+                )
+            return arg
+        if type_name.endswith("*"):
+            if isinstance(arg, Tensor):
+                check_tensor(self.backend, arg, f"args[{i}]")
+                tensors.append(arg)
+                return arg._data
+            if isinstance(arg, DeviceBuffer):
+                if arg._pool is not self.backend._pool or not arg.is_alive:
+                    raise StaleHandleError(f"args[{i}] {arg!r} was freed or is another backend's")
+                keep.append(arg)
+                return arg.handle
+            raise InvalidArgumentError(
+                f"execute_kernel: argument {i} is a pointer ({type_name}); pass a Tensor or a"
+                f" DeviceBuffer, not {type(arg).__name__}"
+            )
+        scalar = _SCALARS.get(type_name)
+        if scalar is None:
+            raise InvalidArgumentError(
+                f"execute_kernel: argument {i} has type {type_name}, which cannot be passed"
+            )
+        if isinstance(arg, Tensor | DeviceBuffer) or not isinstance(
+            arg, int | float | np.number | np.bool_
+        ):
+            raise InvalidArgumentError(
+                f"execute_kernel: argument {i} is a {type_name} scalar; got {type(arg).__name__}"
+            )
+        if isinstance(arg, float) and np.dtype(scalar).kind in "iu":
+            raise InvalidArgumentError(
+                f"execute_kernel: argument {i} is an integer ({type_name}); got the float {arg}"
+            )
+        return np.array(arg).astype(scalar)[()]
+
+    def kernel_info(self, handle: KernelHandle) -> KernelInfo:
+        loaded = self._get(handle)
+        device = self.backend._cl_device
+        info = cl.kernel_work_group_info
+
+        def query(what: Any) -> int:
+            try:
+                return int(loaded.kernel.get_work_group_info(what, device))
+            except cl.Error:
+                return 0
+
+        return KernelInfo(
+            name=handle.name,
+            max_threads_per_block=query(info.WORK_GROUP_SIZE),
+            shared_memory_bytes=query(info.LOCAL_MEM_SIZE),
+            extra={
+                "preferred_work_group_size_multiple": query(
+                    info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE
+                ),
+                "private_mem_bytes": query(info.PRIVATE_MEM_SIZE),
+                "num_args": len(loaded.arg_types),
+                "arg_types": [t for t, _ in loaded.arg_types],
+            },
+        )
+
+    def unload_kernel(self, handle: KernelHandle) -> None:
+        self._get(handle)
+        self._loaded.pop((handle.key, handle.name), None)
+        if not any(k == handle.key for k, _ in self._loaded):
+            self.programs.forget(handle.key)
+
+
+def _sizes(value: Sequence[int], name: str) -> tuple[int, ...]:
+    if isinstance(value, int):
+        value = (value,)
+    try:
+        sizes = tuple(value)
+    except TypeError:
+        raise InvalidArgumentError(f"execute_kernel: {name} must be a sequence of ints") from None
+    if not 1 <= len(sizes) <= 3 or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes
+    ):
+        raise InvalidArgumentError(
+            f"execute_kernel: {name} must be 1 to 3 positive ints; got {value!r}"
+        )
+    return sizes

@@ -1,0 +1,97 @@
+"""How OpenCL components allocate outputs and enqueue work on a command queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from accelkit._core.ops.base import OpsBase
+from accelkit.dtype import DType
+from accelkit.tensor import Tensor
+from accelkit_opencl.stream import CLStream
+
+if TYPE_CHECKING:
+    from accelkit_opencl.backend import OpenCLBackend
+
+__all__ = ["CLComponent", "dependencies"]
+
+
+def dependencies(stream: CLStream, inputs: Iterable[Any]) -> list[Any]:
+    """The pending events of the inputs' writers on other streams (the same in-order queue needs
+    none: its commands run in order)."""
+    deps = []
+    for t in inputs:
+        if type(t) is Tensor:
+            s: CLStream = t._stream  # type: ignore[assignment]
+            if s is not stream:
+                event = s.event_for(t._seq)
+                if event is not None:
+                    deps.append(event)
+    return deps
+
+
+class CLComponent(OpsBase):
+    """Allocation and submission shared by the OpenCL backend's components."""
+
+    backend: OpenCLBackend
+
+    def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        backend = self.backend
+        size = 1
+        for d in shape:
+            size *= d
+        # Completed commands release the buffers they kept alive, so the pool can reuse them.
+        backend._prune_streams()
+        buf = backend._pool.allocate(size * dtype.itemsize)
+        stream = backend._stream_var.get() or backend._default
+        assert stream is not None
+        return Tensor(backend, buf, buf.handle, shape, dtype, backend._device_obj, size, stream, 0)
+
+    def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        return Tensor(
+            x._backend,
+            x._buffer,
+            x._data,
+            shape,
+            x._dtype,
+            x._device,
+            x._size,
+            x._stream,
+            x._seq,
+        )
+
+    @property
+    def _stream(self) -> CLStream:
+        backend = self.backend
+        stream = backend._stream_var.get() or backend._default
+        assert stream is not None
+        return stream  # type: ignore[return-value]
+
+    def _enqueue(
+        self,
+        fn: Callable[[Any, list[Any]], Any],
+        inputs: Iterable[Any],
+        outputs: Iterable[Tensor],
+        keepalive: Iterable[Any] = (),
+    ) -> None:
+        """Enqueue ``fn(queue, wait_for) -> event`` on the current stream after the inputs'
+        writers, and record the outputs as written by it.
+
+        The tensors (and ``keepalive``) stay referenced until the command has completed, so that
+        their buffers do not go back to the pool while the device still uses them.
+        """
+        stream = self._stream
+        inputs = [t for t in inputs if t is not None]
+        outputs = list(outputs)
+        event = fn(stream.queue, dependencies(stream, inputs) or None)
+        seq = stream.record(event, (*inputs, *outputs, *keepalive))
+        for o in outputs:
+            o._stream = stream
+            o._seq = seq
+
+    def _skip(self, outputs: Iterable[Tensor]) -> None:
+        """Record empty outputs (nothing to compute) as written now."""
+        stream = self._stream
+        for o in outputs:
+            o._stream = stream
+            o._seq = 0
