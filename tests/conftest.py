@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import AsyncIterator
 
 import pytest
+
+# Compiler caches of device backends (PyOpenCL, PoCL, accelkit's program cache) go to a folder of
+# this test run, set before any plugin's probe imports its driver.
+_CACHES = tempfile.mkdtemp(prefix="accelkit-test-caches-")
+for _var, _sub in (
+    ("PYOPENCL_CACHE_DIR", "pyopencl"),
+    ("POCL_CACHE_DIR", "pocl"),
+    ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
+):
+    os.environ.setdefault(_var, os.path.join(_CACHES, _sub))
 
 import accelkit
 from accelkit.abc.backend import ComputeBackend

@@ -107,6 +107,7 @@ class OpenCLBackend(ComputeBackend):
         try:
             with anyio.CancelScope(shield=True):
                 for stream in list(self._streams):
+                    stream.discard_errors()  # unreported kernel errors die with the backend
                     await stream.synchronize()
                     await anyio.to_thread.run_sync(stream.close)
         finally:

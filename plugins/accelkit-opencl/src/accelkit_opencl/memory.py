@@ -195,10 +195,12 @@ class OpenCLMemoryManager(DeviceMemoryManager):
         out, event, stream = self._read(tensor)
         if event is not None:
             await wait_cl_event(event, stream.queue, "reading a tensor")
+        stream.raise_errors(tensor._seq)  # an error of the kernel that wrote it (or an earlier one)
         return out
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         out, event, stream = self._read(tensor)
         if event is not None:
             wait_cl_event_blocking(event, stream.queue, "reading a tensor")
+        stream.raise_errors(tensor._seq)
         return out

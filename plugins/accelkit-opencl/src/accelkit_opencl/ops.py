@@ -20,6 +20,7 @@ from accelkit.abc.tensor_ops import Operand, TensorOps
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import UnsupportedOperationError
 from accelkit.tensor import Tensor
+from accelkit_opencl.opencl_attention import attention_key_tile, attention_source
 from accelkit_opencl.opencl_elementwise import (
     Operand as SourceOperand,
 )
@@ -31,6 +32,12 @@ from accelkit_opencl.opencl_elementwise import (
 )
 from accelkit_opencl.opencl_linalg import gemm_source
 from accelkit_opencl.opencl_reduction import norm_source, reduce_source, softmax_source
+from accelkit_opencl.opencl_training import (
+    adam_source,
+    cross_entropy_rows_source,
+    loss_reduce_source,
+    target_error,
+)
 from accelkit_opencl.opencl_types import (
     broadcast_strides,
     collapse,
@@ -353,12 +360,60 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         self._copy(out, x, out._shape, strides, start * strides[axis])
 
     def _k_gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
-        raise _not_yet("gather")
+        from accelkit_opencl.opencl_index import checked_launch, gather_source, index_error
+
+        n = out._size
+        if n == 0:
+            self._skip([out])
+            return
+        dim = x._shape[axis]
+        kernel = self.backend._kernel(gather_source(x._dtype, index._dtype, x.ndim, axis), "gather")
+        args: list[Any] = [out._data, x._data, index._data, None, _i64(n), _i64(dim)]
+        args += [_i64(d) for d in index._shape]
+        args += [_i64(s) for s in contiguous_strides(x._shape)]
+        self._enqueue_checked(
+            checked_launch(kernel, args, (n,)),
+            [x, index],
+            [out],
+            lambda v: index_error("gather", "index", v, -dim, dim),
+            unsigned=index._dtype is DType.U64,
+        )
 
     def _k_scatter(
         self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
     ) -> None:
-        raise _not_yet("scatter")
+        from accelkit_opencl.opencl_index import checked_launch, index_error, scatter_source
+
+        x_strides = contiguous_strides(x._shape)
+        if out._size:
+            self._copy(out, x, x._shape, x_strides)
+        length = index._shape[axis]
+        lines = index._size // length if length else 0
+        if lines == 0:
+            if not out._size:
+                self._skip([out])
+            return
+        dim = x._shape[axis]
+        scalar: str | None = None
+        if isinstance(src, Tensor):
+            value, src_shape = src._data, src._shape
+        else:
+            scalar = load_type(x._dtype)
+            value, src_shape = numpy_scalar(scalar, src), index._shape
+        source = scatter_source(x._dtype, index._dtype, x.ndim, axis, scalar)
+        kernel = self.backend._kernel(source, "scatter")
+        args: list[Any] = [out._data, value, index._data, None, _i64(lines), _i64(length)]
+        args.append(_i64(dim))
+        args += [_i64(d) for d in index._shape]
+        args += [_i64(s) for s in x_strides]
+        args += [_i64(s) for s in contiguous_strides(src_shape)]
+        self._enqueue_checked(
+            checked_launch(kernel, args, (lines,)),
+            [index, src],
+            [out],
+            lambda v: index_error("scatter", "index", v, -dim, dim),
+            unsigned=index._dtype is DType.U64,
+        )
 
     # -- neural-network ops -----------------------------------------------------------------------
     def _k_conv2d(
@@ -372,7 +427,21 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         dilation: tuple[int, int],
         groups: int,
     ) -> None:
-        raise _not_yet("conv2d")
+        from accelkit_opencl.opencl_conv import conv2d_source
+
+        n, o, oh, ow = out._shape
+        if out._size == 0:
+            self._skip([out])
+            return
+        _, c, h, w = x._shape
+        _, cg, kh, kw = weight._shape
+        kernel = self.backend._kernel(conv2d_source(x._dtype, bias is not None), "conv2d")
+        args: list[Any] = [out._data, x._data, weight._data]
+        if bias is not None:
+            args.append(bias._data)
+        dims = (c, h, w, o, cg, kh, kw, oh, ow, *stride, *padding, *dilation, o // groups)
+        args += [np.int32(v) for v in dims]
+        self._enqueue(_launch(kernel, args, (ow, oh, n * o), None), [x, weight, bias], [out])
 
     def _k_attention(
         self,
@@ -384,7 +453,31 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         scale: float,
         causal: bool,
     ) -> None:
-        raise _not_yet("attention")
+        if out._size == 0:
+            self._skip([out])
+            return
+        b, h, sq, d = q._shape
+        hk, skv, dv = k._shape[1], k._shape[2], v._shape[3]
+        dev = self.backend._cl_device
+        bk = attention_key_tile(q._dtype, d, dv, int(dev.local_mem_size))
+        if bk < 1:
+            raise UnsupportedOperationError(
+                f"opencl: attention with head dims {d} and {dv} does not fit one key tile in"
+                f" the device's {int(dev.local_mem_size)} bytes of local memory"
+            )
+        bq = min(32, 1 << (int(dev.max_work_group_size).bit_length() - 1))
+        mdt = mask._dtype if mask is not None else None
+        source = attention_source(q._dtype, mdt, d, dv, bq, bk, causal)
+        kernel = self.backend._kernel(source, "attention")
+        args: list[Any] = [out._data, q._data, k._data, v._data]
+        if mask is not None:
+            args.append(mask._data)
+        args += [_i64(h), _i64(h // hk), _i64(sq), _i64(skv)]
+        args.append(numpy_scalar(load_type(q._dtype), scale))
+        if mask is not None:
+            args += [_i64(st) for st in broadcast_strides(mask._shape, (b, h, sq, skv))]
+        global_size = (-(-sq // bq) * bq, b * h)
+        self._enqueue(_launch(kernel, args, global_size, (bq, 1)), [q, k, v, mask], [out])
 
     def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         if out._size == 0:
@@ -432,10 +525,53 @@ class OpenCLTensorOps(CLComponent, TensorOps):
     def _k_cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
     ) -> None:
-        raise _not_yet("cross_entropy")
+        n, c = logits._shape
+        dt = logits._dtype
+        wg = self.backend._reduce_wg
+        rows = self._empty((n,), DType.F64 if load_type(dt) == "double" else DType.F32)
+        err = self._empty((2,), DType.I64)
+        ce = self.backend._kernel(cross_entropy_rows_source(dt, targets._dtype, wg), "ce_rows")
+        ce_args = [probs._data, rows._data, err._data, logits._data, targets._data, _i64(c)]
+
+        flag = np.zeros(2, np.int64)  # [set, first bad target], read back by the same command
+
+        def run_rows(queue: Any, wait_for: list[Any] | None) -> Any:
+            zero = np.zeros(1, np.int64)
+            cl.enqueue_fill_buffer(queue, err._data, zero, 0, 16, wait_for=wait_for)
+            if n:
+                ce.set_args(*ce_args)
+                cl.enqueue_nd_range_kernel(queue, ce, (n * wg,), (wg,))
+            return cl.enqueue_copy(queue, flag, err._data, is_blocking=False)
+
+        def check() -> BaseException | None:
+            return target_error(c, int(flag[1])) if flag[0] else None
+
+        self._enqueue(run_rows, [logits, targets], [probs, rows, err], keepalive=[flag])
+        self._stream.add_check(probs._seq, check)
+        if reduction == "none":
+            self._k_cast(rows, loss)
+            return
+        red = self.backend._kernel(loss_reduce_source(dt, reduction == "mean", wg), "loss_reduce")
+        self._enqueue(_launch(red, [loss._data, rows._data, _i64(n)], (wg,), (wg,)), [rows], [loss])
 
     def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
-        raise _not_yet("embedding")
+        from accelkit_opencl.opencl_index import checked_launch, embedding_source, index_error
+
+        n = out._size
+        if n == 0:
+            self._skip([out])
+            return
+        rows, width = weight._shape
+        kernel = self.backend._kernel(embedding_source(weight._dtype, indices._dtype), "embedding")
+        args: list[Any] = [out._data, weight._data, indices._data, None, _i64(n), _i64(rows)]
+        args.append(_i64(width))
+        self._enqueue_checked(
+            checked_launch(kernel, args, (n,)),
+            [indices, weight],
+            [out],
+            lambda v: index_error("embedding", "indices", v, 0, rows),
+            unsigned=indices._dtype is DType.U64,
+        )
 
     def _k_adam_update(
         self,
@@ -450,4 +586,13 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         step: int,
         weight_decay: float,
     ) -> None:
-        raise _not_yet("adam_update")
+        n = param._size
+        if n == 0:
+            self._skip([param, m, v])
+            return
+        t = load_type(param._dtype)
+        kernel = self.backend._kernel(adam_source(param._dtype, bool(weight_decay)), "adam")
+        hyper = (lr, beta1, beta2, eps, 1.0 - beta1**step, 1.0 - beta2**step, weight_decay)
+        args = [param._data, grad._data, m._data, v._data, _i64(n)]
+        args += [numpy_scalar(t, x) for x in hyper]
+        self._enqueue(_launch(kernel, args, (n,), None), [param, grad, m, v], [param, m, v])

@@ -24,7 +24,10 @@ IMPLEMENTED_OPS: frozenset[str] = frozenset(
     | {
         "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
         "reduce", "softmax", "log_softmax", "layer_norm", "rms_norm", "reshape", "transpose",
-        "permute", "concat", "split", "stack", "narrow",
+        "attention", "cross_entropy", "adam_update",
+        "permute", "concat", "split", "stack", "narrow", "gather", "scatter", "conv2d",
+        "embedding", "gaussian_blur", "sobel_edges", "grayscale", "threshold", "brightness",
+        "contrast", "invert_colors", "sharpen",
     }
 )  # fmt: skip
 

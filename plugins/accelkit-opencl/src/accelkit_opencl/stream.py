@@ -85,6 +85,9 @@ class CLStream(Stream):
         self._completed_upto = 0
         #: seq -> (event, objects kept alive until the event completes), oldest first
         self._pending: OrderedDict[int, tuple[Any, tuple[Any, ...]]] = OrderedDict()
+        #: (seq, check) of commands that can fail on the device (an index out of range): once
+        #: position seq has completed, check() returns the error to raise, or None.
+        self._checks: list[tuple[int, Callable[[], BaseException | None]]] = []
 
     @property
     def device(self) -> Device:
@@ -102,6 +105,38 @@ class CLStream(Stream):
             seq = self.submitted
             self._pending[seq] = (event, tuple(keepalive))
             return seq
+
+    def add_check(self, seq: int, check: Callable[[], BaseException | None]) -> None:
+        """Report ``check()``'s error (if any) when position ``seq`` or a later one is awaited.
+
+        A kernel that finds bad input sets a device-side error flag; the flag is read back in
+        the same command, so ``check`` only looks at host memory."""
+        with self._lock:
+            self._checks.append((seq, check))
+
+    def raise_errors(self, seq: int) -> None:
+        """Raise (once) the error of a failed command at or before ``seq`` (completed)."""
+        with self._lock:
+            if not self._checks:
+                return
+            error: BaseException | None = None
+            keep = []
+            for entry in self._checks:
+                if error is None and entry[0] <= seq:
+                    error = entry[1]()
+                    continue
+                keep.append(entry)
+            self._checks = keep
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle through the traceback keeping the command's objects alive
+
+    def discard_errors(self) -> None:
+        """Forget unreported errors (at shutdown)."""
+        with self._lock:
+            self._checks = []
 
     def event_for(self, seq: int) -> Any | None:
         """The OpenCL event of position ``seq``, or None once it has completed."""
@@ -138,6 +173,10 @@ class CLStream(Stream):
             # A failed command (status < 0) is dropped too: its error is seen by the waiters.
             pending.popitem(last=False)
             self._completed_upto = seq
+        if self._checks:
+            # Commands that completed without an error need no check any more.
+            done = self._completed_upto
+            self._checks = [(s, c) for s, c in self._checks if s > done or c() is not None]
 
     @property
     def completed(self) -> int:
@@ -167,31 +206,38 @@ class CLStream(Stream):
         return self.completed >= self.submitted
 
     async def synchronize(self) -> None:
+        seq = self.submitted
         event = self.last_event()
         if event is not None:
             await wait_cl_event(event, self.queue, f"work on {self.name}")
         self.prune()
+        self.raise_errors(seq)
 
     def synchronize_blocking(self) -> None:
+        seq = self.submitted
         event = self.last_event()
         if event is not None:
             wait_cl_event_blocking(event, self.queue, f"work on {self.name}")
         self.prune()
+        self.raise_errors(seq)
 
     async def wait_for(self, seq: int) -> None:
         """Wait until position ``seq`` has completed."""
         event = self.event_for(seq)
         if event is not None:
             await wait_cl_event(event, self.queue, f"work on {self.name}")
+        self.raise_errors(seq)
 
     def wait_for_blocking(self, seq: int) -> None:
         event = self.event_for(seq)
         if event is not None:
             wait_cl_event_blocking(event, self.queue, f"work on {self.name}")
+        self.raise_errors(seq)
 
     def close(self) -> None:
         self.queue.finish()
         with self._lock:
+            self._checks = []
             self._pending.clear()
             self._completed_upto = self.submitted
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyopencl as cl
+
 from accelkit._core.ops.base import OpsBase
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
@@ -88,6 +91,45 @@ class CLComponent(OpsBase):
         for o in outputs:
             o._stream = stream
             o._seq = seq
+
+    def _enqueue_checked(
+        self,
+        fn: Callable[[Any, list[Any], Any], Any],
+        inputs: Iterable[Any],
+        outputs: Iterable[Tensor],
+        error: Callable[[int], BaseException],
+        *,
+        unsigned: bool = False,
+    ) -> None:
+        """Like :meth:`_enqueue`, for a kernel that can find bad input only on the device.
+
+        ``fn(queue, wait_for, err)`` enqueues the kernel with ``err``, a zeroed buffer of two
+        longs: a work-item that finds a bad value sets ``err[0]`` (atomically, so one wins) and
+        stores the value in ``err[1]``. The flag is copied back in the same command (an in-order
+        queue), and when the outputs are awaited ``error(value)`` is raised if it was set
+        (``unsigned``: the value is read as an unsigned 64-bit integer).
+        """
+        host = np.zeros(2, np.int64)
+        flag = cl.Buffer(
+            self.backend._context,
+            cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+            hostbuf=host,
+        )
+
+        def run(queue: Any, wait_for: list[Any]) -> Any:
+            fn(queue, wait_for, flag)
+            return cl.enqueue_copy(queue, host, flag, is_blocking=False)
+
+        outputs = list(outputs)
+        self._enqueue(run, inputs, outputs, (flag, host))
+
+        def check() -> BaseException | None:
+            if not host[0]:
+                return None
+            value = int(host[1:].view(np.uint64)[0]) if unsigned else int(host[1])
+            return error(value)
+
+        self._stream.add_check(outputs[0]._seq, check)
 
     def _skip(self, outputs: Iterable[Tensor]) -> None:
         """Record empty outputs (nothing to compute) as written now."""
