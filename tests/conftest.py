@@ -8,6 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+import accelkit  # imports no backend, so no driver: the cache settings below still apply
+from accelkit.abc.backend import ComputeBackend
+
 # Compiler caches of device backends (PyOpenCL, PoCL, accelkit's program cache) go to a folder of
 # this test run, set before any plugin's probe imports its driver.
 _CACHES = tempfile.mkdtemp(prefix="accelkit-test-caches-")
@@ -17,9 +20,6 @@ for _var, _sub in (
     ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
 ):
     os.environ.setdefault(_var, os.path.join(_CACHES, _sub))
-
-import accelkit
-from accelkit.abc.backend import ComputeBackend
 
 
 @pytest.fixture(params=["asyncio", "trio"])
