@@ -30,7 +30,7 @@ from accelkit_opencl.opencl_elementwise import (
     elementwise_source,
     unary_expr,
 )
-from accelkit_opencl.opencl_linalg import gemm_source
+from accelkit_opencl.opencl_linalg import VEC_NN, VEC_NT, gemm_source, gemm_vec_source
 from accelkit_opencl.opencl_reduction import norm_source, reduce_source, softmax_source
 from accelkit_opencl.opencl_training import (
     adam_source,
@@ -225,12 +225,26 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         pad = 3 - len(bshape)
         bshape = (1,) * pad + bshape
         bstrides = [(0,) * pad + s for s in bstrides]
-        ts, wpt = self.backend._gemm_tiles(out._dtype)
-        rts = ts // wpt
-        source = gemm_source(
-            a._dtype, b._dtype, c._dtype if c is not None else None, out._dtype, ts, wpt
-        )
-        kernel = self.backend._kernel(source, "gemm")
+        nbatch = prod(bshape)
+        vec = _vector_gemm(out, a, b, c, mnk, a_mk, b_kn)
+        if vec is not None:
+            nt, (rm, rn) = vec
+            kernel = self.backend._kernel(gemm_vec_source(out._dtype, c is not None, nt), "gemm")
+            global_size: tuple[int, ...] = (n // rn, m // rm, nbatch)
+            # 8x2 work-items per group measured best on PoCL (the device's vectorizer packs
+            # work-items along the first dimension); any divisor works.
+            local_size: tuple[int, ...] | None = (
+                (8, 2, 1) if global_size[0] % 8 == 0 and global_size[1] % 2 == 0 else None
+            )
+        else:
+            ts, wpt = self.backend._gemm_tiles(out._dtype)
+            rts = ts // wpt
+            source = gemm_source(
+                a._dtype, b._dtype, c._dtype if c is not None else None, out._dtype, ts, wpt
+            )
+            kernel = self.backend._kernel(source, "gemm")
+            global_size = (-(-n // ts) * rts, -(-m // ts) * rts, nbatch)
+            local_size = (rts, rts, 1)
         t = load_type(out._dtype)
         args: list[Any] = [out._data, a._data, b._data]
         if c is not None:
@@ -241,9 +255,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         for strides in bstrides:
             args += [_i64(s) for s in strides]
         args += [numpy_scalar(t, alpha), numpy_scalar(t, beta)]
-        nbatch = prod(bshape)
-        global_size = (-(-n // ts) * rts, -(-m // ts) * rts, nbatch)
-        self._enqueue(_launch(kernel, args, global_size, (rts, rts, 1)), [a, b, c], [out])
+        self._enqueue(_launch(kernel, args, global_size, local_size), [a, b, c], [out])
 
     def _k_gemm(
         self,
@@ -596,3 +608,28 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         args = [param._data, grad._data, m._data, v._data, _i64(n)]
         args += [numpy_scalar(t, x) for x in hyper]
         self._enqueue(_launch(kernel, args, (n,), None), [param, grad, m, v], [param, m, v])
+
+
+def _vector_gemm(
+    out: Tensor,
+    a: Tensor,
+    b: Tensor,
+    c: Tensor | None,
+    mnk: tuple[int, int, int],
+    a_mk: tuple[int, int],
+    b_kn: tuple[int, int],
+) -> tuple[bool, tuple[int, int]] | None:
+    """(nt, block) when the barrier-free vector GEMM applies, else None (the tiled one runs)."""
+    m, n, k = mnk
+    dt = out._dtype
+    if dt not in (DType.F32, DType.F64) or any(
+        t is not None and t._dtype is not dt for t in (a, b, c)
+    ):
+        return None
+    rm, rn = VEC_NN
+    if b_kn[1] == 1 and m % rm == 0 and n % rn == 0:
+        return False, (rm, rn)
+    rm, rn, w = VEC_NT
+    if a_mk[1] == 1 and b_kn[0] == 1 and k % w == 0 and m % rm == 0 and n % rn == 0:
+        return True, (rm, rn)
+    return None
