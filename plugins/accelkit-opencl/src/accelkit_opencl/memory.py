@@ -13,11 +13,12 @@ import numpy as np
 import pyopencl as cl
 
 from accelkit._core.pool import CachingPool
-from accelkit._core.validation import check_int, check_tensor
-from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
+from accelkit._core.pooled_memory import PooledMemoryManager
+from accelkit._core.validation import check_tensor
+from accelkit.abc.memory import DeviceBuffer
 from accelkit.device import Device
-from accelkit.errors import InvalidArgumentError, StaleHandleError
-from accelkit.memory import MemoryInfo, MemoryPoolConfig
+from accelkit.errors import InvalidArgumentError
+from accelkit.memory import MemoryPoolConfig
 from accelkit.tensor import Tensor
 from accelkit_opencl.stream import CLStream, wait_cl_event, wait_cl_event_blocking
 from accelkit_opencl.submit import dependencies
@@ -51,7 +52,7 @@ def _raw_free(handle: Any) -> None:
     handle.release()
 
 
-class OpenCLMemoryManager(DeviceMemoryManager):
+class OpenCLMemoryManager(PooledMemoryManager):
     def __init__(
         self,
         backend: OpenCLBackend,
@@ -60,32 +61,13 @@ class OpenCLMemoryManager(DeviceMemoryManager):
         total_bytes: int,
         config: MemoryPoolConfig,
     ) -> None:
-        self._backend = backend
-        self.pool = CachingPool(device, _raw_alloc(context), _raw_free, total_bytes, config)
+        super().__init__(
+            backend, CachingPool(device, _raw_alloc(context), _raw_free, total_bytes, config)
+        )
+        self._backend: OpenCLBackend = backend
 
-    # -- buffers ----------------------------------------------------------------------------------
-    def allocate(self, nbytes: int, alignment: int | None = None) -> DeviceBuffer:
-        self._backend._require_ready()
-        n = check_int(nbytes, "nbytes", minimum=0)
-        if alignment is not None:
-            a = check_int(alignment, "alignment", minimum=1)
-            if a & (a - 1) or a > self.pool.config.alignment:
-                raise InvalidArgumentError(
-                    f"alignment must be a power of two up to {self.pool.config.alignment}; got {a}"
-                )
-        return self.pool.allocate(n)
-
-    def _buffer(self, obj: DeviceBuffer | Tensor, name: str) -> DeviceBuffer:
-        if isinstance(obj, Tensor):
-            check_tensor(self._backend, obj, name)
-            return obj._buffer
-        if not isinstance(obj, DeviceBuffer):
-            raise InvalidArgumentError(
-                f"{name} must be a DeviceBuffer or a Tensor; got {type(obj).__name__}"
-            )
-        if obj._pool is not self.pool or not obj.is_alive:
-            raise StaleHandleError(f"{name} {obj!r} was freed or belongs to another backend")
-        return obj
+    def _settle(self) -> None:
+        self._backend._prune_streams()
 
     def _current(self) -> CLStream:
         return self._backend.current_stream  # type: ignore[return-value]
@@ -165,20 +147,6 @@ class OpenCLMemoryManager(DeviceMemoryManager):
             dst._stream, dst._seq = stream, seq
 
     # -- statistics and pool ----------------------------------------------------------------------
-    def memory_info(self) -> MemoryInfo:
-        self._backend._prune_streams()
-        return self.pool.info()
-
-    def configure_pool(self, config: MemoryPoolConfig) -> None:
-        self.pool.configure(config)
-
-    def trim(self) -> int:
-        self._backend._prune_streams()
-        return self.pool.trim()
-
-    def reset_peak(self) -> None:
-        self.pool.reset_peak()
-
     # -- tensor transfers -------------------------------------------------------------------------
     def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any, CLStream]:
         check_tensor(self._backend, tensor, "tensor")

@@ -9,12 +9,13 @@ import numpy as np
 
 from accelkit._core.host_stream import HostStream
 from accelkit._core.pool import CachingPool
-from accelkit._core.validation import check_int, check_tensor
-from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
+from accelkit._core.pooled_memory import PooledMemoryManager
+from accelkit._core.validation import check_tensor
+from accelkit.abc.memory import DeviceBuffer
 from accelkit.backends.cpu.probe import system_memory_bytes
 from accelkit.device import Device
-from accelkit.errors import InvalidArgumentError, StaleHandleError
-from accelkit.memory import MemoryInfo, MemoryPoolConfig
+from accelkit.errors import InvalidArgumentError
+from accelkit.memory import MemoryPoolConfig
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -36,36 +37,16 @@ def _raw_free(handle: Any) -> None:
     """Host memory goes back to the allocator when the last reference to the array is dropped."""
 
 
-class CPUMemoryManager(DeviceMemoryManager):
+class CPUMemoryManager(PooledMemoryManager):
     def __init__(self, backend: CPUBackend, device: Device, config: MemoryPoolConfig) -> None:
-        self._backend = backend
-        self.pool = CachingPool(
-            device, _raw_alloc(config.alignment), _raw_free, system_memory_bytes(), config
+        super().__init__(
+            backend,
+            CachingPool(
+                device, _raw_alloc(config.alignment), _raw_free, system_memory_bytes(), config
+            ),
         )
 
     # -- buffers ----------------------------------------------------------------------------------
-    def allocate(self, nbytes: int, alignment: int | None = None) -> DeviceBuffer:
-        self._backend._require_ready()
-        n = check_int(nbytes, "nbytes", minimum=0)
-        if alignment is not None:
-            a = check_int(alignment, "alignment", minimum=1)
-            if a & (a - 1) or a > self.pool.config.alignment:
-                raise InvalidArgumentError(
-                    f"alignment must be a power of two up to {self.pool.config.alignment}; got {a}"
-                )
-        return self.pool.allocate(n)
-
-    def _buffer(self, obj: DeviceBuffer | Tensor, name: str) -> DeviceBuffer:
-        if isinstance(obj, Tensor):
-            check_tensor(self._backend, obj, name)
-            return obj._buffer
-        if not isinstance(obj, DeviceBuffer):
-            raise InvalidArgumentError(
-                f"{name} must be a DeviceBuffer or a Tensor; got {type(obj).__name__}"
-            )
-        if obj._pool is not self.pool or not obj.is_alive:
-            raise StaleHandleError(f"{name} {obj!r} was freed or belongs to another backend")
-        return obj
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         buf = self._buffer(buffer, "buffer")
@@ -120,19 +101,6 @@ class CPUMemoryManager(DeviceMemoryManager):
             d.handle[:n] = s.handle[:n]
 
         self._backend.tensor_factory._launch(run, n, inputs, outputs)  # type: ignore[attr-defined]
-
-    # -- statistics and pool ----------------------------------------------------------------------
-    def memory_info(self) -> MemoryInfo:
-        return self.pool.info()
-
-    def configure_pool(self, config: MemoryPoolConfig) -> None:
-        self.pool.configure(config)
-
-    def trim(self) -> int:
-        return self.pool.trim()
-
-    def reset_peak(self) -> None:
-        self.pool.reset_peak()
 
     # -- tensor transfers -------------------------------------------------------------------------
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
