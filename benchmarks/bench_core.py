@@ -26,6 +26,7 @@ import anyio
 import numpy as np
 
 import accelkit as ak
+from accelkit.cli.bench import interleaved
 from accelkit.workloads import (
     BlockConfig,
     block_weights,
@@ -44,23 +45,6 @@ def per_call_us(fn: Callable[[], object], calls: int = 200, rounds: int = 50) ->
             fn()
         samples.append((time.perf_counter() - t0) / calls)
     return 1e6 * statistics.median(samples)
-
-
-async def interleaved(
-    subject: Callable[[], Any], peer: Callable[[], object], rounds: int
-) -> tuple[float, float]:
-    """Median times (s) of ``await subject()`` and ``peer()``, run alternately so that both see
-    the same machine: on a shared machine, a block of one then a block of the other measures
-    the neighbours as much as the code."""
-    ts, tp = [], []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        await subject()
-        ts.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        peer()
-        tp.append(time.perf_counter() - t0)
-    return statistics.median(ts), statistics.median(tp)
 
 
 async def small_op(backend: ak.ComputeBackend, report: dict[str, Any]) -> None:

@@ -12,16 +12,14 @@ CPU OpenCL device). Figures (issue 4's targets in brackets):
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 import numpy as np
 
 import accelkit as ak
+from accelkit.cli.bench import interleaved
 from accelkit.workloads import (
     BlockConfig,
     block_weights,
@@ -29,20 +27,6 @@ from accelkit.workloads import (
     transformer_block_numpy,
     upload_weights,
 )
-
-
-async def interleaved(
-    subject: Callable[[], Awaitable[Any]], peer: Callable[[], object], rounds: int
-) -> tuple[float, float]:
-    ts, tp = [], []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        await subject()
-        ts.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        peer()
-        tp.append(time.perf_counter() - t0)
-    return statistics.median(ts), statistics.median(tp)
 
 
 async def main() -> None:

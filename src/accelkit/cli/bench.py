@@ -22,7 +22,7 @@ from accelkit.cli.render import Progress, print_json, table
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
 
-__all__ = ["BenchResult", "run"]
+__all__ = ["BenchResult", "interleaved", "run"]
 
 STEPS = 4
 
@@ -41,10 +41,12 @@ class BenchResult:
         return self.numpy_s / self.accelkit_s if self.accelkit_s else 0.0
 
 
-async def _interleaved(
+async def interleaved(
     subject: Callable[[], Awaitable[object]], peer: Callable[[], object], rounds: int
 ) -> tuple[float, float]:
-    """Median seconds of ``await subject()`` and ``peer()``, run alternately."""
+    """Median seconds of ``await subject()`` and ``peer()``, run alternately so that both see
+    the same machine (on a shared machine, a block of one then a block of the other measures
+    the neighbours as much as the code). The benchmarks under ``benchmarks/`` use it too."""
     ts, tp = [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -84,7 +86,7 @@ async def _small_add(backend: ComputeBackend, quick: bool) -> BenchResult:
         for _ in range(calls):
             np.add(a_h, b_h)
 
-    t_ak, t_np = await _interleaved(subject, peer, 10 if quick else 30)
+    t_ak, t_np = await interleaved(subject, peer, 10 if quick else 30)
     return BenchResult("64x64 f32 add (per call)", t_ak / calls, t_np / calls, err)
 
 
@@ -103,7 +105,7 @@ async def _matmul(backend: ComputeBackend, quick: bool) -> BenchResult:
         ops.matmul(a, b)
         await backend.synchronize()
 
-    t_ak, t_np = await _interleaved(subject, lambda: a_h @ b_h, 3 if quick else 7)
+    t_ak, t_np = await interleaved(subject, lambda: a_h @ b_h, 3 if quick else 7)
     return BenchResult(f"{n}x{n} f32 matmul", t_ak, t_np, err)
 
 
@@ -124,7 +126,7 @@ async def _softmax(backend: ComputeBackend, quick: bool) -> BenchResult:
         backend.tensor_ops.softmax(x, axis=-1)
         await backend.synchronize()
 
-    t_ak, t_np = await _interleaved(subject, peer, 5 if quick else 15)
+    t_ak, t_np = await interleaved(subject, peer, 5 if quick else 15)
     return BenchResult(f"softmax {rows}x1024 f32", t_ak, t_np, err)
 
 
@@ -154,7 +156,7 @@ async def _block(backend: ComputeBackend, quick: bool) -> BenchResult:
     async def subject() -> None:
         await transformer_block(backend, x, w, cfg).to_host()
 
-    t_ak, t_np = await _interleaved(subject, peer, 3 if quick else 7)
+    t_ak, t_np = await interleaved(subject, peer, 3 if quick else 7)
     name = f"transformer block {cfg.batch}x{cfg.seq}x{cfg.width}"
     return BenchResult(name, t_ak, t_np, err)
 
