@@ -1,0 +1,1 @@
+"""accelkit-cuda: the CUDA backend plugin (imports nothing: listing backends stays cheap)."""
