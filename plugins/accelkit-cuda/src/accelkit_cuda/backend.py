@@ -1,0 +1,267 @@
+"""``CUDABackend``: one NVIDIA GPU through CuPy, with CUDA streams, cuBLAS and NVRTC kernels.
+
+Imported only when a user creates a ``cuda`` backend; CuPy is imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from accelkit.abc.backend import ComputeBackend
+from accelkit.abc.stream import Stream
+from accelkit.capabilities import BackendCapabilities, LifecycleState
+from accelkit.device import Device
+from accelkit.errors import (
+    AccelError,
+    ContextPoisonedError,
+    DeviceError,
+    InvalidArgumentError,
+)
+from accelkit.memory import MemoryPoolConfig
+from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
+from accelkit_cuda.errors import RebuildLimiter
+from accelkit_cuda.probe import capabilities, cupy_status
+from accelkit_cuda.stream import CUDAStream
+
+__all__ = ["CUDABackend"]
+
+_VERSION = "0.1.0"
+
+
+def _devices() -> list[DeviceProps]:
+    try:
+        return read_devices()
+    except DriverUnavailable as exc:
+        raise DeviceError(f"no CUDA devices: {exc}") from None
+
+
+class CUDABackend(ComputeBackend):
+    """An NVIDIA GPU (``cuda:N``, numbered as the driver lists them)."""
+
+    name = "cuda"
+    version = _VERSION
+    device_kinds = frozenset({"cuda"})
+
+    def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
+        super().__init__()
+        self._pool_config = pool_config or MemoryPoolConfig()
+        self._streams: list[CUDAStream] = []
+        self._default: CUDAStream | None = None
+        self._device_obj = Device("cuda", 0)
+        self._caps: BackendCapabilities | None = None
+        self._cp_device: Any = None
+        self._arch = "sm_80"
+        self._deferred: list[tuple[list[Any], Callable[[], None]]] = []
+        self._deferred_lock = threading.Lock()
+        self._poisoned: ContextPoisonedError | None = None
+        self._rebuilds = RebuildLimiter()
+        self._gen = 1
+
+    def supports_device(self, device: Device | str) -> bool:
+        try:
+            d = Device.parse(device)
+        except InvalidArgumentError:
+            return False
+        if d.kind != "cuda":
+            return False
+        try:
+            return d.index < len(_devices())
+        except DeviceError:
+            return False
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        if self._caps is not None:
+            return self._caps
+        index = self._device.index if self._device is not None else 0
+        devices = _devices()
+        if index >= len(devices):
+            raise DeviceError(f"no CUDA device cuda:{index}")
+        return capabilities(devices[index])
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def _initialize(self, device: Device) -> None:
+        missing = cupy_status()
+        if missing is not None:
+            raise DeviceError(missing)
+        devices = _devices()
+        if device.index >= len(devices):
+            raise DeviceError(f"no CUDA device {device}: the driver lists {len(devices)}")
+        import cupy
+
+        props = devices[device.index]
+        self._cp_device = cupy.cuda.Device(device.index)
+
+        def open_context() -> None:
+            with self._cp_device:
+                cupy.cuda.runtime.free(0)  # creates the primary context (can take a second)
+
+        try:
+            await anyio.to_thread.run_sync(open_context)
+        except cupy.cuda.runtime.CUDARuntimeError as exc:
+            raise DeviceError(f"cannot open a CUDA context on {device}: {exc}") from None
+        major, minor = props.compute_capability
+        self._arch = f"sm_{major}{minor}"
+        self._caps = capabilities(props)
+        self.supported_dtypes = self._caps.dtypes
+        self._device_obj = device
+        self._build(device, props)
+
+    def _build(self, device: Device, props: DeviceProps) -> None:
+        """Everything that lives in the CUDA context (again after a rebuild)."""
+        from accelkit_cuda.factory import CUDATensorFactory
+        from accelkit_cuda.kernel_ops import CUDAKernelOps, FusedProgram
+        from accelkit_cuda.kernels import CUDAKernelExecutor
+        from accelkit_cuda.memory import CUDAMemoryManager
+        from accelkit_cuda.ops import CUDATensorOps
+
+        with self._cp_device:
+            self._default = CUDAStream(device, f"{device}/default", self._failed)
+        self._streams = [self._default]
+        self._memory_manager = CUDAMemoryManager(
+            self, device, props.total_memory, self._pool_config
+        )
+        self._pool = self._memory_manager.pool
+        self._tensor_ops = CUDATensorOps(self)
+        self._tensor_factory = CUDATensorFactory(self)
+        self._kernel_executor = CUDAKernelExecutor(self)
+        self._fused = FusedProgram(self)
+        self._kernel_ops = CUDAKernelOps(self)
+
+    async def _synchronize(self) -> None:
+        for stream in list(self._streams):
+            await stream.synchronize()
+        self._prune_streams()
+
+    async def _shutdown(self) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                for stream in list(self._streams):
+                    stream.discard_errors()
+                    if self._poisoned is None:
+                        await stream.synchronize()
+                        await anyio.to_thread.run_sync(stream.close)
+        finally:
+            with self._deferred_lock:
+                self._deferred = []
+            self._pool.invalidate_all(close=True)
+            self._streams = []
+
+    # -- a poisoned context -----------------------------------------------------------------------
+    def _failed(self, error: AccelError) -> AccelError:
+        """Note a sticky error (the context is unusable until :meth:`recover`); returns it."""
+        if isinstance(error, ContextPoisonedError) and self._poisoned is None:
+            self._poisoned = error
+            self._error = str(error)
+        return error
+
+    def _check_usable(self) -> None:
+        if self._poisoned is not None:
+            raise ContextPoisonedError(
+                f"the CUDA context of {self._device_obj} is poisoned ({self._poisoned}); await"
+                " backend.recover() to rebuild it"
+            )
+
+    @property
+    def poisoned(self) -> bool:
+        return self._poisoned is not None
+
+    async def recover(self) -> None:
+        """Rebuild the CUDA context after a sticky error.
+
+        Resets the device's primary context, bumps the generation (tensors, buffers and kernel
+        handles from before raise StaleHandleError) and builds fresh streams, pool and fused
+        kernels. More than :data:`~accelkit_cuda.errors.MAX_REBUILDS` rebuilds within the
+        window mark the backend failed: DeviceError, and it must be shut down.
+        """
+        self._require_ready()
+        if self._poisoned is None:
+            return
+        if not self._rebuilds.allow():
+            self._state = LifecycleState.FAILED
+            raise DeviceError(
+                f"{self._device_obj} poisoned its context again after"
+                f" {self._rebuilds.describe()}; the device is marked failed"
+            )
+        from accelkit_cuda.driver import driver
+
+        device = self._device_obj
+        props = _devices()[device.index]
+        self._pool.invalidate_all(close=False)
+        assert self._kernel_executor is not None
+        self._kernel_executor.forget_all()  # type: ignore[attr-defined]
+
+        def reset() -> None:
+            import cupy
+
+            for pool in (cupy.get_default_memory_pool(), cupy.get_default_pinned_memory_pool()):
+                with contextlib.suppress(Exception):
+                    pool.free_all_blocks()
+            driver().reset_primary_context(device.index)
+            with self._cp_device:
+                cupy.cuda.runtime.free(0)
+
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(reset)
+        self._gen += 1
+        self._poisoned = None
+        self._error = None
+        with self._deferred_lock:
+            self._deferred = []
+        self._build(device, props)
+
+    # -- streams ----------------------------------------------------------------------------------
+    @property
+    def default_stream(self) -> Stream:
+        self._require_ready()
+        assert self._default is not None
+        return self._default
+
+    def create_stream(self) -> CUDAStream:
+        self._require_ready()
+        self._check_usable()
+        with self._cp_device:
+            stream = CUDAStream(
+                self._device_obj, f"{self._device_obj}/stream{len(self._streams)}", self._failed
+            )
+            # Blocks recycled while there was one stream may still be in use by queued work:
+            # the new stream starts after everything queued so far.
+            for s in self._streams:
+                stream.cp.wait_event(s.event_now())
+        self._streams.append(stream)
+        for s in self._streams:
+            s.track = True
+        return stream
+
+    def _check_stream(self, stream: Stream) -> None:
+        if stream not in self._streams:
+            raise InvalidArgumentError(f"{stream!r} is not a stream of this {self.name} backend")
+
+    def _after_events(self, events: list[Any], fn: Callable[[], None]) -> None:
+        with self._deferred_lock:
+            self._deferred.append((events, fn))
+
+    def _prune_streams(self) -> None:
+        for s in self._streams:
+            s.prune()
+        if not self._deferred:
+            return
+        with self._deferred_lock:
+            ready = [fn for events, fn in self._deferred if all(e.done for e in events)]
+            self._deferred = [(ev, fn) for ev, fn in self._deferred if fn not in ready]
+        for fn in ready:
+            fn()
+
+    def _pending_operations(self) -> int:
+        return sum(s.submitted - s.completed for s in self._streams)
+
+    def _completed_operations(self) -> int:
+        return sum(s.completed for s in self._streams)
+
+    def _generation(self) -> int:
+        return self._gen

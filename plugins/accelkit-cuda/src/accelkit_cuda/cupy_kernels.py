@@ -1,0 +1,347 @@
+"""CuPy kernels for the TensorOps hooks (inputs already validated by the core).
+
+The same numerics as the CPU backend's NumPy kernels: F16 is computed in F32 and rounded once
+when stored; casts follow C semantics with NaN and out-of-range values becoming 0; integer powers
+with negative exponents truncate toward zero. GEMMs go to cuBLAS through ``cupy.matmul`` (F16
+inputs with F32 accumulation: CuPy's default compute type for half matmul is F32).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cupy as cp
+import cupyx.scipy.special as cps
+
+__all__ = [
+    "adam_update", "attention", "binary", "cast_into", "conv2d", "cross_entropy", "gemm",
+    "layer_norm", "matmul", "range_flag", "reduce", "rms_norm", "softmax", "unary", "where",
+]  # fmt: skip
+
+Array = Any
+_F16 = cp.dtype(cp.float16)
+_SQRT_2_OVER_PI = 0.7978845608028654
+_ATTN_CHUNK_ELEMS = 1 << 26  # score elements per chunk (256 MiB of f32)
+
+
+def up(x: Any) -> Any:
+    return x.astype(cp.float32) if isinstance(x, cp.ndarray) and x.dtype == _F16 else x
+
+
+def _ct(x: Array) -> Any:
+    return cp.dtype(cp.float32) if x.dtype == _F16 or x.dtype.kind != "f" else x.dtype
+
+
+def _store(out: Array, value: Any) -> None:
+    if isinstance(value, cp.ndarray) and value.dtype == out.dtype and value.shape == out.shape:
+        cp.copyto(out, value)
+    else:
+        out[...] = value
+
+
+# -- elementwise ------------------------------------------------------------------------------------
+_SIMPLE = {
+    "tanh": cp.tanh, "exp": cp.exp, "log": cp.log, "sqrt": cp.sqrt, "sin": cp.sin,
+    "cos": cp.cos, "tan": cp.tan, "erf": cps.erf,
+}  # fmt: skip
+
+
+def _float_unary(op: str, x: Array) -> Array:
+    if op == "sigmoid":
+        return 1 / (1 + cp.exp(-x))
+    if op == "silu":
+        return x / (1 + cp.exp(-x))
+    if op == "gelu":
+        return 0.5 * x * (1 + cps.erf(x * 0.7071067811865476))
+    if op == "gelu_tanh":
+        return 0.5 * x * (1 + cp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    if op == "rsqrt":
+        return 1 / cp.sqrt(x)
+    return _SIMPLE[op](x)
+
+
+_SAME = {"abs": cp.abs, "neg": cp.negative, "floor": cp.floor, "ceil": cp.ceil, "round": cp.rint}
+
+
+def unary(op: str, x: Array, out: Array) -> None:
+    if op == "relu":
+        if x.dtype.kind in "ub":
+            cp.copyto(out, x)
+        else:
+            cp.maximum(x, 0, out=out, casting="unsafe")
+        return
+    if op in _SAME:
+        if x.dtype.kind in "iub" and op in ("floor", "ceil", "round"):
+            cp.copyto(out, x)
+        else:
+            _SAME[op](x, out=out)
+        return
+    ct = out.dtype if out.dtype.kind == "f" and out.dtype != _F16 else cp.dtype(cp.float32)
+    _store(out, _float_unary(op, x.astype(ct, copy=False)))
+
+
+_BINARY = {
+    "add": cp.add, "sub": cp.subtract, "mul": cp.multiply, "div": cp.true_divide,
+    "maximum": cp.maximum, "minimum": cp.minimum, "mod": cp.mod,
+    "eq": cp.equal, "ne": cp.not_equal, "lt": cp.less, "le": cp.less_equal,
+    "gt": cp.greater, "ge": cp.greater_equal,
+}  # fmt: skip
+
+
+def _operand(v: Any, dtype: Any) -> Any:
+    """An array operand in the computation dtype; a Python scalar as a 0-d array of it (so
+    CuPy's promotion cannot widen the result)."""
+    if isinstance(v, cp.ndarray):
+        return v if v.dtype == dtype else v.astype(dtype)
+    return cp.asarray(v).astype(dtype) if not isinstance(v, bool) or dtype.kind == "b" else v
+
+
+def binary(op: str, a: Any, b: Any, out: Array) -> None:
+    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        _BINARY[op](up(a), up(b), out=out)
+        return
+    ct = cp.dtype(cp.float32) if out.dtype == _F16 else out.dtype
+    av, bv = _operand(a, ct), _operand(b, ct)
+    if op == "pow":
+        if ct.kind == "i":
+            bneg = bv < 0
+            res = cp.power(av, cp.where(bneg, 0, bv))
+            ones = (av == 1) | ((av == -1) & (bv % 2 == 0))
+            minus = (av == -1) & (bv % 2 != 0)
+            res = cp.where(bneg, cp.where(ones, 1, cp.where(minus, -1, 0)), res)
+        else:
+            res = cp.power(av, bv)
+    else:
+        res = _BINARY[op](av, bv)
+    _store(out, res)
+
+
+def where(cond: Array, a: Any, b: Any, out: Array) -> None:
+    _store(out, cp.where(cond, _operand(a, out.dtype), _operand(b, out.dtype)))
+
+
+def cast_into(x: Array, out: Array) -> None:
+    if out.dtype.kind in "iu" and x.dtype.kind == "f":
+        info = cp.iinfo(out.dtype)
+        t = cp.trunc(x.astype(cp.float64))
+        ok = cp.isfinite(t) & (t >= float(info.min)) & (t < float(info.max) + 1.0)
+        _store(out, cp.where(ok, t, 0).astype(out.dtype))
+        return
+    if out.dtype == cp.bool_:
+        cp.not_equal(x, 0, out=out)
+        return
+    _store(out, x.astype(out.dtype))
+
+
+def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array) -> None:
+    xu = up(x)
+    if op in ("argmax", "argmin"):
+        fn = cp.argmax if op == "argmax" else cp.argmin
+        if len(axes) == x.ndim and x.ndim != 1:
+            _store(out, fn(xu.reshape(-1)).reshape(out.shape))
+        elif x.ndim == 0:
+            out[...] = 0
+        else:
+            res = fn(xu, axis=axes[0])
+            _store(out, cp.expand_dims(res, axes[0]) if keepdims else res)
+        return
+    if op == "mean" and x.size == 0:
+        out.fill(math.nan)
+        return
+    if op == "mean":
+        acc = cp.float64 if x.dtype == cp.float64 else cp.float32
+        res = cp.mean(xu, axis=axes, keepdims=keepdims, dtype=acc)
+    elif op in ("sum", "prod"):
+        acc = out.dtype if out.dtype.kind in "iu" else xu.dtype
+        fn = cp.sum if op == "sum" else cp.prod
+        res = fn(xu, axis=axes, keepdims=keepdims, dtype=acc)
+    else:
+        res = (cp.max if op == "max" else cp.min)(xu, axis=axes, keepdims=keepdims)
+    _store(out, res)
+
+
+def range_flag(index: Array, low: int, high: int) -> Array:
+    """``[flag, first offending value]`` (int64, on the device) for values outside low..high-1."""
+    if index.size == 0:
+        return cp.zeros(2, cp.int64)
+    flat = index.reshape(-1).astype(cp.int64)
+    bad = (flat < low) | (flat >= high)
+    first = flat[cp.argmax(bad)]
+    return cp.stack([bad.any().astype(cp.int64), first])
+
+
+# -- linear algebra -----------------------------------------------------------------------------------
+def gemm(
+    a: Array, b: Array, c: Array | None, out: Array, trans_a: bool, trans_b: bool, alpha: float,
+    beta: float,
+) -> None:  # fmt: skip
+    av = cp.swapaxes(a, -1, -2) if trans_a else a
+    bv = cp.swapaxes(b, -1, -2) if trans_b else b
+    if a.dtype != b.dtype:
+        ct = cp.result_type(up(a), up(b))
+        av, bv = av.astype(ct), bv.astype(ct)
+    res = cp.matmul(av, bv)
+    if alpha != 1.0 or c is not None:
+        res = res.astype(cp.float32) if res.dtype == _F16 else res
+        if alpha != 1.0:
+            res = res * alpha
+        if c is not None:
+            res = res + beta * up(c)
+    _store(out, res)
+
+
+def matmul(a: Array, b: Array, out: Array) -> None:
+    if a.dtype != b.dtype:
+        ct = cp.result_type(up(a), up(b))
+        a, b = a.astype(ct), b.astype(ct)
+    if a.dtype == out.dtype and a.dtype.kind == "f" and out.flags.c_contiguous:
+        cp.matmul(a, b, out=out)
+    else:
+        _store(out, cp.matmul(a, b))
+
+
+def linear(x: Array, w: Array, bias: Array | None, out: Array) -> None:
+    res = cp.matmul(x, w.T)
+    if bias is not None:
+        res = up(res) + up(bias)
+    _store(out, res)
+
+
+def conv2d(
+    x: Array, w: Array, bias: Array | None, out: Array, stride: tuple[int, int],
+    padding: tuple[int, int], dilation: tuple[int, int], groups: int,
+) -> None:  # fmt: skip
+    """im2col (strided views) and one batched cuBLAS matmul per group."""
+    xf, wf = up(x), up(w)
+    n = x.shape[0]
+    o, cg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    if ph or pw:
+        xf = cp.pad(xf, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh, ow = out.shape[2], out.shape[3]
+    cols = cp.empty((n, groups, cg, kh, kw, oh, ow), xf.dtype)
+    xg = xf.reshape(n, groups, cg, xf.shape[2], xf.shape[3])
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dh, j * dw
+            cols[:, :, :, i, j] = xg[
+                :, :, :, r0 : r0 + sh * (oh - 1) + 1 : sh, c0 : c0 + sw * (ow - 1) + 1 : sw
+            ]
+    cols = cols.reshape(n, groups, cg * kh * kw, oh * ow)
+    wm = wf.reshape(groups, o // groups, cg * kh * kw)
+    res = cp.matmul(wm[None], cols).reshape(n, o, oh, ow)  # [N, G, O/G, OH*OW]
+    if bias is not None:
+        res = res + up(bias)[None, :, None, None]
+    _store(out, res)
+
+
+# -- neural-network ops -------------------------------------------------------------------------------
+def softmax_rows(s: Array, log: bool = False) -> Array:
+    """Stable (log-)softmax over the last axis of an F32/F64 array (a new array)."""
+    if s.shape[-1] == 0:
+        return s
+    m = cp.max(s, axis=-1, keepdims=True)
+    m = cp.where(cp.isfinite(m), m, 0)
+    s = s - m
+    if log:
+        return s - cp.log(cp.sum(cp.exp(s), axis=-1, keepdims=True))
+    e = cp.exp(s)
+    total = cp.sum(e, axis=-1, keepdims=True)
+    return cp.where(total > 0, e / cp.where(total > 0, total, 1), 0)
+
+
+def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
+    s = cp.moveaxis(x, axis, -1).astype(_ct(x))
+    _store(out, cp.moveaxis(softmax_rows(s, log), -1, axis))
+
+
+def attention(
+    q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool
+) -> None:
+    """Grouped-KV attention on cuBLAS, chunked over query rows (the fused flash kernel in
+    KernelOps never materializes the scores at all)."""
+    ct = _ct(q)
+    b, h, sq, d = q.shape
+    hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    grp = h // hk
+    qg = (q.astype(ct) * scale).reshape(b, hk, grp, sq, d)
+    kt = cp.swapaxes(k.astype(ct), -1, -2)[:, :, None]
+    vg = v.astype(ct)[:, :, None]
+    mk = None
+    if mask is not None:
+        mk = cp.broadcast_to(mask, (b, h, sq, sk)).reshape(b, hk, grp, sq, sk)
+    rows = max(1, _ATTN_CHUNK_ELEMS // max(1, b * h * sk))
+    res = cp.empty((b, hk, grp, sq, dv), ct)
+    offset = sk - sq
+    for r0 in range(0, sq, rows):
+        r1 = min(sq, r0 + rows)
+        s = cp.matmul(qg[:, :, :, r0:r1], kt)
+        if mk is not None:
+            mc = mk[:, :, :, r0:r1]
+            s = cp.where(mc, s, -cp.inf) if mc.dtype == cp.bool_ else s + up(mc)
+        if causal:
+            visible = cp.arange(sk)[None, :] <= cp.arange(r0, r1)[:, None] + offset
+            s = cp.where(visible, s, -cp.inf)
+        res[:, :, :, r0:r1] = cp.matmul(softmax_rows(s), vg)
+    _store(out, res.reshape(b, h, sq, dv))
+
+
+def layer_norm(x: Array, w: Array | None, bias: Array | None, eps: float, out: Array) -> None:
+    xf = x.astype(_ct(x))
+    res = xf - cp.mean(xf, axis=-1, keepdims=True)
+    res = res / cp.sqrt(cp.mean(res * res, axis=-1, keepdims=True) + eps)
+    if w is not None:
+        res = res * up(w)
+    if bias is not None:
+        res = res + up(bias)
+    _store(out, res)
+
+
+def rms_norm(x: Array, w: Array | None, eps: float, out: Array) -> None:
+    xf = x.astype(_ct(x))
+    res = xf / cp.sqrt(cp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if w is not None:
+        res = res * up(w)
+    _store(out, res)
+
+
+def cross_entropy(
+    logits: Array, targets: Array, reduction: str, loss: Array, probs: Array
+) -> Array:
+    flag = range_flag(targets, 0, logits.shape[1])
+    logp = softmax_rows(logits.astype(_ct(logits)), log=True)
+    safe = cp.clip(targets.astype(cp.int64), 0, max(0, logits.shape[1] - 1))
+    picked = -cp.take_along_axis(logp, safe[:, None], axis=1)[:, 0] if logp.size else logp[:, 0]
+    if reduction == "mean":
+        _store(loss, picked.mean() if picked.size else math.nan)
+    elif reduction == "sum":
+        _store(loss, picked.sum())
+    else:
+        _store(loss, picked)
+    _store(probs, cp.exp(logp))
+    return flag
+
+
+def embedding(indices: Array, weight: Array, out: Array) -> Array:
+    flag = range_flag(indices, 0, weight.shape[0])
+    safe = cp.clip(indices.astype(cp.int64), 0, max(0, weight.shape[0] - 1))
+    if out.size:
+        _store(out, cp.take(weight, safe, axis=0))
+    return flag
+
+
+def adam_update(
+    p: Array, g: Array, m: Array, v: Array, lr: float, beta1: float, beta2: float, eps: float,
+    step: int, weight_decay: float,
+) -> None:  # fmt: skip
+    ct = _ct(p)
+    pf, gf, mf, vf = (t.astype(ct) for t in (p, g, m, v))
+    mf = beta1 * mf + (1 - beta1) * gf
+    vf = beta2 * vf + (1 - beta2) * gf * gf
+    upd = (mf / (1 - beta1**step)) / (cp.sqrt(vf / (1 - beta2**step)) + eps)
+    if weight_decay:
+        upd = upd + weight_decay * pf
+    _store(p, pf - lr * upd)
+    _store(m, mf)
+    _store(v, vf)

@@ -1,0 +1,52 @@
+"""The CUDA backend's TensorFactory: fills on the device, host data by pinned async copies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import numpy as np
+
+from accelkit.abc.factory import TensorFactory
+from accelkit.backends.cpu.numpy_elementwise import cast_into
+from accelkit.tensor import Tensor
+from accelkit_cuda.memory import pinned_empty
+from accelkit_cuda.submit import CUDAComponent
+
+__all__ = ["CUDATensorFactory"]
+
+
+class CUDATensorFactory(CUDAComponent, TensorFactory):
+    def _k_fill(self, out: Tensor, value: int | float | bool) -> None:
+        if out._size == 0:
+            self._skip([out])
+            return
+        with np.errstate(all="ignore"):
+            scalar = np.array(value).astype(out._dtype.to_numpy())
+        self._launch(lambda: out._data.fill(scalar), (), (out,), what="fill")
+
+    def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
+        if out._size == 0:
+            self._skip([out])
+            return
+        # The snapshot (with the dtype conversion) is made now, into pinned memory: the caller
+        # may reuse `array` at once, and the copy is a real asynchronous one.
+        block, raw = pinned_empty(out.nbytes)
+        host = raw.view(out._dtype.to_numpy()).reshape(out._shape)
+        if array.dtype == host.dtype:
+            np.copyto(host, array)
+        elif array.dtype.kind == "f" and host.dtype.kind in "iub":
+            cast_into(array, host)
+        else:
+            with np.errstate(all="ignore"):
+                host[...] = array
+        stream = self._stream
+
+        def run() -> None:
+            cupy.cuda.runtime.memcpyAsync(
+                out._buffer.handle.ptr, host.ctypes.data, out.nbytes,
+                cupy.cuda.runtime.memcpyHostToDevice, stream.cp.ptr,
+            )  # fmt: skip
+
+        self._launch(run, (), (out,), what="from_host")
+        stream.hold((block, out._buffer))

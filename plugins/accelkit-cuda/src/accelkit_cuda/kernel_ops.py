@@ -1,0 +1,400 @@
+"""The CUDA backend's KernelOps: the NVRTC kernels of :mod:`accelkit_cuda.cuda_fused`.
+
+The fused program is compiled once per device architecture and NVRTC version (about 4 s) and
+cached on disk; ``CUDABackend.initialize`` starts loading it on a worker thread, and the first
+fused call waits for it. sample_token runs as CuPy kernels (sort, scan, Gumbel argmax) on the
+device with exactly the arithmetic of the composition, so both routes draw the same token for a
+seed.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import cupy as cp
+import numpy as np
+
+from accelkit.abc.kernel_ops import (
+    GUMBEL_UNIFORM_MAX,
+    ActivationOps,
+    AttentionOps,
+    GeluApproximation,
+    KernelOps,
+    LinearOps,
+    NormOps,
+    PositionOps,
+    SamplingOps,
+    SamplingParams,
+    rotary_inv_freq,
+)
+from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
+from accelkit.quant import QuantFormat
+from accelkit.tensor import Tensor
+from accelkit_cuda.cuda_fused import FLASH_ROWS, MAX_DV, SOURCE, flash_shared_bytes
+from accelkit_cuda.submit import CUDAComponent
+
+if TYPE_CHECKING:
+    from accelkit_cuda.backend import CUDABackend
+
+__all__ = ["CUDAKernelOps", "FusedProgram"]
+
+_SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64"}
+_NULL = np.uint64(0)
+_THREADS = 256
+_SMEM_DEFAULT = 48 * 1024
+
+
+def _ptr(t: Tensor | None) -> Any:
+    return _NULL if t is None else t._data
+
+
+class FusedProgram:
+    """The fused kernels of one backend: compiled (or read from the disk cache) on a thread."""
+
+    def __init__(self, backend: CUDABackend) -> None:
+        self._backend = backend
+        self._module: Any = None
+        self._error: BaseException | None = None
+        self._functions: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._load, name="accelkit-cuda-nvrtc", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        from accelkit_cuda.nvrtc import compile_cached
+
+        try:
+            compiled = compile_cached(SOURCE, self._backend._arch, (), "accelkit_fused.cu")
+            with self._backend._cp_device:
+                module = cp.cuda.function.Module()
+                module.load(compiled.binary)
+            self._module = module
+        except BaseException as exc:  # reported at the first fused call
+            self._error = exc
+
+    def function(self, name: str) -> Any:
+        fn = self._functions.get(name)
+        if fn is None:
+            self._thread.join()
+            if self._error is not None:
+                raise UnsupportedOperationError(
+                    f"the CUDA fused kernels are unavailable: {self._error}"
+                ) from None
+            fn = self._module.get_function(name)
+            self._functions[name] = fn
+        return fn
+
+
+class _Fused(CUDAComponent):
+    backend: CUDABackend
+
+    def _fn(self, op: str, dtype: DType) -> Any:
+        suffix = _SUFFIX.get(dtype)
+        if suffix is None:
+            raise UnsupportedOperationError(f"no fused CUDA {op} kernel for {dtype.value}")
+        return self.backend._fused.function(f"{op}_{suffix}")
+
+    def _run(
+        self, fn: Any, grid: int | tuple[int, ...], block: int, args: tuple[Any, ...],
+        inputs: Any, outputs: Any, smem: int = 0,
+    ) -> None:  # fmt: skip
+        g = grid if isinstance(grid, tuple) else (grid,)
+        stream = self._stream
+        self._launch(
+            lambda: fn(g, (block,), args, shared_mem=smem, stream=stream.cp), inputs, outputs,
+            what=getattr(fn, "name", "a fused kernel"),
+        )  # fmt: skip
+
+    def _rows(self, x: Tensor) -> tuple[int, int]:
+        d = x._shape[-1] if x._shape else 1
+        return (x._size // d if d else 0), d
+
+    def _elementwise_grid(self, n: int) -> int:
+        return max(1, min((n + _THREADS - 1) // _THREADS, 65535))
+
+
+class CUDANormOps(_Fused, NormOps):
+    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+        rows, d = self._rows(x)
+        if rows == 0 or d == 0:
+            raise UnsupportedOperationError("empty rows: the composition handles them")
+        fn = self._fn("rms_norm", x._dtype)
+        args = (x._data, _ptr(weight), out._data, np.int64(d), np.float32(eps))
+        self._run(fn, rows, _THREADS, args, (x, weight), (out,))
+
+    def _k_rms_norm_residual(
+        self, x: Tensor, residual: Tensor, weight: Tensor | None, eps: float, normed: Tensor,
+        summed: Tensor,
+    ) -> None:  # fmt: skip
+        rows, d = self._rows(x)
+        if rows == 0 or d == 0:
+            raise UnsupportedOperationError("empty rows: the composition handles them")
+        fn = self._fn("rms_norm_residual", x._dtype)
+        args = (
+            x._data, residual._data, _ptr(weight), normed._data, summed._data, np.int64(d),
+            np.float32(eps),
+        )  # fmt: skip
+        self._run(fn, rows, _THREADS, args, (x, residual, weight), (normed, summed))
+
+    def _k_layer_norm(
+        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
+    ) -> None:
+        rows, d = self._rows(x)
+        if rows == 0 or d == 0:
+            raise UnsupportedOperationError("empty rows: the composition handles them")
+        fn = self._fn("layer_norm", x._dtype)
+        args = (x._data, _ptr(weight), _ptr(bias), out._data, np.int64(d), np.float32(eps))
+        self._run(fn, rows, _THREADS, args, (x, weight, bias), (out,))
+
+
+class CUDAPositionOps(_Fused, PositionOps):
+    def _k_rotary_embedding(
+        self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
+    ) -> None:
+        b, h, s, d = x._shape
+        n = b * h * s * (d // 2)
+        if n == 0:
+            raise UnsupportedOperationError("empty input: the composition handles it")
+        fn = self._fn("rotary", x._dtype)
+        acc = np.float64 if x._dtype is DType.F64 else np.float32
+        inv = cp.asarray(rotary_inv_freq(d, base).astype(acc))
+        pos: Any = _NULL
+        if positions is not None:
+            pos = positions._data.astype(cp.int64)
+        batched = np.int32(positions is not None and positions.ndim == 2)
+        args = (
+            x._data, pos, inv, out._data, np.int64(b), np.int64(h), np.int64(s), np.int64(d),
+            batched, np.int64(offset),
+        )  # fmt: skip
+        self._run(fn, self._elementwise_grid(n), _THREADS, args, (x, positions), (out,))
+        self._stream.hold((inv, pos))
+
+
+class CUDAAttentionOps(_Fused, AttentionOps):
+    def can_flash(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        if q._dtype not in _SUFFIX or v._shape[3] > MAX_DV or q._size == 0 or k._shape[2] == 0:
+            return False
+        item = 8 if q._dtype is DType.F64 else 4
+        return flash_shared_bytes(q._shape[3], v._shape[3], item) <= _SMEM_DEFAULT
+
+    def _k_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
+        causal: bool,
+    ) -> None:  # fmt: skip
+        if mask is not None:
+            raise UnsupportedOperationError("the flash kernel takes no explicit mask")
+        if not self.can_flash(q, k, v):
+            raise UnsupportedOperationError(
+                f"the flash kernel needs f16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
+                f" {_SMEM_DEFAULT // 1024} KiB of shared memory"
+            )
+        b, h, sq, d = q._shape
+        hk, sk, dv = k._shape[1], k._shape[2], v._shape[3]
+        item = 8 if q._dtype is DType.F64 else 4
+        fn = self._fn("flash_attention", q._dtype)
+        args = (
+            q._data, k._data, v._data, out._data, np.int32(h), np.int32(hk), np.int64(sq),
+            np.int64(sk), np.int32(d), np.int32(dv), np.float32(scale), np.int32(causal),
+        )  # fmt: skip
+        grid = ((sq + FLASH_ROWS - 1) // FLASH_ROWS, b * h)
+        self._run(
+            fn, grid, 32 * FLASH_ROWS, args, (q, k, v), (out,), flash_shared_bytes(d, dv, item)
+        )
+
+    def _k_paged_attention(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+        context_lens: Tensor, scale: float, out: Tensor,
+    ) -> None:  # fmt: skip
+        b, h, d = q._shape
+        nb, bs, hk = k_cache._shape[:3]
+        mb = block_table._shape[1]
+        if q._dtype not in _SUFFIX or d > MAX_DV or b * h == 0:
+            raise UnsupportedOperationError("paged_attention: the composition handles this case")
+        fn = self._fn("paged_attention", q._dtype)
+        table = block_table._data.astype(cp.int32, copy=False)
+        lens = context_lens._data.astype(cp.int32, copy=False)
+        max_len = mb * bs
+
+        def run() -> Any:
+            err = cp.zeros(2, cp.int64)
+            fn(
+                (b * h,), (32,),
+                (
+                    q._data, k_cache._data, v_cache._data, table, lens, out._data, np.int32(h),
+                    np.int32(hk), np.int32(d), np.int32(nb), np.int32(bs), np.int32(mb),
+                    np.float32(scale), err,
+                ),
+                stream=self._stream.cp,
+            )  # fmt: skip
+            return err
+
+        def error(code: int, value: int) -> BaseException:
+            if code == 1:
+                return InvalidArgumentError(
+                    f"paged_attention: context_lens must lie in 0..{max_len} (max_blocks *"
+                    f" block_size); got {value}"
+                )
+            return InvalidArgumentError(
+                f"paged_attention: block_table refers to block {value}; the cache has blocks"
+                f" 0..{nb - 1}"
+            )
+
+        self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
+        self._stream.hold((table, lens))
+
+
+class CUDAActivationOps(_Fused, ActivationOps):
+    def _k_silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
+        n = gate._size
+        if n == 0:
+            return self._skip([out])
+        fn = self._fn("silu_mul", gate._dtype)
+        self._run(
+            fn, self._elementwise_grid(n), _THREADS, (gate._data, up._data, out._data, np.int64(n)),
+            (gate, up), (out,),
+        )  # fmt: skip
+        return None
+
+    def _k_gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
+        n = x._size
+        if n == 0:
+            return self._skip([out])
+        fn = self._fn("gelu_erf" if approximate == "none" else "gelu_tanh", x._dtype)
+        self._run(
+            fn, self._elementwise_grid(n), _THREADS, (x._data, out._data, np.int64(n)), (x,), (out,)
+        )
+        return None
+
+
+class CUDALinearOps(_Fused, LinearOps):
+    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+        # cuBLAS (through TensorOps) is the fused kernel here: one GEMM with the bias added.
+        self.backend.tensor_ops._k_linear(x, weight, bias, out)  # type: ignore[attr-defined]
+
+    def _k_quantized_linear(
+        self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None,
+        format: QuantFormat, out: Tensor,
+    ) -> None:  # fmt: skip
+        k = x._shape[-1]
+        m, n = (x._size // k if k else 0), qweight._shape[0]
+        if m * n == 0 or k == 0:
+            raise UnsupportedOperationError("empty input: the composition handles it")
+        fn = self._fn(f"qlinear_{format}", x._dtype)
+        sc = scales._data.astype(cp.float32, copy=False)
+        warps = m * n
+        blocks = (warps * 32 + _THREADS - 1) // _THREADS
+        args = (
+            x._data, qweight._data, sc, _ptr(bias), out._data, np.int64(m), np.int64(n),
+            np.int64(k),
+        )  # fmt: skip
+        self._run(fn, blocks, _THREADS, args, (x, qweight, scales, bias), (out,))
+        self._stream.hold((sc,))
+
+
+class CUDASamplingOps(_Fused, SamplingOps):
+    def _k_argmax(self, logits: Tensor, out: Tensor) -> None:
+        rows, d = self._rows(logits)
+        if rows == 0 or d == 0:
+            raise UnsupportedOperationError("empty input: the composition handles it")
+        fn = self._fn("argmax_rows", logits._dtype)
+        self._run(fn, rows, _THREADS, (logits._data, out._data, np.int64(d)), (logits,), (out,))
+
+    def _k_sample_token(
+        self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
+    ) -> None:
+        vocab = logits._shape[-1]
+        rows = logits._size // vocab if vocab else 0
+        # The noise of tensor_factory.uniform(shape, seed=seed), drawn now on the host.
+        noise = None
+        if params.temperature != 0.0:
+            noise = np.random.default_rng(params.seed).uniform(0.0, 1.0, size=(rows, vocab))
+            noise = noise.astype(np.float32)
+
+        def run() -> Any:
+            return _sample(logits._data, _data(previous_tokens), params, noise, out._data)
+
+        def error(_code: int, value: int) -> BaseException:
+            return InvalidArgumentError(
+                f"sample_token: previous_tokens must lie in 0..{vocab - 1} (negative entries are"
+                f" padding); got {value}"
+            )
+
+        self._launch_checked(run, (logits, previous_tokens), (out,), error)
+
+
+def _data(t: Tensor | None) -> Any:
+    return None if t is None else t._data
+
+
+def _softmax(z: Any) -> Any:
+    m = cp.max(z, axis=-1, keepdims=True)
+    m = cp.where(cp.isfinite(m), m, 0)
+    e = cp.exp(z - m)
+    total = cp.sum(e, axis=-1, keepdims=True)
+    return cp.where(total > 0, e / cp.where(total > 0, total, 1), 0)
+
+
+def _nucleus(z: Any, top_p: float) -> Any:
+    """As the host composition: a token stays when the mass strictly above it is < top_p."""
+    p = _softmax(z)
+    order = cp.argsort(-p, axis=-1)  # CuPy's sort is stable
+    ps = cp.take_along_axis(p, order, axis=-1)
+    before = cp.cumsum(ps, axis=-1) - ps
+    starts = cp.ones(ps.shape, cp.bool_)
+    starts[:, 1:] = ps[:, 1:] != ps[:, :-1]
+    run_id = cp.cumsum(starts, axis=-1) - 1
+    rows, cols = cp.nonzero(starts)
+    run_start = cp.zeros(ps.shape, cp.int64)
+    run_start[rows, run_id[rows, cols]] = cols
+    first = cp.take_along_axis(run_start, run_id, axis=-1)
+    keep_sorted = cp.take_along_axis(before, first, axis=-1) < top_p
+    keep = cp.empty_like(keep_sorted)
+    cp.put_along_axis(keep, order, keep_sorted, axis=-1)
+    return keep
+
+
+def _sample(logits: Any, previous: Any, params: SamplingParams, noise: Any, out: Any) -> Any:
+    vocab = logits.shape[-1]
+    ct = cp.float64 if logits.dtype == cp.float64 else cp.float32
+    z = logits.reshape(-1, vocab).astype(ct)
+    flag = cp.zeros(2, cp.int64)
+    if previous is not None and params.repetition_penalty != 1.0:
+        prev = previous.reshape(z.shape[0], -1).astype(cp.int64)
+        if prev.size:
+            bad = prev >= vocab
+            flag = cp.stack([bad.any().astype(cp.int64), cp.max(prev)])
+            valid = (prev >= 0) & ~bad
+            seen = cp.zeros(z.shape, cp.bool_)
+            rows = cp.broadcast_to(cp.arange(z.shape[0])[:, None], prev.shape)
+            seen[rows[valid], prev[valid]] = True
+            pen = ct(params.repetition_penalty)
+            z = cp.where(seen, cp.where(z > 0, z / pen, z * pen), z)
+    if params.temperature == 0.0:
+        out[...] = cp.argmax(z, axis=-1).reshape(out.shape)
+        return flag
+    z = z / ct(params.temperature)
+    if 0 < params.top_k < vocab:
+        kth = cp.partition(z, vocab - params.top_k, axis=-1)[:, vocab - params.top_k, None]
+        z = cp.where(z >= kth, z, -cp.inf).astype(ct)
+    if params.top_p < 1.0:
+        z = cp.where(_nucleus(z, params.top_p), z, -cp.inf).astype(ct)
+    u = cp.minimum(cp.asarray(noise), cp.float32(GUMBEL_UNIFORM_MAX)).astype(ct)
+    gumbel = -cp.log(-cp.log(u))
+    out[...] = cp.argmax(z + gumbel, axis=-1).reshape(out.shape)
+    return flag
+
+
+class CUDAKernelOps(KernelOps):
+    """All six sub-interfaces on the GPU."""
+
+    def __init__(self, backend: CUDABackend) -> None:
+        super().__init__(
+            backend,
+            norm_ops=CUDANormOps(backend),
+            position_ops=CUDAPositionOps(backend),
+            attention_ops=CUDAAttentionOps(backend),
+            activation_ops=CUDAActivationOps(backend),
+            linear_ops=CUDALinearOps(backend),
+            sampling_ops=CUDASamplingOps(backend),
+        )

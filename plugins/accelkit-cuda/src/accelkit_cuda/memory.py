@@ -1,0 +1,200 @@
+"""The CUDA backend's memory manager: device blocks from a caching pool, pinned host transfers.
+
+Blocks are ``cudaMalloc`` allocations (``cupy.cuda.Memory``) handed out by the core's
+:class:`~accelkit._core.pool.CachingPool`, which keeps the exact statistics, the limit and
+``trim()``. A freed block is reused at once by later work on the same stream (stream order makes
+that safe). With more than one stream, submissions keep their tensors alive until an event after
+them has completed, and an explicit ``free`` returns the block once the other streams have passed
+the point where it was freed, so no stream is handed a block another is still using.
+
+Host transfers are real asynchronous copies through pinned (page-locked) staging memory from
+CuPy's pinned pool: ``cudaMemcpyAsync`` on the stream, awaited through an event without
+blocking the loop. The staging block stays alive until the copy completes, even if the awaiting
+task is cancelled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import cupy
+import numpy as np
+
+from accelkit._core.pool import CachingPool
+from accelkit._core.pooled_memory import PooledMemoryManager
+from accelkit._core.validation import check_tensor
+from accelkit.abc.memory import DeviceBuffer
+from accelkit.device import Device
+from accelkit.errors import InvalidArgumentError
+from accelkit.memory import MemoryPoolConfig
+from accelkit.tensor import Tensor
+from accelkit_cuda.errors import translate
+from accelkit_cuda.stream import CUDAStream, wait_event, wait_event_blocking
+from accelkit_cuda.submit import depend
+
+if TYPE_CHECKING:
+    from accelkit_cuda.backend import CUDABackend
+
+__all__ = ["CUDAMemoryManager", "pinned_empty"]
+
+_H2D = 1  # cudaMemcpyHostToDevice
+_D2H = 2
+_D2D = 3
+
+
+def _raw_alloc(device: Any) -> Any:
+    def alloc(size: int) -> Any:
+        try:
+            with device:
+                return cupy.cuda.Memory(size)
+        except (cupy.cuda.memory.OutOfMemoryError, MemoryError) as exc:
+            raise MemoryError(str(exc)) from None
+        except cupy.cuda.runtime.CUDARuntimeError as exc:
+            if getattr(exc, "status", None) == 2:  # cudaErrorMemoryAllocation
+                raise MemoryError(str(exc)) from None
+            raise
+
+    return alloc
+
+
+def _raw_free(handle: Any) -> None:
+    # cupy.cuda.Memory frees itself (cudaFree) when its last reference goes.
+    del handle
+
+
+def pinned_empty(nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
+    """A pinned host block of ``nbytes`` and a uint8 NumPy view of it."""
+    block = cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+    return block, np.frombuffer(block, np.uint8, nbytes)
+
+
+class CUDAMemoryManager(PooledMemoryManager):
+    def __init__(
+        self, backend: CUDABackend, device: Device, total_bytes: int, config: MemoryPoolConfig
+    ) -> None:
+        super().__init__(
+            backend,
+            CachingPool(device, _raw_alloc(backend._cp_device), _raw_free, total_bytes, config),
+        )
+        self._backend: CUDABackend = backend
+
+    def _settle(self) -> None:
+        self._backend._prune_streams()
+
+    def _current(self) -> CUDAStream:
+        return self._backend.current_stream  # type: ignore[return-value]
+
+    def free(self, buffer: DeviceBuffer | Tensor) -> None:
+        buf = self._buffer(buffer, "buffer")
+        others = [s for s in self._backend._streams if s is not self._current()]
+        if not others:
+            self.pool.free(buf)
+            return
+        # Returned once every other stream has passed this point (their work queued so far may
+        # still read the block); the current stream is in order with any later reuse.
+        events = [s.event_now() for s in others]
+        self.pool.free(buf, lambda recycle: self._backend._after_events(events, recycle))
+
+    def _copy(self, stream: CUDAStream, dst: int, src: int, nbytes: int, kind: int) -> None:
+        backend = self._backend
+        backend._check_usable()
+        try:
+            with backend._cp_device:
+                cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.cp.ptr)
+        except cupy.cuda.runtime.CUDARuntimeError as exc:
+            raise backend._failed(translate(exc, "a copy")) from None
+
+    async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
+        buf = self._buffer(dst, "dst")
+        try:
+            view = memoryview(src).cast("B")
+        except TypeError as exc:
+            raise InvalidArgumentError(
+                f"copy_htod: src must support the buffer protocol: {exc}"
+            ) from None
+        if view.nbytes > buf.nbytes:
+            raise InvalidArgumentError(
+                f"copy_htod: src has {view.nbytes} bytes, dst only {buf.nbytes}"
+            )
+        if view.nbytes == 0:
+            return
+        block, staging = pinned_empty(view.nbytes)
+        staging[...] = np.frombuffer(view, np.uint8)  # the caller may reuse src at once
+        stream = self._current()
+        with self._backend._cp_device, stream.cp:
+            depend(stream, [dst])
+        self._copy(stream, buf.handle.ptr, staging.ctypes.data, view.nbytes, _H2D)
+        seq = stream.record()
+        event = stream.hold((block, buf))
+        if isinstance(dst, Tensor):
+            dst._stream, dst._seq = stream, seq
+        await wait_event(event, "copy_htod", self._backend._failed)
+
+    async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
+        buf = self._buffer(src, "src")
+        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
+        if dst.nbytes > buf.nbytes:
+            raise InvalidArgumentError(
+                f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}"
+            )
+        if dst.nbytes == 0:
+            return
+        stream = self._current()
+        with self._backend._cp_device, stream.cp:
+            depend(stream, [src])
+        block, staging = pinned_empty(dst.nbytes)
+        self._copy(stream, staging.ctypes.data, buf.handle.ptr, dst.nbytes, _D2H)
+        stream.record()
+        event = stream.hold((block, buf))
+        await wait_event(event, "copy_dtoh", self._backend._failed)
+        dst.reshape(-1).view(np.uint8)[...] = staging
+
+    def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
+        d, s = self._buffer(dst, "dst"), self._buffer(src, "src")
+        if s.nbytes > d.nbytes:
+            raise InvalidArgumentError(f"copy_dtod: src has {s.nbytes} bytes, dst only {d.nbytes}")
+        if s.nbytes == 0:
+            return
+        stream = self._current()
+        with self._backend._cp_device, stream.cp:
+            depend(stream, [t for t in (src, dst) if isinstance(t, Tensor)])
+        self._copy(stream, d.handle.ptr, s.handle.ptr, s.nbytes, _D2D)
+        seq = stream.record((d, s) if stream.track else ())
+        if isinstance(dst, Tensor):
+            dst._stream, dst._seq = stream, seq
+
+    # -- tensor transfers -------------------------------------------------------------------------
+    def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any, CUDAStream]:
+        check_tensor(self._backend, tensor, "tensor")
+        out = np.empty(tensor._shape, tensor._dtype.to_numpy())
+        stream: CUDAStream = tensor._stream  # type: ignore[assignment]
+        if out.nbytes == 0:
+            return out, None, stream
+        # On the writer's stream: in order after the writer, with no cross-stream dependency.
+        block, staging = pinned_empty(out.nbytes)
+        self._copy(stream, staging.ctypes.data, tensor._buffer.handle.ptr, out.nbytes, _D2H)
+        stream.record()
+        event = stream.hold((block, tensor._buffer))
+        return staging, event, stream
+
+    def _finish(self, tensor: Tensor, staging: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        out = np.empty(tensor._shape, tensor._dtype.to_numpy())
+        out.reshape(-1).view(np.uint8)[...] = staging
+        return out
+
+    async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        staging, event, stream = self._read(tensor)
+        if event is None:
+            return staging
+        await wait_event(event, "reading a tensor", self._backend._failed)
+        stream.raise_errors(tensor._seq)
+        return self._finish(tensor, staging)
+
+    def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        staging, event, stream = self._read(tensor)
+        if event is None:
+            return staging
+        wait_event_blocking(event, "reading a tensor", self._backend._failed)
+        stream.raise_errors(tensor._seq)
+        return self._finish(tensor, staging)

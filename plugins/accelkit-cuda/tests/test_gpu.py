@@ -1,0 +1,140 @@
+"""The CUDA backend on a GPU (skipped with the reason elsewhere). The shared conformance suite
+(tests/conformance) and tests/test_kernel_ops.py also run on it wherever a GPU is present."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import accelkit as ak
+from accelkit.errors import (
+    ContextPoisonedError,
+    InvalidArgumentError,
+    KernelCompileError,
+    OutOfMemoryError,
+    StaleHandleError,
+)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+SAXPY = r"""
+extern "C" __global__ void saxpy(float a, const float* x, float* y, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+BAD_WRITE = r"""
+extern "C" __global__ void bad_write(float* p) { *(volatile float*)(p + (1ll << 40)) = 1.0f; }
+"""
+
+
+async def test_user_kernel_compiles_runs_and_is_cached(backend: Any) -> None:
+    ex = backend.kernel_executor
+    handle = await ex.load_kernel(SAXPY, "saxpy", language="cuda")
+    again = await ex.load_kernel(SAXPY, "saxpy", language="cuda")
+    assert again.key == handle.key
+    n = 10_000
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
+    tx, ty = backend.tensor_factory.from_host(x), backend.tensor_factory.from_host(y)
+    ex.execute_kernel(handle, ((n + 255) // 256,), (256,), [np.float32(3.0), tx, ty, n])
+    np.testing.assert_allclose(await ty.to_host(), 3.0 * x + y, rtol=1e-6)
+    info = ex.kernel_info(handle)
+    assert info.max_threads_per_block >= 256
+    assert info.registers > 0
+    assert info.extra["parameter_bytes"] in (None, [4, 8, 8, 8])
+
+
+async def test_bad_launches_are_refused(backend: Any) -> None:
+    ex = backend.kernel_executor
+    handle = await ex.load_kernel(SAXPY, "saxpy", language="cuda")
+    t = backend.tensor_factory.zeros((4,), ak.DType.F32)
+    with pytest.raises(InvalidArgumentError, match=r"threads|exceeds"):
+        ex.execute_kernel(handle, (1,), (2048,), [np.float32(1), t, t, 4])
+    if ex.kernel_info(handle).extra["parameter_bytes"] is not None:
+        with pytest.raises(InvalidArgumentError, match="takes 4 arguments; got 3"):
+            ex.execute_kernel(handle, (1,), (32,), [np.float32(1), t, t])
+    with pytest.raises(InvalidArgumentError, match="args\\[0\\]"):
+        ex.execute_kernel(handle, (1,), (32,), ["x", t, t, 4])
+    with pytest.raises(KernelCompileError, match="compile"):
+        await ex.load_kernel(SAXPY.replace("x[i]", "q[i]"), "saxpy", language="cuda")
+    with pytest.raises(InvalidArgumentError, match="no kernel named"):
+        await ex.load_kernel(SAXPY, "nope", language="cuda")
+    ex.unload_kernel(handle)
+    with pytest.raises(StaleHandleError):
+        ex.execute_kernel(handle, (1,), (32,), [np.float32(1), t, t, 4])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal", [False, True])
+async def test_flash_attention_matches_the_reference(
+    backend: Any, dtype: Any, causal: bool
+) -> None:
+    rng = np.random.default_rng(1)
+    b, h, hk, sq, sk, d = 2, 8, 2, 200, 333, 64
+    q = rng.standard_normal((b, h, sq, d)).astype(dtype)
+    k = rng.standard_normal((b, hk, sk, d)).astype(dtype)
+    v = rng.standard_normal((b, hk, sk, d)).astype(dtype)
+    f = backend.tensor_factory
+    got = await backend.kernel_ops.attention_ops.attention(
+        f.from_host(q), f.from_host(k), f.from_host(v), causal=causal
+    ).to_host()
+    qf, kf, vf = (a.astype(np.float64) for a in (q, k, v))
+    kf, vf = np.repeat(kf, h // hk, axis=1), np.repeat(vf, h // hk, axis=1)
+    s = qf @ np.swapaxes(kf, -1, -2) / np.sqrt(d)
+    if causal:
+        s = np.where(np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ vf
+    tol = 2e-3 if dtype == np.float16 else 2e-5
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+async def test_streams_order_work_across_streams(backend: Any) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    a = f.from_host(np.ones((2048, 2048), np.float32))
+    other = backend.create_stream()
+    with backend.use_stream(other):
+        b = ops.matmul(a, a)  # written on `other`
+    c = ops.add(b, 1.0)  # on the default stream: must wait for `other`
+    assert float((await c.to_host())[0, 0]) == 2049.0
+    event = other.record_event()
+    await event.wait()
+    assert event.query()
+
+
+async def test_out_of_memory_says_how_much(backend: Any) -> None:
+    total = backend.memory_manager.memory_info().total
+    with pytest.raises(OutOfMemoryError, match="requested") as info:
+        backend.tensor_factory.empty((total // 2 + total,), ak.DType.U8)
+    assert "free" in str(info.value)
+    assert "used" in str(info.value)
+    assert backend.memory_manager.memory_info().used == 0
+
+
+async def test_a_sticky_error_poisons_and_recovery_rebuilds(backend: Any) -> None:
+    f, ex = backend.tensor_factory, backend.kernel_executor
+    keep = f.from_host(np.arange(8, dtype=np.float32))
+    handle = await ex.load_kernel(BAD_WRITE, "bad_write", language="cuda")
+    ex.execute_kernel(handle, (1,), (1,), [keep])
+    with pytest.raises(ContextPoisonedError, match=r"cudaErrorIllegalAddress|poisoned"):
+        await backend.synchronize()
+    assert backend.poisoned
+    with pytest.raises(ContextPoisonedError):
+        backend.tensor_ops.add(keep, 1.0)
+    generation = backend.status.generation
+    await backend.recover()
+    assert backend.status.generation == generation + 1
+    assert not backend.poisoned
+    with pytest.raises(StaleHandleError):
+        await keep.to_host()
+    with pytest.raises(StaleHandleError):
+        ex.execute_kernel(handle, (1,), (1,), [f.zeros((1,), ak.DType.F32)])
+    x = f.from_host(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(await backend.tensor_ops.add(x, 1.0).to_host(), x.numpy() + 1)
+    np.testing.assert_allclose(
+        await backend.tensor_ops.matmul(x, backend.tensor_ops.transpose(x)).to_host(),
+        x.numpy() @ x.numpy().T,
+    )
