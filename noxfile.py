@@ -23,12 +23,16 @@ PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The core test suite, and the conformance suite on every installed backend: the CPU
-    backend, and the OpenCL backend on PoCL's CPU device."""
+    backend, the OpenCL backend on PoCL's CPU device, and the CUDA backend where a GPU is present
+    (elsewhere its tests check the probe, the capabilities and NVRTC compilation, and the GPU
+    tests skip with the reason)."""
     session.install(
         "-e",
         ".[test]",
         "-e",
         "./plugins/accelkit-opencl[pocl]",
+        "-e",
+        "./plugins/accelkit-cuda[cuda12]",
         # small plugin distributions made for the registry, selector and fallback tests
         "./tests/plugins/accelkit-testplug-good",
         "./tests/plugins/accelkit-testplug-broken",
@@ -39,6 +43,7 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
     if not session.posargs:
         session.run("pytest", "-p", "no:cacheprovider", "plugins/accelkit-opencl/tests")
+        session.run("pytest", "-p", "no:cacheprovider", "plugins/accelkit-cuda/tests")
 
 
 @nox.session(python=PYTHON)

@@ -18,6 +18,7 @@ for _var, _sub in (
     ("PYOPENCL_CACHE_DIR", "pyopencl"),
     ("POCL_CACHE_DIR", "pocl"),
     ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
+    ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
 ):
     os.environ.setdefault(_var, os.path.join(_CACHES, _sub))
 

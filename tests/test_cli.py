@@ -359,6 +359,14 @@ def test_doctor_reports_a_gpu_no_plugin_drives(
     root = tmp_path / "root"
     _fake_nvidia_machine(root)
     monkeypatch.setattr(hardware, "detect_hardware", lambda: detect_hardware(root, run_tools=False))
+    # Where accelkit-cuda is installed, this is the machine without it: hide its entry point.
+    entry_points = metadata.entry_points
+
+    def without_cuda(**kw: Any) -> Any:
+        return [ep for ep in entry_points(**kw) if ep.name != "cuda"]
+
+    monkeypatch.setattr(metadata, "entry_points", without_cuda)
+    registry.rescan()
     status, out, _ = run(capsys, "doctor")
     assert status == 1
     assert out.startswith("accelkit doctor: 1 problem(s)")
@@ -481,13 +489,13 @@ def test_doctor_reports_bad_settings(
 def test_doctor_notes_disabled_plugins(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ACCELKIT_PLUGINS", "cpu,cuda")
+    monkeypatch.setenv("ACCELKIT_PLUGINS", "cpu,nosuchplugin")
     monkeypatch.setenv("ACCELKIT_DISABLE_PLUGINS", "cpu")
     status, data = run_json(capsys, "doctor")
     assert status == 0  # disabling is a choice, not a problem
     notes = {(n["check"], n["subject"]): n["message"] for n in data["notes"]}
     assert notes[("plugin", "cpu")] == "disabled by ACCELKIT_DISABLE_PLUGINS"
-    assert "'cuda', which is not installed" in notes[("settings", "ACCELKIT_PLUGINS")]
+    assert "'nosuchplugin', which is not installed" in notes[("settings", "ACCELKIT_PLUGINS")]
 
 
 # -- calibrate, bench, demo -----------------------------------------------------------------------

@@ -648,8 +648,8 @@ def test_an_unknown_backend_names_the_installed_ones_and_how_to_install(reg: Reg
     assert "'nope'" in str(info.value)
     assert "cpu" in str(info.value)
     assert "fakegpu" in str(info.value)
-    with pytest.raises(BackendNotFoundError, match=r"pip install 'accelkit-cuda\[cuda12\]'"):
-        reg.descriptor("cuda")
+    with pytest.raises(BackendNotFoundError, match=r"pip install 'accelkit-webgpu'"):
+        reg.descriptor("webgpu")
 
 
 # -- descriptors are validated ----------------------------------------------------------------------

@@ -211,12 +211,12 @@ def test_an_unknown_backend_is_an_error_naming_it(reg: Registry) -> None:
 
 
 def test_a_known_plugin_not_installed_says_how_to_install_it(reg: Registry) -> None:
-    with pytest.raises(BackendNotFoundError, match=r"pip install 'accelkit-cuda\[cuda12\]'"):
-        accelkit.select(backend="cuda", registry=reg)
+    with pytest.raises(BackendNotFoundError, match=r"pip install 'accelkit-webgpu'"):
+        accelkit.select(backend="webgpu", registry=reg)
     with pytest.raises(BackendNotFoundError) as info:
-        accelkit.select("cuda:0", registry=reg)
-    assert "no installed plugin drives cuda" in str(info.value)
-    assert "accelkit-cuda" in str(info.value)
+        accelkit.select("webgpu:0", registry=reg)
+    assert "no installed plugin drives webgpu" in str(info.value)
+    assert "accelkit-webgpu" in str(info.value)
 
 
 def test_a_device_that_does_not_exist_is_an_error_not_another_device(reg: Registry) -> None:
