@@ -1,8 +1,10 @@
-"""KernelOps: the CPU fused kernels, the TensorOps compositions and a NumPy reference agree.
+"""KernelOps: each backend's fused kernels, the TensorOps compositions and a NumPy reference agree.
 
-Every op is run through two dispatchers on the same backend, one preferring the fused kernels
-(which the CPU backend has for every op) and one forcing the compositions; both results are
-checked against a formula written here in float64 NumPy, independent of either implementation.
+Every op is run, on every conformance backend, through two dispatchers on the same backend: one
+preferring the fused kernels and one forcing the compositions; both results are checked against a
+formula written here in float64 NumPy, independent of either implementation. A case whose dtype
+the backend has no tensors of is skipped, saying so; tests of the CPU backend's own machinery
+(its NumPy kernels' chunking) run on the CPU backend only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from accelkit._core.dispatch import KernelDispatcher
 from accelkit.abc.kernel_ops import KERNEL_OPS, KernelOps
 from accelkit.backends.cpu import numpy_fused
 from accelkit.quant import QuantFormat, dequantize, quantize
+from conformance.backends import conformance_backends
 
 Array = np.ndarray[Any, Any]
 
@@ -53,8 +56,11 @@ class Env:
     def f32(self, *shape: int) -> accelkit.Tensor:
         return self.zeros(shape, np.float32)
 
-    def f16(self, *shape: int) -> accelkit.Tensor:
-        return self.zeros(shape, np.float16)
+    def other_float(self, *shape: int) -> accelkit.Tensor:
+        """Zeros of a float dtype other than F32 that the backend has (F16, else F64): for
+        dtype-mismatch cases."""
+        dtype = DType.F16 if DType.F16 in self.backend.supported_dtypes else DType.F64
+        return self.zeros(shape, dtype.to_numpy())
 
     def i32(self, *shape: int) -> accelkit.Tensor:
         return self.zeros(shape, np.int32)
@@ -89,12 +95,22 @@ class Env:
         return results
 
 
-@pytest.fixture
-async def env(anyio_backend: str) -> AsyncIterator[Env]:
-    # The CPU backend by name (not conftest's ``backend``): these tests are about its kernels.
-    # ``anyio_backend`` (tests/conftest.py) runs each test under asyncio and under trio.
-    async with accelkit.open_backend("cpu") as backend:
+@pytest.fixture(params=conformance_backends())
+async def env(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Env]:
+    """Each conformance backend, opened by name; ``anyio_backend`` (tests/conftest.py) runs each
+    test under asyncio and under trio. A test parametrized by a ``dtype`` the backend has no
+    tensors of is skipped here, with the reason."""
+    callspec = getattr(request.node, "callspec", None)
+    dtype = callspec.params.get("dtype") if callspec is not None else None
+    async with accelkit.open_backend(request.param) as backend:
+        if dtype is not None and dtype not in backend.supported_dtypes:
+            pytest.skip(f"{backend.name} has no {dtype.value} tensors on {backend.device}")
         yield Env(backend)
+
+
+def cpu_only(env: Env) -> None:
+    if env.backend.name != "cpu":
+        pytest.skip("tests the CPU backend's NumPy kernels")
 
 
 def assert_close(actual: Array, expected: Array, dtype: DType, atol_scale: float = 1.0) -> None:
@@ -384,7 +400,11 @@ def dequantize_ref(q: Array, s: Array, fmt: str) -> Array:
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16])
 @pytest.mark.parametrize("with_bias", [True, False])
 async def test_quantized_linear(env: Env, fmt: QuantFormat, dtype: DType, with_bias: bool) -> None:
-    qweight, scales = quantize(env.rng.standard_normal((24, 96)), fmt)
+    # GGML's f16 scales where the backend has F16 tensors, else f32 ones
+    f16 = DType.F16 in env.backend.supported_dtypes
+    qweight, scales = quantize(
+        env.rng.standard_normal((24, 96)), fmt, scale_dtype=np.float16 if f16 else np.float32
+    )
     x, b = env.data((2, 3, 96), dtype), env.data((24,), dtype)
     expected = x @ dequantize_ref(qweight, scales, fmt).T + (b if with_bias else 0.0)
     bias = env.t(b, dtype) if with_bias else None
@@ -398,6 +418,7 @@ async def test_quantized_linear(env: Env, fmt: QuantFormat, dtype: DType, with_b
 
 @pytest.mark.anyio
 async def test_quantized_linear_in_slabs(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_only(env)
     # Expand at most 2 rows of 64 at a time: 5 slabs, the last one short.
     monkeypatch.setattr(numpy_fused, "_DEQUANT_CHUNK_ELEMS", 128)
     qweight, scales = quantize(env.rng.standard_normal((9, 64)).astype(np.float32), "q4_0")
@@ -608,9 +629,9 @@ BAD_CALLS: dict[str, BadCall] = {
     "rms_norm int x": lambda d, e: d.rms_norm(e.i32(2, 8)),
     "rms_norm 0-d": lambda d, e: d.rms_norm(e.f32()),
     "rms_norm eps": lambda d, e: d.rms_norm(e.f32(2, 8), eps=0.0),
-    "rms_norm weight dtype": lambda d, e: d.rms_norm(e.f32(2, 8), e.f16(8)),
+    "rms_norm weight dtype": lambda d, e: d.rms_norm(e.f32(2, 8), e.other_float(8)),
     "residual shape": lambda d, e: d.rms_norm_residual(e.f32(2, 8), e.f32(1, 8)),
-    "residual dtype": lambda d, e: d.rms_norm_residual(e.f32(2, 8), e.f16(2, 8)),
+    "residual dtype": lambda d, e: d.rms_norm_residual(e.f32(2, 8), e.other_float(2, 8)),
     "layer_norm bias": lambda d, e: d.layer_norm(e.f32(2, 8), e.f32(8), e.f32(4)),
     "rotary odd head_dim": lambda d, e: d.rotary_embedding(e.f32(1, 2, 3, 7)),
     "rotary 3-d": lambda d, e: d.rotary_embedding(e.f32(2, 3, 8)),
@@ -622,7 +643,7 @@ BAD_CALLS: dict[str, BadCall] = {
     "attention 3-d": lambda d, e: d.attention(e.f32(2, 3, 8), e.f32(2, 3, 8), e.f32(2, 3, 8)),
     "attention heads": lambda d, e: d.attention(e.f32(1, 3, 2, 8), *[e.f32(1, 2, 2, 8)] * 2),
     "attention dtype": lambda d, e: d.attention(
-        e.f32(1, 2, 2, 8), e.f16(1, 2, 2, 8), e.f32(1, 2, 2, 8)
+        e.f32(1, 2, 2, 8), e.other_float(1, 2, 2, 8), e.f32(1, 2, 2, 8)
     ),
     "paged q 4-d": lambda d, e: d.paged_attention(
         e.f32(1, 2, 1, 8), *e.cache(), e.i32(1, 2), e.i32(1)
@@ -643,10 +664,10 @@ BAD_CALLS: dict[str, BadCall] = {
         e.f32(1, 3, 8), *e.cache(), e.i32(1, 2), e.i32(1)
     ),
     "paged cache dtype": lambda d, e: d.paged_attention(
-        e.f16(1, 2, 8), *e.cache(), e.i32(1, 2), e.i32(1)
+        e.other_float(1, 2, 8), *e.cache(), e.i32(1, 2), e.i32(1)
     ),
     "silu_mul shape": lambda d, e: d.silu_mul(e.f32(2, 8), e.f32(2, 4)),
-    "silu_mul dtype": lambda d, e: d.silu_mul(e.f32(2, 8), e.f16(2, 8)),
+    "silu_mul dtype": lambda d, e: d.silu_mul(e.f32(2, 8), e.other_float(2, 8)),
     "silu_mul int": lambda d, e: d.silu_mul(e.i32(2, 8), e.i32(2, 8)),
     "gelu approximate": lambda d, e: d.gelu(e.f32(3), "fast"),  # type: ignore[arg-type]
     "gelu int": lambda d, e: d.gelu(e.i32(3)),
@@ -709,7 +730,7 @@ async def test_dispatcher_falls_back_where_a_group_is_missing(
         env.fused.rms_norm(x)
         assert env.fused.last_route is not None
         assert env.fused.last_route.route == "fused"
-        assert env.fused.last_route.backend == "cpu"
+        assert env.fused.last_route.backend == env.backend.name
         y = env.fused.silu_mul(x, x)
     assert env.fused.last_route.route == "composed"
     assert "no fused activation_ops" in env.fused.last_route.reason
@@ -717,8 +738,8 @@ async def test_dispatcher_falls_back_where_a_group_is_missing(
         "rms_norm": {"fused": 1, "composed": 0},
         "silu_mul": {"fused": 0, "composed": 1},
     }
-    assert "silu_mul on cpu: composed" in caplog.text
-    assert "rms_norm on cpu: fused" in caplog.text
+    assert f"silu_mul on {env.backend.name}: composed" in caplog.text
+    assert f"rms_norm on {env.backend.name}: fused" in caplog.text
     assert (await y.to_host()).shape == (2, 8)
     monkeypatch.setattr(env.backend, "_kernel_ops", None)  # a backend with no KernelOps at all
     env.fused.argmax(x)
@@ -737,12 +758,13 @@ async def test_dispatcher_retries_a_refused_fused_call_composed(
         raise UnsupportedOperationError("no bf16 gelu here")
 
     monkeypatch.setattr(kernels.activation_ops, "gelu", refuse)
-    x = env.data((5,), DType.BF16)
-    got = await env.fused.gelu(env.t(x, DType.BF16)).to_host()
+    dtype = DType.BF16 if DType.BF16 in env.backend.supported_dtypes else DType.F32
+    x = env.data((5,), dtype)
+    got = await env.fused.gelu(env.t(x, dtype)).to_host()
     assert env.fused.last_route is not None
     assert env.fused.last_route.route == "composed"
     assert "no bf16 gelu here" in env.fused.last_route.reason
-    assert_close(got, 0.5 * x * (1 + erf(x / np.sqrt(2))), DType.BF16)
+    assert_close(got, 0.5 * x * (1 + erf(x / np.sqrt(2))), dtype)
 
 
 @pytest.mark.anyio

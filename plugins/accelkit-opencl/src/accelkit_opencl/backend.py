@@ -69,6 +69,7 @@ class OpenCLBackend(ComputeBackend):
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:
         from accelkit_opencl.factory import OpenCLTensorFactory
+        from accelkit_opencl.kernel_ops import OpenCLKernelOps
         from accelkit_opencl.kernels import OpenCLKernelExecutor, ProgramCache
         from accelkit_opencl.memory import OpenCLMemoryManager
         from accelkit_opencl.ops import OpenCLTensorOps
@@ -96,7 +97,7 @@ class OpenCLBackend(ComputeBackend):
         self._tensor_ops = OpenCLTensorOps(self)
         self._tensor_factory = OpenCLTensorFactory(self)
         self._kernel_executor = OpenCLKernelExecutor(self)
-        self._kernel_ops = None
+        self._kernel_ops = OpenCLKernelOps(self)
 
     async def _synchronize(self) -> None:
         for stream in list(self._streams):

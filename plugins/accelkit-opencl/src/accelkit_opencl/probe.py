@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from accelkit._core.op_names import BINARY_OPS, REDUCE_OPS, UNARY_OPS
+from accelkit._core.op_names import BINARY_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
 from accelkit.device import DeviceInfo
 from accelkit.dtype import DType
@@ -18,9 +18,10 @@ from accelkit.errors import DeviceError
 
 __all__ = ["IMPLEMENTED_OPS", "capabilities", "cl_devices", "device_dtypes", "probe"]
 
-#: The TensorOps this backend runs on the device today (declared exactly: the selector trusts it).
+#: The TensorOps and KernelOps this backend runs on the device today (declared exactly: the
+#: selector trusts it).
 IMPLEMENTED_OPS: frozenset[str] = frozenset(
-    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS}
+    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS, *KERNEL_OPS}
     | {
         "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
         "reduce", "softmax", "log_softmax", "layer_norm", "rms_norm", "reshape", "transpose",

@@ -1,0 +1,344 @@
+"""The OpenCL backend's KernelOps: every sub-interface, each hook enqueueing OpenCL kernels.
+
+Ops that TensorOps already runs on this device (rms_norm, layer_norm, attention, linear, gelu,
+argmax) enqueue the same kernels through :class:`~accelkit_opencl.ops.OpenCLTensorOps`'s hooks;
+silu_mul is one generated elementwise kernel; the rest are the kernels of
+:mod:`accelkit_opencl.opencl_fused`. Nothing is computed on the host: the only host data sent
+are constants a kernel reads (rotary frequencies, sample_token's seeded noise, which is the
+backend's own ``uniform`` so both routes draw the same tokens). A dtype with no OpenCL C type
+(BF16) raises UnsupportedOperationError, which the dispatcher answers with the composition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyopencl as cl
+
+from accelkit.abc.kernel_ops import (
+    ActivationOps,
+    AttentionOps,
+    GeluApproximation,
+    KernelOps,
+    LinearOps,
+    NormOps,
+    PositionOps,
+    SamplingOps,
+    SamplingParams,
+    rotary_inv_freq,
+)
+from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
+from accelkit.quant import QuantFormat
+from accelkit.tensor import Tensor
+from accelkit_opencl.opencl_elementwise import Operand, elementwise_source
+from accelkit_opencl.opencl_fused import (
+    BAD_BLOCK,
+    BAD_LENGTH,
+    paged_attention_source,
+    quantized_linear_source,
+    rms_norm_residual_source,
+    rotary_source,
+    sample_token_source,
+    silu_mul_expr,
+)
+from accelkit_opencl.opencl_types import STORE_TYPES, load_type, numpy_scalar
+from accelkit_opencl.ops import _launch
+from accelkit_opencl.submit import CLComponent
+
+if TYPE_CHECKING:
+    from accelkit_opencl.backend import OpenCLBackend
+    from accelkit_opencl.ops import OpenCLTensorOps
+
+__all__ = [
+    "OpenCLActivationOps", "OpenCLAttentionOps", "OpenCLKernelOps", "OpenCLLinearOps",
+    "OpenCLNormOps", "OpenCLPositionOps", "OpenCLSamplingOps",
+]  # fmt: skip
+
+_i64 = np.int64
+
+
+def _compute(dtype: DType) -> DType:
+    return DType.F64 if dtype is DType.F64 else DType.F32
+
+
+class _FusedComponent(CLComponent):
+    """What every sub-interface shares: the dtype guard, TensorOps' hooks, checked launches."""
+
+    def _supported(self, op: str, *tensors: Tensor | None) -> None:
+        for t in tensors:
+            if t is not None and t._dtype not in STORE_TYPES:
+                raise UnsupportedOperationError(
+                    f"opencl: no fused {op} for {t._dtype.value} (OpenCL C has no such type)"
+                )
+
+    @property
+    def _ops(self) -> OpenCLTensorOps:
+        return self.backend.tensor_ops  # type: ignore[return-value]
+
+    def _enqueue_reporting(
+        self,
+        fn: Callable[[Any, list[Any] | None, Any], Any],
+        inputs: Iterable[Any],
+        outputs: list[Tensor],
+        error: Callable[[int, int], BaseException],
+        keepalive: Iterable[Any] = (),
+    ) -> None:
+        """``_enqueue_checked`` with an error kind: ``fn(queue, wait_for, err)`` gets a zeroed
+        buffer of three longs (flag, kind, value; see :mod:`accelkit_opencl.opencl_fused`),
+        copied back by the same command; ``error(kind, value)`` is raised when the outputs are
+        awaited if the flag was set."""
+        host = np.zeros(3, np.int64)
+        flag = cl.Buffer(
+            self.backend._context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+            hostbuf=host,
+        )  # fmt: skip
+
+        def run(queue: Any, wait_for: list[Any] | None) -> Any:
+            fn(queue, wait_for, flag)
+            return cl.enqueue_copy(queue, host, flag, is_blocking=False)
+
+        self._enqueue(run, inputs, outputs, (flag, host, *keepalive))
+
+        def check() -> BaseException | None:
+            return error(int(host[1]), int(host[2])) if host[0] else None
+
+        self._stream.add_check(outputs[0]._seq, check)
+
+
+def _with_err(
+    kernel: Any, args: list[Any], index: int, global_size: tuple[int, ...], local: Any
+) -> Callable[[Any, list[Any] | None, Any], Any]:
+    """A launch that puts the error buffer at ``args[index]``."""
+
+    def run(queue: Any, wait_for: list[Any] | None, err: Any) -> Any:
+        args[index] = err
+        kernel.set_args(*args)
+        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local, wait_for=wait_for)
+
+    return run
+
+
+class OpenCLNormOps(_FusedComponent, NormOps):
+    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+        self._supported("rms_norm", x)
+        self._ops._k_rms_norm(x, weight, eps, out)
+
+    def _k_rms_norm_residual(
+        self, x: Tensor, residual: Tensor, weight: Tensor | None, eps: float, normed: Tensor,
+        summed: Tensor,
+    ) -> None:  # fmt: skip
+        self._supported("rms_norm_residual", x)
+        if x._size == 0:
+            self._skip([normed, summed])
+            return
+        d = x._shape[-1]
+        wg = self.backend._reduce_wg
+        source = rms_norm_residual_source(x._dtype, weight is not None, wg)
+        kernel = self.backend._kernel(source, "rms_residual")
+        args: list[Any] = [normed._data, summed._data, x._data, residual._data]
+        if weight is not None:
+            args.append(weight._data)
+        args += [_i64(d), numpy_scalar(load_type(x._dtype), eps)]
+        self._enqueue(
+            _launch(kernel, args, ((x._size // d) * wg,), (wg,)),
+            [x, residual, weight], [normed, summed],
+        )  # fmt: skip
+
+    def _k_layer_norm(
+        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
+    ) -> None:
+        self._supported("layer_norm", x)
+        self._ops._k_layer_norm(x, weight, bias, eps, out)
+
+
+class OpenCLPositionOps(_FusedComponent, PositionOps):
+    def _k_rotary_embedding(
+        self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
+    ) -> None:
+        self._supported("rotary_embedding", x)
+        if x._size == 0:
+            self._skip([out])
+            return
+        _, h, s, d = x._shape
+        half = d // 2
+        inv_freq = self.backend.tensor_factory.from_host(
+            rotary_inv_freq(d, base), dtype=_compute(x._dtype)
+        )
+        per_batch = positions is not None and positions.ndim == 2
+        pdt = positions._dtype if positions is not None else None
+        kernel = self.backend._kernel(rotary_source(x._dtype, pdt, per_batch), "rotary")
+        args: list[Any] = [out._data, x._data, inv_freq._data]
+        if positions is not None:
+            args.append(positions._data)
+        args += [_i64(h), _i64(s), _i64(half), _i64(offset)]
+        self._enqueue(_launch(kernel, args, (x._size // 2,), None), [x, inv_freq, positions], [out])
+
+
+class OpenCLAttentionOps(_FusedComponent, AttentionOps):
+    def _k_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
+        causal: bool,
+    ) -> None:  # fmt: skip
+        self._supported("attention", q, mask)
+        self._ops._k_attention(q, k, v, mask, out, scale, causal)
+
+    def _k_paged_attention(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+        context_lens: Tensor, scale: float, out: Tensor,
+    ) -> None:  # fmt: skip
+        self._supported("paged_attention", q)
+        if out._size == 0:
+            self._skip([out])
+            return
+        b, h, d = q._shape
+        num_blocks, block_size, hk, _ = k_cache._shape
+        max_blocks = block_table._shape[1]
+        source = paged_attention_source(
+            q._dtype, block_table._dtype, context_lens._dtype, d, block_size
+        )
+        kernel = self.backend._kernel(source, "paged_attention")
+        args: list[Any] = [
+            out._data, q._data, k_cache._data, v_cache._data, block_table._data,
+            context_lens._data, None, _i64(h), _i64(h // hk), _i64(hk), _i64(num_blocks),
+            _i64(max_blocks), numpy_scalar(load_type(q._dtype), scale),
+        ]  # fmt: skip
+        max_len = max_blocks * block_size
+
+        def error(kind: int, value: int) -> BaseException:
+            if kind == BAD_LENGTH:
+                return InvalidArgumentError(
+                    f"paged_attention: context_lens must lie in 0..{max_len} (max_blocks *"
+                    f" block_size); got {value}"
+                )
+            assert kind == BAD_BLOCK
+            return InvalidArgumentError(
+                f"paged_attention: block_table refers to block {value}; the cache has blocks"
+                f" 0..{num_blocks - 1}"
+            )
+
+        self._enqueue_reporting(
+            _with_err(kernel, args, 6, (b * h,), None),
+            [q, k_cache, v_cache, block_table, context_lens], [out], error,
+        )  # fmt: skip
+
+
+class OpenCLActivationOps(_FusedComponent, ActivationOps):
+    def _k_silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
+        self._supported("silu_mul", gate)
+        n = out._size
+        if n == 0:
+            self._skip([out])
+            return
+        dt = gate._dtype
+        operands = [Operand("a", dt, True), Operand("b", dt, True)]
+        source = elementwise_source(dt, dt, operands, silu_mul_expr(dt), 1)
+        kernel = self.backend._kernel(source, "ew")
+        args = [out._data, _i64(0), gate._data, _i64(0), up._data, _i64(0), _i64(n), _i64(n)]
+        args += [_i64(1)] * 3  # contiguous strides of out, a and b
+        self._enqueue(_launch(kernel, args, (n,), None), [gate, up], [out])
+
+    def _k_gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
+        self._supported("gelu", x)
+        self._ops._k_unary("gelu" if approximate == "none" else "gelu_tanh", x, out)
+
+
+class OpenCLLinearOps(_FusedComponent, LinearOps):
+    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+        self._supported("linear", x, weight, bias, out)
+        self._ops._k_linear(x, weight, bias, out)
+
+    def _k_quantized_linear(
+        self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None,
+        format: QuantFormat, out: Tensor,
+    ) -> None:  # fmt: skip
+        self._supported("quantized_linear", x)
+        if out._size == 0:
+            self._skip([out])
+            return
+        n_out, n_in = qweight._shape[0], x._shape[-1]
+        rows = x._size // n_in
+        source = quantized_linear_source(x._dtype, format, scales._dtype, bias is not None)
+        kernel = self.backend._kernel(source, "qlinear")
+        args: list[Any] = [out._data, x._data, qweight._data, scales._data]
+        if bias is not None:
+            args.append(bias._data)
+        args += [_i64(n_out), _i64(n_in)]
+        self._enqueue(_launch(kernel, args, (n_out, rows), None), [x, qweight, scales, bias], [out])
+
+
+class OpenCLSamplingOps(_FusedComponent, SamplingOps):
+    def _k_argmax(self, logits: Tensor, out: Tensor) -> None:
+        self._supported("argmax", logits)
+        self._ops._k_reduce("argmax", logits, (logits.ndim - 1,), False, out)
+
+    def _k_sample_token(
+        self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
+    ) -> None:
+        self._supported("sample_token", logits)
+        vocab = logits._shape[-1]
+        rows = logits._size // vocab
+        if rows == 0:
+            self._skip([out])
+            return
+        ct = _compute(logits._dtype)
+        greedy = params.temperature == 0.0
+        top_k = 0 < params.top_k < vocab
+        top_p = params.top_p < 1.0
+        previous = previous_tokens if params.repetition_penalty != 1.0 else None
+        wg = self.backend._reduce_wg
+        source = sample_token_source(
+            logits._dtype, previous._dtype if previous is not None else None, greedy,
+            top_k and not greedy, top_p and not greedy, wg,
+        )  # fmt: skip
+        kernel = self.backend._kernel(source, "sample")
+        z = self._empty((rows, vocab), ct)
+        p = self._empty((rows, vocab) if top_p and not greedy else (1,), ct)
+        t = load_type(ct)
+        args: list[Any] = [out._data, logits._data, z._data, p._data]
+        inputs: list[Any] = [logits]
+        if previous is not None:
+            n_prev = previous._size // rows
+            args += [previous._data, _i64(n_prev), None]
+            inputs.append(previous)
+        if not greedy:
+            # The composition's noise, made by this backend's factory for the same seed.
+            noise = self.backend.tensor_factory.uniform((rows, vocab), seed=params.seed)
+            args.append(noise._data)
+            inputs.append(noise)
+        args += [
+            _i64(vocab), numpy_scalar(t, params.repetition_penalty),
+            numpy_scalar(t, params.temperature or 1.0), _i64(params.top_k),
+            numpy_scalar(t, params.top_p),
+        ]  # fmt: skip
+        launch_size = ((rows * wg,), (wg,))
+        if previous is None:
+            self._enqueue(_launch(kernel, args, *launch_size), inputs, [out, z, p])
+            return
+
+        def error(kind: int, value: int) -> BaseException:
+            return InvalidArgumentError(
+                f"sample_token: previous_tokens must lie in 0..{vocab - 1} (negative entries are"
+                f" padding); got {value}"
+            )
+
+        self._enqueue_reporting(
+            _with_err(kernel, args, 6, *launch_size), inputs, [out, z, p], error
+        )
+
+
+class OpenCLKernelOps(KernelOps):
+    """All six sub-interfaces, as OpenCL kernels on the backend's command queues."""
+
+    def __init__(self, backend: OpenCLBackend) -> None:
+        super().__init__(
+            backend,
+            norm_ops=OpenCLNormOps(backend),
+            position_ops=OpenCLPositionOps(backend),
+            attention_ops=OpenCLAttentionOps(backend),
+            activation_ops=OpenCLActivationOps(backend),
+            linear_ops=OpenCLLinearOps(backend),
+            sampling_ops=OpenCLSamplingOps(backend),
+        )
