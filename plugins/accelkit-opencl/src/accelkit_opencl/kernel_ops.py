@@ -45,8 +45,7 @@ from accelkit_opencl.opencl_fused import (
     silu_mul_expr,
 )
 from accelkit_opencl.opencl_types import STORE_TYPES, load_type, numpy_scalar
-from accelkit_opencl.ops import _launch
-from accelkit_opencl.submit import CLComponent
+from accelkit_opencl.submit import CLComponent, launch
 
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
@@ -143,7 +142,7 @@ class OpenCLNormOps(_FusedComponent, NormOps):
             args.append(weight._data)
         args += [_i64(d), numpy_scalar(load_type(x._dtype), eps)]
         self._enqueue(
-            _launch(kernel, args, ((x._size // d) * wg,), (wg,)),
+            launch(kernel, args, ((x._size // d) * wg,), (wg,)),
             [x, residual, weight], [normed, summed],
         )  # fmt: skip
 
@@ -174,7 +173,7 @@ class OpenCLPositionOps(_FusedComponent, PositionOps):
         if positions is not None:
             args.append(positions._data)
         args += [_i64(h), _i64(s), _i64(half), _i64(offset)]
-        self._enqueue(_launch(kernel, args, (x._size // 2,), None), [x, inv_freq, positions], [out])
+        self._enqueue(launch(kernel, args, (x._size // 2,), None), [x, inv_freq, positions], [out])
 
 
 class OpenCLAttentionOps(_FusedComponent, AttentionOps):
@@ -238,7 +237,7 @@ class OpenCLActivationOps(_FusedComponent, ActivationOps):
         kernel = self.backend._kernel(source, "ew")
         args = [out._data, _i64(0), gate._data, _i64(0), up._data, _i64(0), _i64(n), _i64(n)]
         args += [_i64(1)] * 3  # contiguous strides of out, a and b
-        self._enqueue(_launch(kernel, args, (n,), None), [gate, up], [out])
+        self._enqueue(launch(kernel, args, (n,), None), [gate, up], [out])
 
     def _k_gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
         self._supported("gelu", x)
@@ -266,7 +265,7 @@ class OpenCLLinearOps(_FusedComponent, LinearOps):
         if bias is not None:
             args.append(bias._data)
         args += [_i64(n_out), _i64(n_in)]
-        self._enqueue(_launch(kernel, args, (n_out, rows), None), [x, qweight, scales, bias], [out])
+        self._enqueue(launch(kernel, args, (n_out, rows), None), [x, qweight, scales, bias], [out])
 
 
 class OpenCLSamplingOps(_FusedComponent, SamplingOps):
@@ -315,7 +314,7 @@ class OpenCLSamplingOps(_FusedComponent, SamplingOps):
         ]  # fmt: skip
         launch_size = ((rows * wg,), (wg,))
         if previous is None:
-            self._enqueue(_launch(kernel, args, *launch_size), inputs, [out, z, p])
+            self._enqueue(launch(kernel, args, *launch_size), inputs, [out, z, p])
             return
 
         def error(kind: int, value: int) -> BaseException:

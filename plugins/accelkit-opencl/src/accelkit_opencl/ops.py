@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from accelkit._core.shapes import broadcast_shapes, prod
+from accelkit._core.shapes import prod
 from accelkit.abc.tensor_ops import Operand, TensorOps
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import UnsupportedOperationError
 from accelkit.tensor import Tensor
+from accelkit_opencl.linalg_ops import CLLinalgOps
 from accelkit_opencl.opencl_attention import attention_key_tile, attention_source
 from accelkit_opencl.opencl_elementwise import (
     Operand as SourceOperand,
@@ -30,7 +31,6 @@ from accelkit_opencl.opencl_elementwise import (
     elementwise_source,
     unary_expr,
 )
-from accelkit_opencl.opencl_linalg import VEC_NN, VEC_NT, gemm_source, gemm_vec_source
 from accelkit_opencl.opencl_reduction import norm_source, reduce_source, softmax_source
 from accelkit_opencl.opencl_training import (
     adam_source,
@@ -45,7 +45,7 @@ from accelkit_opencl.opencl_types import (
     load_type,
     numpy_scalar,
 )
-from accelkit_opencl.submit import CLComponent
+from accelkit_opencl.submit import CLComponent, launch
 
 __all__ = ["OpenCLTensorOps"]
 
@@ -86,15 +86,7 @@ class _Item:
         return type(self.value) is Tensor
 
 
-def _launch(kernel: Any, args: Sequence[Any], global_size: tuple[int, ...], local: Any) -> Any:
-    def run(queue: Any, wait_for: list[Any] | None) -> Any:
-        kernel.set_args(*args)
-        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local, wait_for=wait_for)
-
-    return run
-
-
-class OpenCLTensorOps(CLComponent, TensorOps):
+class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
     # -- the strided elementwise loop every copy-like op runs on ----------------------------------
     def _strided(
         self,
@@ -134,7 +126,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         args += [_i64(d) for d in cshape]
         for strides in cstrides:
             args += [_i64(s) for s in strides]
-        self._enqueue(_launch(kernel, args, (n,), None), [it.value for it in tensors], [out])
+        self._enqueue(launch(kernel, args, (n,), None), [it.value for it in tensors], [out])
 
     def _operand(self, name: str, v: Operand, compute: DType, shape: tuple[int, ...]) -> _Item:
         if type(v) is Tensor:
@@ -196,115 +188,6 @@ class OpenCLTensorOps(CLComponent, TensorOps):
             [self._operand("a", x, x._dtype, out._shape)],
         )
 
-    # -- linear algebra ---------------------------------------------------------------------------
-    def _gemm_launch(
-        self,
-        out: Tensor,
-        a: Tensor,
-        b: Tensor,
-        c: Tensor | None,
-        mnk: tuple[int, int, int],
-        a_mk: tuple[int, int],
-        b_kn: tuple[int, int],
-        c_mn: tuple[int, int],
-        batch: tuple[int, ...],
-        batch_strides: list[tuple[int, ...]],
-        alpha: float,
-        beta: float,
-    ) -> None:
-        m, n, k = mnk
-        if out._size == 0:
-            self._skip([out])
-            return
-        bshape, bstrides = collapse(batch, batch_strides) if batch else ((1,), [(0,)] * 3)
-        if len(bshape) > 3:
-            raise UnsupportedOperationError(
-                f"opencl: matmul over {len(bshape)} independent broadcast batch dimensions"
-                " (at most 3) is not implemented yet"
-            )
-        pad = 3 - len(bshape)
-        bshape = (1,) * pad + bshape
-        bstrides = [(0,) * pad + s for s in bstrides]
-        nbatch = prod(bshape)
-        vec = _vector_gemm(out, a, b, c, mnk, a_mk, b_kn)
-        if vec is not None:
-            nt, (rm, rn) = vec
-            kernel = self.backend._kernel(gemm_vec_source(out._dtype, c is not None, nt), "gemm")
-            global_size: tuple[int, ...] = (n // rn, m // rm, nbatch)
-            # 8x2 work-items per group measured best on PoCL (the device's vectorizer packs
-            # work-items along the first dimension); any divisor works.
-            local_size: tuple[int, ...] | None = (
-                (8, 2, 1) if global_size[0] % 8 == 0 and global_size[1] % 2 == 0 else None
-            )
-        else:
-            ts, wpt = self.backend._gemm_tiles(out._dtype)
-            rts = ts // wpt
-            source = gemm_source(
-                a._dtype, b._dtype, c._dtype if c is not None else None, out._dtype, ts, wpt
-            )
-            kernel = self.backend._kernel(source, "gemm")
-            global_size = (-(-n // ts) * rts, -(-m // ts) * rts, nbatch)
-            local_size = (rts, rts, 1)
-        t = load_type(out._dtype)
-        args: list[Any] = [out._data, a._data, b._data]
-        if c is not None:
-            args.append(c._data)
-        args += [np.int32(m), np.int32(n), np.int32(k)]
-        args += [_i64(s) for s in (*a_mk, *b_kn, *c_mn)]
-        args += [_i64(bshape[1]), _i64(bshape[2])]
-        for strides in bstrides:
-            args += [_i64(s) for s in strides]
-        args += [numpy_scalar(t, alpha), numpy_scalar(t, beta)]
-        self._enqueue(_launch(kernel, args, global_size, local_size), [a, b, c], [out])
-
-    def _k_gemm(
-        self,
-        a: Tensor,
-        b: Tensor,
-        c: Tensor | None,
-        out: Tensor,
-        trans_a: bool,
-        trans_b: bool,
-        alpha: float,
-        beta: float,
-    ) -> None:
-        batched = out.ndim == 3
-        m, n = out._shape[-2], out._shape[-1]
-        k = a._shape[-2] if trans_a else a._shape[-1]
-        ra, rb = a._shape[-1], b._shape[-1]
-        a_mk = (1, ra) if trans_a else (ra, 1)
-        b_kn = (1, rb) if trans_b else (rb, 1)
-        c_strides = broadcast_strides(c._shape, out._shape) if c is not None else (0,) * out.ndim
-        batch: tuple[int, ...] = ()
-        bstrides: list[tuple[int, ...]] = [(), (), ()]
-        if batched:
-            batch = (out._shape[0],)
-            bstrides = [(a._shape[-2] * ra,), (b._shape[-2] * rb,), (c_strides[0],)]
-        self._gemm_launch(
-            out, a, b, c, (m, n, k), a_mk, b_kn, c_strides[-2:], batch, bstrides, alpha, beta
-        )
-
-    def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
-        a2 = a._shape if a.ndim > 1 else (1, a._shape[0])
-        b2 = b._shape if b.ndim > 1 else (b._shape[0], 1)
-        m, k, n = a2[-2], a2[-1], b2[-1]
-        batch = broadcast_shapes(a2[:-2], b2[:-2])
-        sa = tuple(s * m * k for s in broadcast_strides(a2[:-2], batch))
-        sb = tuple(s * k * n for s in broadcast_strides(b2[:-2], batch))
-        self._gemm_launch(
-            out, a, b, None, (m, n, k), (k, 1), (n, 1), (0, 0), batch,
-            [sa, sb, (0,) * len(batch)], 1.0, 0.0,
-        )  # fmt: skip
-
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
-        k = weight._shape[1]
-        n = weight._shape[0]
-        m = x._size // k if k else prod(x._shape[:-1])
-        self._gemm_launch(
-            out, x, weight, bias, (m, n, k), (k, 1), (1, k), (0, 1), (), [(), (), ()],
-            1.0, 1.0 if bias is not None else 0.0,
-        )  # fmt: skip
-
     # -- reductions -------------------------------------------------------------------------------
     def _k_reduce(
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
@@ -326,7 +209,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         kernel = self.backend._kernel(source, "reduce")
         args = [out._data, x._data, _i64(n_red)]
         args += [_i64(v) for v in (*kshape, *kstrides, *rshape, *rstrides)]
-        self._enqueue(_launch(kernel, args, (out._size * wg,), (wg,)), [x], [out])
+        self._enqueue(launch(kernel, args, (out._size * wg,), (wg,)), [x], [out])
 
     # -- shape ------------------------------------------------------------------------------------
     def _copy(
@@ -453,7 +336,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
             args.append(bias._data)
         dims = (c, h, w, o, cg, kh, kw, oh, ow, *stride, *padding, *dilation, o // groups)
         args += [np.int32(v) for v in dims]
-        self._enqueue(_launch(kernel, args, (ow, oh, n * o), None), [x, weight, bias], [out])
+        self._enqueue(launch(kernel, args, (ow, oh, n * o), None), [x, weight, bias], [out])
 
     def _k_attention(
         self,
@@ -489,7 +372,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         if mask is not None:
             args += [_i64(st) for st in broadcast_strides(mask._shape, (b, h, sq, skv))]
         global_size = (-(-sq // bq) * bq, b * h)
-        self._enqueue(_launch(kernel, args, global_size, (bq, 1)), [q, k, v, mask], [out])
+        self._enqueue(launch(kernel, args, global_size, (bq, 1)), [q, k, v, mask], [out])
 
     def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         if out._size == 0:
@@ -501,7 +384,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         wg = self.backend._reduce_wg
         kernel = self.backend._kernel(softmax_source(x._dtype, out._dtype, log, wg), "softmax")
         args = [out._data, x._data, _i64(length), _i64(inner)]
-        self._enqueue(_launch(kernel, args, (rows * wg,), (wg,)), [x], [out])
+        self._enqueue(launch(kernel, args, (rows * wg,), (wg,)), [x], [out])
 
     def _norm(
         self,
@@ -523,7 +406,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         args += [t._data for t in (weight, bias) if t is not None]
         args += [_i64(d), numpy_scalar(load_type(x._dtype), eps)]
         self._enqueue(
-            _launch(kernel, args, ((out._size // d) * wg,), (wg,)), [x, weight, bias], [out]
+            launch(kernel, args, ((out._size // d) * wg,), (wg,)), [x, weight, bias], [out]
         )
 
     def _k_layer_norm(
@@ -564,7 +447,7 @@ class OpenCLTensorOps(CLComponent, TensorOps):
             self._k_cast(rows, loss)
             return
         red = self.backend._kernel(loss_reduce_source(dt, reduction == "mean", wg), "loss_reduce")
-        self._enqueue(_launch(red, [loss._data, rows._data, _i64(n)], (wg,), (wg,)), [rows], [loss])
+        self._enqueue(launch(red, [loss._data, rows._data, _i64(n)], (wg,), (wg,)), [rows], [loss])
 
     def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
         from accelkit_opencl.opencl_index import checked_launch, embedding_source, index_error
@@ -607,29 +490,4 @@ class OpenCLTensorOps(CLComponent, TensorOps):
         hyper = (lr, beta1, beta2, eps, 1.0 - beta1**step, 1.0 - beta2**step, weight_decay)
         args = [param._data, grad._data, m._data, v._data, _i64(n)]
         args += [numpy_scalar(t, x) for x in hyper]
-        self._enqueue(_launch(kernel, args, (n,), None), [param, grad, m, v], [param, m, v])
-
-
-def _vector_gemm(
-    out: Tensor,
-    a: Tensor,
-    b: Tensor,
-    c: Tensor | None,
-    mnk: tuple[int, int, int],
-    a_mk: tuple[int, int],
-    b_kn: tuple[int, int],
-) -> tuple[bool, tuple[int, int]] | None:
-    """(nt, block) when the barrier-free vector GEMM applies, else None (the tiled one runs)."""
-    m, n, k = mnk
-    dt = out._dtype
-    if dt not in (DType.F32, DType.F64) or any(
-        t is not None and t._dtype is not dt for t in (a, b, c)
-    ):
-        return None
-    rm, rn = VEC_NN
-    if b_kn[1] == 1 and m % rm == 0 and n % rn == 0:
-        return False, (rm, rn)
-    rm, rn, w = VEC_NT
-    if a_mk[1] == 1 and b_kn[0] == 1 and k % w == 0 and m % rm == 0 and n % rn == 0:
-        return True, (rm, rn)
-    return None
+        self._enqueue(launch(kernel, args, (n,), None), [param, grad, m, v], [param, m, v])

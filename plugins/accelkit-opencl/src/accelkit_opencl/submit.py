@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from accelkit_opencl.stream import CLStream
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
 
-__all__ = ["CLComponent", "dependencies"]
+__all__ = ["CLComponent", "dependencies", "launch"]
 
 
 def dependencies(stream: CLStream, inputs: Iterable[Any]) -> list[Any]:
@@ -137,3 +137,11 @@ class CLComponent(OpsBase):
         for o in outputs:
             o._stream = stream
             o._seq = 0
+
+
+def launch(kernel: Any, args: Sequence[Any], global_size: tuple[int, ...], local: Any) -> Any:
+    def run(queue: Any, wait_for: list[Any] | None) -> Any:
+        kernel.set_args(*args)
+        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local, wait_for=wait_for)
+
+    return run
