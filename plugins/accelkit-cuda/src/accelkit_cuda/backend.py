@@ -5,7 +5,6 @@ Imported only when a user creates a ``cuda`` backend; CuPy is imported here.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +25,7 @@ from accelkit.memory import MemoryPoolConfig
 from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
 from accelkit_cuda.errors import RebuildLimiter
 from accelkit_cuda.probe import capabilities, cupy_status
-from accelkit_cuda.stream import CUDAStream
+from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 
 __all__ = ["CUDABackend"]
 
@@ -61,6 +60,8 @@ class CUDABackend(ComputeBackend):
         self._poisoned: ContextPoisonedError | None = None
         self._rebuilds = RebuildLimiter()
         self._gen = 1
+        #: Objects of rebuilt contexts, never destroyed (see :meth:`recover`).
+        self._graveyard: list[Any] = []
 
     def supports_device(self, device: Device | str) -> bool:
         try:
@@ -103,7 +104,7 @@ class CUDABackend(ComputeBackend):
 
         try:
             await anyio.to_thread.run_sync(open_context)
-        except cupy.cuda.runtime.CUDARuntimeError as exc:
+        except CUDA_ERRORS as exc:
             raise DeviceError(f"cannot open a CUDA context on {device}: {exc}") from None
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
@@ -192,27 +193,37 @@ class CUDABackend(ComputeBackend):
 
         device = self._device_obj
         props = _devices()[device.index]
-        self._pool.invalidate_all(close=False)
+        # Everything that holds a handle of the dead context is forgotten without a CUDA call,
+        # and kept referenced (a bounded leak: at most MAX_REBUILDS per window) so that no
+        # destructor later frees or destroys a handle value the new context may reuse.
+        self._gen += 1  # first: the pool's blocks now belong to a dead generation, never freed
+        self._pool.invalidate_all(close=True)
+        for stream in self._streams:
+            stream.abandon()
+        with self._deferred_lock:
+            self._deferred = []
+        self._graveyard.append((self._streams, self._fused, self._kernel_executor))
         assert self._kernel_executor is not None
         self._kernel_executor.forget_all()  # type: ignore[attr-defined]
+        self._streams, self._default = [], None
 
         def reset() -> None:
             import cupy
 
-            for pool in (cupy.get_default_memory_pool(), cupy.get_default_pinned_memory_pool()):
-                with contextlib.suppress(Exception):
-                    pool.free_all_blocks()
+            self._graveyard.append(
+                (cupy.get_default_memory_pool(), cupy.get_default_pinned_memory_pool())
+            )
+            cupy.cuda.set_allocator(cupy.cuda.MemoryPool().malloc)
+            cupy.cuda.set_pinned_memory_allocator(cupy.cuda.PinnedMemoryPool().malloc)
+            cupy._util.clear_memo()  # kernels CuPy compiled and loaded into the old context
             driver().reset_primary_context(device.index)
             with self._cp_device:
-                cupy.cuda.runtime.free(0)
+                cupy.cuda.runtime.free(0)  # a fresh primary context
 
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(reset)
-        self._gen += 1
         self._poisoned = None
         self._error = None
-        with self._deferred_lock:
-            self._deferred = []
         self._build(device, props)
 
     # -- streams ----------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ __device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
 
 // ---- norms: one block per row -------------------------------------------------------------
 template <typename T> __device__ void rms_norm_impl(
-        const T* x, const T* w, T* out, i64 d, float eps) {
+        const T* x, const T* w, T* out, i64 d, double eps) {
     typedef typename Acc<T>::type A;
     __shared__ A shm[32];
     const T* xr = x + blockIdx.x * d;
@@ -123,7 +123,7 @@ template <typename T> __device__ void rms_norm_impl(
 }
 
 template <typename T> __device__ void rms_norm_residual_impl(
-        const T* x, const T* res, const T* w, T* normed, T* summed, i64 d, float eps) {
+        const T* x, const T* res, const T* w, T* normed, T* summed, i64 d, double eps) {
     typedef typename Acc<T>::type A;
     i64 base = blockIdx.x * d;
     for (i64 i = threadIdx.x; i < d; i += blockDim.x)
@@ -133,7 +133,7 @@ template <typename T> __device__ void rms_norm_residual_impl(
 }
 
 template <typename T> __device__ void layer_norm_impl(
-        const T* x, const T* w, const T* b, T* out, i64 d, float eps) {
+        const T* x, const T* w, const T* b, T* out, i64 d, double eps) {
     typedef typename Acc<T>::type A;
     __shared__ A shm[32];
     const T* xr = x + blockIdx.x * d;
@@ -222,7 +222,7 @@ template <typename T> __device__ void gelu_tanh_impl(const T* x, T* out, i64 n) 
 #define MAXC 8
 template <typename T> __device__ void flash_impl(
         const T* q, const T* k, const T* v, T* out, int H, int Hkv, i64 Sq, i64 Sk, int D,
-        int Dv, float scale, int causal) {
+        int Dv, double scale, int causal) {
     typedef typename Acc<T>::type A;
     extern __shared__ unsigned char smem_raw[];
     A* Ks = (A*)smem_raw;                 // [TILE][D + 1]
@@ -287,34 +287,34 @@ template <typename T> __device__ void flash_impl(
 }
 
 // ---- paged attention (one query per sequence and head) --------------------------------------------
-// q [B, H, D]; caches [NB, BS, Hkv, D]; block_table [B, MB] int32; lens [B] int32; out [B, H, D].
+// q [B, H, D]; caches [NB, BS, Hkv, D]; block_table [B, MB] and lens [B] int64; out [B, H, D].
 // One warp per (b, h). err: 1 = context length out of range, 2 = block id out of range.
 template <typename T> __device__ void paged_impl(
-        const T* q, const T* kc, const T* vc, const int* table, const int* lens, T* out,
-        int H, int Hkv, int D, int NB, int BS, int MB, float scale, i64* err) {
+        const T* q, const T* kc, const T* vc, const i64* table, const i64* lens, T* out,
+        int H, int Hkv, int D, i64 NB, int BS, int MB, double scale, i64* err) {
     typedef typename Acc<T>::type A;
     int lane = threadIdx.x & 31;
     i64 bh = blockIdx.x, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     const T* qr = q + bh * D;
     T* o = out + bh * D;
-    int n = lens[b];
-    if (n < 0 || n > MB * BS) {
+    i64 n = lens[b];
+    if (n < 0 || n > (i64)MB * BS) {
         if (lane == 0 && h == 0) set_error(err, 1, n);
         n = 0;
     }
     A m = neg_inf(A(0)), l = 0, acc[MAXC];
     for (int c = 0; c < MAXC; ++c) acc[c] = 0;
-    for (int t0 = 0; t0 < n; t0 += 32) {
-        int key = t0 + lane;
+    for (i64 t0 = 0; t0 < n; t0 += 32) {
+        i64 key = t0 + lane;
         bool ok = key < n;
         i64 rowoff = 0;
         if (ok) {
-            int blk = table[b * MB + key / BS];
+            i64 blk = table[b * MB + key / BS];
             if (blk < 0 || blk >= NB) {
                 set_error(err, 2, blk);
                 ok = false;
             } else {
-                rowoff = (((i64)blk * BS + key % BS) * Hkv + hk) * D;
+                rowoff = ((blk * BS + key % BS) * Hkv + hk) * D;
             }
         }
         A s = neg_inf(A(0));
@@ -380,7 +380,13 @@ template <typename T> __device__ void qlinear_impl(
     if (lane == 0) st(out, mi * N + ni, s + (bias ? A(ld(bias, ni)) : A(0)));
 }
 
-// ---- argmax over rows (first maximum wins, as NumPy) ---------------------------------------------
+// ---- argmax over rows (NumPy's rule: the first NaN, else the first maximum) ---------------------
+template <typename A> __device__ __forceinline__ bool better(A v, i64 i, A bv, i64 bi) {
+    bool vn = v != v, bn = bv != bv;
+    if (vn != bn) return vn;
+    if (!vn && v != bv) return v > bv;
+    return i < bi;
+}
 template <typename T> __device__ void argmax_impl(const T* x, i64* out, i64 d) {
     typedef typename Acc<T>::type A;
     __shared__ A sv[1024];
@@ -390,17 +396,16 @@ template <typename T> __device__ void argmax_impl(const T* x, i64* out, i64 d) {
     i64 bi = d;  // "none yet": loses every tie
     for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
         A v = ld(xr, i);
-        if (v > best || (v == best && i < bi) || (bi == d && v != v)) { best = v; bi = i; }
-        if (v != v) { best = -neg_inf(A(0)); bi = i; break; }  // NaN wins (NumPy's rule)
+        if (better(v, i, best, bi)) { best = v; bi = i; }
     }
-    sv[threadIdx.x] = best; si[threadIdx.x] = bi;
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = bi;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            A v = sv[threadIdx.x + s]; i64 j = si[threadIdx.x + s];
-            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) {
-                sv[threadIdx.x] = v; si[threadIdx.x] = j;
-            }
+        if (threadIdx.x < s && better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x],
+                                      si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + s];
+            si[threadIdx.x] = si[threadIdx.x + s];
         }
         __syncthreads();
     }
@@ -408,12 +413,12 @@ template <typename T> __device__ void argmax_impl(const T* x, i64* out, i64 d) {
 }
 
 #define INSTANTIATE(T, S)                                                                        \
-extern "C" __global__ void rms_norm_##S(const T* x, const T* w, T* o, i64 d, float eps)         \
+extern "C" __global__ void rms_norm_##S(const T* x, const T* w, T* o, i64 d, double eps)        \
     { rms_norm_impl<T>(x, w, o, d, eps); }                                                        \
 extern "C" __global__ void rms_norm_residual_##S(const T* x, const T* r, const T* w, T* n,      \
-        T* s, i64 d, float eps) { rms_norm_residual_impl<T>(x, r, w, n, s, d, eps); }            \
+        T* s, i64 d, double eps) { rms_norm_residual_impl<T>(x, r, w, n, s, d, eps); }           \
 extern "C" __global__ void layer_norm_##S(const T* x, const T* w, const T* b, T* o, i64 d,      \
-        float eps) { layer_norm_impl<T>(x, w, b, o, d, eps); }                                   \
+        double eps) { layer_norm_impl<T>(x, w, b, o, d, eps); }                                  \
 extern "C" __global__ void softmax_rows_##S(const T* x, T* o, i64 d, int log_)                  \
     { softmax_rows_impl<T>(x, o, d, log_); }                                                      \
 extern "C" __global__ void rotary_##S(const T* x, const i64* p, const Acc<T>::type* inv, T* o,  \
@@ -424,11 +429,11 @@ extern "C" __global__ void silu_mul_##S(const T* g, const T* u, T* o, i64 n)    
 extern "C" __global__ void gelu_erf_##S(const T* x, T* o, i64 n) { gelu_erf_impl<T>(x, o, n); } \
 extern "C" __global__ void gelu_tanh_##S(const T* x, T* o, i64 n) { gelu_tanh_impl<T>(x, o, n); }\
 extern "C" __global__ void flash_attention_##S(const T* q, const T* k, const T* v, T* o, int H, \
-        int Hkv, i64 Sq, i64 Sk, int D, int Dv, float scale, int causal)                         \
+        int Hkv, i64 Sq, i64 Sk, int D, int Dv, double scale, int causal)                        \
     { flash_impl<T>(q, k, v, o, H, Hkv, Sq, Sk, D, Dv, scale, causal); }                          \
 extern "C" __global__ void paged_attention_##S(const T* q, const T* kc, const T* vc,            \
-        const int* table, const int* lens, T* o, int H, int Hkv, int D, int NB, int BS, int MB,  \
-        float scale, i64* err)                                                                    \
+        const i64* table, const i64* lens, T* o, int H, int Hkv, int D, i64 NB, int BS, int MB,  \
+        double scale, i64* err)                                                                   \
     { paged_impl<T>(q, kc, vc, table, lens, o, H, Hkv, D, NB, BS, MB, scale, err); }             \
 extern "C" __global__ void qlinear_q8_0_##S(const T* x, const signed char* q,                   \
         const float* sc, const T* bias, T* o, i64 M, i64 N, i64 K)                               \

@@ -13,6 +13,7 @@ from typing import Any
 
 import cupy as cp
 import cupyx.scipy.special as cps
+import numpy as np
 
 __all__ = [
     "adam_update", "attention", "binary", "cast_into", "conv2d", "cross_entropy", "gemm",
@@ -90,11 +91,12 @@ _BINARY = {
 
 
 def _operand(v: Any, dtype: Any) -> Any:
-    """An array operand in the computation dtype; a Python scalar as a 0-d array of it (so
-    CuPy's promotion cannot widen the result)."""
+    """An array operand in the computation dtype; a Python scalar as a NumPy scalar of it (so
+    CuPy's promotion cannot widen the result, and it travels as a kernel argument, not a copy)."""
     if isinstance(v, cp.ndarray):
         return v if v.dtype == dtype else v.astype(dtype)
-    return cp.asarray(v).astype(dtype) if not isinstance(v, bool) or dtype.kind == "b" else v
+    with np.errstate(all="ignore"):
+        return np.array(v).astype(dtype)[()]
 
 
 def binary(op: str, a: Any, b: Any, out: Array) -> None:

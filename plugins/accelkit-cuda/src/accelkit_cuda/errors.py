@@ -34,11 +34,11 @@ STICKY_ERRORS = {
     700: "cudaErrorIllegalAddress",
     702: "cudaErrorLaunchTimeout",
     710: "cudaErrorAssert",
-    714: "cudaErrorMisalignedAddress",
-    715: "cudaErrorInvalidAddressSpace",
-    716: "cudaErrorInvalidPc",
-    717: "cudaErrorLaunchFailure (hardware stack)",
-    718: "cudaErrorIllegalInstruction",
+    714: "cudaErrorHardwareStackError",
+    715: "cudaErrorIllegalInstruction",
+    716: "cudaErrorMisalignedAddress",
+    717: "cudaErrorInvalidAddressSpace",
+    718: "cudaErrorInvalidPc",
     719: "cudaErrorLaunchFailure",
 }
 _OUT_OF_MEMORY = 2
@@ -47,7 +47,7 @@ REBUILD_WINDOW_S = 60.0
 
 
 def error_code(exc: BaseException) -> int | None:
-    """The cudaError_t of a CuPy ``CUDARuntimeError`` (its ``status``, or parsed from its text)."""
+    """The CUDA error code of a CuPy ``CUDARuntimeError`` or ``CUDADriverError`` (its ``status``, or parsed from its text)."""
     status = getattr(exc, "status", None)
     if isinstance(status, int):
         return status

@@ -10,9 +10,11 @@ seed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
+import cupyx
 import numpy as np
 
 from accelkit.abc.kernel_ops import (
@@ -41,13 +43,12 @@ if TYPE_CHECKING:
 __all__ = ["CUDAKernelOps", "FusedProgram"]
 
 _SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64"}
-_NULL = np.uint64(0)
 _THREADS = 256
 _SMEM_DEFAULT = 48 * 1024
 
 
 def _ptr(t: Tensor | None) -> Any:
-    return _NULL if t is None else t._data
+    return None if t is None else t._data  # CuPy passes None as a null pointer
 
 
 class FusedProgram:
@@ -96,15 +97,20 @@ class _Fused(CUDAComponent):
         return self.backend._fused.function(f"{op}_{suffix}")
 
     def _run(
-        self, fn: Any, grid: int | tuple[int, ...], block: int, args: tuple[Any, ...],
-        inputs: Any, outputs: Any, smem: int = 0,
+        self, fn: Any, grid: int | tuple[int, ...], block: int,
+        args: tuple[Any, ...] | Callable[[], tuple[Any, ...]], inputs: Any, outputs: Any,
+        smem: int = 0,
     ) -> None:  # fmt: skip
+        """Launch ``fn`` on the current stream. ``args`` may be a function building them: it
+        runs inside the launch, on the stream and device, so that conversions it makes (CuPy
+        kernels) are ordered after the inputs' writers and before the kernel."""
         g = grid if isinstance(grid, tuple) else (grid,)
         stream = self._stream
-        self._launch(
-            lambda: fn(g, (block,), args, shared_mem=smem, stream=stream.cp), inputs, outputs,
-            what=getattr(fn, "name", "a fused kernel"),
-        )  # fmt: skip
+
+        def run() -> None:
+            fn(g, (block,), args() if callable(args) else args, shared_mem=smem, stream=stream.cp)
+
+        self._launch(run, inputs, outputs, what="a fused kernel")
 
     def _rows(self, x: Tensor) -> tuple[int, int]:
         d = x._shape[-1] if x._shape else 1
@@ -120,7 +126,7 @@ class CUDANormOps(_Fused, NormOps):
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
         fn = self._fn("rms_norm", x._dtype)
-        args = (x._data, _ptr(weight), out._data, np.int64(d), np.float32(eps))
+        args = (x._data, _ptr(weight), out._data, np.int64(d), np.float64(eps))
         self._run(fn, rows, _THREADS, args, (x, weight), (out,))
 
     def _k_rms_norm_residual(
@@ -133,7 +139,7 @@ class CUDANormOps(_Fused, NormOps):
         fn = self._fn("rms_norm_residual", x._dtype)
         args = (
             x._data, residual._data, _ptr(weight), normed._data, summed._data, np.int64(d),
-            np.float32(eps),
+            np.float64(eps),
         )  # fmt: skip
         self._run(fn, rows, _THREADS, args, (x, residual, weight), (normed, summed))
 
@@ -144,7 +150,7 @@ class CUDANormOps(_Fused, NormOps):
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
         fn = self._fn("layer_norm", x._dtype)
-        args = (x._data, _ptr(weight), _ptr(bias), out._data, np.int64(d), np.float32(eps))
+        args = (x._data, _ptr(weight), _ptr(bias), out._data, np.int64(d), np.float64(eps))
         self._run(fn, rows, _THREADS, args, (x, weight, bias), (out,))
 
 
@@ -158,22 +164,26 @@ class CUDAPositionOps(_Fused, PositionOps):
             raise UnsupportedOperationError("empty input: the composition handles it")
         fn = self._fn("rotary", x._dtype)
         acc = np.float64 if x._dtype is DType.F64 else np.float32
-        inv = cp.asarray(rotary_inv_freq(d, base).astype(acc))
-        pos: Any = _NULL
-        if positions is not None:
-            pos = positions._data.astype(cp.int64)
+        inv_host = rotary_inv_freq(d, base).astype(acc)
         batched = np.int32(positions is not None and positions.ndim == 2)
-        args = (
-            x._data, pos, inv, out._data, np.int64(b), np.int64(h), np.int64(s), np.int64(d),
-            batched, np.int64(offset),
-        )  # fmt: skip
+
+        def args() -> tuple[Any, ...]:
+            # CuPy's pool is stream-ordered: these temporaries live until the kernel is done.
+            inv = cp.asarray(inv_host)
+            pos = None if positions is None else positions._data.astype(cp.int64, copy=False)
+            return (
+                x._data, pos, inv, out._data, np.int64(b), np.int64(h), np.int64(s),
+                np.int64(d), batched, np.int64(offset),
+            )  # fmt: skip
+
         self._run(fn, self._elementwise_grid(n), _THREADS, args, (x, positions), (out,))
-        self._stream.hold((inv, pos))
 
 
 class CUDAAttentionOps(_Fused, AttentionOps):
     def can_flash(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         if q._dtype not in _SUFFIX or v._shape[3] > MAX_DV or q._size == 0 or k._shape[2] == 0:
+            return False
+        if q._shape[0] * q._shape[1] > 65535:  # grid.y
             return False
         item = 8 if q._dtype is DType.F64 else 4
         return flash_shared_bytes(q._shape[3], v._shape[3], item) <= _SMEM_DEFAULT
@@ -195,7 +205,7 @@ class CUDAAttentionOps(_Fused, AttentionOps):
         fn = self._fn("flash_attention", q._dtype)
         args = (
             q._data, k._data, v._data, out._data, np.int32(h), np.int32(hk), np.int64(sq),
-            np.int64(sk), np.int32(d), np.int32(dv), np.float32(scale), np.int32(causal),
+            np.int64(sk), np.int32(d), np.int32(dv), np.float64(scale), np.int32(causal),
         )  # fmt: skip
         grid = ((sq + FLASH_ROWS - 1) // FLASH_ROWS, b * h)
         self._run(
@@ -212,20 +222,21 @@ class CUDAAttentionOps(_Fused, AttentionOps):
         if q._dtype not in _SUFFIX or d > MAX_DV or b * h == 0:
             raise UnsupportedOperationError("paged_attention: the composition handles this case")
         fn = self._fn("paged_attention", q._dtype)
-        table = block_table._data.astype(cp.int32, copy=False)
-        lens = context_lens._data.astype(cp.int32, copy=False)
         max_len = mb * bs
+        stream = self._stream
 
         def run() -> Any:
+            table = block_table._data.astype(cp.int64, copy=False)
+            lens = context_lens._data.astype(cp.int64, copy=False)
             err = cp.zeros(2, cp.int64)
             fn(
                 (b * h,), (32,),
                 (
                     q._data, k_cache._data, v_cache._data, table, lens, out._data, np.int32(h),
-                    np.int32(hk), np.int32(d), np.int32(nb), np.int32(bs), np.int32(mb),
-                    np.float32(scale), err,
+                    np.int32(hk), np.int32(d), np.int64(nb), np.int32(bs), np.int32(mb),
+                    np.float64(scale), err,
                 ),
-                stream=self._stream.cp,
+                stream=stream.cp,
             )  # fmt: skip
             return err
 
@@ -241,7 +252,6 @@ class CUDAAttentionOps(_Fused, AttentionOps):
             )
 
         self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
-        self._stream.hold((table, lens))
 
 
 class CUDAActivationOps(_Fused, ActivationOps):
@@ -281,15 +291,16 @@ class CUDALinearOps(_Fused, LinearOps):
         if m * n == 0 or k == 0:
             raise UnsupportedOperationError("empty input: the composition handles it")
         fn = self._fn(f"qlinear_{format}", x._dtype)
-        sc = scales._data.astype(cp.float32, copy=False)
-        warps = m * n
-        blocks = (warps * 32 + _THREADS - 1) // _THREADS
-        args = (
-            x._data, qweight._data, sc, _ptr(bias), out._data, np.int64(m), np.int64(n),
-            np.int64(k),
-        )  # fmt: skip
+        blocks = (m * n * 32 + _THREADS - 1) // _THREADS
+
+        def args() -> tuple[Any, ...]:
+            sc = scales._data.astype(cp.float32, copy=False)
+            return (
+                x._data, qweight._data, sc, _ptr(bias), out._data, np.int64(m), np.int64(n),
+                np.int64(k),
+            )  # fmt: skip
+
         self._run(fn, blocks, _THREADS, args, (x, qweight, scales, bias), (out,))
-        self._stream.hold((sc,))
 
 
 class CUDASamplingOps(_Fused, SamplingOps):
@@ -343,10 +354,13 @@ def _nucleus(z: Any, top_p: float) -> Any:
     before = cp.cumsum(ps, axis=-1) - ps
     starts = cp.ones(ps.shape, cp.bool_)
     starts[:, 1:] = ps[:, 1:] != ps[:, :-1]
+    # The first index of each run of equal values (no host synchronization: no nonzero()).
+    rows, n = ps.shape
     run_id = cp.cumsum(starts, axis=-1) - 1
-    rows, cols = cp.nonzero(starts)
-    run_start = cp.zeros(ps.shape, cp.int64)
-    run_start[rows, run_id[rows, cols]] = cols
+    index = cp.broadcast_to(cp.arange(n), ps.shape)
+    run_start = cp.full(ps.shape, n, cp.int64)
+    flat = (cp.arange(rows)[:, None] * n + run_id).reshape(-1)
+    cupyx.scatter_min(run_start.reshape(-1), flat, index.reshape(-1))
     first = cp.take_along_axis(run_start, run_id, axis=-1)
     keep_sorted = cp.take_along_axis(before, first, axis=-1) < top_p
     keep = cp.empty_like(keep_sorted)
@@ -365,9 +379,11 @@ def _sample(logits: Any, previous: Any, params: SamplingParams, noise: Any, out:
             bad = prev >= vocab
             flag = cp.stack([bad.any().astype(cp.int64), cp.max(prev)])
             valid = (prev >= 0) & ~bad
-            seen = cp.zeros(z.shape, cp.bool_)
+            # Invalid entries mark a spare column (no boolean-mask indexing: no host sync).
+            seen = cp.zeros((z.shape[0], vocab + 1), cp.bool_)
             rows = cp.broadcast_to(cp.arange(z.shape[0])[:, None], prev.shape)
-            seen[rows[valid], prev[valid]] = True
+            seen[rows, cp.where(valid, prev, vocab)] = True
+            seen = seen[:, :vocab]
             pen = ct(params.repetition_penalty)
             z = cp.where(seen, cp.where(z > 0, z / pen, z * pen), z)
     if params.temperature == 0.0:

@@ -137,9 +137,10 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
             return check_tensor(self.backend, value, f"args[{index}]")._data
         if isinstance(value, DeviceBuffer):
             buf = self.backend.memory_manager._buffer(value, f"args[{index}]")  # type: ignore[attr-defined]
-            return cupy.ndarray(
-                (buf.nbytes,), cupy.uint8, memptr=cupy.cuda.MemoryPointer(buf.handle, 0)
-            )
+            from accelkit_cuda.memory import memptr
+
+            device = self.backend._device_obj.index
+            return cupy.ndarray((buf.nbytes,), cupy.uint8, memptr=memptr(buf.handle, device))
         if isinstance(value, np.generic):
             if size is not None and value.nbytes != size:
                 raise InvalidArgumentError(

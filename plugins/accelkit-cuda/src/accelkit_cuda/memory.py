@@ -1,6 +1,6 @@
 """The CUDA backend's memory manager: device blocks from a caching pool, pinned host transfers.
 
-Blocks are ``cudaMalloc`` allocations (``cupy.cuda.Memory``) handed out by the core's
+Blocks are ```cudaMalloc`` allocations (:class:`Block`, wrapped for CuPy as unowned memory) handed out by the core's
 :class:`~accelkit._core.pool.CachingPool`, which keeps the exact statistics, the limit and
 ``trim()``. A freed block is reused at once by later work on the same stream (stream order makes
 that safe). With more than one stream, submissions keep their tensors alive until an event after
@@ -15,6 +15,7 @@ task is cancelled.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import cupy
@@ -29,37 +30,70 @@ from accelkit.errors import InvalidArgumentError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import translate
-from accelkit_cuda.stream import CUDAStream, wait_event, wait_event_blocking
+from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream, wait_event, wait_event_blocking
 from accelkit_cuda.submit import depend
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["CUDAMemoryManager", "pinned_empty"]
+__all__ = ["Block", "CUDAMemoryManager", "memptr", "pinned_empty"]
 
 _H2D = 1  # cudaMemcpyHostToDevice
 _D2H = 2
 _D2D = 3
 
 
-def _raw_alloc(device: Any) -> Any:
-    def alloc(size: int) -> Any:
-        try:
-            with device:
-                return cupy.cuda.Memory(size)
-        except (cupy.cuda.memory.OutOfMemoryError, MemoryError) as exc:
+class Block:
+    """One ``cudaMalloc`` allocation of a context generation (freed only in that generation: after
+    a context rebuild its pointer is dead, and may even name a new allocation)."""
+
+    __slots__ = ("generation", "ptr", "size")
+
+    def __init__(self, ptr: int, size: int, generation: int) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.generation = generation
+
+
+def _malloc(size: int) -> int:
+    try:
+        return int(cupy.cuda.runtime.malloc(size))
+    except CUDA_ERRORS as exc:
+        if getattr(exc, "status", None) == 2 or "memory" in str(exc).lower():
             raise MemoryError(str(exc)) from None
-        except cupy.cuda.runtime.CUDARuntimeError as exc:
-            if getattr(exc, "status", None) == 2:  # cudaErrorMemoryAllocation
-                raise MemoryError(str(exc)) from None
-            raise
+        raise
+
+
+def _raw_alloc(backend: CUDABackend) -> Any:
+    def alloc(size: int) -> Block:
+        with backend._cp_device:
+            try:
+                ptr = _malloc(size)
+            except MemoryError:
+                # CuPy's own pool (temporaries of its kernels) may hold the memory: return its
+                # free blocks to the driver and try once more.
+                cupy.get_default_memory_pool().free_all_blocks()
+                ptr = _malloc(size)
+        return Block(ptr, size, backend._gen)
 
     return alloc
 
 
-def _raw_free(handle: Any) -> None:
-    # cupy.cuda.Memory frees itself (cudaFree) when its last reference goes.
-    del handle
+def _raw_free(backend: CUDABackend) -> Any:
+    def free(block: Block) -> None:
+        if block.generation != backend._gen:
+            return  # the context it lived in is gone, and its memory with it
+        with backend._cp_device, contextlib.suppress(*CUDA_ERRORS):
+            cupy.cuda.runtime.free(block.ptr)
+
+    return free
+
+
+def memptr(block: Block, device_id: int) -> Any:
+    """A CuPy memory pointer to a pooled block (CuPy never frees it: the pool does)."""
+    return cupy.cuda.MemoryPointer(
+        cupy.cuda.UnownedMemory(block.ptr, block.size, block, device_id), 0
+    )
 
 
 def pinned_empty(nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
@@ -74,7 +108,7 @@ class CUDAMemoryManager(PooledMemoryManager):
     ) -> None:
         super().__init__(
             backend,
-            CachingPool(device, _raw_alloc(backend._cp_device), _raw_free, total_bytes, config),
+            CachingPool(device, _raw_alloc(backend), _raw_free(backend), total_bytes, config),
         )
         self._backend: CUDABackend = backend
 
@@ -86,13 +120,13 @@ class CUDAMemoryManager(PooledMemoryManager):
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         buf = self._buffer(buffer, "buffer")
-        others = [s for s in self._backend._streams if s is not self._current()]
-        if not others:
-            self.pool.free(buf)
+        streams = self._backend._streams
+        if len(streams) < 2:
+            self.pool.free(buf)  # one stream: every later use is in order after this point
             return
-        # Returned once every other stream has passed this point (their work queued so far may
-        # still read the block); the current stream is in order with any later reuse.
-        events = [s.event_now() for s in others]
+        # Returned once every stream has passed this point: work queued so far on any of them
+        # may still use the block, and the pool may hand it to any stream next.
+        events = [s.event_now() for s in streams]
         self.pool.free(buf, lambda recycle: self._backend._after_events(events, recycle))
 
     def _copy(self, stream: CUDAStream, dst: int, src: int, nbytes: int, kind: int) -> None:
@@ -101,7 +135,7 @@ class CUDAMemoryManager(PooledMemoryManager):
         try:
             with backend._cp_device:
                 cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.cp.ptr)
-        except cupy.cuda.runtime.CUDARuntimeError as exc:
+        except CUDA_ERRORS as exc:
             raise backend._failed(translate(exc, "a copy")) from None
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:

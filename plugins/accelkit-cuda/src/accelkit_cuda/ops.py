@@ -7,7 +7,7 @@ from typing import Any
 import cupy as cp
 
 from accelkit.abc.tensor_ops import Operand, TensorOps
-from accelkit.errors import InvalidArgumentError
+from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.tensor import Tensor
 from accelkit_cuda import cupy_kernels as ck
 from accelkit_cuda.submit import CUDAComponent, xa
@@ -153,8 +153,11 @@ class CUDATensorOps(CUDAComponent, TensorOps):
             # The flash kernel: no score matrix in memory at all.
             flash = kernel_ops.attention_ops
             if flash is not None and flash.can_flash(q, k, v):  # type: ignore[attr-defined]
-                flash._k_attention(q, k, v, None, out, scale, causal)
-                return
+                try:
+                    flash._k_attention(q, k, v, None, out, scale, causal)
+                    return
+                except UnsupportedOperationError:
+                    pass  # the fused program is unavailable (no NVRTC): cuBLAS below
         self._launch(
             lambda: ck.attention(q._data, k._data, v._data, xa(mask), out._data, scale, causal),
             (q, k, v, mask), (out,), what="attention",

@@ -28,7 +28,11 @@ from accelkit.device import Device
 from accelkit.errors import AccelError, InvalidArgumentError
 from accelkit_cuda.errors import translate
 
-__all__ = ["CUDAEvent", "CUDAStream", "wait_event", "wait_event_blocking"]
+__all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "wait_event", "wait_event_blocking"]
+
+#: What CuPy raises for a failed CUDA call: runtime API errors, and driver API errors (kernel
+#: launches and module loads go through the driver). Both carry the CUDA error code.
+CUDA_ERRORS = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
 
 
 OnError = Callable[[AccelError], AccelError]
@@ -45,14 +49,14 @@ async def wait_event(event: Any, what: str, on_error: OnError = _same) -> None:
         if event.done:
             return
         await anyio.to_thread.run_sync(event.synchronize, abandon_on_cancel=True)
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
+    except CUDA_ERRORS as exc:
         raise on_error(translate(exc, what)) from None
 
 
 def wait_event_blocking(event: Any, what: str, on_error: OnError = _same) -> None:
     try:
         event.synchronize()
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
+    except CUDA_ERRORS as exc:
         raise on_error(translate(exc, what)) from None
 
 
@@ -138,7 +142,7 @@ class CUDAStream(Stream):
         try:
             event = cupy.cuda.Event(disable_timing=True)
             event.record(self.cp)
-        except cupy.cuda.runtime.CUDARuntimeError as exc:
+        except CUDA_ERRORS as exc:
             raise self.on_error(translate(exc, f"recording an event on {self.name}")) from None
         return event
 
@@ -196,12 +200,22 @@ class CUDAStream(Stream):
         """Wait until position ``seq`` has completed (and whatever was queued after it so far)."""
         if seq > self._completed_upto:
             await wait_event(self.event_now(), f"work on {self.name}", self.on_error)
+            self.prune()
         self.raise_errors(seq)
 
     def wait_for_blocking(self, seq: int) -> None:
         if seq > self._completed_upto:
             wait_event_blocking(self.event_now(), f"work on {self.name}", self.on_error)
+            self.prune()
         self.raise_errors(seq)
+
+    def abandon(self) -> None:
+        """Forget everything queued (the context died): no CUDA call is made."""
+        with self._lock:
+            self._checks = []
+            self._pending.clear()
+            self._held.clear()
+            self._completed_upto = self.submitted
 
     def close(self) -> None:
         try:

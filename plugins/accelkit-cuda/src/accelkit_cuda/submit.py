@@ -10,10 +10,10 @@ import numpy as np
 
 from accelkit._core.ops.base import OpsBase
 from accelkit.dtype import DType
-from accelkit.errors import InvalidArgumentError
+from accelkit.errors import DeviceError, InvalidArgumentError, OutOfMemoryError
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import translate
-from accelkit_cuda.stream import CUDAStream
+from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -30,7 +30,11 @@ def xa(x: Any) -> Any:
 
 def device_array(backend: CUDABackend, buffer: Any, shape: tuple[int, ...], dtype: DType) -> Any:
     """A CuPy array over a pooled block."""
-    return cupy.ndarray(shape, _NUMPY[dtype], memptr=cupy.cuda.MemoryPointer(buffer.handle, 0))
+    from accelkit_cuda.memory import memptr
+
+    return cupy.ndarray(
+        shape, _NUMPY[dtype], memptr=memptr(buffer.handle, backend._device_obj.index)
+    )
 
 
 def depend(stream: CUDAStream, inputs: Iterable[Any]) -> None:
@@ -56,6 +60,7 @@ class CUDAComponent(OpsBase):
             size *= d
         if dtype is DType.BF16:
             raise InvalidArgumentError("the CUDA backend holds no bf16 tensors (CuPy has no bf16)")
+        backend._prune_streams()  # deferred frees return to the pool first
         buf = backend._pool.allocate(size * dtype.itemsize)
         stream = backend._stream_var.get() or backend._default
         assert stream is not None
@@ -94,8 +99,14 @@ class CUDAComponent(OpsBase):
             with backend._cp_device, stream.cp:
                 depend(stream, inputs)
                 fn()
-        except cupy.cuda.runtime.CUDARuntimeError as exc:
+        except CUDA_ERRORS as exc:
             raise backend._failed(translate(exc, what)) from None
+        except cupy.cuda.memory.OutOfMemoryError as exc:  # a temporary of a CuPy kernel
+            raise OutOfMemoryError(f"{what}: the device is out of memory ({exc})") from None
+        except Exception as exc:
+            if type(exc).__name__ in ("CUBLASError", "CUSOLVERError", "CURANDError"):
+                raise DeviceError(f"{what}: {exc}") from None
+            raise
         seq = stream.record((*inputs, *outputs, *keepalive) if stream.track else ())
         for o in outputs:
             o._stream = stream
