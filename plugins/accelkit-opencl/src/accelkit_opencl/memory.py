@@ -74,10 +74,13 @@ class OpenCLMemoryManager(PooledMemoryManager):
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         buf = self._buffer(buffer, "buffer")
-        # Stream-ordered: a later command on the current (in-order) queue runs after every
-        # command already queued on it, so the block may be reused at once for it. If other
-        # streams still have work queued, the block returns to the pool once that work is done.
-        busy = self._backend._busy_events(exclude=self._current())
+        # Stream-ordered: with one (in-order) queue, every later command runs after every command
+        # already queued, so the block may be reused at once. With several, the pool may hand it
+        # to any queue next, so it returns once the work queued so far on all of them is done.
+        if len(self._backend._streams) < 2:
+            self.pool.free(buf)
+            return
+        busy = self._backend._busy_events()
         if not busy:
             self.pool.free(buf)
         else:
