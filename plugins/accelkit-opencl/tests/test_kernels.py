@@ -8,7 +8,12 @@ import pytest
 from accelkit_opencl.backend import OpenCLBackend
 from accelkit_opencl.kernels import LocalMemory
 
-from accelkit.errors import InvalidArgumentError, KernelCompileError, StaleHandleError
+from accelkit.errors import (
+    InvalidArgumentError,
+    KernelCompileError,
+    StaleHandleError,
+    UnsupportedOperationError,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -129,3 +134,29 @@ async def test_bad_launches(backend: OpenCLBackend) -> None:
     ex.unload_kernel(h)
     with pytest.raises(StaleHandleError):
         ex.execute_kernel(h, (1,), (8,), [y, y, 1.0, 8])
+
+
+# A SPIR-V module header: magic, version 1.0, generator, bound, schema (then no instructions).
+SPIRV_HEADER = np.array([0x07230203, 0x00010000, 0, 1, 0], np.uint32).tobytes()
+
+
+async def test_spirv_is_refused_clearly_where_the_device_takes_no_il(
+    backend: OpenCLBackend,
+) -> None:
+    from accelkit_opencl.kernels import il_versions
+
+    ex = backend.kernel_executor
+    with pytest.raises(InvalidArgumentError, match="not a SPIR-V module"):
+        await ex.load_kernel(b"\x00" * 20, "k", language="spirv")
+    with pytest.raises(InvalidArgumentError, match="SPIR-V module is bytes"):
+        await ex.load_kernel("__kernel void k() {}", "k", language="spirv")
+    with pytest.raises(UnsupportedOperationError, match="language='spirv'"):
+        await ex.load_kernel(AXPY, "axpy", language="wgsl")
+    if il_versions(backend._cl_device):
+        assert "spirv" in ex.languages
+        assert "spirv" in backend.capabilities.kernel_languages
+        pytest.skip("this device takes SPIR-V; no SPIR-V compiler here to make a kernel")
+    assert ex.languages == {"opencl"}
+    assert backend.capabilities.kernel_languages == {"opencl"}
+    with pytest.raises(UnsupportedOperationError, match="accepts no intermediate language"):
+        await ex.load_kernel(SPIRV_HEADER, "k", language="spirv")

@@ -74,12 +74,16 @@ class ProgramCache:
         self._lock = threading.Lock()
         self.hits = {"memory": 0, "disk": 0, "compiled": 0}
 
-    def key(self, source: str, options: Sequence[str]) -> str:
+    def key(self, source: str | bytes, options: Sequence[str]) -> str:
+        if isinstance(source, bytes):  # SPIR-V: the module's bytes
+            head = b"spirv\0" + hashlib.sha256(source).digest()
+            source = head.hex()
         text = "\0\0".join((source, "\0".join(options), self._device_id))
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def get(self, source: str, options: Sequence[str] = ()) -> tuple[str, Any]:
-        """``(key, program)``; raises KernelCompileError with the build log."""
+    def get(self, source: str | bytes, options: Sequence[str] = ()) -> tuple[str, Any]:
+        """``(key, program)`` for OpenCL C (``str``) or a SPIR-V module (``bytes``); raises
+        KernelCompileError with the build log."""
         key = self.key(source, options)
         with self._lock:
             program = self._programs.get(key)
@@ -120,7 +124,8 @@ class ProgramCache:
                 path.unlink()
             return None
 
-    def _compile(self, source: str, options: Sequence[str]) -> Any:
+    def _compile(self, source: str | bytes, options: Sequence[str]) -> Any:
+        # PyOpenCL creates SPIR-V programs with clCreateProgramWithIL (it checks the magic).
         program = cl.Program(self.context, source)
         try:
             program.build(options=list(options), devices=[self.device], cache_dir=False)
@@ -157,10 +162,36 @@ class ProgramCache:
             pass  # an unwritable cache costs a compile next time, nothing else
 
 
+_SPIRV_MAGIC_LE = (0x07230203).to_bytes(4, "little")
+_SPIRV_MAGIC_BE = (0x07230203).to_bytes(4, "big")
+
+
+def il_versions(device: Any) -> str:
+    """The intermediate languages ``device`` accepts (e.g. "SPIR-V_1.2"), "" if none."""
+    try:
+        return str(device.il_version).strip()
+    except (cl.Error, AttributeError):
+        return ""
+
+
+def _arg_types(kernel: Any) -> list[tuple[str, int]] | None:
+    """(type name, address qualifier) per argument, or None where the program carries no
+    argument info (SPIR-V modules usually do not)."""
+    types = []
+    try:
+        for i in range(kernel.num_args):
+            type_name = str(kernel.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME)).strip()
+            qualifier = kernel.get_arg_info(i, cl.kernel_arg_info.ADDRESS_QUALIFIER)
+            types.append((type_name, int(qualifier)))
+    except cl.Error:
+        return None
+    return types
+
+
 class _Loaded:
     __slots__ = ("arg_types", "kernel", "program")
 
-    def __init__(self, program: Any, kernel: Any, arg_types: list[tuple[str, int]]) -> None:
+    def __init__(self, program: Any, kernel: Any, arg_types: list[tuple[str, int]] | None) -> None:
         self.program = program
         self.kernel = kernel
         self.arg_types = arg_types
@@ -176,11 +207,14 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
     the declared type). Every tensor argument is treated as read and written.
     """
 
-    languages = frozenset({"opencl"})
+    languages = frozenset({"opencl", "spirv"})
 
     def __init__(self, backend: OpenCLBackend) -> None:
         super().__init__(backend)
         self._loaded: dict[tuple[str, str], _Loaded] = {}
+        self.languages = frozenset(
+            {"opencl", "spirv"} if il_versions(backend._cl_device) else {"opencl"}
+        )
 
     @property
     def programs(self) -> ProgramCache:
@@ -190,14 +224,19 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
         self, source: str, name: str, *, language: str = "opencl", options: Sequence[str] = ()
     ) -> KernelHandle:
         self.backend._require_ready()
-        if language != "opencl":
+        if language not in ("opencl", "spirv"):
             raise UnsupportedOperationError(
-                f"the opencl backend compiles OpenCL C (language='opencl'); got {language!r}"
+                f"the opencl backend takes OpenCL C (language='opencl') or SPIR-V"
+                f" (language='spirv'); got {language!r}"
             )
-        if not isinstance(source, str) or not isinstance(name, str) or not name:
-            raise InvalidArgumentError("load_kernel: source and name must be non-empty strings")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError("load_kernel: name must be a non-empty string")
         if isinstance(options, str) or not all(isinstance(o, str) for o in options):
             raise InvalidArgumentError("load_kernel: options must be a sequence of strings")
+        if language == "spirv":
+            return await self._load_spirv(source, name, options)
+        if not isinstance(source, str) or not source:
+            raise InvalidArgumentError("load_kernel: OpenCL C source must be a non-empty string")
         opts = (*options, "-cl-kernel-arg-info")
         key, program = await anyio.to_thread.run_sync(self.programs.get, source, opts)
         try:
@@ -207,15 +246,43 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
             raise InvalidArgumentError(
                 f"load_kernel: the program has no kernel {name!r}; it defines: {names}"
             ) from None
-        arg_types = []
-        for i in range(kernel.num_args):
-            type_name = kernel.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME).strip()
-            qualifier = kernel.get_arg_info(i, cl.kernel_arg_info.ADDRESS_QUALIFIER)
-            arg_types.append((type_name, int(qualifier)))
+        return self._register(key, name, "opencl", program, kernel, _arg_types(kernel))
+
+    async def _load_spirv(self, il: Any, name: str, options: Sequence[str]) -> KernelHandle:
+        if not isinstance(il, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(
+                f"load_kernel: a SPIR-V module is bytes; got {type(il).__name__}"
+            )
+        il = bytes(il)
+        if len(il) < 20 or len(il) % 4 or il[:4] not in (_SPIRV_MAGIC_LE, _SPIRV_MAGIC_BE):
+            raise InvalidArgumentError(
+                "load_kernel: not a SPIR-V module (no SPIR-V magic number 0x07230203, or a"
+                " length that is not a whole number of 32-bit words)"
+            )
+        device = self.backend._cl_device
+        if not il_versions(device):
+            raise UnsupportedOperationError(
+                f"{self.backend.device} ({device.name.strip()}) accepts no intermediate language:"
+                " it reports no CL_DEVICE_IL_VERSION (OpenCL 2.1 / cl_khr_il_program); pass"
+                " OpenCL C source instead"
+            )
+        key, program = await anyio.to_thread.run_sync(self.programs.get, il, tuple(options))
+        try:
+            kernel = cl.Kernel(program, name)
+        except cl.Error:
+            raise InvalidArgumentError(
+                f"load_kernel: the SPIR-V module has no kernel {name!r}"
+            ) from None
+        return self._register(key, name, "spirv", program, kernel, _arg_types(kernel))
+
+    def _register(
+        self, key: str, name: str, language: str, program: Any, kernel: Any,
+        arg_types: list[tuple[str, int]] | None,
+    ) -> KernelHandle:  # fmt: skip
         self._loaded[(key, name)] = _Loaded(program, kernel, arg_types)
         return KernelHandle(
             name=name,
-            language="opencl",
+            language=language,
             key=key,
             backend="opencl",
             device=str(self.backend.device),
@@ -263,16 +330,20 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
                 f"execute_kernel: a block of {group} work-items exceeds the {max_group} this"
                 f" kernel allows on {device.name.strip()}"
             )
-        if len(args) != len(loaded.arg_types):
+        num_args = int(loaded.kernel.num_args)
+        if len(args) != num_args:
             raise InvalidArgumentError(
-                f"execute_kernel: {handle.name} takes {len(loaded.arg_types)} arguments;"
-                f" got {len(args)}"
+                f"execute_kernel: {handle.name} takes {num_args} arguments; got {len(args)}"
             )
         values: list[Any] = []
         tensors: list[Tensor] = []
         keep: list[Any] = []
-        for i, (arg, (type_name, qualifier)) in enumerate(zip(args, loaded.arg_types, strict=True)):
-            values.append(self._arg(i, arg, type_name, qualifier, tensors, keep))
+        for i, arg in enumerate(args):
+            if loaded.arg_types is None:
+                values.append(self._untyped_arg(i, arg, tensors, keep))
+            else:
+                type_name, qualifier = loaded.arg_types[i]
+                values.append(self._arg(i, arg, type_name, qualifier, tensors, keep))
         global_size = tuple(g * b for g, b in zip(grid_t, block_t, strict=True))
         kernel = loaded.kernel
 
@@ -283,6 +354,18 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
             )
 
         self._enqueue(launch, tensors, tensors, (*keep, loaded))
+
+    def _untyped_arg(self, i: int, arg: Any, tensors: list[Tensor], keep: list[Any]) -> Any:
+        """An argument of a kernel without argument info (SPIR-V): taken by its own type."""
+        if isinstance(arg, Tensor | DeviceBuffer):
+            return self._arg(i, arg, "void*", 0, tensors, keep)
+        if isinstance(arg, cl.LocalMemory | np.generic):
+            return arg
+        raise InvalidArgumentError(
+            f"execute_kernel: argument {i}: this kernel carries no argument types (SPIR-V), so"
+            f" scalars must be NumPy scalars of the parameter's type (np.float32(x), np.int32(n));"
+            f" got {type(arg).__name__}"
+        )
 
     def _arg(
         self,
@@ -351,8 +434,8 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
                     info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE
                 ),
                 "private_mem_bytes": query(info.PRIVATE_MEM_SIZE),
-                "num_args": len(loaded.arg_types),
-                "arg_types": [t for t, _ in loaded.arg_types],
+                "num_args": int(loaded.kernel.num_args),
+                "arg_types": None if loaded.arg_types is None else [t for t, _ in loaded.arg_types],
             },
         )
 

@@ -36,7 +36,7 @@ _PACKED_DTYPES = (DType.F32, DType.F64)
 class CLLinalgOps(CLComponent):
     """The linear-algebra hooks of ``OpenCLTensorOps``."""
 
-    def _gemmlaunch(
+    def _gemm_launch(
         self,
         out: Tensor,
         a: Tensor,
@@ -190,7 +190,7 @@ class CLLinalgOps(CLComponent):
         if batched:
             batch = (out._shape[0],)
             bstrides = [(a._shape[-2] * ra,), (b._shape[-2] * rb,), (c_strides[0],)]
-        self._gemmlaunch(
+        self._gemm_launch(
             out, a, b, c, (m, n, k), a_mk, b_kn, c_strides[-2:], batch, bstrides, alpha, beta
         )
 
@@ -201,7 +201,7 @@ class CLLinalgOps(CLComponent):
         batch = broadcast_shapes(a2[:-2], b2[:-2])
         sa = tuple(s * m * k for s in broadcast_strides(a2[:-2], batch))
         sb = tuple(s * k * n for s in broadcast_strides(b2[:-2], batch))
-        self._gemmlaunch(
+        self._gemm_launch(
             out, a, b, None, (m, n, k), (k, 1), (n, 1), (0, 0), batch,
             [sa, sb, (0,) * len(batch)], 1.0, 0.0,
         )  # fmt: skip
@@ -210,7 +210,7 @@ class CLLinalgOps(CLComponent):
         k = weight._shape[1]
         n = weight._shape[0]
         m = x._size // k if k else prod(x._shape[:-1])
-        self._gemmlaunch(
+        self._gemm_launch(
             out, x, weight, bias, (m, n, k), (k, 1), (1, k), (0, 1), (), [(), (), ()],
             1.0, 1.0 if bias is not None else 0.0,
         )  # fmt: skip

@@ -83,6 +83,10 @@ def capabilities(device: Any, index: int) -> BackendCapabilities:
     import pyopencl as cl
 
     extensions = device.extensions
+    try:
+        il_version = str(device.il_version).strip()  # SPIR-V (OpenCL 2.1 / cl_khr_il_program)
+    except (cl.Error, AttributeError):
+        il_version = ""
     dtypes = device_dtypes(extensions)
     units = int(device.max_compute_units)
     ghz = max(int(device.max_clock_frequency), 1) / 1000.0
@@ -101,7 +105,7 @@ def capabilities(device: Any, index: int) -> BackendCapabilities:
         device=f"opencl:{index}",
         dtypes=dtypes,
         ops=IMPLEMENTED_OPS,
-        kernel_languages=frozenset({"opencl"}),
+        kernel_languages=frozenset({"opencl", "spirv"} if il_version else {"opencl"}),
         features=Features(
             fp16=DType.F16 in dtypes,
             fp64=DType.F64 in dtypes,
@@ -129,6 +133,7 @@ def capabilities(device: Any, index: int) -> BackendCapabilities:
             "max_work_item_sizes": [int(s) for s in device.max_work_item_sizes],
             "local_mem_bytes": int(device.local_mem_size),
             "extensions": sorted(extensions.split()),
+            "il_version": il_version,
         },
     )
 
