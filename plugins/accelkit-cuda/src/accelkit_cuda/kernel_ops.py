@@ -280,7 +280,7 @@ class CUDAActivationOps(_Fused, ActivationOps):
 class CUDALinearOps(_Fused, LinearOps):
     def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         # cuBLAS (through TensorOps) is the fused kernel here: one GEMM with the bias added.
-        self.backend.tensor_ops._k_linear(x, weight, bias, out)  # type: ignore[attr-defined]
+        self.backend.tensor_ops._k_linear(x, weight, bias, out)
 
     def _k_quantized_linear(
         self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CUDAComponent", "depend", "device_array", "xa"]
 
-_NUMPY = {d: d.to_numpy() for d in DType if d is not DType.BF16}
+_NUMPY: dict[DType, Any] = {d: d.to_numpy() for d in DType if d is not DType.BF16}
 
 
 def xa(x: Any) -> Any:

@@ -128,10 +128,11 @@ class ProgramCache:
         # PyOpenCL creates SPIR-V programs with clCreateProgramWithIL (it checks the magic).
         program = cl.Program(self.context, source)
         try:
-            program.build(options=list(options), devices=[self.device], cache_dir=False)
+            # cache_dir=False: accelkit caches binaries itself (PyOpenCL's stub says str | None)
+            program.build(options=list(options), devices=[self.device], cache_dir=False)  # type: ignore[arg-type]
         except cl.Error as exc:
             try:
-                log = program.get_build_info(self.device, cl.program_build_info.LOG)
+                log = program.get_build_info(self.device, cl.program_build_info.LOG)  # type: ignore[no-untyped-call]
             except cl.Error:
                 log = str(exc)
             raise KernelCompileError(

@@ -191,7 +191,18 @@ class CLLinalgOps(CLComponent):
             batch = (out._shape[0],)
             bstrides = [(a._shape[-2] * ra,), (b._shape[-2] * rb,), (c_strides[0],)]
         self._gemm_launch(
-            out, a, b, c, (m, n, k), a_mk, b_kn, c_strides[-2:], batch, bstrides, alpha, beta
+            out,
+            a,
+            b,
+            c,
+            (m, n, k),
+            a_mk,
+            b_kn,
+            (c_strides[-2], c_strides[-1]),
+            batch,
+            bstrides,
+            alpha,
+            beta,
         )
 
     def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -46,11 +47,11 @@ def numpy_scalar(ctype: str, value: int | float | bool) -> np.generic:
     """A kernel argument of C type ``ctype`` holding ``value`` (C conversion rules)."""
     kind = _NUMPY[ctype]
     if kind in (np.float32, np.float64):
-        return kind(value)
+        return cast(np.generic, np.array(value, kind)[()])
     v = int(value)
     bits = 8 * np.dtype(kind).itemsize
     v &= (1 << bits) - 1  # wrap as a C conversion to an unsigned, then reinterpret
-    return np.array(v, np.uint64).astype(kind)[()]  # type: ignore[no-any-return]
+    return cast(np.generic, np.array(v, np.uint64).astype(kind)[()])
 
 
 def pragmas(ctypes: Sequence[str]) -> str:

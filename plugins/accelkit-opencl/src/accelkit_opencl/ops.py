@@ -131,7 +131,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
     def _operand(self, name: str, v: Operand, compute: DType, shape: tuple[int, ...]) -> _Item:
         if type(v) is Tensor:
             return _Item(name, v, v._dtype, broadcast_strides(v._shape, shape))
-        return _Item(name, v, compute)  # type: ignore[arg-type]
+        return _Item(name, v, compute)
 
     # -- elementwise ------------------------------------------------------------------------------
     def _k_unary(self, op: str, x: Tensor, out: Tensor) -> None:
@@ -149,7 +149,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             if type(a) is Tensor and type(b) is Tensor:
                 compute = result_type(a._dtype, b._dtype)
             elif type(a) is Tensor:
-                compute = scalar_result_type(a._dtype, b)  # type: ignore[arg-type]
+                compute = scalar_result_type(a._dtype, b)
             else:
                 compute = scalar_result_type(b._dtype, a)  # type: ignore[union-attr]
             compute = _wide_enough(compute, a, b)

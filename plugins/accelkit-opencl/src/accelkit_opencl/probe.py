@@ -127,7 +127,7 @@ def capabilities(device: Any, index: int) -> BackendCapabilities:
         ),
         extra={
             "platform": device.platform.name.strip(),
-            "device_type": cl.device_type.to_string(device.type),
+            "device_type": cl.device_type.to_string(device.type),  # type: ignore[operator]
             "opencl_version": device.version.strip(),
             "driver_version": device.driver_version.strip(),
             "max_work_item_sizes": [int(s) for s in device.max_work_item_sizes],

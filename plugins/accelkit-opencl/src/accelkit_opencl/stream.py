@@ -57,7 +57,11 @@ async def wait_cl_event(event: Any, queue: Any, what: str = "a command") -> None
                 event.set_callback(_COMPLETE, on_complete)
             except (cl.Error, AttributeError, NotImplementedError):
                 # No callbacks (OpenCL 1.0 or a driver that refuses them): a worker thread waits.
-                threading.Thread(target=lambda: (event.wait(), on_complete(0)), daemon=True).start()
+                def wait_then_call() -> None:
+                    event.wait()
+                    on_complete(0)
+
+                threading.Thread(target=wait_then_call, daemon=True).start()
             # An OpenCL callback cannot be withdrawn; a cancelled waiter just ignores it.
             return None
 
@@ -271,7 +275,7 @@ class CLEvent(Event):
         """Milliseconds between this event and ``end`` (the queues profile their commands)."""
         self.wait_blocking()
         end.wait_blocking()
-        return (end.cl_event.profile.end - self.cl_event.profile.end) / 1e6
+        return float(end.cl_event.profile.end - self.cl_event.profile.end) / 1e6
 
     def __repr__(self) -> str:
         return f"<CLEvent on {self._stream.name} {'done' if self.query() else 'pending'}>"

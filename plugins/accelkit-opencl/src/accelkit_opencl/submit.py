@@ -86,7 +86,7 @@ class CLComponent(OpsBase):
         stream = self._stream
         inputs = [t for t in inputs if t is not None]
         outputs = list(outputs)
-        event = fn(stream.queue, dependencies(stream, inputs) or None)
+        event = fn(stream.queue, dependencies(stream, inputs) or None)  # type: ignore[arg-type]
         seq = stream.record(event, (*inputs, *outputs, *keepalive))
         for o in outputs:
             o._stream = stream
