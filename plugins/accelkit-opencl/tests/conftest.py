@@ -3,14 +3,22 @@ compiler cache points into the test's temporary folder; async tests run on async
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyopencl")
-
 from accelkit.errors import DeviceError
+
+# PoCL and PyOpenCL read their cache folders once, when the platform is first loaded (below, at
+# collection): point them into a folder of this run before that happens.
+_CACHES = tempfile.mkdtemp(prefix="accelkit-opencl-test-caches-")
+os.environ.setdefault("POCL_CACHE_DIR", os.path.join(_CACHES, "pocl"))
+os.environ.setdefault("PYOPENCL_CACHE_DIR", os.path.join(_CACHES, "pyopencl"))
+
+pytest.importorskip("pyopencl")
 
 try:
     from accelkit_opencl.probe import cl_devices

@@ -55,22 +55,24 @@ def reduce_source(op: str, x: DType, out: DType, nd_keep: int, nd_red: int, wg: 
     params += [f"long kd{j}" for j in range(nd_keep)] + [f"long ks{j}" for j in range(nd_keep)]
     params += [f"long rd{j}" for j in range(nd_red)] + [f"long rs{j}" for j in range(nd_red)]
     is_f = category(acc) == "f"
-    nan = "(v != v)" if is_f else "0"
     if op in ("sum", "mean"):
         combine = "acc = acc + v;"
     elif op == "prod":
         combine = "acc = acc * v;"
     elif op == "max":
-        combine = "acc = (acc > v || acc != acc) ? acc : v;"
+        combine = "acc = (acc > v || isnan(acc)) ? acc : v;" if is_f else "acc = max(acc, v);"
     elif op == "min":
-        combine = "acc = (acc < v || acc != acc) ? acc : v;"
+        combine = "acc = (acc < v || isnan(acc)) ? acc : v;" if is_f else "acc = min(acc, v);"
     else:
         cmp = ">" if op == "argmax" else "<"
         # (v, vi) replaces (acc, ai) if it is strictly better, or equally good with a lower index
-        combine = (
-            f"if ((!(acc != acc) && ({nan} || v {cmp} acc)) || ((v == acc || ({nan} && acc != acc))"
-            " && vi < ai)) { acc = v; ai = vi; }"
-        )
+        if is_f:  # a NaN wins (NumPy's rule), the first one among NaNs
+            combine = (
+                f"if ((!isnan(acc) && (isnan(v) || v {cmp} acc)) || ((v == acc || (isnan(v) &&"
+                " isnan(acc))) && vi < ai)) { acc = v; ai = vi; }"
+            )
+        else:
+            combine = f"if (v {cmp} acc || (v == acc && vi < ai)) {{ acc = v; ai = vi; }}"
     lines = [
         f"#define WG {wg}",
         f"__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void reduce({', '.join(params)}) {{",
