@@ -3,7 +3,9 @@ statistics and pool settings. A backend adds its transfers and its stream-ordere
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from accelkit._core.pool import CachingPool
 from accelkit._core.validation import check_int, check_tensor
@@ -52,6 +54,42 @@ class PooledMemoryManager(DeviceMemoryManager):
         if obj._pool is not self.pool or not obj.is_alive:
             raise StaleHandleError(f"{name} {obj!r} was freed or belongs to another backend")
         return obj
+
+    # -- argument checks of the transfers (the same on every backend) -------------------------------
+    def _host_source(self, dst: DeviceBuffer | Tensor, src: Any) -> tuple[DeviceBuffer, memoryview]:
+        """``copy_htod``'s checked arguments: the destination buffer and the source's bytes."""
+        buf = self._buffer(dst, "dst")
+        try:
+            view = memoryview(src).cast("B")
+        except TypeError as exc:
+            raise InvalidArgumentError(
+                f"copy_htod: src must support the buffer protocol: {exc}"
+            ) from None
+        if view.nbytes > buf.nbytes:
+            raise InvalidArgumentError(
+                f"copy_htod: src has {view.nbytes} bytes, dst only {buf.nbytes}"
+            )
+        return buf, view
+
+    def _host_destination(self, dst: Any, src: DeviceBuffer | Tensor) -> DeviceBuffer:
+        """``copy_dtoh``'s checked arguments: the source buffer (``dst`` is a host array)."""
+        buf = self._buffer(src, "src")
+        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
+        if dst.nbytes > buf.nbytes:
+            raise InvalidArgumentError(
+                f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}"
+            )
+        return buf
+
+    def _device_pair(
+        self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor
+    ) -> tuple[DeviceBuffer, DeviceBuffer]:
+        """``copy_dtod``'s checked arguments."""
+        d, s = self._buffer(dst, "dst"), self._buffer(src, "src")
+        if s.nbytes > d.nbytes:
+            raise InvalidArgumentError(f"copy_dtod: src has {s.nbytes} bytes, dst only {d.nbytes}")
+        return d, s
 
     def memory_info(self) -> MemoryInfo:
         self._settle()

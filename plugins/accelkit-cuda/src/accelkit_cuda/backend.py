@@ -5,21 +5,17 @@ Imported only when a user creates a ``cuda`` backend; CuPy is imported here.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-from accelkit.abc.backend import ComputeBackend
-from accelkit.abc.stream import Stream
+from accelkit._core.queued_backend import QueuedBackend
 from accelkit.capabilities import BackendCapabilities, LifecycleState
 from accelkit.device import Device
 from accelkit.errors import (
     AccelError,
     ContextPoisonedError,
     DeviceError,
-    InvalidArgumentError,
 )
 from accelkit.memory import MemoryPoolConfig
 from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
@@ -39,7 +35,7 @@ def _devices() -> list[DeviceProps]:
         raise DeviceError(f"no CUDA devices: {exc}") from None
 
 
-class CUDABackend(ComputeBackend):
+class CUDABackend(QueuedBackend):
     """An NVIDIA GPU (``cuda:N``, numbered as the driver lists them)."""
 
     name = "cuda"
@@ -52,38 +48,26 @@ class CUDABackend(ComputeBackend):
         self._streams: list[CUDAStream] = []
         self._default: CUDAStream | None = None
         self._device_obj = Device("cuda", 0)
-        self._caps: BackendCapabilities | None = None
         self._cp_device: Any = None
         self._arch = "sm_80"
-        self._deferred: list[tuple[list[Any], Callable[[], None]]] = []
-        self._deferred_lock = threading.Lock()
         self._poisoned: ContextPoisonedError | None = None
         self._rebuilds = RebuildLimiter()
         self._gen = 1
         #: Objects of rebuilt contexts, never destroyed (see :meth:`recover`).
         self._graveyard: list[Any] = []
 
-    def supports_device(self, device: Device | str) -> bool:
-        try:
-            d = Device.parse(device)
-        except InvalidArgumentError:
-            return False
-        if d.kind != "cuda":
-            return False
-        try:
-            return d.index < len(_devices())
-        except DeviceError:
-            return False
+    def _device_count(self) -> int:
+        return len(_devices())
 
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        if self._caps is not None:
-            return self._caps
-        index = self._device.index if self._device is not None else 0
+    def _device_capabilities(self, index: int) -> BackendCapabilities:
         devices = _devices()
         if index >= len(devices):
             raise DeviceError(f"no CUDA device cuda:{index}")
         return capabilities(devices[index])
+
+    @staticmethod
+    def _event_done(event: Any) -> bool:
+        return bool(event.done)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:
@@ -148,8 +132,7 @@ class CUDABackend(ComputeBackend):
                         await stream.synchronize()
                         await anyio.to_thread.run_sync(stream.close)
         finally:
-            with self._deferred_lock:
-                self._deferred = []
+            self._forget_deferred()
             self._pool.invalidate_all(close=True)
             self._streams = []
 
@@ -200,8 +183,7 @@ class CUDABackend(ComputeBackend):
         self._pool.invalidate_all(close=True)
         for stream in self._streams:
             stream.abandon()
-        with self._deferred_lock:
-            self._deferred = []
+        self._forget_deferred()
         self._graveyard.append((self._streams, self._fused, self._kernel_executor))
         assert self._kernel_executor is not None
         self._kernel_executor.forget_all()  # type: ignore[attr-defined]
@@ -227,12 +209,6 @@ class CUDABackend(ComputeBackend):
         self._build(device, props)
 
     # -- streams ----------------------------------------------------------------------------------
-    @property
-    def default_stream(self) -> Stream:
-        self._require_ready()
-        assert self._default is not None
-        return self._default
-
     def create_stream(self) -> CUDAStream:
         self._require_ready()
         self._check_usable()
@@ -248,31 +224,6 @@ class CUDABackend(ComputeBackend):
         for s in self._streams:
             s.track = True
         return stream
-
-    def _check_stream(self, stream: Stream) -> None:
-        if stream not in self._streams:
-            raise InvalidArgumentError(f"{stream!r} is not a stream of this {self.name} backend")
-
-    def _after_events(self, events: list[Any], fn: Callable[[], None]) -> None:
-        with self._deferred_lock:
-            self._deferred.append((events, fn))
-
-    def _prune_streams(self) -> None:
-        for s in self._streams:
-            s.prune()
-        if not self._deferred:
-            return
-        with self._deferred_lock:
-            ready = [fn for events, fn in self._deferred if all(e.done for e in events)]
-            self._deferred = [(ev, fn) for ev, fn in self._deferred if fn not in ready]
-        for fn in ready:
-            fn()
-
-    def _pending_operations(self) -> int:
-        return sum(s.submitted - s.completed for s in self._streams)
-
-    def _completed_operations(self) -> int:
-        return sum(s.completed for s in self._streams)
 
     def _generation(self) -> int:
         return self._gen

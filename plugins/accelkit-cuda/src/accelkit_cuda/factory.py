@@ -8,7 +8,7 @@ import cupy
 import numpy as np
 
 from accelkit.abc.factory import TensorFactory
-from accelkit.backends.cpu.numpy_elementwise import cast_into
+from accelkit.backends.cpu.numpy_elementwise import assign
 from accelkit.tensor import Tensor
 from accelkit_cuda.memory import pinned_empty
 from accelkit_cuda.submit import CUDAComponent
@@ -33,13 +33,7 @@ class CUDATensorFactory(CUDAComponent, TensorFactory):
         # may reuse `array` at once, and the copy is a real asynchronous one.
         block, raw = pinned_empty(out.nbytes)
         host = raw.view(out._dtype.to_numpy()).reshape(out._shape)
-        if array.dtype == host.dtype:
-            np.copyto(host, array)
-        elif array.dtype.kind == "f" and host.dtype.kind in "iub":
-            cast_into(array, host)
-        else:
-            with np.errstate(all="ignore"):
-                host[...] = array
+        assign(host, array)
         stream = self._stream
 
         def run() -> None:

@@ -26,7 +26,6 @@ from accelkit._core.pooled_memory import PooledMemoryManager
 from accelkit._core.validation import check_tensor
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.device import Device
-from accelkit.errors import InvalidArgumentError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import translate
@@ -139,17 +138,7 @@ class CUDAMemoryManager(PooledMemoryManager):
             raise backend._failed(translate(exc, "a copy")) from None
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf = self._buffer(dst, "dst")
-        try:
-            view = memoryview(src).cast("B")
-        except TypeError as exc:
-            raise InvalidArgumentError(
-                f"copy_htod: src must support the buffer protocol: {exc}"
-            ) from None
-        if view.nbytes > buf.nbytes:
-            raise InvalidArgumentError(
-                f"copy_htod: src has {view.nbytes} bytes, dst only {buf.nbytes}"
-            )
+        buf, view = self._host_source(dst, src)
         if view.nbytes == 0:
             return
         block, staging = pinned_empty(view.nbytes)
@@ -165,13 +154,7 @@ class CUDAMemoryManager(PooledMemoryManager):
         await wait_event(event, "copy_htod", self._backend._failed)
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        buf = self._buffer(src, "src")
-        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
-        if dst.nbytes > buf.nbytes:
-            raise InvalidArgumentError(
-                f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}"
-            )
+        buf = self._host_destination(dst, src)
         if dst.nbytes == 0:
             return
         stream = self._current()
@@ -185,9 +168,7 @@ class CUDAMemoryManager(PooledMemoryManager):
         dst.reshape(-1).view(np.uint8)[...] = staging
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._buffer(dst, "dst"), self._buffer(src, "src")
-        if s.nbytes > d.nbytes:
-            raise InvalidArgumentError(f"copy_dtod: src has {s.nbytes} bytes, dst only {d.nbytes}")
+        d, s = self._device_pair(dst, src)
         if s.nbytes == 0:
             return
         stream = self._current()

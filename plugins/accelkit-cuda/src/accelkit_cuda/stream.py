@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import cupy
 
+from accelkit._core.device_errors import DeviceErrors
 from accelkit.abc.stream import Event, Stream
 from accelkit.device import Device
 from accelkit.errors import AccelError, InvalidArgumentError
@@ -60,7 +61,7 @@ def wait_event_blocking(event: Any, what: str, on_error: OnError = _same) -> Non
         raise on_error(translate(exc, what)) from None
 
 
-class CUDAStream(Stream):
+class CUDAStream(DeviceErrors, Stream):
     """One CUDA stream (see the module docstring)."""
 
     def __init__(self, dev: Device, name: str, on_error: OnError = _same) -> None:
@@ -109,34 +110,6 @@ class CUDAStream(Stream):
                 self._held.popleft()
         return event
 
-    def add_check(self, seq: int, check: Callable[[], BaseException | None]) -> None:
-        """Raise ``check()``'s error (if any) when position ``seq`` or a later one is awaited."""
-        with self._lock:
-            self._checks.append((seq, check))
-
-    def raise_errors(self, seq: int) -> None:
-        with self._lock:
-            if not self._checks:
-                return
-            error: BaseException | None = None
-            keep = []
-            for entry in self._checks:
-                if error is None and entry[0] <= seq:
-                    error = entry[1]()
-                    continue
-                if entry[0] > seq:
-                    keep.append(entry)
-            self._checks = keep
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error
-
-    def discard_errors(self) -> None:
-        with self._lock:
-            self._checks = []
-
     def event_now(self) -> Any:
         """A fresh event recorded at the current end of the stream."""
         try:
@@ -159,6 +132,7 @@ class CUDAStream(Stream):
             self._completed_upto = pending.popleft()[0]
         if not pending and self.cp.done:
             self._completed_upto = self.submitted
+        self._prune_checks_locked(self._completed_upto)
 
     @property
     def completed(self) -> int:

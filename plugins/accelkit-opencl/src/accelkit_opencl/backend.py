@@ -5,19 +5,16 @@ Imported only when a user creates an ``opencl`` backend; PyOpenCL is imported he
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pyopencl as cl
 
-from accelkit.abc.backend import ComputeBackend
-from accelkit.abc.stream import Stream
+from accelkit._core.queued_backend import QueuedBackend
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.dtype import DType
-from accelkit.errors import DeviceError, InvalidArgumentError
+from accelkit.errors import DeviceError
 from accelkit.memory import MemoryPoolConfig
 from accelkit_opencl.probe import capabilities, cl_devices
 from accelkit_opencl.stream import CLStream
@@ -27,7 +24,7 @@ __all__ = ["OpenCLBackend"]
 _VERSION = "0.1.0"
 
 
-class OpenCLBackend(ComputeBackend):
+class OpenCLBackend(QueuedBackend):
     """An OpenCL device (``opencl:N``, numbered over every platform as the probe lists them)."""
 
     name = "opencl"
@@ -42,29 +39,18 @@ class OpenCLBackend(ComputeBackend):
         self._device_obj = Device("opencl", 0)
         self._cl_device: Any = None
         self._context: Any = None
-        self._caps: BackendCapabilities | None = None
         self._kernels: dict[tuple[str, str], Any] = {}
-        self._deferred: list[tuple[list[Any], Callable[[], None]]] = []
-        self._deferred_lock = threading.Lock()
 
-    def supports_device(self, device: Device | str) -> bool:
-        try:
-            d = Device.parse(device)
-        except InvalidArgumentError:
-            return False
-        if d.kind != "opencl":
-            return False
-        try:
-            return d.index < len(cl_devices())
-        except DeviceError:
-            return False
+    def _device_count(self) -> int:
+        return len(cl_devices())
 
-    @property
-    def capabilities(self) -> BackendCapabilities:
-        if self._caps is not None:
-            return self._caps
-        index = self._device.index if self._device is not None else 0
+    def _device_capabilities(self, index: int) -> BackendCapabilities:
         return capabilities(cl_devices()[index], index)
+
+    @staticmethod
+    def _event_done(event: Any) -> bool:
+        status = event.command_execution_status
+        return bool(status == cl.command_execution_status.COMPLETE or status < 0)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:
@@ -112,8 +98,7 @@ class OpenCLBackend(ComputeBackend):
                     await stream.synchronize()
                     await anyio.to_thread.run_sync(stream.close)
         finally:
-            with self._deferred_lock:
-                self._deferred = []
+            self._forget_deferred()
             self._pool.invalidate_all(close=True)
             self._streams = []
             self._kernels = {}
@@ -138,12 +123,6 @@ class OpenCLBackend(ComputeBackend):
         return 8, 1
 
     # -- streams ----------------------------------------------------------------------------------
-    @property
-    def default_stream(self) -> Stream:
-        self._require_ready()
-        assert self._default is not None
-        return self._default
-
     def create_stream(self) -> CLStream:
         self._require_ready()
         stream = CLStream(
@@ -152,12 +131,13 @@ class OpenCLBackend(ComputeBackend):
             self._device_obj,
             f"{self._device_obj}/stream{len(self._streams)}",
         )
+        # Blocks freed while there was one queue went back to the pool at once; work queued
+        # before may still use them, so the new queue starts after it.
+        busy = self._busy_events()
+        if busy:
+            stream.record(cl.enqueue_barrier(stream.queue, wait_for=busy))
         self._streams.append(stream)
         return stream
-
-    def _check_stream(self, stream: Stream) -> None:
-        if stream not in self._streams:
-            raise InvalidArgumentError(f"{stream!r} is not a stream of this {self.name} backend")
 
     def _busy_events(self, exclude: CLStream | None = None) -> list[Any]:
         """The last pending event of every stream but ``exclude``."""
@@ -168,37 +148,6 @@ class OpenCLBackend(ComputeBackend):
                 if event is not None:
                     events.append(event)
         return events
-
-    def _after_events(self, events: list[Any], fn: Callable[[], None]) -> None:
-        """Run ``fn`` once every event in ``events`` has completed (checked when streams are
-        pruned: at allocation-statistics queries, synchronization and later frees)."""
-        with self._deferred_lock:
-            self._deferred.append((events, fn))
-
-    def _prune_streams(self) -> None:
-        for s in self._streams:
-            s.prune()
-        if not self._deferred:
-            return
-        with self._deferred_lock:
-            ready = [
-                fn
-                for events, fn in self._deferred
-                if all(
-                    e.command_execution_status in (cl.command_execution_status.COMPLETE,)
-                    or e.command_execution_status < 0
-                    for e in events
-                )
-            ]
-            self._deferred = [(ev, fn) for ev, fn in self._deferred if fn not in ready]
-        for fn in ready:
-            fn()
-
-    def _pending_operations(self) -> int:
-        return sum(s.submitted - s.completed for s in self._streams)
-
-    def _completed_operations(self) -> int:
-        return sum(s.completed for s in self._streams)
 
     def _generation(self) -> int:
         pool: Any = getattr(self, "_pool", None)

@@ -8,7 +8,7 @@ import numpy as np
 import pyopencl as cl
 
 from accelkit.abc.factory import TensorFactory
-from accelkit.backends.cpu.numpy_elementwise import cast_into
+from accelkit.backends.cpu.numpy_elementwise import assign
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
 from accelkit_opencl.submit import CLComponent
@@ -36,13 +36,7 @@ class OpenCLTensorFactory(CLComponent, TensorFactory):
     def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         # The snapshot (with the dtype conversion) is made now: the caller may reuse `array`.
         host = np.empty(out._shape, out._dtype.to_numpy())
-        if array.dtype == host.dtype:
-            np.copyto(host, array)
-        elif array.dtype.kind == "f" and host.dtype.kind in "iub":
-            cast_into(array, host)
-        else:
-            with np.errstate(all="ignore"):
-                host[...] = array
+        assign(host, array)
         if out._size == 0:
             self._skip([out])
             return

@@ -17,7 +17,6 @@ from accelkit._core.pooled_memory import PooledMemoryManager
 from accelkit._core.validation import check_tensor
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.device import Device
-from accelkit.errors import InvalidArgumentError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.tensor import Tensor
 from accelkit_opencl.stream import CLStream, wait_cl_event, wait_cl_event_blocking
@@ -87,17 +86,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
             self.pool.free(buf, lambda recycle: self._backend._after_events(busy, recycle))
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf = self._buffer(dst, "dst")
-        try:
-            view = memoryview(src).cast("B")
-        except TypeError as exc:
-            raise InvalidArgumentError(
-                f"copy_htod: src must support the buffer protocol: {exc}"
-            ) from None
-        if view.nbytes > buf.nbytes:
-            raise InvalidArgumentError(
-                f"copy_htod: src has {view.nbytes} bytes, dst only {buf.nbytes}"
-            )
+        buf, view = self._host_source(dst, src)
         if view.nbytes == 0:
             return
         data = np.frombuffer(view, np.uint8).copy()  # the caller may reuse src at once
@@ -111,13 +100,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         await wait_cl_event(event, stream.queue, "copy_htod")
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        buf = self._buffer(src, "src")
-        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
-        if dst.nbytes > buf.nbytes:
-            raise InvalidArgumentError(
-                f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}"
-            )
+        buf = self._host_destination(dst, src)
         if dst.nbytes == 0:
             return
         stream = self._current()
@@ -131,9 +114,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         dst.reshape(-1).view(np.uint8)[...] = staging
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._buffer(dst, "dst"), self._buffer(src, "src")
-        if s.nbytes > d.nbytes:
-            raise InvalidArgumentError(f"copy_dtod: src has {s.nbytes} bytes, dst only {d.nbytes}")
+        d, s = self._device_pair(dst, src)
         if s.nbytes == 0:
             return
         stream = self._current()

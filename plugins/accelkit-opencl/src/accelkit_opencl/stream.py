@@ -20,6 +20,7 @@ from typing import Any
 
 import pyopencl as cl
 
+from accelkit._core.device_errors import DeviceErrors
 from accelkit._core.loop import wait_for_callback
 from accelkit.abc.stream import Event, Stream
 from accelkit.device import Device
@@ -75,7 +76,7 @@ def wait_cl_event_blocking(event: Any, queue: Any, what: str = "a command") -> N
     _check(event, what)
 
 
-class CLStream(Stream):
+class CLStream(DeviceErrors, Stream):
     """One in-order OpenCL command queue (see the module docstring)."""
 
     def __init__(self, context: Any, device: Any, dev: Device, name: str) -> None:
@@ -109,38 +110,6 @@ class CLStream(Stream):
             seq = self.submitted
             self._pending[seq] = (event, tuple(keepalive))
             return seq
-
-    def add_check(self, seq: int, check: Callable[[], BaseException | None]) -> None:
-        """Report ``check()``'s error (if any) when position ``seq`` or a later one is awaited.
-
-        A kernel that finds bad input sets a device-side error flag; the flag is read back in
-        the same command, so ``check`` only looks at host memory."""
-        with self._lock:
-            self._checks.append((seq, check))
-
-    def raise_errors(self, seq: int) -> None:
-        """Raise (once) the error of a failed command at or before ``seq`` (completed)."""
-        with self._lock:
-            if not self._checks:
-                return
-            error: BaseException | None = None
-            keep = []
-            for entry in self._checks:
-                if error is None and entry[0] <= seq:
-                    error = entry[1]()
-                    continue
-                keep.append(entry)
-            self._checks = keep
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error  # no cycle through the traceback keeping the command's objects alive
-
-    def discard_errors(self) -> None:
-        """Forget unreported errors (at shutdown)."""
-        with self._lock:
-            self._checks = []
 
     def event_for(self, seq: int) -> Any | None:
         """The OpenCL event of position ``seq``, or None once it has completed."""
@@ -177,10 +146,8 @@ class CLStream(Stream):
             # A failed command (status < 0) is dropped too: its error is seen by the waiters.
             pending.popitem(last=False)
             self._completed_upto = seq
-        if self._checks:
-            # Commands that completed without an error need no check any more.
-            done = self._completed_upto
-            self._checks = [(s, c) for s, c in self._checks if s > done or c() is not None]
+        # Commands that completed without an error need no check any more.
+        self._prune_checks_locked(self._completed_upto)
 
     @property
     def completed(self) -> int:

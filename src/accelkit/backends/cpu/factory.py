@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from accelkit.abc.factory import TensorFactory
-from accelkit.backends.cpu.numpy_elementwise import cast_into
+from accelkit.backends.cpu.numpy_elementwise import assign
 from accelkit.backends.cpu.submit import CPUComponent
 from accelkit.tensor import Tensor
 
@@ -26,18 +26,8 @@ class CPUTensorFactory(CPUComponent, TensorFactory):
     def _k_generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         # Generating a large random tensor takes a while (100 ms for 16M normals): it runs in
         # stream order on the worker, not on the event loop's thread.
-        self._launch(lambda: _copy_into(out, make()), 8 * out._size, (), (out,))
+        self._launch(lambda: assign(out._data, make()), 8 * out._size, (), (out,))
 
     def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         # The snapshot is the copy itself, made now: the caller may reuse `array` at once.
-        _copy_into(out, array)
-
-
-def _copy_into(out: Tensor, array: np.ndarray[Any, Any]) -> None:
-    if array.dtype == out._data.dtype:
-        np.copyto(out._data, array)
-    elif array.dtype.kind == "f" and out._data.dtype.kind in "iub":
-        cast_into(array, out._data)
-    else:
-        with np.errstate(all="ignore"):
-            out._data[...] = array
+        assign(out._data, array)

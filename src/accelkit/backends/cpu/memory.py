@@ -14,7 +14,6 @@ from accelkit._core.validation import check_tensor
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.backends.cpu.probe import system_memory_bytes
 from accelkit.device import Device
-from accelkit.errors import InvalidArgumentError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.tensor import Tensor
 
@@ -62,12 +61,7 @@ class CPUMemoryManager(PooledMemoryManager):
             self.pool.free(buf, recycle_later)
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf = self._buffer(dst, "dst")
-        view = memoryview(src).cast("B")
-        if view.nbytes > buf.nbytes:
-            raise InvalidArgumentError(
-                f"copy_htod: src has {view.nbytes} bytes, dst only {buf.nbytes}"
-            )
+        buf, view = self._host_source(dst, src)
         data = np.frombuffer(view, np.uint8).copy()
         if isinstance(dst, Tensor):
             await dst._stream.synchronize()
@@ -77,22 +71,14 @@ class CPUMemoryManager(PooledMemoryManager):
         await self._backend.current_stream.synchronize()
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        buf = self._buffer(src, "src")
-        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
-        if dst.nbytes > buf.nbytes:
-            raise InvalidArgumentError(
-                f"copy_dtoh: dst has {dst.nbytes} bytes, src only {buf.nbytes}"
-            )
+        buf = self._host_destination(dst, src)
         if isinstance(src, Tensor):
             await src._stream.wait_for(src._seq)  # type: ignore[attr-defined]
         await self._backend.current_stream.synchronize()
         dst.reshape(-1).view(np.uint8)[...] = buf.handle[: dst.nbytes]
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._buffer(dst, "dst"), self._buffer(src, "src")
-        if s.nbytes > d.nbytes:
-            raise InvalidArgumentError(f"copy_dtod: src has {s.nbytes} bytes, dst only {d.nbytes}")
+        d, s = self._device_pair(dst, src)
         n = s.nbytes
         inputs = [src] if isinstance(src, Tensor) else []
         outputs = [dst] if isinstance(dst, Tensor) else []

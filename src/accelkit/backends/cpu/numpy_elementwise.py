@@ -11,7 +11,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["binary", "cast_into", "reduce", "unary", "where"]
+__all__ = ["assign", "binary", "cast_into", "reduce", "unary", "where"]
 
 Array = np.ndarray[Any, Any]
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -176,6 +176,18 @@ def cast_into(x: Array, out: Array) -> None:
         return
     with np.errstate(all="ignore"):
         out[...] = x if x.dtype not in _LOW or out.dtype in _LOW else x.astype(np.float32)
+
+
+def assign(dst: Array, array: Array) -> None:
+    """Store ``array`` into ``dst`` with accelkit's conversion rules (floats to integers as C
+    casts do, see :func:`cast_into`; other conversions as NumPy's, silently)."""
+    if array.dtype == dst.dtype:
+        np.copyto(dst, array)
+    elif array.dtype.kind == "f" and dst.dtype.kind in "iub":
+        cast_into(array, dst)
+    else:
+        with np.errstate(all="ignore"):
+            dst[...] = array
 
 
 def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array) -> None:

@@ -1,0 +1,60 @@
+"""Errors found on the device, reported when the work that found them is awaited.
+
+A kernel that can meet bad input only on the device (an index out of range) sets an error flag
+that is copied back to host memory in the same stream; the stream registers a *check* for that
+position, and whoever next awaits that position (or a later one) gets the error, once. Streams of
+device backends mix in :class:`DeviceErrors`; they hold ``_lock`` for their other state too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["DeviceErrors"]
+
+Check = Callable[[], BaseException | None]
+
+
+class DeviceErrors:
+    """Checks per stream position (see the module docstring)."""
+
+    _lock: threading.Lock
+    _checks: list[tuple[int, Check]]
+
+    def add_check(self, seq: int, check: Check) -> None:
+        """Report ``check()``'s error (if any) when position ``seq`` or a later one is awaited.
+
+        ``check`` only reads host memory the device wrote in the same stream."""
+        with self._lock:
+            self._checks.append((seq, check))
+
+    def raise_errors(self, seq: int) -> None:
+        """Raise the first error of a check at or before ``seq`` (its work has completed); each
+        error is raised once, and later ones stay for the next await."""
+        with self._lock:
+            if not self._checks:
+                return
+            error: BaseException | None = None
+            keep = []
+            for entry in self._checks:
+                if error is None and entry[0] <= seq:
+                    error = entry[1]()
+                    continue
+                keep.append(entry)
+            self._checks = keep
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle through the traceback keeping the work's objects alive
+
+    def discard_errors(self) -> None:
+        """Forget unreported errors (at shutdown)."""
+        with self._lock:
+            self._checks = []
+
+    def _prune_checks_locked(self, completed: int) -> None:
+        """Drop the checks of completed work that found nothing (``_lock`` held)."""
+        if self._checks:
+            self._checks = [(s, c) for s, c in self._checks if s > completed or c() is not None]
