@@ -17,26 +17,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 
 import anyio
 import numpy as np
 
 import accelkit as ak
-
-
-async def interleaved(
-    ours: Callable[[], Awaitable[None]], theirs: Callable[[], None], repeats: int
-) -> tuple[float, float]:
-    a, b = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        await ours()
-        a.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        theirs()
-        b.append(time.perf_counter() - t0)
-    return statistics.median(a), statistics.median(b)
+from accelkit.cli.bench import interleaved
 
 
 async def main() -> None:
