@@ -52,7 +52,7 @@ class CUDABackend(QueuedBackend):
         self._arch = "sm_80"
         self._poisoned: ContextPoisonedError | None = None
         self._rebuilds = RebuildLimiter()
-        self._gen = 1
+        self._context: Any = None  # memory.Context, made at initialize
         #: Objects of rebuilt contexts, never destroyed (see :meth:`recover`).
         self._graveyard: list[Any] = []
 
@@ -81,6 +81,9 @@ class CUDABackend(QueuedBackend):
 
         props = devices[device.index]
         self._cp_device = cupy.cuda.Device(device.index)
+        from accelkit_cuda.memory import Context
+
+        self._context = Context(device.index)
 
         def open_context() -> None:
             with self._cp_device:
@@ -179,7 +182,8 @@ class CUDABackend(QueuedBackend):
         # Everything that holds a handle of the dead context is forgotten without a CUDA call,
         # and kept referenced (a bounded leak: at most MAX_REBUILDS per window) so that no
         # destructor later frees or destroys a handle value the new context may reuse.
-        self._gen += 1  # first: the pool's blocks now belong to a dead generation, never freed
+        # First: the pool's blocks now belong to a dead generation, and are never freed.
+        self._context.generation += 1
         self._pool.invalidate_all(close=True)
         for stream in self._streams:
             stream.abandon()
@@ -226,4 +230,4 @@ class CUDABackend(QueuedBackend):
         return stream
 
     def _generation(self) -> int:
-        return self._gen
+        return int(self._context.generation) if self._context is not None else 1

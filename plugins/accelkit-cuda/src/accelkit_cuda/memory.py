@@ -35,23 +35,45 @@ from accelkit_cuda.submit import depend
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["Block", "CUDAMemoryManager", "memptr", "pinned_empty"]
+__all__ = ["Block", "CUDAMemoryManager", "Context", "memptr", "pinned_empty"]
 
 _H2D = 1  # cudaMemcpyHostToDevice
 _D2H = 2
 _D2D = 3
 
 
+class Context:
+    """A backend's CUDA context generation, shared with its blocks (bumped by a rebuild)."""
+
+    __slots__ = ("device_id", "generation")
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self.generation = 1
+
+
 class Block:
-    """One ``cudaMalloc`` allocation of a context generation (freed only in that generation: after
-    a context rebuild its pointer is dead, and may even name a new allocation)."""
+    """One ``cudaMalloc`` allocation. It frees itself when released by the pool or when its last
+    reference goes (a tensor that outlived the backend's shutdown), but only in the context
+    generation it was made in: after a rebuild its pointer is dead, and the same value may name
+    a new allocation."""
 
-    __slots__ = ("generation", "ptr", "size")
+    __slots__ = ("context", "generation", "ptr", "size")
 
-    def __init__(self, ptr: int, size: int, generation: int) -> None:
+    def __init__(self, ptr: int, size: int, context: Context) -> None:
         self.ptr = ptr
         self.size = size
-        self.generation = generation
+        self.context = context
+        self.generation = context.generation
+
+    def release(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr and self.generation == self.context.generation:
+            with contextlib.suppress(Exception), cupy.cuda.Device(self.context.device_id):
+                cupy.cuda.runtime.free(ptr)
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def _malloc(size: int) -> int:
@@ -73,19 +95,13 @@ def _raw_alloc(backend: CUDABackend) -> Any:
                 # free blocks to the driver and try once more.
                 cupy.get_default_memory_pool().free_all_blocks()
                 ptr = _malloc(size)
-        return Block(ptr, size, backend._gen)
+        return Block(ptr, size, backend._context)
 
     return alloc
 
 
-def _raw_free(backend: CUDABackend) -> Any:
-    def free(block: Block) -> None:
-        if block.generation != backend._gen:
-            return  # the context it lived in is gone, and its memory with it
-        with backend._cp_device, contextlib.suppress(*CUDA_ERRORS):
-            cupy.cuda.runtime.free(block.ptr)
-
-    return free
+def _raw_free(block: Block) -> None:
+    block.release()
 
 
 def memptr(block: Block, device_id: int) -> Any:
@@ -107,7 +123,7 @@ class CUDAMemoryManager(PooledMemoryManager):
     ) -> None:
         super().__init__(
             backend,
-            CachingPool(device, _raw_alloc(backend), _raw_free(backend), total_bytes, config),
+            CachingPool(device, _raw_alloc(backend), _raw_free, total_bytes, config),
         )
         self._backend: CUDABackend = backend
 
