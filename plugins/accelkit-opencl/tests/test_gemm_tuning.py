@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from accelkit_opencl import gemm_tuning
+from accelkit_opencl import gemm_tuning, linalg_ops
 from accelkit_opencl.backend import OpenCLBackend
 from accelkit_opencl.opencl_linalg import GemmBlock
 
@@ -22,6 +22,23 @@ SMALL = GemmBlock(4, 16, 8, 2, (2, 2))
 @pytest.fixture(autouse=True)
 def fresh_store(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gemm_tuning, "_stored", None)
+    # Every product takes the packed kernel here, the tiny ones too (they test block edges).
+    monkeypatch.setattr(linalg_ops, "PACKED_MIN_WORK", 0)
+
+
+async def test_tiny_products_take_one_tiled_launch(
+    backend: OpenCLBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(linalg_ops, "PACKED_MIN_WORK", 32**3)
+    f, o = backend.tensor_factory, backend.tensor_ops
+    a = RNG.standard_normal((32, 31)).astype(np.float32)
+    got = await o.matmul(f.from_host(a), f.from_host(a.T.copy())).to_host()
+    np.testing.assert_allclose(got, a @ a.T, rtol=1e-5, atol=1e-5)
+    assert {name for _, name in backend._kernels} == {"gemm"}
+    b = RNG.standard_normal((32, 32)).astype(np.float32)
+    got = await o.matmul(f.from_host(b), f.from_host(b)).to_host()
+    np.testing.assert_allclose(got, b @ b, rtol=1e-5, atol=1e-5)
+    assert {"pack", "gemm_packed"} <= {name for _, name in backend._kernels}
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F64])
