@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
 
 __all__ = [
+    "check_launch_dims",
     "check_axis",
     "check_dtype",
     "check_float",
@@ -174,6 +175,23 @@ def check_axes(axis: object, ndim: int, name: str = "axis") -> tuple[int, ...]:
     if len(set(axes)) != len(axes):
         raise InvalidArgumentError(f"{name} repeats an axis: {axis!r}")
     return tuple(sorted(axes))
+
+
+def check_launch_dims(value: object, name: str) -> tuple[int, ...]:
+    """A kernel launch's ``grid`` or ``block``: an int or 1 to 3 positive ints."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    try:
+        sizes: tuple[Any, ...] = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentError(f"execute_kernel: {name} must be a sequence of ints") from None
+    if not 1 <= len(sizes) <= 3 or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes
+    ):
+        raise InvalidArgumentError(
+            f"execute_kernel: {name} must be 1 to 3 positive ints; got {value!r}"
+        )
+    return sizes
 
 
 def pair(value: object, name: str, *, minimum: int) -> tuple[int, int]:

@@ -99,6 +99,7 @@ class CUDABackend(QueuedBackend):
         self.supported_dtypes = self._caps.dtypes
         self._device_obj = device
         self._build(device, props)
+        await self._fused.load()
 
     def _build(self, device: Device, props: DeviceProps) -> None:
         """Everything that lives in the CUDA context (again after a rebuild)."""
@@ -211,6 +212,7 @@ class CUDABackend(QueuedBackend):
         self._poisoned = None
         self._error = None
         self._build(device, props)
+        await self._fused.load()
 
     # -- streams ----------------------------------------------------------------------------------
     def create_stream(self) -> CUDAStream:

@@ -1,18 +1,17 @@
 """The CUDA backend's KernelOps: the NVRTC kernels of :mod:`accelkit_cuda.cuda_fused`.
 
 The fused program is compiled once per device architecture and NVRTC version (about 4 s) and
-cached on disk; ``CUDABackend.initialize`` starts loading it on a worker thread, and the first
-fused call waits for it. sample_token runs as CuPy kernels (sort, scan, Gumbel argmax) on the
+cached on disk; ``CUDABackend.initialize`` awaits loading it on a worker thread. sample_token runs as CuPy kernels (sort, scan, Gumbel argmax) on the
 device with exactly the arithmetic of the composition, so both routes draw the same token for a
 seed.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import cupy as cp
 import cupyx
 import numpy as np
@@ -52,15 +51,20 @@ def _ptr(t: Tensor | None) -> Any:
 
 
 class FusedProgram:
-    """The fused kernels of one backend: compiled (or read from the disk cache) on a thread."""
+    """The fused kernels of one backend, compiled (or read from the disk cache) by
+    :meth:`load`, which the backend awaits at initialize, so no call waits for NVRTC."""
 
     def __init__(self, backend: CUDABackend) -> None:
         self._backend = backend
         self._module: Any = None
         self._error: BaseException | None = None
         self._functions: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._load, name="accelkit-cuda-nvrtc", daemon=True)
-        self._thread.start()
+
+    async def load(self) -> None:
+        """Compile on a worker thread (about 4 s on a cold cache). A failure (no NVRTC, an
+        architecture NVRTC does not know) is kept: fused calls then refuse, and the dispatcher
+        and TensorOps run their compositions."""
+        await anyio.to_thread.run_sync(self._load)
 
     def _load(self) -> None:
         from accelkit_cuda.nvrtc import compile_cached
@@ -71,17 +75,16 @@ class FusedProgram:
                 module = cp.cuda.function.Module()
                 module.load(compiled.binary)
             self._module = module
-        except BaseException as exc:  # reported at the first fused call
+        except Exception as exc:
             self._error = exc
 
     def function(self, name: str) -> Any:
         fn = self._functions.get(name)
         if fn is None:
-            self._thread.join()
-            if self._error is not None:
+            if self._module is None:
                 raise UnsupportedOperationError(
-                    f"the CUDA fused kernels are unavailable: {self._error}"
-                ) from None
+                    f"the CUDA fused kernels are unavailable: {self._error or 'not loaded'}"
+                )
             fn = self._module.get_function(name)
             self._functions[name] = fn
         return fn

@@ -23,7 +23,7 @@ import anyio
 import cupy
 import numpy as np
 
-from accelkit._core.validation import check_tensor
+from accelkit._core.validation import check_launch_dims, check_tensor
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.errors import InvalidArgumentError, StaleHandleError, UnsupportedOperationError
@@ -120,13 +120,9 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         return entry
 
     def _dims(
-        self, dims: Sequence[int], what: str, limits: tuple[int, int, int]
+        self, value: Sequence[int], what: str, limits: tuple[int, int, int]
     ) -> tuple[int, ...]:
-        if isinstance(dims, int):
-            dims = (dims,)
-        dims = tuple(dims)
-        if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
-            raise InvalidArgumentError(f"{what} must be 1 to 3 positive ints; got {dims!r}")
+        dims = check_launch_dims(value, what)
         for d, limit, axis in zip(dims, limits, "xyz", strict=False):
             if d > limit:
                 raise InvalidArgumentError(f"{what}.{axis} = {d} exceeds the device limit {limit}")

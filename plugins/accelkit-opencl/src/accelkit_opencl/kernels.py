@@ -23,7 +23,7 @@ import numpy as np
 import pyopencl as cl
 
 from accelkit._core.env import env_str
-from accelkit._core.validation import check_tensor
+from accelkit._core.validation import check_launch_dims, check_tensor
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.errors import (
@@ -310,7 +310,7 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
     ) -> None:
         loaded = self._get(handle)
         device = self.backend._cl_device
-        grid_t, block_t = _sizes(grid, "grid"), _sizes(block, "block")
+        grid_t, block_t = check_launch_dims(grid, "grid"), check_launch_dims(block, "block")
         if len(grid_t) != len(block_t):
             raise InvalidArgumentError(
                 f"execute_kernel: grid {grid_t} and block {block_t} have different ranks"
@@ -445,19 +445,3 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
         self._loaded.pop((handle.key, handle.name), None)
         if not any(k == handle.key for k, _ in self._loaded):
             self.programs.forget(handle.key)
-
-
-def _sizes(value: Sequence[int], name: str) -> tuple[int, ...]:
-    if isinstance(value, int):
-        value = (value,)
-    try:
-        sizes = tuple(value)
-    except TypeError:
-        raise InvalidArgumentError(f"execute_kernel: {name} must be a sequence of ints") from None
-    if not 1 <= len(sizes) <= 3 or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes
-    ):
-        raise InvalidArgumentError(
-            f"execute_kernel: {name} must be 1 to 3 positive ints; got {value!r}"
-        )
-    return sizes
