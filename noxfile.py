@@ -6,9 +6,14 @@ Sessions use the interpreter that runs nox (CI has exactly one), through uv when
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -18,14 +23,32 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_venv = "yes"
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+ROOT = Path(__file__).resolve().parent
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The core test suite, and the conformance suite on every installed backend: the CPU
-    backend, the OpenCL backend on PoCL's CPU device, and the CUDA backend where a GPU is present
-    (elsewhere its tests check the probe, the capabilities and NVRTC compilation, and the GPU
-    tests skip with the reason)."""
+    """The core test suite, the conformance suite on every installed backend (the CPU backend,
+    the OpenCL backend on PoCL's CPU device, the CUDA backend where a GPU is present), and each
+    device plugin's own tests (the CUDA plugin's GPU-free ones everywhere: the probe, the
+    capabilities, NVRTC compilation; its GPU tests skip with the reason elsewhere).
+
+    The suite runs in parts, each its own ``python -X faulthandler -m pytest`` process, so that a
+    driver that aborts the process (a compiler's fatal error) takes down only its part: ``core``
+    (``tests/`` but the tests parametrized by backend), ``conformance[<backend>]`` for each
+    installed backend (the conformance suite and the other tests parametrized by backend, run
+    with ``ACCELKIT_TEST_BACKEND=<backend>``; a backend without a device here is listed, not
+    run), and ``plugin <distribution>`` for each device plugin's ``tests/``. Each part's output
+    is shown as it comes; at the end, a table gives every part's outcome (passed, failed,
+    ``crashed: SIGABRT`` with the test that was running, timed out, no tests), its counts and
+    time, and the last line, alone, is ``N passed, N failed, N skipped`` (CI reads it). The
+    session fails if any part failed, crashed or collected no test. (tests/support/parts.py.)
+
+    Arguments after ``--`` go to pytest: options only (``nox -s tests -- -k softmax -x``) go to
+    every part, and a part they leave without a test shows as ``no tests`` without failing the
+    session (unless no part runs a test); arguments that name tests (``nox -s tests --
+    tests/test_cli.py -k doctor``) run exactly that, as one pytest process, as ``pytest`` would.
+    """
     session.install(
         "-e",
         ".[test]",
@@ -33,17 +56,135 @@ def tests(session: nox.Session) -> None:
         "./plugins/accelkit-opencl[pocl]",
         "-e",
         "./plugins/accelkit-cuda[cuda12]",
-        # small plugin distributions made for the registry, selector and fallback tests
+        # small plugin distributions made for the registry, selector, fallback and doctor tests
         "./tests/plugins/accelkit-testplug-good",
         "./tests/plugins/accelkit-testplug-broken",
         "./tests/plugins/accelkit-testplug-future",
         "./tests/plugins/accelkit-testplug-badprobe",
         "./tests/plugins/accelkit-testplug-subset",
+        "./tests/plugins/accelkit-testplug-crash",
     )
-    session.run("pytest", "-p", "no:cacheprovider", *session.posargs)
-    if not session.posargs:
-        session.run("pytest", "-p", "no:cacheprovider", "plugins/accelkit-opencl/tests")
-        session.run("pytest", "-p", "no:cacheprovider", "plugins/accelkit-cuda/tests")
+    parts = _load_parts()
+    env = _session_env(session)
+    python = os.path.join(session.bin, "python")
+    posargs = list(session.posargs)
+    if _names_tests(posargs):
+        plan = [parts.Part("pytest " + " ".join(posargs), tuple(posargs))]
+        extra_args: list[str] = []
+        empty_ok = False
+    else:
+        plan = _test_parts(parts, python, env)
+        extra_args, empty_ok = posargs, bool(posargs)
+    results = parts.run_parts(
+        plan,
+        python=python,
+        cwd=ROOT,
+        env=env,
+        log_dir=Path(session.virtualenv.location) / "tmp" / "test-parts",
+        extra_args=extra_args,
+        empty_ok=empty_ok,
+        # A part that hangs ends as "timed out" (naming the test that was running) instead of
+        # holding the session until CI's own limit.
+        timeout=float(os.environ.get("ACCELKIT_PART_TIMEOUT_S", PART_TIMEOUT_S)),
+    )
+    print("\n" + parts.format_summary(results), flush=True)
+    failures = parts.session_failures(results, empty_ok=empty_ok)
+    if failures:
+        session.error("; ".join(failures))
+
+
+#: Seconds one part may run (``ACCELKIT_PART_TIMEOUT_S`` overrides): the largest, the OpenCL
+#: conformance part with cold compiler caches, takes about 8 minutes on a 2-core machine.
+PART_TIMEOUT_S = 1800.0
+#: The device plugins the tests session installs, whose tests/ it runs as parts of their own.
+DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda")
+#: pytest options that take a value (so that the value is not taken for a test path).
+_VALUE_OPTIONS = {"-k", "-m", "-p", "-o", "-c", "-W", "-r", "--basetemp", "--rootdir", "--tb"}
+
+
+def _load_parts() -> Any:
+    """tests/support/parts.py, by path: nox runs outside the session's environment, and that
+    module needs nothing but the standard library."""
+    path = ROOT / "tests" / "support" / "parts.py"
+    spec = importlib.util.spec_from_file_location("accelkit_test_parts", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _session_env(session: nox.Session) -> dict[str, str]:
+    """What ``session.run`` would give a command: the session's environment, its bin first."""
+    env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}}
+    env["PATH"] = os.pathsep.join([session.bin, env.get("PATH", "")])
+    env["VIRTUAL_ENV"] = session.virtualenv.location
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def _names_tests(args: list[str]) -> bool:
+    """Whether pytest arguments name tests (a file, a folder, a node id) rather than only
+    filter them."""
+    previous = ""
+    for arg in args:
+        takes_value, previous = previous in _VALUE_OPTIONS, arg
+        if arg.startswith("-") or takes_value:
+            continue
+        if (ROOT / arg.split("::")[0]).exists():
+            return True
+    return False
+
+
+_LIST_BACKENDS = (
+    "import json, sys; sys.path.insert(0, 'tests');"
+    " from conformance.backends import BACKEND_FIXTURES, PER_BACKEND_TESTS, installed_backends;"
+    " print('ACCELKIT-BACKENDS ' + json.dumps({'backends': installed_backends(),"
+    " 'paths': PER_BACKEND_TESTS, 'fixtures': BACKEND_FIXTURES}))"
+)
+
+
+def _test_parts(parts: Any, python: str, env: dict[str, str]) -> list[Any]:
+    """core, conformance[<backend>] per installed backend, plugin <dist> per device plugin."""
+    listing = subprocess.run(
+        [python, "-X", "faulthandler", "-c", _LIST_BACKENDS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    found = [
+        line.removeprefix("ACCELKIT-BACKENDS ")
+        for line in listing.stdout.splitlines()
+        if line.startswith("ACCELKIT-BACKENDS ")
+    ]
+    if listing.returncode != 0 or not found:
+        # Listing the backends failed (a probe that crashes, say): the tests of every backend in
+        # one part, which then fails with the reason in its own output.
+        print(f"listing the backends failed (exit status {listing.returncode}):", flush=True)
+        print(listing.stdout + listing.stderr, flush=True)
+        plan = [parts.Part("core", ("tests",))]
+    else:
+        listed = json.loads(found[-1])
+        paths, fixtures = tuple(listed["paths"]), listed["fixtures"]
+        # Every test runs once: the per-backend ones in their backend's part, the rest in core.
+        plan = [parts.Part("core", ("tests",), env=parts.split(paths, fixtures, "other"))]
+        for backend in listed["backends"]:
+            name = backend["name"]
+            plan.append(
+                parts.Part(
+                    f"conformance[{name}]",
+                    paths,
+                    env={"ACCELKIT_TEST_BACKEND": name, **parts.split(paths, fixtures, "backend")},
+                    skip_reason="" if backend["devices"] else f"no device: {backend['reason']}",
+                )
+            )
+    for dist in DEVICE_PLUGINS:
+        plan.append(parts.Part(f"plugin {dist}", (f"plugins/{dist}/tests",)))
+    return plan
 
 
 @nox.session(python=PYTHON)

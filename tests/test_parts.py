@@ -1,0 +1,251 @@
+"""The test-session machinery (tests/support/parts.py): parts run as separate pytest processes,
+one that passes, one that fails and one that kills itself with SIGABRT; the summary table, the
+totals line CI reads, and the session's verdict."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import parts
+from support.parts import Counts, Part, PartResult
+
+PASSING = """
+import pytest
+
+def test_one():
+    pass
+
+def test_two():
+    pass
+
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+"""
+
+FAILING = """
+def test_ok():
+    pass
+
+def test_bad():
+    assert 1 == 2
+"""
+
+ABORTING = """
+import os
+import sys
+
+def test_before():
+    pass
+
+def test_abort():
+    sys.stderr.write("LLVM ERROR: Cannot select: 0x55c3b6de03e8: i64 = fma 0x1234567, 0x7654321\\n")
+    sys.stderr.write("In function: _Z7_cl_fmaDv16_fS_S_\\n")
+    sys.stderr.flush()
+    os.abort()
+
+def test_after():
+    pass
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A folder of small test files, with a pytest.ini so that pytest stays there."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pytest.ini").write_text("[pytest]\n")
+    (root / "test_passing.py").write_text(PASSING)
+    (root / "test_failing.py").write_text(FAILING)
+    (root / "test_aborting.py").write_text(ABORTING)
+    return root
+
+
+def run(project: Path, *plan: Part, **kw: object) -> tuple[list[PartResult], str]:
+    out = io.StringIO()
+    results = parts.run_parts(
+        plan,
+        cwd=project,
+        log_dir=project.parent / "logs",
+        out=out,
+        **kw,  # type: ignore[arg-type]
+    )
+    return results, out.getvalue()
+
+
+def test_a_passing_a_failing_and_an_aborting_part(project: Path) -> None:
+    results, live = run(
+        project,
+        Part("good", ("test_passing.py",)),
+        Part("bad", ("test_failing.py",)),
+        Part("crash", ("test_aborting.py",)),
+        Part("later", ("test_passing.py",)),  # the parts after a crash still run
+    )
+    good, bad, crash, later = results
+    assert (good.outcome, good.returncode, good.counts) == ("passed", 0, Counts(2, 0, 1))
+    assert (bad.outcome, bad.returncode, bad.counts) == ("failed", 1, Counts(1, 1, 0))
+    assert crash.outcome == "crashed"
+    assert crash.returncode == -signal.SIGABRT
+    assert crash.label == "crashed: SIGABRT"
+    # the test that passed before the crash, and the one that was running (counted as failed)
+    assert crash.counts == Counts(passed=1, failed=1, skipped=0)
+    assert crash.running == ["test_aborting.py::test_abort"]
+    assert "test_aborting.py::test_abort" in crash.detail
+    assert "LLVM ERROR: Cannot select: i64 = fma" in crash.detail
+    assert "0x55c3b6de03e8" not in crash.detail
+    assert "In function: _Z7_cl_fmaDv16_fS_S_" in crash.detail
+    assert later.outcome == "passed"
+
+    # the output was shown live, the faulthandler's traceback included, and kept in a file
+    assert "=== part crash:" in live
+    assert "Fatal Python error: Aborted" in live
+    assert "test_abort" in live.split("Fatal Python error: Aborted", 1)[1]
+    assert "Fatal Python error: Aborted" in Path(crash.output_path).read_text()
+
+    summary = parts.format_summary(results)
+    lines = summary.splitlines()
+    assert lines[-1] == "6 passed, 2 failed, 2 skipped"
+    table = {line.split()[0]: line for line in lines[1:7]}
+    assert table["good"].split() == ["good", "passed", "2", "0", "1", *table["good"].split()[-2:]]
+    assert "crashed: SIGABRT" in table["crash"]
+    assert "crash: crashed: SIGABRT: in test_aborting.py::test_abort: LLVM ERROR" in summary
+
+    failures = parts.session_failures(results)
+    assert len(failures) == 2
+    assert failures[0].startswith("bad: failed")
+    assert failures[1].startswith("crash: crashed: SIGABRT")
+    assert parts.session_failures([good, later]) == []
+
+
+def test_no_tests_is_a_failure_unless_the_arguments_filtered_them(project: Path) -> None:
+    results, _ = run(project, Part("good", ("test_passing.py",)), extra_args=("-k", "nothing"))
+    (empty,) = results
+    assert (empty.outcome, empty.returncode) == ("no tests", 5)
+    assert parts.session_failures(results) == ["good: no tests collected"]
+    # with a filter from the developer, a part it leaves empty is fine, as long as some part ran
+    results, _ = run(
+        project,
+        Part("good", ("test_passing.py",)),
+        Part("bad", ("test_failing.py",)),
+        extra_args=("-k", "test_ok"),
+        empty_ok=True,
+    )
+    assert [r.outcome for r in results] == ["no tests", "passed"]
+    assert parts.session_failures(results, empty_ok=True) == []
+    assert parts.totals_line(results) == "1 passed, 0 failed, 0 skipped"
+    # ... and where no part ran any test, the session fails, as pytest would
+    results, _ = run(
+        project, Part("good", ("test_passing.py",)), extra_args=("-k", "zzz"), empty_ok=True
+    )
+    assert parts.session_failures(results, empty_ok=True) == ["no part selected any test"]
+
+
+def test_a_part_not_run_for_a_reason_shows_and_fails_nothing(project: Path) -> None:
+    results, live = run(project, Part("conformance[cuda]", skip_reason="no device: no driver"))
+    (skipped,) = results
+    assert (skipped.outcome, skipped.returncode, skipped.counts) == ("no tests", None, None)
+    assert live == ""
+    assert parts.session_failures(results) == []
+    summary = parts.format_summary(results)
+    assert "conformance[cuda]: no tests: no device: no driver" in summary
+    assert summary.splitlines()[-1] == "0 passed, 0 failed, 0 skipped"
+
+
+def test_a_hanging_part_is_stopped_at_its_timeout(project: Path) -> None:
+    (project / "test_hang.py").write_text(
+        "import time\n\ndef test_first():\n    pass\n\ndef test_hang():\n    time.sleep(600)\n"
+    )
+    results, _ = run(project, Part("hang", ("test_hang.py",)), timeout=10)
+    (hang,) = results
+    assert hang.outcome == "timed out"
+    assert hang.counts == Counts(passed=1, failed=1)
+    assert "after 10 s in test_hang.py::test_hang" in hang.detail
+    assert parts.session_failures(results) == [
+        "hang: timed out (after 10 s in test_hang.py::test_hang)"
+    ]
+
+
+def test_a_crash_at_interpreter_exit_after_every_test_passed(project: Path) -> None:
+    (project / "conftest.py").write_text(
+        "import atexit, os\n\ndef pytest_unconfigure(config):\n    atexit.register(os.abort)\n"
+    )
+    results, _ = run(project, Part("exit", ("test_passing.py",)))
+    (exit_,) = results
+    assert exit_.label == "crashed: SIGABRT"
+    assert exit_.counts == Counts(2, 0, 1)  # every test ran; the process died afterwards
+    assert exit_.detail.startswith("after the last test")
+    assert parts.session_failures(results)
+
+
+def test_counts_from_pytest_output_when_there_is_no_event_log() -> None:
+    out = (
+        "tests/test_x.py ..F.s\n"
+        "=========== 1 failed, 3 passed, 1 skipped, 2 xfailed, 1 error, 4 deselected in 0.52s"
+        " ===========\n"
+    )
+    assert parts.counts_from_output(out) == Counts(passed=3, failed=2, skipped=3)
+    assert parts.counts_from_output("=== no tests ran in 0.01s ===") == Counts()
+    assert parts.counts_from_output("Fatal Python error: Aborted") is None
+
+
+def test_summary_of_a_part_that_died_before_its_first_test() -> None:
+    result = PartResult("early", "crashed", returncode=-signal.SIGSEGV, counts=Counts(failed=1))
+    summary = parts.format_summary([result])
+    assert "crashed: SIGSEGV" in summary
+    assert summary.splitlines()[-1] == "0 passed, 1 failed, 0 skipped"
+
+
+def test_the_event_log_plugin_is_importable_without_pytest_running(tmp_path: Path) -> None:
+    """noxfile.py loads this module by path in nox's own interpreter: standard library only."""
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('p', {str(parts.__file__)!r})\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['p'] = m\n"
+        "spec.loader.exec_module(m)\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('pytest', '_pytest', 'accelkit'))\n"
+        "print(bad)\n"
+    )
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_PART")},
+            "PYTHONPATH": "",
+        },
+        timeout=60,
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_split_runs_each_test_once_between_the_core_and_the_per_backend_parts(
+    project: Path,
+) -> None:
+    per_backend = project / "per_backend"
+    per_backend.mkdir()
+    (per_backend / "test_backends.py").write_text(
+        "import pytest\n\n"
+        "@pytest.fixture(params=['a', 'b'])\n"
+        "def backend(request):\n    return request.param\n\n"
+        "def test_on_each_backend(backend):\n    pass\n\n"
+        "def test_backend_free():\n    pass\n"
+    )
+    paths, fixtures = ["per_backend"], ["backend"]
+    results, live = run(
+        project,
+        Part("core", ("per_backend", "test_passing.py"), env=parts.split(paths, fixtures, "other")),
+        Part("backends", ("per_backend",), env=parts.split(paths, fixtures, "backend")),
+    )
+    core, backends = results
+    assert core.counts == Counts(passed=3, skipped=1)  # test_backend_free and test_passing.py
+    assert backends.counts == Counts(passed=2)  # test_on_each_backend[a] and [b]
+    assert "2 deselected" in live
