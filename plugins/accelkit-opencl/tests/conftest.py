@@ -17,6 +17,9 @@ from accelkit.errors import DeviceError
 _CACHES = tempfile.mkdtemp(prefix="accelkit-opencl-test-caches-")
 os.environ.setdefault("POCL_CACHE_DIR", os.path.join(_CACHES, "pocl"))
 os.environ.setdefault("PYOPENCL_CACHE_DIR", os.path.join(_CACHES, "pyopencl"))
+# Kernel-variant verdicts: one store for the run (tests' program caches are per test, but the
+# verification runs once per device and run, in the background; tests of it use their own).
+os.environ.setdefault("ACCELKIT_OPENCL_VARIANTS_FILE", os.path.join(_CACHES, "variants.json"))
 
 pytest.importorskip("pyopencl")
 

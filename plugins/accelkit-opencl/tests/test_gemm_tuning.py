@@ -81,15 +81,33 @@ async def test_other_block_same_result(backend: OpenCLBackend) -> None:
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
 
 
-async def test_tune_stores_the_winner(
-    backend: OpenCLBackend, monkeypatch: pytest.MonkeyPatch, opencl_cache: Path
+async def test_tune_times_only_verified_blocks_and_stores_the_winner(
+    backend: OpenCLBackend, monkeypatch: pytest.MonkeyPatch, opencl_cache: Path, tmp_path: Path
 ) -> None:
-    default = gemm_tuning.default_block(backend._cl_device, DType.F32)
-    monkeypatch.setitem(gemm_tuning.CANDIDATES, DType.F32, (SMALL,))
-    lines: list[str] = []
-    winners = await gemm_tuning.tune(backend, size=64, rounds=1, progress=lines.append)
-    assert winners[DType.F32] in (default, SMALL)
-    assert len(lines) == 5  # compiling and timing each candidate, then the file
+    """Tuning verifies every block in a child process first and times only those that pass: a
+    block that crashes the compiler (injected: the child aborts on it) is never built here."""
+    from accelkit_opencl import variants
+
+    monkeypatch.setenv("ACCELKIT_OPENCL_VARIANTS_FILE", str(tmp_path / "variants.json"))
+    monkeypatch.delenv("ACCELKIT_OPENCL_VERIFY", raising=False)
+    variants.forget_verifiers()
+    try:
+        backend._verifier = variants.verifier_for(backend._cl_device, 0)
+        cands = variants.candidates(backend._cl_device, "gemm_packed.f32")
+        crashing, safe = cands[:-2], cands[-2:]
+        faults = {c.id: "abort" for c in crashing}
+        monkeypatch.setenv("ACCELKIT_OPENCL_VERIFY_FAULTS", json.dumps(faults))
+        lines: list[str] = []
+        winners = await gemm_tuning.tune(backend, size=64, rounds=1, progress=lines.append)
+    finally:
+        variants.forget_verifiers()
+    assert winners[DType.F32] in {c.value for c in safe}
+    compiled = [line for line in lines if "compiling" in line]
+    assert len(compiled) == len(safe), lines
+    for c in crashing:
+        # crashed in its child, or not tried after a block as wide crashed
+        assert any(c.id in line and ("SIGABRT" in line or "skipped" in line) for line in lines)
+        assert not any(c.value.label() in line for line in compiled)
     assert "stored in" in lines[-1]
     path = gemm_tuning.tuning_path()
     assert path.parent == opencl_cache
@@ -97,6 +115,12 @@ async def test_tune_stores_the_winner(
     assert data["format"] == "accelkit-opencl-gemm-tuning"
     monkeypatch.setattr(gemm_tuning, "_stored", None)
     assert gemm_tuning.block_for(backend._cl_device, DType.F32) == winners[DType.F32]
+    # The stored winner is what the family runs from now on (it is verified).
+    verifier = variants.verifier_for(backend._cl_device, 0)
+    try:
+        assert verifier.choice("gemm_packed.f32")[0].value == winners[DType.F32]
+    finally:
+        variants.forget_verifiers()
 
 
 def _store(path: Path, block: dict[str, object]) -> None:

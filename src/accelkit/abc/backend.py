@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 from accelkit.capabilities import BackendCapabilities, BackendStatus, LifecycleState
@@ -141,6 +141,12 @@ class ComputeBackend(ABC):
         self._device = dev
         self._error = None
         self._state = LifecycleState.READY
+
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
+        """Do now, off the event loop, the one-time device work a backend would otherwise do on
+        first need: verifying device-dependent kernel variants, for example (``accelkit
+        calibrate`` calls it). ``progress`` receives one line per step. Nothing by default."""
+        self._require_ready()
 
     async def synchronize(self, device: Device | str | None = None) -> None:
         """Wait until all work submitted on every stream of the device has completed.

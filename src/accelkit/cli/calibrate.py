@@ -46,6 +46,7 @@ async def _calibrate(
                 registry.quarantine(info.backend, "initialize", exc, distribution=dist)
                 raise
             try:
+                await backend.prepare(progress=bar.show)  # e.g. kernel-variant verification
                 gemms = sum(
                     d in backend.supported_dtypes for d in (DType.F32, DType.F16, DType.F64)
                 )

@@ -5,6 +5,8 @@ Imported only when a user creates an ``opencl`` backend; PyOpenCL is imported he
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -14,12 +16,23 @@ from accelkit._core.queued_backend import QueuedBackend
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.dtype import DType
-from accelkit.errors import DeviceError
+from accelkit.errors import DeviceError, UnsupportedOperationError
 from accelkit.memory import MemoryPoolConfig
 from accelkit_opencl.probe import capabilities, cl_devices
-from accelkit_opencl.stream import CLStream
+from accelkit_opencl.programs import KernelRef
+from accelkit_opencl.stream import CLStream, cl_errors
+from accelkit_opencl.variants import (
+    Candidate,
+    VariantChoice,
+    candidates,
+    overrides_from_env,
+    pick,
+    verifier_for,
+)
 
 __all__ = ["OpenCLBackend"]
+
+log = logging.getLogger("accelkit.opencl")
 
 _VERSION = "0.1.0"
 
@@ -40,6 +53,9 @@ class OpenCLBackend(QueuedBackend):
         self._cl_device: Any = None
         self._context: Any = None
         self._kernels: dict[tuple[str, str], Any] = {}
+        self._variants: dict[str, Candidate] = {}
+        self._fallbacks: dict[str, tuple[Candidate, str]] = {}
+        self._forced: dict[str, str] = {}
 
     def _device_count(self) -> int:
         return len(cl_devices())
@@ -56,9 +72,10 @@ class OpenCLBackend(QueuedBackend):
     async def _initialize(self, device: Device) -> None:
         from accelkit_opencl.factory import OpenCLTensorFactory
         from accelkit_opencl.kernel_ops import OpenCLKernelOps
-        from accelkit_opencl.kernels import OpenCLKernelExecutor, ProgramCache
+        from accelkit_opencl.kernels import OpenCLKernelExecutor
         from accelkit_opencl.memory import OpenCLMemoryManager
         from accelkit_opencl.ops import OpenCLTensorOps
+        from accelkit_opencl.programs import ProgramCache
 
         cl_device = cl_devices()[device.index]
         try:
@@ -68,14 +85,16 @@ class OpenCLBackend(QueuedBackend):
         self._cl_device = cl_device
         self._context = context
         self._caps = capabilities(cl_device, device.index)
-        self.supported_dtypes = self._caps.dtypes
         self._device_obj = device
         self._default = CLStream(context, cl_device, device, f"{device}/default")
         self._streams = [self._default]
         self._kernels = {}
         self._programs = ProgramCache(context, cl_device)
-        wg = min(256, int(cl_device.max_work_group_size))
-        self._reduce_wg = 1 << (wg.bit_length() - 1)
+        self._verifier = verifier_for(cl_device, device.index)
+        self._forced = overrides_from_env()
+        self._variants = {}
+        self._fallbacks = {}
+        self._refresh_dtypes()
         self._memory_manager = OpenCLMemoryManager(
             self, device, context, int(cl_device.global_mem_size), self._pool_config
         )
@@ -101,26 +120,114 @@ class OpenCLBackend(QueuedBackend):
             self._forget_deferred()
             self._pool.invalidate_all(close=True)
             self._streams = []
+            # Release in the order the driver needs: kernels, then programs, then the context
+            # (PoCL aborts at exit when a context goes while programs of it are alive).
+            self._kernels.clear()
             self._kernels = {}
+            executor = self._kernel_executor
+            if executor is not None:
+                executor._loaded.clear()  # type: ignore[attr-defined]
+            self._programs.clear()
 
     # -- device programs --------------------------------------------------------------------------
-    def _kernel(self, source: str, name: str) -> Any:
-        """The kernel ``name`` of a generated program (built once per backend, cached on disk)."""
-        kernel = self._kernels.get((source, name))
-        if kernel is None:
-            _, program = self._programs.get(source)
-            kernel = cl.Kernel(program, name)
-            self._kernels[(source, name)] = kernel
-        return kernel
+    def _kernel(self, source: str, name: str) -> KernelRef:
+        """The kernel ``name`` of a generated program, built where it is first enqueued (once per
+        backend, cached on disk). f64 kernels first wait for the ``fp64`` verdict."""
+        ref = KernelRef(self._programs, self._kernels, source, name)
+        if "cl_khr_fp64" in source:
+            ref.gate = self._require_fp64
+        return ref
 
     def _gemm_tiles(self, dtype: DType) -> tuple[int, int]:
-        """(tile, work per thread) for the GEMM kernel, from the device's limits."""
-        dev = self._cl_device
-        local = int(dev.local_mem_size)
-        item = 8 if dtype in (DType.F64, DType.I64, DType.U64) else 4
-        if int(dev.max_work_group_size) >= 64 and 2 * 32 * 33 * item <= local:
-            return 32, 4
-        return 8, 1
+        """(tile, work per item) of the tiled GEMM kernel (a verified variant)."""
+        tiles: tuple[int, int] = self._variant("gemm_tiled")
+        return tiles
+
+    @property
+    def _reduce_wg(self) -> int:
+        """The work-group size of row reductions, softmax and norms (a verified variant)."""
+        return int(self._variant("reduce_wg"))
+
+    # -- device-dependent kernel variants (accelkit_opencl.variants) -------------------------------
+    def _variant(self, family: str) -> Any:
+        """The value of the variant ``family`` runs now: forced, verified, or portable."""
+        cand = self._variants.get(family)
+        if cand is not None:
+            return cand.value
+        fallback = self._fallbacks.get(family)
+        if fallback is not None:
+            return fallback[0].value
+        self._verifier.start()
+        cand, choice = pick(self._verifier, self._cl_device, family, self._forced)
+        if choice.state != "pending":  # final: no need to ask again
+            self._variants[family] = cand
+        return cand.value
+
+    def _variant_failed(self, family: str, error: BaseException) -> None:
+        """A verified variant of ``family`` failed to build here after all: run the portable
+        one from now on, and record why (see :meth:`kernel_variants`)."""
+        portable = candidates(self._cl_device, family)[-1]
+        self._fallbacks[family] = (portable, f"{type(error).__name__}: {error}")
+        self._variants.pop(family, None)
+        log.warning("accelkit-opencl: %s fell back to %s: %s", family, portable.label, error)
+
+    def _force_variant(self, family: str, label: str | None) -> None:
+        """Run ``label`` for ``family`` (None: back to the normal choice); the verifying child
+        and tests use it."""
+        if label is None:
+            self._forced.pop(family, None)
+        else:
+            self._forced[family] = label
+        self._variants.pop(family, None)
+        self._fallbacks.pop(family, None)
+
+    def kernel_variants(self) -> list[VariantChoice]:
+        """Which variant each device-dependent kernel family runs, and why: ``verified``,
+        ``pending`` (the portable variant runs until verification ends), ``failed`` (no better
+        candidate passed: the portable one runs, or the dtype is refused), ``forced``,
+        ``portable`` (verification is off) or ``fallback`` (the verified variant failed to build
+        here)."""
+        self._require_ready()
+        out = []
+        for family in self._verifier.families:
+            fallback = self._fallbacks.get(family)
+            if fallback is not None:
+                out.append(VariantChoice(family, fallback[0].label, "fallback", fallback[1]))
+                continue
+            out.append(pick(self._verifier, self._cl_device, family, self._forced)[1])
+        return out
+
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
+        """Verify this device's kernel variants now (in child processes, off the loop), rather
+        than in the background on first need; verdicts are stored, so later runs skip it."""
+        self._require_ready()
+        await anyio.to_thread.run_sync(self._verifier.run, progress)
+        self._variants.clear()
+        self._refresh_dtypes()
+
+    def _refresh_dtypes(self) -> None:
+        """The dtypes the device reports, less F64 where cl_khr_fp64 is reported but its kernels
+        failed verification here."""
+        caps = self._caps
+        if caps is None:
+            return
+        if self._verifier.enabled() and self._verifier.choice("fp64")[1].state == "failed":
+            self.supported_dtypes = caps.dtypes - {DType.F64}
+        else:
+            self.supported_dtypes = caps.dtypes
+
+    def _require_fp64(self) -> None:
+        """Wait for the fp64 verdict (off the loop: kernels are built in stream threads); refuse
+        f64 kernels that failed it."""
+        if "fp64" in self._forced or not self._verifier.enabled():
+            return
+        self._verifier.wait("fp64", timeout=300)
+        _, choice = self._verifier.choice("fp64")
+        if choice.state == "failed":
+            raise UnsupportedOperationError(
+                f"{self._device_obj}: F64 is not available: {self._cl_device.name.strip()}"
+                f" reports cl_khr_fp64, but its f64 kernels failed verification ({choice.reason})"
+            )
 
     # -- streams ----------------------------------------------------------------------------------
     def create_stream(self) -> CLStream:
@@ -135,7 +242,8 @@ class OpenCLBackend(QueuedBackend):
         # before may still use them, so the new queue starts after it.
         busy = self._busy_events()
         if busy:
-            stream.record(cl.enqueue_barrier(stream.queue, wait_for=busy))
+            with cl_errors(stream.name):
+                stream.record(cl.enqueue_barrier(stream.queue, wait_for=busy))
         self._streams.append(stream)
         return stream
 

@@ -3,7 +3,7 @@
 The block (rows x columns per work-item, vector width, K unroll, work-group shape) that runs
 fastest depends on the device's vector registers and caches, so ``tune`` times a handful of
 candidates on a 1024^3 product (a few seconds, with a progress line per candidate) and stores the
-winner in ``gemm-tuning.json`` in the program cache folder (:func:`kernels.cache_folder`), keyed
+winner in ``gemm-tuning.json`` in the program cache folder (:func:`caches.cache_folder`), keyed
 by platform, device name and driver version. Tuning runs only when asked for
 (``python -m accelkit_opencl.gemm_tuning``), never on a user's first matmul; backends read the
 stored winner when they first multiply, and ``ACCELKIT_OPENCL_GEMM_TUNING=0`` ignores it.
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelkit._core.env import env_str
 from accelkit.dtype import DType
-from accelkit_opencl.kernels import cache_folder
+from accelkit_opencl.caches import cache_folder
 from accelkit_opencl.opencl_linalg import GemmBlock
 
 if TYPE_CHECKING:
@@ -174,43 +174,69 @@ async def tune(
     rounds: int = 5,
     progress: Callable[[str], None] | None = None,
 ) -> dict[DType, GemmBlock]:
-    """Time the device's default block and the :data:`CANDIDATES` on an initialized backend (a
-    ``size``-cubed matmul; median of ``rounds``, taken round-robin), drop any whose result differs
-    from the default's, store the winners and return them. Each candidate compiles once (~0.2-1 s
-    on PoCL) and runs ``rounds + 1`` times: about 5-10 s for f32 on a 2-core CPU."""
+    """Time the blocks of the device's ``gemm_packed`` family that pass verification on an
+    initialized backend (a ``size``-cubed matmul; median of ``rounds``, taken round-robin), drop
+    any whose result differs from the first's, store the winners and return them.
+
+    Every candidate is first verified in a child process (:mod:`accelkit_opencl.variants`, off
+    the event loop; verdicts already stored are reused): a block that crashes the device's
+    compiler is never built in this process. Each verified candidate then compiles once here
+    (~0.2-1 s on PoCL) and runs ``rounds + 1`` times: about 5-10 s for f32 on a 2-core CPU, plus
+    the verification the first time."""
+    import functools
+
+    import anyio
+
     say = progress or (lambda _msg: None)
     f, ops = backend.tensor_factory, backend.tensor_ops
     blocks: dict[DType, GemmBlock] = ops.__dict__.setdefault("_gemm_blocks", {})
     winners: dict[DType, GemmBlock] = {}
-    for dt in dtypes:
-        if dt not in CANDIDATES or dt not in backend.supported_dtypes:
-            continue
-        a = f.uniform((size, size), -1.0, 1.0, seed=1, dtype=dt)
-        b = f.uniform((size, size), -1.0, 1.0, seed=2, dtype=dt)
-        cands = _candidates(backend._cl_device, dt)
-        reference = None
-        times: dict[GemmBlock, list[float]] = {}
-        for i, block in enumerate(cands):
-            say(f"GEMM {dt.value} [{i + 1}/{len(cands)}] compiling {block.label()}")
-            blocks[dt] = block
-            got = await ops.matmul(a, b).to_host()
-            if reference is None:
-                reference = got
-            if float(abs(got - reference).max()) <= 1e-3 * float(abs(reference).max()):
-                times[block] = []
-        # Round-robin, so that a neighbour's load on a shared machine hits every candidate alike.
-        for _ in range(rounds):
-            for block in times:
+    verifier = backend._verifier
+    try:
+        for dt in dtypes:
+            if dt not in CANDIDATES or dt not in backend.supported_dtypes:
+                continue
+            family = f"gemm_packed.{dt.value}"
+            if verifier.enabled():
+                run = functools.partial(verifier.run, say, [family], exhaustive=True)
+                await anyio.to_thread.run_sync(run)
+                cands = [c.value for c in verifier.passed(family)]
+            else:  # verification is off: only the portable block is known to be safe
+                from accelkit_opencl.variants import candidates
+
+                cands = [candidates(backend._cl_device, family)[-1].value]
+            if not cands:
+                say(f"GEMM {dt.value}: no block passed verification; nothing to tune")
+                continue
+            a = f.uniform((size, size), -1.0, 1.0, seed=1, dtype=dt)
+            b = f.uniform((size, size), -1.0, 1.0, seed=2, dtype=dt)
+            reference = None
+            times: dict[GemmBlock, list[float]] = {}
+            for i, block in enumerate(cands):
+                say(f"GEMM {dt.value} [{i + 1}/{len(cands)}] compiling {block.label()}")
                 blocks[dt] = block
-                t0 = time.perf_counter()
-                ops.matmul(a, b)
-                await backend.synchronize()
-                times[block].append(time.perf_counter() - t0)
-        for block, ts in times.items():
-            say(f"GEMM {dt.value} {block.label()}: {2 * size**3 / min(ts) / 1e9:.1f} GFLOP/s")
-        winners[dt] = blocks[dt] = min(times, key=lambda blk: statistics.median(times[blk]))
+                got = await ops.matmul(a, b).to_host()
+                if reference is None:
+                    reference = got
+                if float(abs(got - reference).max()) <= 1e-3 * float(abs(reference).max()):
+                    times[block] = []
+            # Round-robin, so that a neighbour's load on a shared machine hits every candidate
+            # alike.
+            for _ in range(rounds):
+                for block in times:
+                    blocks[dt] = block
+                    t0 = time.perf_counter()
+                    ops.matmul(a, b)
+                    await backend.synchronize()
+                    times[block].append(time.perf_counter() - t0)
+            for block, ts in times.items():
+                say(f"GEMM {dt.value} {block.label()}: {2 * size**3 / min(ts) / 1e9:.1f} GFLOP/s")
+            winners[dt] = min(times, key=lambda blk: statistics.median(times[blk]))
+    finally:
+        blocks.clear()  # back to the device's verified choice (the stored winner, from now on)
     if winners:
         path = _save(device_key(backend._cl_device), winners)
+        backend._variants.clear()
         say(f"stored in {path}")
     return winners
 

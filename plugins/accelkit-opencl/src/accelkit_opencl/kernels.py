@@ -1,44 +1,39 @@
-"""Compiling OpenCL C: the program cache, and the KernelExecutor for user kernels.
+"""The KernelExecutor for user kernels (OpenCL C, or SPIR-V where the device takes it).
 
-Programs are cached in memory and on disk, keyed by a hash of the source, the build options and
-the device (platform, name, driver version). The disk cache holds program binaries; entries are
-written to a temporary file and renamed into place (atomic, so concurrent processes never read a
-half-written entry), and an entry that fails to load is deleted and rebuilt from source. The
-folder is ``$ACCELKIT_OPENCL_CACHE``, or ``opencl/`` under :func:`accelkit.calibration.cache_dir`.
+Programs come from :class:`~accelkit_opencl.programs.ProgramCache` (memory, disk, compiler); a
+build that fails, yields no kernel or logs errors raises KernelCompileError with the log.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import tempfile
-import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 import pyopencl as cl
 
-from accelkit._core.env import env_str
 from accelkit._core.validation import check_launch_dims, check_tensor
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.errors import (
     InvalidArgumentError,
-    KernelCompileError,
     StaleHandleError,
     UnsupportedOperationError,
 )
 from accelkit.tensor import Tensor
+from accelkit_opencl.programs import (
+    ProgramCache,
+    enqueue_kernel,
+    program_kernel_names,
+)
+from accelkit_opencl.stream import cl_errors
 from accelkit_opencl.submit import CLComponent
 
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
 
-__all__ = ["LocalMemory", "OpenCLKernelExecutor", "ProgramCache", "cache_folder"]
+__all__ = ["LocalMemory", "OpenCLKernelExecutor"]
 
 #: A ``__local`` kernel argument of the given size in bytes (``LocalMemory(4096)``).
 LocalMemory = cl.LocalMemory
@@ -49,118 +44,6 @@ _SCALARS = {
     "float": np.float32, "double": np.float64, "half": np.float16, "size_t": np.uint64,
     "bool": np.uint8,
 }  # fmt: skip
-
-
-def cache_folder() -> Path:
-    override = env_str("ACCELKIT_OPENCL_CACHE")
-    if override:
-        return Path(override)
-    from accelkit.calibration import cache_dir
-
-    return cache_dir() / "opencl"
-
-
-class ProgramCache:
-    """Built programs of one context and device, from memory, disk, or the compiler."""
-
-    def __init__(self, context: Any, device: Any) -> None:
-        self.context = context
-        self.device = device
-        self._device_id = "\0".join(
-            s.strip()
-            for s in (device.platform.name, device.name, device.driver_version, device.version)
-        )
-        self._programs: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self.hits = {"memory": 0, "disk": 0, "compiled": 0}
-
-    def key(self, source: str | bytes, options: Sequence[str]) -> str:
-        if isinstance(source, bytes):  # SPIR-V: the module's bytes
-            head = b"spirv\0" + hashlib.sha256(source).digest()
-            source = head.hex()
-        text = "\0\0".join((source, "\0".join(options), self._device_id))
-        return hashlib.sha256(text.encode()).hexdigest()
-
-    def get(self, source: str | bytes, options: Sequence[str] = ()) -> tuple[str, Any]:
-        """``(key, program)`` for OpenCL C (``str``) or a SPIR-V module (``bytes``); raises
-        KernelCompileError with the build log."""
-        key = self.key(source, options)
-        with self._lock:
-            program = self._programs.get(key)
-        if program is not None:
-            self.hits["memory"] += 1
-            return key, program
-        program = self._load(key, options)
-        if program is None:
-            program = self._compile(source, options)
-            self._store(key, program)
-            self.hits["compiled"] += 1
-        else:
-            self.hits["disk"] += 1
-        with self._lock:
-            self._programs.setdefault(key, program)
-        return key, program
-
-    def forget(self, key: str) -> None:
-        with self._lock:
-            self._programs.pop(key, None)
-
-    def _path(self, key: str) -> Path:
-        return cache_folder() / f"{key}.bin"
-
-    def _load(self, key: str, options: Sequence[str]) -> Any | None:
-        path = self._path(key)
-        try:
-            binary = path.read_bytes()
-        except OSError:
-            return None
-        try:
-            program = cl.Program(self.context, [self.device], [binary])
-            program.build(options=list(options), devices=[self.device])
-            return program
-        except (cl.Error, ValueError):
-            # A corrupt or foreign entry: drop it, and build from source.
-            with contextlib.suppress(OSError):
-                path.unlink()
-            return None
-
-    def _compile(self, source: str | bytes, options: Sequence[str]) -> Any:
-        # PyOpenCL creates SPIR-V programs with clCreateProgramWithIL (it checks the magic).
-        program = cl.Program(self.context, source)
-        try:
-            # cache_dir=False: accelkit caches binaries itself (PyOpenCL's stub says str | None)
-            program.build(options=list(options), devices=[self.device], cache_dir=False)  # type: ignore[arg-type]
-        except cl.Error as exc:
-            try:
-                log = program.get_build_info(self.device, cl.program_build_info.LOG)  # type: ignore[no-untyped-call]
-            except cl.Error:
-                log = str(exc)
-            raise KernelCompileError(
-                f"OpenCL program failed to build on {self.device.name.strip()}", log=log.strip()
-            ) from None
-        return program
-
-    def _store(self, key: str, program: Any) -> None:
-        try:
-            binary = program.get_info(cl.program_info.BINARIES)[0]
-        except cl.Error:
-            return
-        if not binary:
-            return
-        folder = cache_folder()
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(binary)
-                os.replace(tmp, self._path(key))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        except OSError:
-            pass  # an unwritable cache costs a compile next time, nothing else
 
 
 _SPIRV_MAGIC_LE = (0x07230203).to_bytes(4, "little")
@@ -243,7 +126,7 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
         try:
             kernel = cl.Kernel(program, name)
         except cl.Error:
-            names = program.get_info(cl.program_info.KERNEL_NAMES)
+            names = ";".join(program_kernel_names(program))
             raise InvalidArgumentError(
                 f"load_kernel: the program has no kernel {name!r}; it defines: {names}"
             ) from None
@@ -315,23 +198,24 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
             raise InvalidArgumentError(
                 f"execute_kernel: grid {grid_t} and block {block_t} have different ranks"
             )
-        limits = device.max_work_item_sizes
-        group = 1
-        for i, b in enumerate(block_t):
-            group *= b
-            if b > limits[i]:
-                raise InvalidArgumentError(
-                    f"execute_kernel: block[{i}]={b} exceeds the device's limit {limits[i]}"
-                )
-        max_group = loaded.kernel.get_work_group_info(
-            cl.kernel_work_group_info.WORK_GROUP_SIZE, device
-        )
-        if group > max_group:
-            raise InvalidArgumentError(
-                f"execute_kernel: a block of {group} work-items exceeds the {max_group} this"
-                f" kernel allows on {device.name.strip()}"
+        with cl_errors(str(self.backend._device_obj)):
+            limits = device.max_work_item_sizes
+            group = 1
+            for i, b in enumerate(block_t):
+                group *= b
+                if b > limits[i]:
+                    raise InvalidArgumentError(
+                        f"execute_kernel: block[{i}]={b} exceeds the device's limit {limits[i]}"
+                    )
+            max_group = loaded.kernel.get_work_group_info(
+                cl.kernel_work_group_info.WORK_GROUP_SIZE, device
             )
-        num_args = int(loaded.kernel.num_args)
+            if group > max_group:
+                raise InvalidArgumentError(
+                    f"execute_kernel: a block of {group} work-items exceeds the {max_group} this"
+                    f" kernel allows on {device.name.strip()}"
+                )
+            num_args = int(loaded.kernel.num_args)
         if len(args) != num_args:
             raise InvalidArgumentError(
                 f"execute_kernel: {handle.name} takes {num_args} arguments; got {len(args)}"
@@ -349,10 +233,7 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
         kernel = loaded.kernel
 
         def launch(queue: Any, wait_for: list[Any] | None) -> Any:
-            kernel.set_args(*values)
-            return cl.enqueue_nd_range_kernel(
-                queue, kernel, global_size, block_t, wait_for=wait_for
-            )
+            return enqueue_kernel(queue, kernel, values, global_size, block_t, wait_for)
 
         self._enqueue(launch, tensors, tensors, (*keep, loaded))
 
@@ -421,7 +302,10 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
         info = cl.kernel_work_group_info
 
         def query(what: Any) -> int:
+            """A work-group property (None: the argument count); 0 where the driver fails."""
             try:
+                if what is None:
+                    return int(loaded.kernel.num_args)
                 return int(loaded.kernel.get_work_group_info(what, device))
             except cl.Error:
                 return 0
@@ -435,7 +319,7 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
                     info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE
                 ),
                 "private_mem_bytes": query(info.PRIVATE_MEM_SIZE),
-                "num_args": int(loaded.kernel.num_args),
+                "num_args": query(None),
                 "arg_types": None if loaded.arg_types is None else [t for t, _ in loaded.arg_types],
             },
         )

@@ -8,14 +8,14 @@ F32 and F64 products pack A and B^T into zero-padded panels, then run the regist
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pyopencl as cl
 
 from accelkit._core.shapes import broadcast_shapes, prod
 from accelkit.dtype import DType
-from accelkit.errors import UnsupportedOperationError
+from accelkit.errors import KernelCompileError, UnsupportedOperationError
 from accelkit.tensor import Tensor
 from accelkit_opencl.opencl_linalg import (
     GemmBlock,
@@ -24,6 +24,7 @@ from accelkit_opencl.opencl_linalg import (
     gemm_source,
 )
 from accelkit_opencl.opencl_types import broadcast_strides, collapse, load_type, numpy_scalar
+from accelkit_opencl.programs import enqueue_kernel
 from accelkit_opencl.submit import CLComponent, launch
 
 __all__ = ["CLLinalgOps"]
@@ -70,9 +71,32 @@ class CLLinalgOps(CLComponent):
         bstrides = [(0,) * pad + s for s in bstrides]
         nbatch = prod(bshape)
         packed = out._dtype in _PACKED_DTYPES and (c is None or c._dtype is out._dtype)
+        tiled = self._tiled_gemm(out, a, b, c, mnk, a_mk, b_kn, c_mn, bshape, bstrides, alpha, beta)
         if k and packed and m * n * k * nbatch >= PACKED_MIN_WORK:
-            self._packed_gemm(out, a, b, c, mnk, a_mk, b_kn, c_mn, bshape, bstrides, alpha, beta)
+            self._packed_gemm(
+                out, a, b, c, mnk, a_mk, b_kn, c_mn, bshape, bstrides, alpha, beta, tiled
+            )
             return
+        self._enqueue(tiled, [a, b, c], [out])
+
+    def _tiled_gemm(
+        self,
+        out: Tensor,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None,
+        mnk: tuple[int, int, int],
+        a_mk: tuple[int, int],
+        b_kn: tuple[int, int],
+        c_mn: tuple[int, int],
+        bshape: tuple[int, ...],
+        bstrides: list[tuple[int, ...]],
+        alpha: float,
+        beta: float,
+    ) -> Callable[[Any, list[Any] | None], Any]:
+        """The launch of the local-memory tiled kernel (every dtype)."""
+        m, n, k = mnk
+        nbatch = prod(bshape)
         ts, wpt = self.backend._gemm_tiles(out._dtype)
         rts = ts // wpt
         source = gemm_source(
@@ -91,21 +115,19 @@ class CLLinalgOps(CLComponent):
         for strides in bstrides:
             args += [_i64(s) for s in strides]
         args += [numpy_scalar(t, alpha), numpy_scalar(t, beta)]
-        self._enqueue(launch(kernel, args, global_size, local_size), [a, b, c], [out])
+        run: Callable[[Any, list[Any] | None], Any] = launch(kernel, args, global_size, local_size)
+        return run
 
     #: The packed GEMM's block per dtype, filled on first use (``gemm_tuning.tune`` sets it).
     _gemm_blocks: dict[DType, GemmBlock]
 
     def _gemm_block(self, dtype: DType) -> GemmBlock:
-        """The packed GEMM's block for ``dtype``: tuned for this device if it was, else the
-        default (looked up once per backend)."""
-        blocks: dict[DType, GemmBlock] = self.__dict__.setdefault("_gemm_blocks", {})
-        block = blocks.get(dtype)
+        """The packed GEMM's block for ``dtype``: the one ``gemm_tuning.tune`` is timing, else
+        the device's verified variant (the portable block until verification ends)."""
+        block = self.__dict__.get("_gemm_blocks", {}).get(dtype)
         if block is None:
-            from accelkit_opencl.gemm_tuning import block_for
-
-            block = blocks[dtype] = block_for(self.backend._cl_device, dtype)
-        return block
+            block = self.backend._variant(f"gemm_packed.{dtype.value}")
+        return block  # type: ignore[no-any-return]
 
     def _packed_gemm(
         self,
@@ -121,6 +143,7 @@ class CLLinalgOps(CLComponent):
         bstrides: list[tuple[int, ...]],
         alpha: float,
         beta: float,
+        tiled: Callable[[Any, list[Any] | None], Any],
     ) -> None:
         """Pack A and B^T into zero-padded panels (once per batch item; once in all for an
         operand broadcast over the batch), then multiply the panels (``opencl_linalg``)."""
@@ -162,11 +185,20 @@ class CLLinalgOps(CLComponent):
         local = (math.gcd(gsize[0], block.local[0]), math.gcd(gsize[1], block.local[1]), 1)
         launches.append((kernel, args, gsize, local))
 
+        family = f"gemm_packed.{dt.value}"
+
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
+            try:  # build all three first: nothing is enqueued unless all of them built
+                for kern, *_ in launches:
+                    kern.get()
+            except KernelCompileError as exc:
+                # A verified block that does not build here after all: the tiled kernel runs
+                # (this time and from now on), and the route is recorded.
+                self.backend._variant_failed(family, exc)
+                return tiled(queue, wait_for)
             event = None
             for kern, kargs, g, loc in launches:
-                kern.set_args(*kargs)
-                event = cl.enqueue_nd_range_kernel(queue, kern, g, loc, wait_for=wait_for)
+                event = enqueue_kernel(queue, kern, kargs, g, loc, wait_for)
                 wait_for = None  # the queue is in order
             return event
 

@@ -46,6 +46,9 @@ def cl_devices() -> list[Any]:
     Raises DeviceError with the reason when PyOpenCL or any platform is missing."""
     if importlib.util.find_spec("pyopencl") is None:
         raise DeviceError("PyOpenCL is not installed: pip install 'accelkit-opencl[pocl]'")
+    from accelkit_opencl.caches import use_private_pocl_cache
+
+    use_private_pocl_cache()  # before the platform loads: PoCL reads it once
     try:
         import pyopencl as cl
     except Exception as exc:  # a broken build or a missing shared library
