@@ -1,7 +1,16 @@
-"""The OpenCL backend's TensorFactory: fills on the device, host data by asynchronous copies."""
+"""The OpenCL backend's TensorFactory: fills on the device, host data by asynchronous copies.
+
+Nothing here runs OpenCL, or costly host work, on the caller's thread: fills and uploads are
+closures that the stream's submitter thread runs in order (:mod:`accelkit_opencl.stream`).
+Random and range tensors are generated there too, with the same NumPy generators as every other
+backend (the same seed gives the same values). ``from_host`` snapshots its input at the call (the
+caller may reuse it at once): small inputs are converted to the tensor's dtype there and then;
+larger ones are copied as they are (one memcpy) and converted by the submitter.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -11,6 +20,7 @@ from accelkit.abc.factory import TensorFactory
 from accelkit.backends.cpu.numpy_elementwise import assign
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
+from accelkit_opencl.memory import LARGE_COPY
 from accelkit_opencl.submit import CLComponent
 
 __all__ = ["OpenCLTensorFactory"]
@@ -33,15 +43,44 @@ class OpenCLTensorFactory(CLComponent, TensorFactory):
 
         self._enqueue(run, (), (out,), (pattern,))
 
-    def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
-        # The snapshot (with the dtype conversion) is made now: the caller may reuse `array`.
-        host = np.empty(out._shape, out._dtype.to_numpy())
-        assign(host, array)
+    def _upload(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
+        """Fill ``out`` from the host array ``make()``, which the submitter runs in stream order
+        and converts to ``out``'s dtype before it enqueues the copy."""
         if out._size == 0:
             self._skip([out])
             return
+        shape, dtype = out._shape, out._dtype.to_numpy()
+        hosts: list[np.ndarray[Any, Any]] = []  # the uploaded array, kept with the closure
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
+            array = make()
+            if array.dtype == dtype and array.shape == shape and array.flags.c_contiguous:
+                host = array
+            else:
+                host = np.empty(shape, dtype)
+                assign(host, array)
+            del array
+            hosts.append(host)
             return cl.enqueue_copy(queue, out._data, host, is_blocking=False, wait_for=wait_for)
 
-        self._enqueue(run, (), (out,), (host,))
+        self._enqueue(run, (), (out,))
+
+    def _k_generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
+        # Generating a large random tensor takes milliseconds: the submitter does it.
+        self._upload(out, make)
+
+    def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
+        # The snapshot is made now: the caller may reuse `array` at once.
+        if out._size == 0:
+            self._skip([out])
+            return
+        dtype = out._dtype.to_numpy()
+        if array.dtype == dtype or max(array.nbytes, out.nbytes) <= LARGE_COPY:
+            # The snapshot is the converted array itself (one copy either way).
+            host = np.empty(out._shape, dtype)
+            assign(host, array)
+            self._upload(out, lambda: host)
+        else:
+            # One memcpy now, the conversion on the submitter.
+            snapshot = np.array(array, copy=True, order="C")
+            self._upload(out, lambda: snapshot)

@@ -45,6 +45,8 @@ from accelkit_opencl.opencl_fused import (
     silu_mul_expr,
 )
 from accelkit_opencl.opencl_types import STORE_TYPES, load_type, numpy_scalar
+from accelkit_opencl.programs import enqueue_kernel
+from accelkit_opencl.stream import cl_errors
 from accelkit_opencl.submit import CLComponent, launch
 
 if TYPE_CHECKING:
@@ -90,10 +92,11 @@ class _FusedComponent(CLComponent):
         copied back by the same command; ``error(kind, value)`` is raised when the outputs are
         awaited if the flag was set."""
         host = np.zeros(3, np.int64)
-        flag = cl.Buffer(
-            self.backend._context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-            hostbuf=host,
-        )  # fmt: skip
+        with cl_errors(str(self.backend._device_obj)):
+            flag = cl.Buffer(
+                self.backend._context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                hostbuf=host,
+            )  # fmt: skip
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
             fn(queue, wait_for, flag)
@@ -114,8 +117,7 @@ def _with_err(
 
     def run(queue: Any, wait_for: list[Any] | None, err: Any) -> Any:
         args[index] = err
-        kernel.set_args(*args)
-        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local, wait_for=wait_for)
+        return enqueue_kernel(queue, kernel, args, global_size, local, wait_for)
 
     return run
 

@@ -1,14 +1,18 @@
 """The OpenCL backend's memory manager: ``cl.Buffer`` blocks from a caching pool.
 
 Host transfers are real asynchronous copies: a non-blocking ``enqueue_copy`` after the source's
-last writer, whose event is awaited without blocking the loop. The host side of a copy is kept
-alive by the stream until the copy has completed, even if the awaiting task is cancelled.
+last writer, enqueued by the stream's submitter thread and awaited as a stream position, so that
+no OpenCL call runs on the event loop's thread. The host side of a copy is kept alive by the
+stream until the copy has completed, even if the awaiting task is cancelled. Host-side copies
+(snapshots, staging) above :data:`LARGE_COPY` run on a worker thread.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 import pyopencl as cl
 
@@ -17,15 +21,21 @@ from accelkit._core.pooled_memory import PooledMemoryManager
 from accelkit._core.validation import check_tensor
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.device import Device
+from accelkit.errors import AccelError, DeviceError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.tensor import Tensor
-from accelkit_opencl.stream import CLStream, wait_cl_event, wait_cl_event_blocking
-from accelkit_opencl.submit import dependencies
+from accelkit_opencl.stream import CLStream
+from accelkit_opencl.submit import positions
 
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
 
-__all__ = ["OpenCLMemoryManager"]
+__all__ = ["LARGE_COPY", "OpenCLMemoryManager"]
+
+_log = logging.getLogger("accelkit.opencl")
+
+#: Host-side copies larger than this (bytes) run off the event loop's thread.
+LARGE_COPY = 1 << 20
 
 _OUT_OF_MEMORY = {
     cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
@@ -42,13 +52,16 @@ def _raw_alloc(context: Any) -> Any:
         except cl.Error as exc:
             if exc.code in _OUT_OF_MEMORY:
                 raise MemoryError(str(exc)) from None
-            raise
+            raise DeviceError(f"OpenCL could not allocate {size} bytes: {exc}") from exc
 
     return alloc
 
 
 def _raw_free(handle: Any) -> None:
-    handle.release()
+    try:
+        handle.release()
+    except cl.Error as exc:  # the buffer is gone either way; freeing must not raise
+        _log.warning("accelkit-opencl: releasing a buffer failed: %s", exc)
 
 
 class OpenCLMemoryManager(PooledMemoryManager):
@@ -75,11 +88,13 @@ class OpenCLMemoryManager(PooledMemoryManager):
         buf = self._buffer(buffer, "buffer")
         # Stream-ordered: with one (in-order) queue, every later command runs after every command
         # already queued, so the block may be reused at once. With several, the pool may hand it
-        # to any queue next, so it returns once the work queued so far on all of them is done.
-        if len(self._backend._streams) < 2:
+        # to any queue next, so it returns once the work queued so far on all of them is done
+        # (positions, answered from the streams' counters: no OpenCL call here).
+        streams: list[CLStream] = self._backend._streams
+        if len(streams) < 2:
             self.pool.free(buf)
             return
-        busy = self._backend._busy_events()
+        busy = [s.position() for s in streams if not s.query()]
         if not busy:
             self.pool.free(buf)
         else:
@@ -89,29 +104,48 @@ class OpenCLMemoryManager(PooledMemoryManager):
         buf, view = self._host_source(dst, src)
         if view.nbytes == 0:
             return
-        data = np.frombuffer(view, np.uint8).copy()  # the caller may reuse src at once
+        # A snapshot: the caller may reuse src at once (after a cancelled wait too).
+        if view.nbytes > LARGE_COPY:
+            data = await anyio.to_thread.run_sync(_snapshot, view)
+            buf = self._buffer(dst, "dst")  # still live after the await
+        else:
+            data = _snapshot(view)
         stream = self._current()
-        # After every use of dst queued so far (readers and the writer on other streams too).
-        deps = dependencies(stream, [dst]) if isinstance(dst, Tensor) else []
-        event = cl.enqueue_copy(stream.queue, buf.handle, data, is_blocking=False, wait_for=deps)
-        seq = stream.record(event, (buf, data))
+        # After every use of dst queued so far (the writer on another stream too).
+        deps = positions(stream, [dst]) if isinstance(dst, Tensor) else []
+        handle = buf.handle
+
+        def run(queue: Any, wait_for: list[Any] | None) -> Any:
+            return cl.enqueue_copy(queue, handle, data, is_blocking=False, wait_for=wait_for)
+
+        seq = stream.submit(run, (buf, data), deps)
         if isinstance(dst, Tensor):
             dst._stream, dst._seq = stream, seq
-        await wait_cl_event(event, stream.queue, "copy_htod")
+        await stream.reach(seq)
+        stream.raise_failure(seq)
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
         buf = self._host_destination(dst, src)
         if dst.nbytes == 0:
             return
         stream = self._current()
-        deps = dependencies(stream, [src]) if isinstance(src, Tensor) else []
+        deps = positions(stream, [src]) if isinstance(src, Tensor) else []
         # Copied into a staging array the stream keeps alive, so that a cancelled wait never
         # leaves the device writing into the caller's array later.
         staging = np.empty(dst.nbytes, np.uint8)
-        event = cl.enqueue_copy(stream.queue, staging, buf.handle, is_blocking=False, wait_for=deps)
-        stream.record(event, (buf, staging))
-        await wait_cl_event(event, stream.queue, "copy_dtoh")
-        dst.reshape(-1).view(np.uint8)[...] = staging
+        handle = buf.handle
+
+        def run(queue: Any, wait_for: list[Any] | None) -> Any:
+            return cl.enqueue_copy(queue, staging, handle, is_blocking=False, wait_for=wait_for)
+
+        seq = stream.submit(run, (buf, staging), deps)
+        await stream.reach(seq)
+        stream.raise_failure(seq)
+        target = dst.reshape(-1).view(np.uint8)
+        if staging.nbytes > LARGE_COPY:
+            await anyio.to_thread.run_sync(np.copyto, target, staging)
+        else:
+            target[...] = staging
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
         d, s = self._device_pair(dst, src)
@@ -119,40 +153,55 @@ class OpenCLMemoryManager(PooledMemoryManager):
             return
         stream = self._current()
         tensors = [t for t in (src, dst) if isinstance(t, Tensor)]
-        event = cl.enqueue_copy(
-            stream.queue,
-            d.handle,
-            s.handle,
-            byte_count=s.nbytes,
-            wait_for=dependencies(stream, tensors) or None,
-        )
-        seq = stream.record(event, (d, s))
+        dh, sh, nbytes = d.handle, s.handle, s.nbytes
+
+        def run(queue: Any, wait_for: list[Any] | None) -> Any:
+            return cl.enqueue_copy(queue, dh, sh, byte_count=nbytes, wait_for=wait_for)
+
+        seq = stream.submit(run, (d, s), positions(stream, tensors))
         if isinstance(dst, Tensor):
             dst._stream, dst._seq = stream, seq
 
-    # -- statistics and pool ----------------------------------------------------------------------
     # -- tensor transfers -------------------------------------------------------------------------
-    def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any, CLStream]:
+    def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], int, CLStream]:
         check_tensor(self._backend, tensor, "tensor")
         out = np.empty(tensor._shape, tensor._dtype.to_numpy())
-        if out.nbytes == 0:
-            return out, None, tensor._stream  # type: ignore[return-value]
-        # Read on the writer's queue: in order after the writer, with no cross-queue dependency.
         stream: CLStream = tensor._stream  # type: ignore[assignment]
-        event = cl.enqueue_copy(stream.queue, out, tensor._data, is_blocking=False)
-        stream.record(event, (tensor._buffer, out))
-        return out, event, stream
+        if out.nbytes == 0:
+            return out, 0, stream
+        # Read on the writer's queue: in order after the writer, with no cross-queue dependency.
+        data = tensor._data
+
+        def run(queue: Any, wait_for: list[Any] | None) -> Any:
+            return cl.enqueue_copy(queue, out, data, is_blocking=False)
+
+        return out, stream.submit(run, (tensor._buffer, out)), stream
 
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
-        out, event, stream = self._read(tensor)
-        if event is not None:
-            await wait_cl_event(event, stream.queue, "reading a tensor")
-        stream.raise_errors(tensor._seq)  # an error of the kernel that wrote it (or an earlier one)
+        out, seq, stream = self._read(tensor)
+        if seq:
+            await stream.reach(seq)
+        self._raise(stream, seq, tensor._seq)
         return out
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
-        out, event, stream = self._read(tensor)
-        if event is not None:
-            wait_cl_event_blocking(event, stream.queue, "reading a tensor")
-        stream.raise_errors(tensor._seq)
+        out, seq, stream = self._read(tensor)
+        if seq:
+            stream.reach_blocking(seq)
+        self._raise(stream, seq, tensor._seq)
         return out
+
+    @staticmethod
+    def _raise(stream: CLStream, seq: int, written: int) -> None:
+        """After a read: the error of the work that wrote the tensor (or earlier work), else the
+        read's own."""
+        try:
+            stream.raise_failure(seq)
+        except AccelError as own:
+            stream.raise_errors(written)
+            raise own from None
+        stream.raise_errors(written)
+
+
+def _snapshot(view: memoryview) -> np.ndarray[Any, Any]:
+    return np.frombuffer(view, np.uint8).copy()

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyopencl as cl
-
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit_opencl.opencl_types import STORE_TYPES, pragmas
+from accelkit_opencl.programs import enqueue_kernel
 
 __all__ = [
     "checked_launch", "embedding_source", "gather_source", "index_error", "scatter_source",
@@ -151,8 +150,7 @@ def checked_launch(kernel: Any, args: list[Any], global_size: tuple[int, ...]) -
 
     def run(queue: Any, wait_for: list[Any] | None, err: Any) -> Any:
         args[3] = err
-        kernel.set_args(*args)
-        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, None, wait_for=wait_for)
+        return enqueue_kernel(queue, kernel, args, global_size, None, wait_for)
 
     return run
 

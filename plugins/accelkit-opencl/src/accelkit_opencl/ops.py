@@ -45,6 +45,7 @@ from accelkit_opencl.opencl_types import (
     load_type,
     numpy_scalar,
 )
+from accelkit_opencl.programs import enqueue_kernel
 from accelkit_opencl.submit import CLComponent, launch
 
 __all__ = ["OpenCLTensorOps"]
@@ -434,8 +435,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             zero = np.zeros(1, np.int64)
             cl.enqueue_fill_buffer(queue, err._data, zero, 0, 16, wait_for=wait_for)
             if n:
-                ce.set_args(*ce_args)
-                cl.enqueue_nd_range_kernel(queue, ce, (n * wg,), (wg,))
+                enqueue_kernel(queue, ce, ce_args, (n * wg,), (wg,))
             return cl.enqueue_copy(queue, flag, err._data, is_blocking=False)
 
         def check() -> BaseException | None:

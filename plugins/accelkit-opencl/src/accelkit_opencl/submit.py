@@ -11,25 +11,36 @@ import pyopencl as cl
 from accelkit._core.ops.base import OpsBase
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
+from accelkit_opencl.programs import enqueue_kernel
 from accelkit_opencl.stream import CLStream
 
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
 
-__all__ = ["CLComponent", "dependencies", "launch"]
+__all__ = ["CLComponent", "dependencies", "launch", "positions"]
 
 
-def dependencies(stream: CLStream, inputs: Iterable[Any]) -> list[Any]:
-    """The pending events of the inputs' writers on other streams (the same in-order queue needs
-    none: its commands run in order)."""
-    deps = []
+def positions(stream: CLStream, inputs: Iterable[Any]) -> list[tuple[CLStream, int]]:
+    """The pending positions of the inputs' writers on other streams (the same in-order queue
+    needs none: its commands run in order). Pure Python: no OpenCL call."""
+    deps: list[tuple[CLStream, int]] = []
     for t in inputs:
         if type(t) is Tensor:
             s: CLStream = t._stream  # type: ignore[assignment]
-            if s is not stream:
-                event = s.event_for(t._seq)
-                if event is not None:
-                    deps.append(event)
+            if s is not stream and t._seq > s._completed_upto:
+                deps.append((s, t._seq))
+    return deps
+
+
+def dependencies(stream: CLStream, inputs: Iterable[Any]) -> list[Any]:
+    """OpenCL events for the inputs' pending writers on other streams, for code that enqueues
+    on a stream's queue itself (see :meth:`CLStream.event_for`: never waits). Submissions pass
+    :func:`positions` to :meth:`CLStream.submit` instead."""
+    deps = []
+    for s, seq in positions(stream, inputs):
+        event = s.event_for(seq)
+        if event is not None:
+            deps.append(event)
     return deps
 
 
@@ -77,17 +88,22 @@ class CLComponent(OpsBase):
         outputs: Iterable[Tensor],
         keepalive: Iterable[Any] = (),
     ) -> None:
-        """Enqueue ``fn(queue, wait_for) -> event`` on the current stream after the inputs'
+        """Submit ``fn(queue, wait_for) -> event`` on the current stream after the inputs'
         writers, and record the outputs as written by it.
 
-        The tensors (and ``keepalive``) stay referenced until the command has completed, so that
-        their buffers do not go back to the pool while the device still uses them.
+        ``fn`` runs on the stream's submitter thread (:mod:`accelkit_opencl.stream`): this
+        makes no OpenCL call. The tensors (and ``keepalive``) stay referenced until the command
+        has completed, so that their buffers do not go back to the pool while the device still
+        uses them.
         """
         stream = self._stream
         inputs = [t for t in inputs if t is not None]
         outputs = list(outputs)
-        event = fn(stream.queue, dependencies(stream, inputs) or None)  # type: ignore[arg-type]
-        seq = stream.record(event, (*inputs, *outputs, *keepalive))
+        seq = stream.submit(
+            fn,  # type: ignore[arg-type]
+            (*inputs, *outputs, *keepalive),
+            positions(stream, inputs),
+        )
         for o in outputs:
             o._stream = stream
             o._seq = seq
@@ -110,18 +126,19 @@ class CLComponent(OpsBase):
         (``unsigned``: the value is read as an unsigned 64-bit integer).
         """
         host = np.zeros(2, np.int64)
-        flag = cl.Buffer(
-            self.backend._context,
-            cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-            hostbuf=host,
-        )
+        context = self.backend._context
+        flags: list[Any] = []  # the device flag, made by the submitter, kept with the closure
 
         def run(queue: Any, wait_for: list[Any]) -> Any:
+            flag = cl.Buffer(
+                context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host
+            )
+            flags.append(flag)
             fn(queue, wait_for, flag)
             return cl.enqueue_copy(queue, host, flag, is_blocking=False)
 
         outputs = list(outputs)
-        self._enqueue(run, inputs, outputs, (flag, host))
+        self._enqueue(run, inputs, outputs, (host,))
 
         def check() -> BaseException | None:
             if not host[0]:
@@ -141,7 +158,6 @@ class CLComponent(OpsBase):
 
 def launch(kernel: Any, args: Sequence[Any], global_size: tuple[int, ...], local: Any) -> Any:
     def run(queue: Any, wait_for: list[Any] | None) -> Any:
-        kernel.set_args(*args)
-        return cl.enqueue_nd_range_kernel(queue, kernel, global_size, local, wait_for=wait_for)
+        return enqueue_kernel(queue, kernel, args, global_size, local, wait_for)
 
     return run

@@ -1,0 +1,155 @@
+"""A real async web service on accelkit keeps its event loop responsive under load.
+
+The service (``tests/service_app.py``: Starlette, one backend opened in the lifespan) runs under a
+real uvicorn server in its own process, with cold compiler caches; a real HTTP client (httpx,
+under asyncio and under trio) keeps 16 ``POST /mlp`` requests in flight while probing
+``GET /health`` every 20 ms. Every answer must be right (checked against float64 NumPy), and
+the server's event loop must never stall for long: its lag is measured inside the server by a
+heartbeat task that sleeps 5 ms and records how late it wakes.
+
+Timing bounds: this suite asserts no speed, because machines are noisy, but a loop that stalls is
+the behaviour under test here. By default the bounds are generous (p99 lag < 250 ms, max < 2 s:
+they catch multi-second stalls such as kernels built on the loop's thread); with
+``ACCELKIT_STRICT_TIMING=1`` the p99 lag must be under 10 ms, the service-level target. The
+measured figures are always printed (``pytest -s``) and recorded as properties (``--junitxml``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+import service_app
+from accelkit._core.env import env_flag
+from service_app import ServerDied, ServiceServer, drive, numpy_reference, server_lag
+
+REQUESTS = 32
+CONCURRENCY = 16
+TIME_LIMIT_S = 60.0  # no new request after this; in-flight ones get REQUEST_TIMEOUT_S more
+REQUEST_TIMEOUT_S = 90.0
+
+STRICT_P99_MS = 10.0
+LOOSE_P99_MS = 250.0
+LOOSE_MAX_MS = 2000.0
+
+
+def _opencl_unavailable() -> str | None:
+    """Why the OpenCL backend cannot run here, or None when it can."""
+    if importlib.util.find_spec("accelkit_opencl") is None:
+        return "accelkit-opencl is not installed"
+    try:
+        from accelkit_opencl.probe import cl_devices
+
+        if not cl_devices():
+            return "no OpenCL device found"
+    except Exception as exc:
+        return f"no OpenCL device: {exc}"
+    return None
+
+
+@pytest.fixture(params=["cpu", "opencl"])
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServiceServer]:
+    """The service on one backend, in a fresh uvicorn process with empty compiler caches; the
+    process is stopped (and killed if it must be) whatever the test does."""
+    name = str(request.param)
+    if name == "opencl":
+        reason = _opencl_unavailable()
+        if reason is not None:
+            pytest.skip(f"opencl: {reason}")
+    caches = tmp_path / "caches"
+    env = {
+        var: str(caches / sub)
+        for var, sub in (
+            ("ACCELKIT_CACHE_DIR", "accelkit"),
+            ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
+            ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
+            ("POCL_CACHE_DIR", "pocl"),
+            ("PYOPENCL_CACHE_DIR", "pyopencl"),
+        )
+    }
+    server = ServiceServer(name, env=env)
+    try:  # the finally also covers a failure inside start()
+        try:
+            server.start()
+        except (ServerDied, TimeoutError) as exc:
+            pytest.fail(f"the {name} service did not start: {exc}", pytrace=False)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_service_answers_right_and_keeps_loop_responsive(
+    service: ServiceServer, record_property: pytest.RecordProperty
+) -> None:
+    result = await drive(
+        service.base_url,
+        requests=REQUESTS,
+        concurrency=CONCURRENCY,
+        time_limit=TIME_LIMIT_S,
+        request_timeout=REQUEST_TIMEOUT_S,
+    )
+    if result.errors:  # perhaps the server died: give its exit a moment to be seen
+        for _ in range(40):  # 2 s at most
+            if service.describe_exit() is not None:
+                break
+            await anyio.sleep(0.05)
+    died = service.describe_exit()
+    lag: dict[str, float] = {}
+    if died is None:
+        try:
+            lag = await server_lag(service.base_url)
+        except Exception as exc:  # the server died right now, or hangs
+            died = service.describe_exit() or f"GET /lag failed: {exc!r}"
+    health = result.health_stats()
+
+    def fmt(stats: dict[str, float]) -> str:
+        keys = ("p50_ms", "p99_ms", "max_ms")
+        return " ".join(f"{k[:-3]}={stats[k]:.1f}ms" for k in keys if k in stats) or "none"
+
+    summary = (
+        f"[{service.backend_name}] {len(result.responses)}/{REQUESTS} /mlp answered in"
+        f" {result.wall_s:.1f} s (startup {lag.get('startup_s') or float('nan'):.1f} s);"
+        f" server loop lag ({lag.get('count', 0)} beats): {fmt(lag)};"
+        f" client-side /health ({health['count']} probes): {fmt(health)}"
+    )
+    if result.health_errors:
+        summary += f"; {len(result.health_errors)} /health errors: {result.health_errors[:3]}"
+    print(summary)
+    record_property("service_summary", summary)
+    for key in ("p50_ms", "p99_ms", "max_ms"):
+        if key in lag:
+            record_property(f"server_lag_{key}", round(lag[key], 3))
+        if key in health:
+            record_property(f"health_{key}", round(health[key], 3))
+
+    assert died is None, f"{died}\n{summary}"
+    assert not result.errors, f"/mlp transport errors: {result.errors[:5]}\n{summary}"
+    assert not result.timed_out, f"the load did not finish in {TIME_LIMIT_S:.0f} s\n{summary}"
+    assert len(result.responses) == REQUESTS, summary
+
+    bad = [(seed, status, body) for seed, status, body in result.responses if status != 200]
+    assert not bad, f"/mlp failed: {str(bad[:3])[:2000]}\n{summary}"
+    weights = service_app.make_weights()
+    for seed, _status, body in sorted(result.responses, key=lambda r: r[0]):
+        ref = numpy_reference(seed, weights)
+        for key in ("expected_col", "row_max"):
+            np.testing.assert_allclose(
+                body[key], ref[key], rtol=1e-3, atol=1e-6, err_msg=f"seed {seed}: {key}"
+            )
+    assert lag.get("count", 0) > 0, f"the heartbeat recorded nothing\n{summary}"
+    if env_flag("ACCELKIT_STRICT_TIMING"):
+        assert lag["p99_ms"] < STRICT_P99_MS, (
+            f"server loop p99 lag >= {STRICT_P99_MS} ms\n{summary}"
+        )
+    else:
+        assert lag["p99_ms"] < LOOSE_P99_MS, f"server loop p99 lag >= {LOOSE_P99_MS} ms\n{summary}"
+        assert lag["max_ms"] < LOOSE_MAX_MS, f"server loop stalled >= {LOOSE_MAX_MS} ms\n{summary}"
+    assert not result.health_errors, f"/health failed: {result.health_errors[:5]}\n{summary}"
+    assert health["count"] > 0, summary
