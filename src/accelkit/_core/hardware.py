@@ -2,8 +2,9 @@
 
 Plugins answer "which devices can I drive"; this module answers the other half of the question a
 user asks when something is missing: "what is in this machine that no installed plugin drives?".
-It reads what the kernel and the driver installers leave on disk (procfs, sysfs, ICD registries)
-and runs at most one tool, ``nvidia-smi -L`` with a short timeout, and only where procfs does not
+It reads what the kernel and the driver installers leave on disk (procfs, sysfs, ICD registries,
+and the ICDs that Python wheels carry inside their own package, as ``pyopencl[pocl]`` does) and
+runs at most one tool, ``nvidia-smi -L`` with a short timeout, and only where procfs does not
 already say. It never imports a driver library or creates a context, so it is safe (and fast)
 on a machine whose driver is broken, which is exactly when ``doctor`` is run.
 
@@ -12,6 +13,7 @@ Each finding names the plugin that would drive it and the pip requirement that i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -35,6 +37,11 @@ HardwareKind = Literal["gpu", "opencl-icd", "vulkan-icd", "cluster"]
 # BMCs such as ASPEED or Matrox) drive a screen, not compute, and are not reported.
 _GPU_VENDORS = {"0x10de": "NVIDIA", "0x1002": "AMD", "0x8086": "Intel"}
 _NVIDIA_SMI_TIMEOUT_S = 3.0
+#: Python packages whose wheels carry an OpenCL ICD loader that reads ICDs from the package's own
+#: ``.libs`` folder as well as ``/etc/OpenCL/vendors``: PyOpenCL's wheels do, and
+#: ``pocl-binary-distribution`` (what ``pyopencl[pocl]`` installs) puts its ``pocl.icd`` there.
+#: Found with ``importlib.util.find_spec``, which imports nothing.
+ICD_PACKAGES: tuple[str, ...] = ("pyopencl",)
 # NVIDIA drivers from this branch on run CUDA 13; older ones need the CUDA 12 build of CuPy.
 _CUDA13_MIN_DRIVER = 580
 
@@ -60,10 +67,15 @@ class HardwareItem(BaseModel):
         return f"pip install '{self.requirement}'"
 
 
-def detect_hardware(root: Path | str = "/", *, run_tools: bool = True) -> list[HardwareItem]:
+def detect_hardware(
+    root: Path | str = "/", *, run_tools: bool = True, python_packages: bool | None = None
+) -> list[HardwareItem]:
     """Everything found, GPUs first. ``root`` relocates the file system (for tests);
-    ``run_tools=False`` never starts a process."""
+    ``run_tools=False`` never starts a process; ``python_packages`` looks for the OpenCL ICDs
+    that wheels carry in the packages of :data:`ICD_PACKAGES` (default: when ``root`` is ``/``)."""
     base = Path(root)
+    if python_packages is None:
+        python_packages = base == Path("/")
     items = _nvidia_gpus(base, run_tools)
     seen_nvidia = bool(items)
     items += _pci_gpus(base, skip_nvidia=seen_nvidia)
@@ -78,7 +90,7 @@ def detect_hardware(root: Path | str = "/", *, run_tools: bool = True) -> list[H
                 source="platform",
             )
         )
-    items += _opencl_icds(base)
+    items += _opencl_icds(base, python_packages)
     items += _vulkan_icds(base)
     if os.environ.get("DASK_SCHEDULER_ADDRESS", "").strip() and base == Path("/"):
         items.append(
@@ -210,17 +222,47 @@ def _pci_gpus(base: Path, skip_nvidia: bool) -> list[HardwareItem]:
     return items
 
 
-def _opencl_icds(base: Path) -> list[HardwareItem]:
+def _package_icd_folders() -> list[tuple[str, Path]]:
+    """(package, folder) for the ``.libs`` folder of every installed package of
+    :data:`ICD_PACKAGES` (located, not imported)."""
+    found = []
+    for name in ICD_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            found.append((name, Path(location) / ".libs"))
+    return found
+
+
+def _opencl_icds(base: Path, python_packages: bool) -> list[HardwareItem]:
     items = []
     # ocl-icd's loader reads OCL_ICD_VENDORS (a folder) instead of /etc/OpenCL/vendors.
     override = os.environ.get("OCL_ICD_VENDORS", "").strip() if base == Path("/") else ""
-    for folder in [Path(override)] if override else [base / "etc/OpenCL/vendors"]:
+    folders: list[tuple[str, Path]] = [
+        ("", Path(override) if override else base / "etc/OpenCL/vendors")
+    ]
+    if python_packages:
+        folders += _package_icd_folders()
+    seen: set[Path] = set()
+    for package, folder in folders:
         try:
             icds = sorted(folder.glob("*.icd"))
         except OSError:
             continue
         for icd in icds:
+            try:
+                key = icd.resolve()
+            except OSError:
+                key = icd
+            if key in seen:
+                continue
+            seen.add(key)
             library = _read(icd, 4096).strip().splitlines()
+            detail = library[0] if library else ""
+            if package:
+                detail += f"{'; ' if detail else ''}shipped inside the Python package {package}"
             items.append(
                 HardwareItem(
                     kind="opencl-icd",
@@ -228,7 +270,7 @@ def _opencl_icds(base: Path) -> list[HardwareItem]:
                     plugin="opencl",
                     requirement=PLUGIN_REQUIREMENTS["opencl"],
                     source=str(icd),
-                    detail=library[0] if library else "",
+                    detail=detail,
                 )
             )
     return items

@@ -2,8 +2,11 @@
 
 It checks, in order: the environment settings; every installed plugin (quarantined ones with
 their errors and tracebacks, plugins built for another plugin API or another accelkit, disabled
-ones and why); the calibration file; and the hardware present that no installed plugin drives
-(an NVIDIA GPU without accelkit-cuda), with the pip command that fixes it.
+ones and why); a short self-test of every installed backend that reports a device, each in a
+child process with a timeout (:mod:`accelkit._core.selftest`: a driver that aborts the process,
+hangs or computes wrong numbers makes that backend *broken*); the calibration file; and the
+hardware present that no installed plugin drives (an NVIDIA GPU without accelkit-cuda), with the
+pip command that fixes it.
 
 Findings are *problems* (exit status 1) or *notes* (informational: a plugin an administrator
 disabled on purpose, a driver registry a plugin could use). A healthy machine exits 0.
@@ -13,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import sys
 import warnings
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from accelkit.cli.render import print_json, table
+from accelkit._core import selftest
+from accelkit.cli.render import Progress, print_json, table
 from accelkit.errors import AccelError
 
 __all__ = ["Finding", "diagnose", "run"]
@@ -28,7 +34,7 @@ _PLUGIN_SETTINGS = ("ACCELKIT_PLUGINS", "ACCELKIT_DISABLE_PLUGINS")
 @dataclass(frozen=True)
 class Finding:
     level: Literal["problem", "note"]
-    check: Literal["settings", "plugin", "version", "calibration", "hardware"]
+    check: Literal["settings", "plugin", "version", "selftest", "calibration", "hardware"]
     subject: str
     message: str
     fix: str = ""
@@ -40,6 +46,7 @@ class Diagnosis:
     findings: list[Finding]
     plugins: list[Any]  # PluginStatus
     hardware: list[dict[str, Any]]
+    selftests: list[selftest.SelfTestReport] = field(default_factory=list)
 
     @property
     def problems(self) -> list[Finding]:
@@ -50,23 +57,116 @@ class Diagnosis:
         return [f for f in self.findings if f.level == "note"]
 
 
-def diagnose() -> Diagnosis:
+def diagnose(
+    *,
+    selftests: bool = False,
+    selftest_timeout: float = selftest.DEFAULT_TIMEOUT_S,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+) -> Diagnosis:
+    """Every check; with ``selftests``, also the self-test of each installed backend that
+    reports a device (``on_event(backend, event)`` sees their progress)."""
     from accelkit._core.hardware import detect_hardware
 
     findings: list[Finding] = []
     settings_ok = _check_plugin_settings(findings)
     statuses = []
+    reports: list[selftest.SelfTestReport] = []
     if settings_ok:
         from accelkit import registry
 
         statuses = registry.statuses()
         _check_plugins(findings, statuses)
         _check_overrides(findings)
+        if selftests:
+            reports = _run_selftests(findings, statuses, selftest_timeout, on_event)
     _check_calibration(findings)
     hardware = [
-        _check_hardware(findings, item, statuses, settings_ok) for item in detect_hardware()
+        _check_hardware(findings, item, statuses, settings_ok, reports)
+        for item in detect_hardware()
     ]
-    return Diagnosis(findings=findings, plugins=statuses, hardware=hardware)
+    return Diagnosis(findings=findings, plugins=statuses, hardware=hardware, selftests=reports)
+
+
+def selftest_targets(statuses: list[Any]) -> list[tuple[str, str]]:
+    """(backend, device) for each plugin to self-test: loaded, reporting a device, and installed
+    (a plugin registered only in this process cannot be opened by a child process); its first
+    device."""
+    from accelkit import registry
+    from accelkit.plugins import ENTRY_POINT_GROUP
+
+    installed = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    targets = []
+    for status in statuses:
+        if status.status != "ok" or status.devices == 0 or status.name not in installed:
+            continue
+        devices = registry.probe(status.name)
+        if devices:
+            targets.append((status.name, devices[0].device))
+    return targets
+
+
+def _run_selftests(
+    findings: list[Finding],
+    statuses: list[Any],
+    timeout: float,
+    on_event: Callable[[str, dict[str, Any]], None] | None,
+) -> list[selftest.SelfTestReport]:
+    by_name = {s.name: s for s in statuses}
+    reports = []
+    targets = selftest_targets(statuses)
+    tested = {name for name, _ in targets}
+    for status in statuses:
+        if status.status == "ok" and status.devices and status.name not in tested:
+            findings.append(
+                Finding(
+                    "note",
+                    "selftest",
+                    status.name,
+                    "not self-tested: it is registered in this process only, and the self-test"
+                    " runs in a child process, which cannot open it",
+                )
+            )
+    for name, device in targets:
+
+        def relay(event: dict[str, Any], name: str = name) -> None:
+            if on_event is not None:
+                on_event(name, event)
+
+        report = selftest.run_selftest(name, device, timeout=timeout, on_event=relay)
+        reports.append(report)
+        if report.verdict == "ok":
+            continue
+        dist = by_name[name].distribution
+        disable = f"ACCELKIT_DISABLE_PLUGINS={name}"
+        if report.reason.startswith("timed out"):
+            fix = (
+                f"a first run may spend long compiling: try --selftest-timeout {2 * timeout:g};"
+                f" if it still hangs, set {disable} and report it to the authors of {dist}"
+            )
+        else:
+            fix = (
+                f"see it fail with: {report.command}; until it is fixed, set {disable}"
+                f" (or update its driver) and report it to the authors of {dist}"
+            )
+        findings.append(
+            Finding(
+                "problem",
+                "selftest",
+                name,
+                f"self-test on {device} broken: {report.reason}",
+                fix=fix,
+                traceback=_stderr_excerpt(report),
+            )
+        )
+    return reports
+
+
+def _stderr_excerpt(report: selftest.SelfTestReport, lines: int = 40) -> str:
+    """The end of the child's stderr (what ``--verbose`` shows under a broken self-test)."""
+    tail = report.stderr_tail.rstrip().splitlines()[-lines:]
+    if not tail:
+        return ""
+    return f"self-test stderr (last {len(tail)} lines):\n" + "\n".join(tail)
 
 
 def _check_plugin_settings(findings: list[Finding]) -> bool:
@@ -260,10 +360,15 @@ def _check_calibration(findings: list[Finding]) -> None:
 
 
 def _check_hardware(
-    findings: list[Finding], item: Any, statuses: list[Any], settings_ok: bool
+    findings: list[Finding],
+    item: Any,
+    statuses: list[Any],
+    settings_ok: bool,
+    reports: list[selftest.SelfTestReport],
 ) -> dict[str, Any]:
     """Match one piece of hardware to the plugin that would drive it; returns its table row."""
     by_name = {s.name: s for s in statuses}
+    broken = {r.backend for r in reports if r.verdict == "broken"}
     status = by_name.get(item.plugin)
     physical = item.kind == "gpu"
     level: Literal["problem", "note"] = "problem" if physical else "note"
@@ -308,11 +413,54 @@ def _check_hardware(
         )
     else:
         state = f"driven by {item.plugin} ({status.devices} device(s))"
+        if item.plugin in broken:
+            state += "; its self-test is broken"
     return {**item.model_dump(mode="json"), "status": state}
 
 
+def _progress_relay(bar: Progress) -> Callable[[str, dict[str, Any]], None]:
+    def relay(backend: str, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "plan":
+            bar.total, bar.done = max(1, len(event.get("checks", []))), 0
+            bar.label = f"self-test {backend}"
+            bar.show()
+        elif kind == "start":
+            bar.show(str(event.get("check", "")))
+        elif kind == "check":
+            bar.advance(str(event.get("name", "")))
+
+    return relay
+
+
+def _hardware_note(diagnosis: Diagnosis) -> str:
+    """The line under an empty hardware table: what the installed plugins found anyway."""
+    found = [
+        f"{s.name} ({s.devices} device(s))"
+        for s in diagnosis.plugins
+        if s.status == "ok" and s.devices and s.name != "cpu"
+    ]
+    if not found:
+        return "  (no GPU, OpenCL or Vulkan driver found)"
+    return (
+        "  (no GPU or driver registry found on disk; the plugins find devices through drivers"
+        f" of their own: {', '.join(found)})"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    diagnosis = diagnose()
+    run_selftests = not getattr(args, "no_selftest", False)
+    bar = Progress(
+        1, enabled=getattr(args, "progress", False) or sys.stderr.isatty(), label="self-test"
+    )
+    try:
+        diagnosis = diagnose(
+            selftests=run_selftests,
+            selftest_timeout=getattr(args, "selftest_timeout", selftest.DEFAULT_TIMEOUT_S),
+            on_event=_progress_relay(bar),
+        )
+    finally:
+        bar.close()
     problems, notes = diagnosis.problems, diagnosis.notes
     if args.json:
         print_json(
@@ -321,6 +469,7 @@ def run(args: argparse.Namespace) -> int:
                 "problems": [asdict(f) for f in problems],
                 "notes": [asdict(f) for f in notes],
                 "plugins": diagnosis.plugins,
+                "selftest": [_selftest_json(r) for r in diagnosis.selftests],
                 "hardware": diagnosis.hardware,
             }
         )
@@ -336,12 +485,22 @@ def run(args: argparse.Namespace) -> int:
         rows = [[s.name, s.status, s.version, s.distribution, s.devices] for s in diagnosis.plugins]
         print(table(("name", "status", "version", "distribution", "devices"), rows, right=(4,)))
     print()
+    if run_selftests:
+        print("self-test (each backend on its first device, in a child process, against NumPy)")
+        if diagnosis.selftests:
+            rows = [[r.backend, r.device, r.summary()] for r in diagnosis.selftests]
+            print(table(("backend", "device", "result"), rows))
+        else:
+            print("  (no backend with a device to test)")
+    else:
+        print("self-test: skipped (--no-selftest)")
+    print()
     print("hardware")
     if diagnosis.hardware:
         rows = [[h["kind"], h["name"], h["plugin"], h["status"]] for h in diagnosis.hardware]
         print(table(("kind", "name", "plugin", "status"), rows))
     else:
-        print("  (no GPU, OpenCL or Vulkan driver found)")
+        print(_hardware_note(diagnosis))
     for title, items in (("problems", problems), ("notes", notes)):
         if not items:
             continue
@@ -355,5 +514,12 @@ def run(args: argparse.Namespace) -> int:
                 if args.verbose:
                     print("     " + f.traceback.rstrip().replace("\n", "\n     "))
                 else:
-                    print("     (run 'accelkit doctor --verbose' for the traceback)")
+                    what = "its stderr" if f.check == "selftest" else "the traceback"
+                    print(f"     (run 'accelkit doctor --verbose' for {what})")
     return 1 if problems else 0
+
+
+def _selftest_json(report: selftest.SelfTestReport) -> dict[str, Any]:
+    data = report.to_json()
+    data.pop("stderr_tail", None)  # in the problem's "traceback", where it is broken
+    return data
