@@ -19,6 +19,7 @@ for _var, _sub in (
     ("POCL_CACHE_DIR", "pocl"),
     ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
     ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
+    ("ACCELKIT_OPENCL_VARIANTS_FILE", "accelkit-opencl-variants.json"),
 ):
     os.environ.setdefault(_var, os.path.join(_CACHES, _sub))
 

@@ -259,6 +259,10 @@ def test_select_requirement_no_backend_meets(capsys: pytest.CaptureFixture[str])
         (["devices", "--backend", "nope"], ["no backend named 'nope'"]),
         (["calibrate", "--backend", "nope"], ["no backend named 'nope'"]),
         (["bench", "--backend", "nope"], ["no backend named 'nope'"]),
+        (["select", "--backend", "cpuu"], ["no backend named 'cpuu'", "did you mean 'cpu'?"]),
+        (["select", "--device", "cpuu"], ["no backend can serve", "did you mean 'cpu'?"]),
+        (["bench", "--backend", "cpuu"], ["did you mean 'cpu'?"]),
+        (["calibrate", "--backend", "cpuu"], ["did you mean 'cpu'?"]),
         (["demo", "--backend", "nope"], ["no backend named 'nope'"]),
         (["demo", "--repeats", "0"], ["--repeats must be at least 1"]),
     ],
@@ -337,7 +341,7 @@ def test_doctor_healthy(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(no GPU, OpenCL or Vulkan driver found)" in out
     status, data = run_json(capsys, "doctor")
     assert status == 0
-    assert set(data) == {"healthy", "problems", "notes", "plugins", "hardware"}
+    assert set(data) == {"healthy", "problems", "notes", "plugins", "selftest", "hardware"}
     assert data["healthy"] is True
     assert data["problems"] == []
 
@@ -604,6 +608,7 @@ def test_bench_quick(capsys: pytest.CaptureFixture[str]) -> None:
     status, data = run_json(capsys, "bench", "--quick")
     assert status == 0
     assert (data["backend"], data["device"], data["quick"]) == ("cpu", "cpu:0", True)
+    assert data["full"] is False
     names = [r["name"] for r in data["results"]]
     assert len(names) == 4
     assert names[0].startswith("64x64 f32 add")
@@ -616,6 +621,37 @@ def test_bench_quick(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["numpy_s"] > 0
         assert r["ratio"] == pytest.approx(r["numpy_s"] / r["accelkit_s"])
         assert r["max_rel_err"] < 1e-4
+
+
+def test_bench_quick_and_full_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run(capsys, "bench", "--quick", "--full")
+    assert status == 2
+    assert out == ""
+    assert "not allowed with argument" in err
+
+
+def test_bench_default_is_bounded_by_its_time_budget() -> None:
+    """The default run stops adding rounds once a benchmark has spent its budget (at least
+    MIN_ROUNDS run), so that a slow or busy machine still finishes in seconds; --full does not."""
+    import anyio
+
+    from accelkit.cli.bench import MIN_ROUNDS, PLANS, interleaved
+
+    assert PLANS["default"].budget_s is not None
+    assert PLANS["full"].budget_s is None
+    calls = {"subject": 0, "peer": 0}
+
+    async def subject() -> None:
+        calls["subject"] += 1
+        await anyio.sleep(0.001)
+
+    def peer() -> None:
+        calls["peer"] += 1
+
+    anyio.run(lambda: interleaved(subject, peer, 50, budget_s=0.0))
+    assert calls == {"subject": MIN_ROUNDS, "peer": MIN_ROUNDS}
+    anyio.run(lambda: interleaved(subject, peer, 5))
+    assert calls == {"subject": MIN_ROUNDS + 5, "peer": MIN_ROUNDS + 5}
 
 
 def test_bench_table_with_progress(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,8 @@ environment by the nox ``tests`` session, or by hand with ``pip install -e tests
 - ``accelkit-testplug-broken``: its descriptor module raises on import;
 - ``accelkit-testplug-future``: built for plugin API 2.0;
 - ``accelkit-testplug-badprobe``: its probe raises RuntimeError;
-- ``accelkit-testplug-subset``: backend ``subset`` without attention (for the fallback tests).
+- ``accelkit-testplug-subset``: backend ``subset`` without attention (for the fallback tests);
+- ``accelkit-testplug-crash``: backend ``crash``, whose matmul aborts the process (for doctor).
 
 Each test uses a fresh :class:`Registry`, so the process-wide one's caches do not leak between
 tests; checks that need a clean interpreter run in a subprocess.
@@ -47,6 +48,7 @@ TEST_PLUGINS = {
     "future": "accelkit-testplug-future",
     "badprobe": "accelkit-testplug-badprobe",
     "subset": "accelkit-testplug-subset",
+    "crash": "accelkit-testplug-crash",
 }
 GOOD_BACKEND_MODULE = "accelkit_testplug_good.backend"
 _SETTINGS = ("ACCELKIT_PLUGINS", "ACCELKIT_DISABLE_PLUGINS", "ACCELKIT_BACKEND", "ACCELKIT_DEVICE")

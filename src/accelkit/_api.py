@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, NoReturn
 
 from accelkit.device import Device, DeviceInfo
 from accelkit.errors import InvalidArgumentError
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from accelkit.registry import Registry
     from accelkit.selector import Selection
 
-__all__ = ["create_backend", "devices", "open_backend"]
+__all__ = ["BackendContext", "create_backend", "devices", "open_backend"]
 
 
 def devices(refresh: bool = False) -> list[DeviceInfo]:
@@ -52,13 +53,15 @@ def _resolve(
     if text in reg.names():  # a backend name: its best device
         sel = select(None, requires, policy, backend=text, registry=reg)
         return sel.backend, Device.parse(sel.device)
-    if not any(text in d.device_kinds for d in reg.descriptors()):
+    kinds = {kind for d in reg.descriptors() for kind in d.device_kinds}
+    if text not in kinds:
         from accelkit.errors import BackendNotFoundError
-        from accelkit.registry import _install_hint
+        from accelkit.registry import not_found_hint
 
         raise BackendNotFoundError(
             f"no backend named {text!r} is installed, and no installed backend drives devices of"
-            f" kind {text!r} (installed: {', '.join(reg.names()) or 'none'})" + _install_hint(text)
+            f" kind {text!r} (installed: {', '.join(reg.names()) or 'none'})"
+            + not_found_hint(text, [*reg.names(), *kinds])
         )
     sel = select(text, requires, policy, registry=reg)  # a device kind ('cuda')
     return sel.backend, Device.parse(sel.device)
@@ -86,16 +89,58 @@ def create_backend(
     return backend
 
 
-@asynccontextmanager
-async def open_backend(
+class BackendContext(AbstractAsyncContextManager["ComputeBackend"]):
+    """What :func:`open_backend` returns: an *async* context manager that yields the initialized
+    backend and shuts it down on exit. A plain ``with`` raises a TypeError that says how to use
+    it (``async with``, inside an async function)."""
+
+    __slots__ = ("_cm",)
+
+    def __init__(self, cm: AbstractAsyncContextManager[ComputeBackend]) -> None:
+        self._cm = cm
+
+    async def __aenter__(self) -> ComputeBackend:
+        return await self._cm.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._cm.__aexit__(exc_type, exc, tb)
+
+    def __enter__(self) -> NoReturn:
+        raise TypeError(
+            "open_backend() is an async context manager: write"
+            " `async with ak.open_backend(...) as backend:` inside an async function, and run"
+            " that function with anyio.run(main) (or asyncio.run(main()))"
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # only there so that a plain ``with`` reaches ``__enter__`` and its message
+        return None
+
+
+def open_backend(
     target: str | Device | Selection | None = None,
     *,
     requires: Requirements | None = None,
     policy: str = "performance",
     registry: Registry | None = None,
     fallback: str | None = None,
-) -> AsyncIterator[ComputeBackend]:
-    """Select, create and initialize a backend; shut it down on exit, whatever happens.
+) -> BackendContext:
+    """Select, create and initialize a backend; shut it down on exit, whatever happens::
+
+        async with ak.open_backend("cpu") as backend:
+            ...
+
+    An async context manager: use it with ``async with`` inside an async function (a plain
+    ``with`` raises a TypeError saying so). The backend is chosen and initialized on entry.
 
     A backend whose ``initialize`` fails is quarantined (``accelkit doctor`` shows why) and the
     error propagates: an explicit request never turns silently into another backend.
@@ -103,6 +148,22 @@ async def open_backend(
     ``fallback`` (a backend name or device, e.g. ``"cpu"``) opts in to running the operations
     the backend refuses on that one instead; ``backend.fallback.events`` reports each.
     """
+    return BackendContext(
+        _open_backend(
+            target, requires=requires, policy=policy, registry=registry, fallback=fallback
+        )
+    )
+
+
+@asynccontextmanager
+async def _open_backend(
+    target: str | Device | Selection | None = None,
+    *,
+    requires: Requirements | None = None,
+    policy: str = "performance",
+    registry: Registry | None = None,
+    fallback: str | None = None,
+) -> AsyncIterator[ComputeBackend]:
     from accelkit.registry import default_registry
 
     reg = registry or default_registry
@@ -116,7 +177,7 @@ async def open_backend(
         if fallback is None:
             yield backend
             return
-        async with open_backend(fallback, registry=reg) as spare:
+        async with _open_backend(fallback, registry=reg) as spare:
             backend.enable_fallback(spare)
             yield backend
     finally:

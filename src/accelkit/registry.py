@@ -14,11 +14,12 @@ The module-level functions act on one process-wide :class:`Registry`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -46,6 +47,7 @@ __all__ = [
     "descriptor",
     "descriptors",
     "devices",
+    "not_found_hint",
     "probe",
     "quarantine",
     "quarantined",
@@ -204,7 +206,7 @@ class Registry:
                 known = ", ".join(self.names()) or "none"
                 raise BackendNotFoundError(
                     f"no backend named {name!r} is installed (installed: {known})"
-                    + _install_hint(name)
+                    + not_found_hint(name, self.names())
                 )
             if not allowed:
                 raise BackendNotFoundError(f"backend {name!r} is {why}")
@@ -408,6 +410,15 @@ _KNOWN_PLUGINS = {
 def _install_hint(name: str) -> str:
     dist = _KNOWN_PLUGINS.get(name)
     return f"; install it with: pip install '{dist}'" if dist else ""
+
+
+def not_found_hint(name: str, known: Iterable[str]) -> str:
+    """The end of a "no such backend" message: how to install ``name`` where it is a known
+    plugin, and the closest of ``known`` (installed backend names, device kinds) where ``name``
+    looks like a misspelling of it: ``"; did you mean 'cpu'?"`` for ``"cpuu"``."""
+    choices = sorted({k for k in known if k and k != name})
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.75)
+    return _install_hint(name) + (f"; did you mean {close[0]!r}?" if close else "")
 
 
 default_registry = Registry()

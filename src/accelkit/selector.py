@@ -27,7 +27,7 @@ from accelkit.capabilities import Requirements
 from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import BackendNotFoundError, InvalidArgumentError
-from accelkit.registry import Registry, _install_hint, default_registry
+from accelkit.registry import Registry, default_registry, not_found_hint
 
 __all__ = ["Candidate", "Rejection", "Selection", "SelectionReport", "select"]
 
@@ -266,7 +266,8 @@ def select(
         )
         hint = ""
         if want_kind is not None and not any(want_kind in d.device_kinds for d in descriptors):
-            hint = f"; no installed plugin drives {want_kind}" + _install_hint(want_kind)
+            kinds = [kind for d in reg.descriptors() for kind in d.device_kinds]
+            hint = f"; no installed plugin drives {want_kind}" + not_found_hint(want_kind, kinds)
         raise BackendNotFoundError(
             f"no backend can serve {what or 'this request'}"
             + (f" ({reasons})" if reasons else " (no plugin is installed)")

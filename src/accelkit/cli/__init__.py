@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "info": "version, plugins with their status, and devices",
     "devices": "list the devices every usable plugin reports",
     "select": "choose the best backend and device for a workload, and say why",
-    "doctor": "diagnose plugins, settings and hardware that no plugin drives",
+    "doctor": "diagnose plugins, settings and hardware, and self-test every backend",
     "calibrate": "measure each device and store the figures the selector ranks by",
     "bench": "time a few operations against NumPy in the same process",
     "demo": "select the best backend, run the demo workload on it, and time it",
@@ -34,6 +34,16 @@ COMMANDS: dict[str, str] = {
 
 def _names(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,7 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain", action="store_true", help="rank every candidate and give every rejection"
     )
 
-    add("doctor", [])
+    doctor = add("doctor", [progress])
+    doctor.add_argument(
+        "--no-selftest",
+        action="store_true",
+        help="skip the self-test of each backend (a few operations in a child process)",
+    )
+    doctor.add_argument(
+        "--selftest-timeout",
+        type=_seconds,
+        default=120.0,
+        metavar="S",
+        help="give each backend's self-test at most S seconds (default 120)",
+    )
 
     calibrate = add("calibrate", [progress])
     calibrate.add_argument("--backend", metavar="B", help="only the devices of this backend")
@@ -117,7 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     bench = add("bench", [choosing, progress])
-    bench.add_argument("--quick", action="store_true", help="small sizes (a few seconds)")
+    size = bench.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes (a few seconds)")
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="the largest sizes and every round, with no time budget (slower)",
+    )
 
     demo = add("demo", [choosing])
     demo.add_argument(
