@@ -30,10 +30,19 @@ from accelkit.workloads import (
 
 
 async def main() -> None:
+    from accelkit_opencl.caches import cache_folder
+
+    # Kernel-variant verdicts stay in the user's store (verification is once per device: the
+    # first run pays it, below), while programs are built into a fresh folder.
+    os.environ.setdefault("ACCELKIT_OPENCL_VARIANTS_FILE", str(cache_folder() / "variants.json"))
     os.environ.setdefault("ACCELKIT_OPENCL_CACHE", tempfile.mkdtemp(prefix="akcl-"))
     async with ak.open_backend("opencl") as backend:
         f, ops = backend.tensor_factory, backend.tensor_ops
         print(f"device: {backend.device} ({ak.select('opencl').report.candidates[0].name})")
+        t0 = time.perf_counter()
+        await backend.prepare(progress=lambda line: print("      " + line, flush=True))
+        routes = ", ".join(f"{c.family}={c.variant}" for c in backend.kernel_variants())  # type: ignore[attr-defined]
+        print(f"kernel variants ({time.perf_counter() - t0:.1f} s to verify or load): {routes}")
         rng = np.random.default_rng(0)
 
         print("[1/4] f32 GEMM 1024 ...", flush=True)

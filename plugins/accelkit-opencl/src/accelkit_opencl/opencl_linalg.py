@@ -157,7 +157,11 @@ def gemm_packed_source(dtype: DType, with_c: bool, block: GemmBlock) -> str:
         lines += [f"        bv{c} = vload{w}(0, bp + {u * rn + c * w});" for c in range(nv)]
         for r in range(rm):
             lines.append(f"        av = ({v})(ap[{u * rm + r}]);")
-            lines += [f"        c{r}_{c} = fma(av, bv{c}, c{r}_{c});" for c in range(nv)]
+            # a*b+c, contracted by the compiler into its target's FMA, rather than fma(): PoCL
+            # links the fma() of its built-in library for the host's widest ISA, which its
+            # code generator may not target (LLVM 14 compiles for znver3 on Zen 4 but links the
+            # AVX-512 library: 16-wide fma aborts the compiler, 8-wide runs 3x slower).
+            lines += [f"        c{r}_{c} = av * bv{c} + c{r}_{c};" for c in range(nv)]
     lines.append(f"        ap += {rm * ku}; bp += {rn * ku};\n    }}")
     c_arg = f"__global const {st}* C, " if with_c else ""
     c_term = " + beta * C[cb + (long)row * scm + (long)col * scn]" if with_c else ""
