@@ -70,7 +70,7 @@ async def test_cache_hit_from_disk_in_a_new_backend(opencl_cache: Path) -> None:
     try:
         h2 = await b2.kernel_executor.load_kernel(AXPY, "axpy", language="opencl")
         assert h2.key == h1.key
-        assert b2._programs.hits == {"memory": 0, "disk": 1, "compiled": 0}
+        assert b2._programs.hits == {"memory": 0, "disk": 1, "compiled": 0, "discarded": 0}
         y = b2.tensor_factory.zeros((8,))
         x = b2.tensor_factory.ones((8,))
         b2.kernel_executor.execute_kernel(h2, (1,), (8,), [y, x, 3.0, 8])

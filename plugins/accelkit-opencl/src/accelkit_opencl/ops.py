@@ -361,7 +361,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
                 f"opencl: attention with head dims {d} and {dv} does not fit one key tile in"
                 f" the device's {int(dev.local_mem_size)} bytes of local memory"
             )
-        bq = min(32, 1 << (int(dev.max_work_group_size).bit_length() - 1))
+        bq = int(self.backend._variant("attention_rows"))  # query rows per work-group
         mdt = mask._dtype if mask is not None else None
         source = attention_source(q._dtype, mdt, d, dv, bq, bk, causal)
         kernel = self.backend._kernel(source, "attention")

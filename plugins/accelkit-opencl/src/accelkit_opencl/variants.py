@@ -2,10 +2,12 @@
 
 Some kernels come in variants picked from the device's own report: the packed GEMM's register
 block (its vector width follows ``CL_DEVICE_NATIVE_VECTOR_WIDTH_*``), the tiled GEMM's tile (from
-the local memory size), the work-group size of row reductions (from the maximum work-group size)
-and the f64 path (from ``cl_khr_fp64``). A report is a claim, not a proof: PoCL 3.0 on an AMD
-EPYC reports 16-wide float vectors, and its compiler then aborts the whole process building a
-16-wide ``fma`` (``LLVM ERROR: Cannot select``). So:
+the local memory size), the work-group size of row reductions and the query rows per work-group
+of flash attention (from the maximum work-group size), and the f64 path (from ``cl_khr_fp64``).
+A report is a claim, not a proof: PoCL 3.0 (LLVM 14) on a Zen 4 EPYC compiles for ``znver3``
+but reports 16-wide float vectors and links its AVX-512 library, and its compiler then aborts
+the whole process (``LLVM ERROR: Cannot select``), or never finishes, building a 16-wide block.
+So:
 
 - every *family* has candidates, best first, ending in a **portable** variant (narrow vectors,
   small work-groups, no extension) that builds everywhere; until a better candidate is verified
@@ -132,6 +134,11 @@ def candidates(cl_device: Any, family: str) -> list[Candidate]:
         out = [Candidate(family, f"wg{w}", w) for w in (device_wg, 64) if w > small]
         out = list(dict.fromkeys(out))
         return [*out, Candidate(family, f"wg{small}", small, portable=True)]
+    if family == "attention_rows":
+        best = min(32, _pow2_floor(int(cl_device.max_work_group_size)))
+        small = min(8, best)
+        out = [Candidate(family, f"bq{best}", best)] if best > small else []
+        return [*out, Candidate(family, f"bq{small}", small, portable=True)]
     if family == "fp64":
         return [Candidate(family, "cl_khr_fp64", True)]
     raise KeyError(family)
@@ -149,14 +156,16 @@ def _tuned_label(cl_device: Any, family: str) -> str | None:
 def families(cl_device: Any) -> list[str]:
     """The families that apply to ``cl_device``."""
     fp64 = "cl_khr_fp64" in str(cl_device.extensions)
-    out = ["gemm_packed.f32", "gemm_tiled", "reduce_wg"]
+    out = ["gemm_packed.f32", "gemm_tiled", "reduce_wg", "attention_rows"]
     if fp64:
         out[1:1] = ["gemm_packed.f64"]
         out.append("fp64")
     return out
 
 
-FAMILIES = ("gemm_packed.f32", "gemm_packed.f64", "gemm_tiled", "reduce_wg", "fp64")
+FAMILIES = (
+    "gemm_packed.f32", "gemm_packed.f64", "gemm_tiled", "reduce_wg", "attention_rows", "fp64",
+)  # fmt: skip
 
 
 def device_key(cl_device: Any) -> str:

@@ -80,6 +80,16 @@ async def _check(backend: Any, family: str, wrong: bool) -> str | None:
         got = await run(ops.matmul(f.from_host(a), f.from_host(b)))
         problem = _close(got, a.astype(np.float64) @ b, 1e-4)
         return f"f32 matmul 21x30x13: {problem}" if problem else None
+    if family == "attention_rows":
+        q = rnd((2, 4, 37, 16), np.float32)
+        keys, values = rnd((2, 2, 45, 16), np.float32), rnd((2, 2, 45, 16), np.float32)
+        for causal in (False, True):
+            qt, kt, vt = f.from_host(q), f.from_host(keys), f.from_host(values)
+            got = await run(ops.attention(qt, kt, vt, causal=causal))
+            problem = _close(got, _attention(q, keys, values, causal), 1e-4)
+            if problem:
+                return f"attention 2x4x37x16 (causal={causal}): {problem}"
+        return None
     if family in ("reduce_wg", "fp64"):
         dt = np.float64 if family == "fp64" else np.float32
         rtol = 1e-10 if family == "fp64" else 1e-4
@@ -105,6 +115,22 @@ async def _check(backend: Any, family: str, wrong: bool) -> str | None:
                 return f"{name} of 37x1001 {np.dtype(dt).name}: {problem}"
         return None
     return f"unknown family {family!r}"
+
+
+def _attention(
+    q: np.ndarray[Any, Any], k: np.ndarray[Any, Any], v: np.ndarray[Any, Any], causal: bool
+) -> np.ndarray[Any, Any]:
+    """Attention in float64 (grouped KV heads; causal aligned bottom-right, as accelkit's)."""
+    rep = q.shape[1] // k.shape[1]
+    k64 = np.repeat(k.astype(np.float64), rep, axis=1)
+    v64 = np.repeat(v.astype(np.float64), rep, axis=1)
+    s = q.astype(np.float64) @ k64.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.tril(np.ones((sq, sk), bool), sk - sq), s, -np.inf)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    out: np.ndarray[Any, Any] = (e / e.sum(axis=-1, keepdims=True)) @ v64
+    return out
 
 
 def _inject_nokernel() -> Callable[[], None]:
