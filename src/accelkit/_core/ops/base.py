@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC
 from typing import TYPE_CHECKING
 
 from accelkit.dtype import DType
@@ -13,8 +14,10 @@ if TYPE_CHECKING:
 __all__ = ["OpsBase"]
 
 
-class OpsBase:
-    """Base of the TensorOps parts (and of KernelOps sub-interfaces)."""
+class OpsBase(ABC):
+    """Base of the TensorOps parts (and of KernelOps sub-interfaces). An abstract base: a
+    subclass that leaves an ``@abstractmethod`` hook unimplemented cannot be instantiated (it
+    fails at once, naming the method, instead of computing garbage at run time)."""
 
     def __init__(self, backend: ComputeBackend) -> None:
         self.backend = backend
