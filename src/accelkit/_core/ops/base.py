@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from abc import ABC
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 from accelkit.dtype import DType
@@ -22,10 +22,10 @@ class OpsBase(ABC):
     def __init__(self, backend: ComputeBackend) -> None:
         self.backend = backend
 
+    @abstractmethod
     def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
         """Allocate an output tensor (validated shape and dtype) on the backend's device."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         """A tensor sharing ``x``'s buffer with another shape of the same size."""
-        raise NotImplementedError
