@@ -1,28 +1,35 @@
 """A backend that forgets a required method fails when its class is instantiated, naming the
-method, instead of computing garbage at run time (every abstract method is enforced)."""
+method, instead of computing garbage at run time: every abstract class of ``accelkit.sdk`` (and
+of ``accelkit.abc``) enforces its abstract methods."""
 
 from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 
-from accelkit.abc import backend, factory, kernel_ops, kernels, memory, stream, tensor_ops
+import accelkit
+import accelkit.abc
+import accelkit.sdk
+from accelkit import DType
 
-INTERFACES = [
-    cls
-    for module in (backend, factory, kernel_ops, kernels, memory, stream, tensor_ops)
-    for _, cls in inspect.getmembers(module, inspect.isclass)
-    if cls.__module__ == module.__name__ and inspect.isabstract(cls)
-]
+INTERFACES = sorted(
+    {
+        cls
+        for module in (accelkit.sdk, accelkit.abc)
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if inspect.isabstract(cls)
+    },
+    key=lambda cls: cls.__name__,
+)
 
 
-def test_the_component_interfaces_are_abstract() -> None:
+def test_the_backend_interfaces_are_abstract() -> None:
     names = {cls.__name__ for cls in INTERFACES}
     expected = {
-        "ComputeBackend", "TensorFactory", "TensorOps", "NormOps", "PositionOps",
-        "AttentionOps", "ActivationOps", "LinearOps", "SamplingOps", "KernelExecutor",
-        "DeviceMemoryManager", "Event", "Stream",
+        "ComputeBackend", "QueuedBackend", "TensorKernels", "FactoryKernels", "FusedKernels",
+        "KernelExecutor", "DeviceMemoryManager", "Event", "Stream",
     }  # fmt: skip
     assert expected <= names, expected - names
 
@@ -36,12 +43,24 @@ def test_an_empty_subclass_cannot_be_instantiated(interface: type) -> None:
         empty(None) if "backend" in inspect.signature(empty).parameters else empty()
 
 
-def test_a_norm_ops_without_its_hooks_cannot_compute_garbage() -> None:
-    """The defect seen: a NormOps subclass with no hooks instantiated, and rms_norm returned
-    uninitialised pool memory."""
+def test_tensor_kernels_missing_one_kernel_fails_naming_it() -> None:
+    """The defect seen in 1.x: a NormOps subclass with no hooks instantiated, and rms_norm
+    returned uninitialised pool memory. Now the class cannot be instantiated at all."""
+    from accelkit.backends.cpu.ops import CPUTensorKernels
+    from accelkit.backends.cpu.submit import CPUComponent
 
-    class Forgetful(kernel_ops.NormOps):
-        pass
+    members = {k: v for k, v in vars(CPUTensorKernels).items() if k != "rms_norm"}
+    forgetful = type("Forgetful", (CPUComponent, accelkit.sdk.TensorKernels), members)
+    with pytest.raises(TypeError, match="rms_norm") as caught:
+        forgetful(None)
+    assert "unary" not in str(caught.value)  # only what is missing is named
 
-    with pytest.raises(TypeError, match="_k_rms_norm"):
-        Forgetful(None)  # type: ignore[abstract, arg-type]
+
+@pytest.mark.anyio
+async def test_the_user_components_are_built_over_the_kernel_objects() -> None:
+    async with accelkit.open_backend("cpu") as backend:
+        assert isinstance(backend.tensor_ops.kernels, accelkit.sdk.TensorKernels)
+        assert isinstance(backend.tensor_factory.kernels, accelkit.sdk.FactoryKernels)
+        assert isinstance(backend.kernel_ops.kernels, accelkit.sdk.FusedKernels)
+        x = backend.tensor_factory.ones((3, 4), DType.F32)
+        np.testing.assert_allclose(await backend.kernel_ops.rms_norm(x).to_host(), 1.0, 1e-5)

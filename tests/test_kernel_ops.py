@@ -23,6 +23,7 @@ from accelkit._core.dispatch import KernelDispatcher
 from accelkit.abc.kernel_ops import KERNEL_OPS, KernelOps
 from accelkit.backends.cpu import numpy_fused
 from accelkit.quant import QuantFormat, dequantize, quantize
+from accelkit.sdk import ComposedOnly, FusedKernels
 from conformance.backends import conformance_backends
 
 Array = np.ndarray[Any, Any]
@@ -155,11 +156,35 @@ async def test_names_and_capabilities(env: Env) -> None:
     assert kernel_ops is not None
     assert kernel_ops.ops == KERNEL_OPS
     assert env.backend.capabilities.ops >= KERNEL_OPS
-    assert KernelOps(env.backend, norm_ops=kernel_ops.norm_ops).ops == {
+    assert KernelOps(env.backend, _NormsOnly(kernel_ops.kernels)).ops == {
         "rms_norm",
         "rms_norm_residual",
         "layer_norm",
     }
+    assert KernelOps(env.backend, ComposedOnly(env.backend.tensor_ops.kernels)).ops == set()
+
+
+class _NormsOnly(FusedKernels):
+    """A backend's fused norms and nothing else: the other ops keep FusedKernels' defaults."""
+
+    def __init__(self, full: FusedKernels) -> None:
+        super().__init__(full.backend)
+        self.full = full
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> accelkit.Tensor:
+        return self.full.empty(shape, dtype)
+
+    def view(self, x: accelkit.Tensor, shape: tuple[int, ...]) -> accelkit.Tensor:
+        return self.full.view(x, shape)
+
+    def rms_norm(self, *args: Any) -> None:
+        self.full.rms_norm(*args)
+
+    def rms_norm_residual(self, *args: Any) -> None:
+        self.full.rms_norm_residual(*args)
+
+    def layer_norm(self, *args: Any) -> None:
+        self.full.layer_norm(*args)
 
 
 # -- norms ----------------------------------------------------------------------------------------
@@ -721,19 +746,17 @@ async def test_bad_input_raises_before_anything_runs(env: Env, route: str, case:
 async def test_dispatcher_falls_back_where_a_group_is_missing(
     env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kernels = env.backend.kernel_ops
-    assert kernels is not None
-    partial = KernelOps(env.backend, norm_ops=kernels.norm_ops)
-    monkeypatch.setattr(env.backend, "_kernel_ops", partial)
+    partial = KernelOps(env.backend, _NormsOnly(env.backend.kernel_ops.kernels))
+    monkeypatch.setattr(env, "fused", partial)
     x = env.t(env.data((2, 8), DType.F32), DType.F32)
-    with caplog.at_level(logging.DEBUG, logger="accelkit._core.dispatch"):
+    with caplog.at_level(logging.DEBUG, logger="accelkit.kernel_ops"):
         env.fused.rms_norm(x)
         assert env.fused.last_route is not None
         assert env.fused.last_route.route == "fused"
         assert env.fused.last_route.backend == env.backend.name
         y = env.fused.silu_mul(x, x)
     assert env.fused.last_route.route == "composed"
-    assert "no fused activation_ops" in env.fused.last_route.reason
+    assert "no fused silu_mul" in env.fused.last_route.reason
     assert env.fused.routes == {
         "rms_norm": {"fused": 1, "composed": 0},
         "silu_mul": {"fused": 0, "composed": 1},
@@ -741,7 +764,10 @@ async def test_dispatcher_falls_back_where_a_group_is_missing(
     assert f"silu_mul on {env.backend.name}: composed" in caplog.text
     assert f"rms_norm on {env.backend.name}: fused" in caplog.text
     assert (await y.to_host()).shape == (2, 8)
-    monkeypatch.setattr(env.backend, "_kernel_ops", None)  # a backend with no KernelOps at all
+    # A backend with no fused kernel at all:
+    monkeypatch.setattr(
+        env, "fused", KernelOps(env.backend, ComposedOnly(env.backend.tensor_ops.kernels))
+    )
     env.fused.argmax(x)
     assert env.fused.last_route.route == "composed"
 
@@ -750,14 +776,13 @@ async def test_dispatcher_falls_back_where_a_group_is_missing(
 async def test_dispatcher_retries_a_refused_fused_call_composed(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kernels = env.backend.kernel_ops
-    assert kernels is not None
-    assert kernels.activation_ops is not None
+    kernels = env.backend.kernel_ops.kernels
+    assert "gelu" in kernels.fused_ops
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise UnsupportedOperationError("no bf16 gelu here")
 
-    monkeypatch.setattr(kernels.activation_ops, "gelu", refuse)
+    monkeypatch.setattr(kernels, "gelu", refuse)
     dtype = DType.BF16 if DType.BF16 in env.backend.supported_dtypes else DType.F32
     x = env.data((5,), dtype)
     got = await env.fused.gelu(env.t(x, dtype)).to_host()

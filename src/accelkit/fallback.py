@@ -16,9 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
-
 from accelkit.errors import UnsupportedOperationError
+from accelkit.routes import Route
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -30,15 +29,9 @@ __all__ = ["FallbackEvent", "FallbackTensorOps"]
 log = logging.getLogger("accelkit.fallback")
 
 
-class FallbackEvent(BaseModel):
-    """One operation that ran on the fallback backend."""
-
-    model_config = ConfigDict(frozen=True)
-
-    op: str
-    backend: str
-    fallback: str
-    reason: str
+#: One operation that ran on the fallback backend: a :class:`~accelkit.routes.Route` with
+#: ``route="fallback"`` (the shape KernelOps records its routes in).
+FallbackEvent = Route
 
 
 class FallbackTensorOps:
@@ -74,7 +67,9 @@ class FallbackTensorOps:
         self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception
     ) -> Any:
         fb = self._fallback
-        event = FallbackEvent(op=op, backend=self._backend.name, fallback=fb.name, reason=str(exc))
+        event = Route(
+            op=op, backend=self._backend.name, route="fallback", reason=str(exc), fallback=fb.name
+        )
         if not self.counts[op]:
             log.warning("%s: %s runs on %s instead (%s)", self._backend.name, op, fb.name, exc)
         self.events.append(event)

@@ -21,8 +21,8 @@ Example::
 
     qweight, scales = quantize(weight, "q4_0")          # weight: float array [out, in]
     f = backend.tensor_factory
-    y = kernel_ops.linear_ops.quantized_linear(x, f.from_host(qweight), f.from_host(scales),
-                                               format="q4_0")
+    y = backend.kernel_ops.quantized_linear(x, f.from_host(qweight), f.from_host(scales),
+                                            format="q4_0")
 """
 
 from __future__ import annotations

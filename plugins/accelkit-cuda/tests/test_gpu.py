@@ -78,7 +78,7 @@ async def test_flash_attention_matches_the_reference(
     k = rng.standard_normal((b, hk, sk, d)).astype(dtype)
     v = rng.standard_normal((b, hk, sk, d)).astype(dtype)
     f = backend.tensor_factory
-    got = await backend.kernel_ops.attention_ops.attention(
+    got = await backend.kernel_ops.attention(
         f.from_host(q), f.from_host(k), f.from_host(v), causal=causal
     ).to_host()
     qf, kf, vf = (a.astype(np.float64) for a in (q, k, v))

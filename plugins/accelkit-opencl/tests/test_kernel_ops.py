@@ -16,16 +16,16 @@ from accelkit.quant import dequantize, quantize
 pytestmark = pytest.mark.anyio
 
 
-async def test_every_group_is_an_opencl_kernel(backend: Any) -> None:
-    from accelkit_opencl.kernel_ops import OpenCLKernelOps
+async def test_every_op_is_an_opencl_kernel(backend: Any) -> None:
+    from accelkit_opencl.kernel_ops import OpenCLFusedKernels
 
     kernel_ops = backend.kernel_ops
-    assert isinstance(kernel_ops, OpenCLKernelOps)
+    assert isinstance(kernel_ops.kernels, OpenCLFusedKernels)
     assert kernel_ops.ops == KERNEL_OPS
     assert backend.capabilities.ops >= KERNEL_OPS
-    for group in ("norm_ops", "position_ops", "attention_ops", "activation_ops", "linear_ops",
-                  "sampling_ops"):  # fmt: skip
-        assert type(getattr(kernel_ops, group)).__module__ == "accelkit_opencl.kernel_ops"
+    for op in KERNEL_OPS:
+        method = getattr(type(kernel_ops.kernels), op)
+        assert method.__module__ == "accelkit_opencl.kernel_ops", op
 
 
 async def test_fused_kernels_wait_for_inputs_written_on_another_stream(backend: Any) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from accelkit._core.kernel_validation import (
     GeluApproximation,
     check_gelu,
@@ -28,7 +30,6 @@ from accelkit._core.kernel_validation import (
     check_sampling,
     check_silu_mul,
 )
-from accelkit.abc.kernel_ops import GUMBEL_UNIFORM_MAX, rotary_inv_freq
 from accelkit.dtype import DType
 from accelkit.quant import BLOCK_SIZE, QuantFormat
 from accelkit.tensor import Tensor
@@ -38,9 +39,23 @@ if TYPE_CHECKING:
     from accelkit.abc.tensor_ops import TensorOps
 
 __all__ = [
-    "argmax", "attention", "gelu", "layer_norm", "linear", "paged_attention", "quantized_linear",
+    "GUMBEL_UNIFORM_MAX", "rotary_inv_freq", "argmax", "attention", "gelu", "layer_norm", "linear", "paged_attention", "quantized_linear",
     "rms_norm", "rms_norm_residual", "rotary_embedding", "sample_token", "silu_mul",
 ]  # fmt: skip
+
+#: sample_token clamps its uniform noise to the largest float32 below 1, so that the Gumbel
+#: transform ``-log(-log(u))`` stays finite.
+GUMBEL_UNIFORM_MAX = float(np.nextafter(np.float32(1), np.float32(0)))
+
+
+def rotary_inv_freq(head_dim: int, base: float) -> np.ndarray[tuple[int], np.dtype[np.float64]]:
+    """The rotary frequencies ``base ** (-2i / head_dim)`` for ``i < head_dim / 2`` (float64).
+
+    Every implementation converts them to its compute dtype (F32, or F64 for F64 input) and
+    takes angles as ``position * frequency`` in that dtype, as the Hugging Face Llama code does.
+    """
+    return 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
 
 #: Below the best logit by more than this, a token's probability is under 1e-38 (and Gumbel
 #: noise spans about 20), so the top-k/top-p threshold search treats such tokens alike.

@@ -325,7 +325,7 @@ Check = Callable[["ComputeBackend", "np.random.Generator"], Awaitable[tuple[Any,
 
 
 def _checks() -> list[tuple[str, str | None, Check]]:
-    """(name, the KernelOps group it needs or None, the check). Each check returns (got, want)
+    """(name, the fused KernelOps op it needs or None, the check). Each check returns (got, want)
     as NumPy arrays; got from the backend, want computed in float64 by NumPy."""
     import numpy as np
 
@@ -400,7 +400,7 @@ def _checks() -> list[tuple[str, str | None, Check]]:
     async def k_rms_norm(b: ComputeBackend, rng: np.random.Generator) -> tuple[Any, Any]:
         x, w = data(rng, 64, 256), data(rng, 256)
         f = b.tensor_factory
-        got = await _group(b, "norm_ops").rms_norm(f.from_host(x), f.from_host(w)).to_host()
+        got = await b.kernel_ops.rms_norm(f.from_host(x), f.from_host(w)).to_host()
         x64 = x.astype(np.float64)
         return got, x64 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + 1e-6) * w
 
@@ -408,7 +408,7 @@ def _checks() -> list[tuple[str, str | None, Check]]:
         x, w, bias = data(rng, 64, 256), data(rng, 256), data(rng, 256)
         f = b.tensor_factory
         got = (
-            await _group(b, "norm_ops")
+            await b.kernel_ops
             .layer_norm(f.from_host(x), f.from_host(w), f.from_host(bias))
             .to_host()
         )
@@ -418,7 +418,7 @@ def _checks() -> list[tuple[str, str | None, Check]]:
         gate, up = data(rng, 64, 256), data(rng, 64, 256)
         f = b.tensor_factory
         got = (
-            await _group(b, "activation_ops").silu_mul(f.from_host(gate), f.from_host(up)).to_host()
+            await b.kernel_ops.silu_mul(f.from_host(gate), f.from_host(up)).to_host()
         )
         g64 = gate.astype(np.float64)
         return got, g64 / (1.0 + np.exp(-g64)) * up
@@ -434,18 +434,10 @@ def _checks() -> list[tuple[str, str | None, Check]]:
         ("softmax f32 [64x256]", None, softmax),
         ("layer_norm f32 [64x256]", None, layer_norm),
         ("conv2d f32 [2x3x16x16] * [8x3x3x3]", None, conv2d),
-        ("kernel_ops rms_norm f32 [64x256]", "norm_ops", k_rms_norm),
-        ("kernel_ops layer_norm f32 [64x256]", "norm_ops", k_layer_norm),
-        ("kernel_ops silu_mul f32 [64x256]", "activation_ops", k_silu_mul),
+        ("kernel_ops rms_norm f32 [64x256]", "rms_norm", k_rms_norm),
+        ("kernel_ops layer_norm f32 [64x256]", "layer_norm", k_layer_norm),
+        ("kernel_ops silu_mul f32 [64x256]", "silu_mul", k_silu_mul),
     ]
-
-
-def _group(backend: ComputeBackend, group: str) -> Any:
-    """One KernelOps sub-interface of ``backend`` (the caller has checked it is there)."""
-    found = getattr(backend.kernel_ops, group, None)
-    if found is None:  # pragma: no cover - run_checks skips such checks
-        raise RuntimeError(f"the backend has no {group}")
-    return found
 
 
 def check_names() -> list[str]:
@@ -512,10 +504,8 @@ async def run_checks(
     try:
         rng = np.random.default_rng(seed)
         for name, group, fn in checks:
-            if group is not None and (
-                backend.kernel_ops is None or getattr(backend.kernel_ops, group) is None
-            ):
-                record(CheckResult(name, "skipped", f"the backend has no {group}"))
+            if group is not None and group not in backend.kernel_ops.ops:
+                record(CheckResult(name, "skipped", f"the backend has no fused {group}"))
                 continue
             send({"event": "start", "check": name})
             t0 = time.perf_counter()

@@ -1,24 +1,17 @@
-"""The interfaces every backend implements (see each module's docstring for the guarantees)."""
+"""The user-facing component interfaces (see each module's docstring for the guarantees).
+
+What a backend *implements* is in :mod:`accelkit.sdk`: kernel objects behind these components.
+"""
 
 from accelkit.abc.backend import ComputeBackend
 from accelkit.abc.factory import TensorFactory
-from accelkit.abc.kernel_ops import (
-    ActivationOps,
-    AttentionOps,
-    KernelOps,
-    LinearOps,
-    NormOps,
-    PositionOps,
-    SamplingOps,
-)
+from accelkit.abc.kernel_ops import KernelOps
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
 from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
 from accelkit.abc.stream import Event, Stream
 from accelkit.abc.tensor_ops import TensorOps
 
 __all__ = [
-    "ActivationOps",
-    "AttentionOps",
     "ComputeBackend",
     "DeviceBuffer",
     "DeviceMemoryManager",
@@ -27,10 +20,6 @@ __all__ = [
     "KernelHandle",
     "KernelInfo",
     "KernelOps",
-    "LinearOps",
-    "NormOps",
-    "PositionOps",
-    "SamplingOps",
     "Stream",
     "TensorFactory",
     "TensorOps",

@@ -25,6 +25,7 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, NotInitializedError, UnsupportedOperationError
 
 if TYPE_CHECKING:
+    from accelkit._core.kernel_api import FactoryKernels, FusedKernels, TensorKernels
     from accelkit.abc.factory import TensorFactory
     from accelkit.abc.kernel_ops import KernelOps
     from accelkit.abc.kernels import KernelExecutor
@@ -257,9 +258,30 @@ class ComputeBackend(ABC):
         return self._kernel_executor
 
     @property
-    def kernel_ops(self) -> KernelOps | None:
+    def kernel_ops(self) -> KernelOps:
+        """The fused transformer ops (always present: where the backend has no fused kernel,
+        the core's composition runs; see :mod:`accelkit.abc.kernel_ops`)."""
         self._require_ready()
+        assert self._kernel_ops is not None
         return self._kernel_ops
+
+    def install_kernels(
+        self,
+        tensor: TensorKernels,
+        factory: FactoryKernels,
+        fused: FusedKernels | None = None,
+    ) -> None:
+        """Build the user-facing TensorOps, TensorFactory and KernelOps over a backend's kernel
+        objects (:mod:`accelkit.sdk`); call it from ``_initialize``. Without ``fused``, every
+        KernelOps op runs as the core's composition."""
+        from accelkit._core.kernel_api import ComposedOnly
+        from accelkit.abc.factory import TensorFactory
+        from accelkit.abc.kernel_ops import KernelOps
+        from accelkit.abc.tensor_ops import TensorOps
+
+        self._tensor_ops = TensorOps(self, tensor)
+        self._tensor_factory = TensorFactory(self, factory)
+        self._kernel_ops = KernelOps(self, fused if fused is not None else ComposedOnly(tensor))
 
     # -- streams ----------------------------------------------------------------------------------
     @abstractmethod

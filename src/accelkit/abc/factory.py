@@ -8,12 +8,11 @@ default, so the same seed gives the same values on every backend.
 
 from __future__ import annotations
 
-from abc import abstractmethod
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from accelkit._core.kernel_api import FactoryKernels
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.validation import check_dtype, check_float_param, check_int, check_shape
@@ -26,7 +25,7 @@ __all__ = ["TensorFactory"]
 ShapeLike = int | tuple[int, ...] | list[int]
 
 
-class TensorFactory(OpsBase):
+class TensorFactory(OpsBase[FactoryKernels]):
     """Creates tensors; backends implement the ``_k_*`` hooks and ``_empty``."""
 
     def empty(self, shape: ShapeLike, dtype: DType | str = DType.F32) -> Tensor:
@@ -45,7 +44,7 @@ class TensorFactory(OpsBase):
                 raise InvalidArgumentError(f"full: {value} is not representable in {dt.value}")
             check_int_scalar("full", "value", int(value), dt)
         out = self.empty(shape, dt)
-        self._k_fill(out, value)
+        self.kernels.fill(out, value)
         return out
 
     def zeros(self, shape: ShapeLike, dtype: DType | str = DType.F32) -> Tensor:
@@ -83,14 +82,14 @@ class TensorFactory(OpsBase):
         )
         n = max(0, int(np.ceil((stop - start) / step)))
         out = self._empty((n,), dt)
-        self._k_generate(out, lambda: np.arange(n, dtype=np.float64) * step + start)
+        self.kernels.generate(out, lambda: np.arange(n, dtype=np.float64) * step + start)
         return out
 
     def eye(self, n: int, m: int | None = None, dtype: DType | str = DType.F32) -> Tensor:
         n = check_int(n, "n", minimum=0)
         m = n if m is None else check_int(m, "m", minimum=0)
         out = self.empty((n, m), dtype)
-        self._k_generate(out, lambda: np.eye(n, m))
+        self.kernels.generate(out, lambda: np.eye(n, m))
         return out
 
     def from_host(self, data: Any, dtype: DType | str | None = None) -> Tensor:
@@ -114,7 +113,7 @@ class TensorFactory(OpsBase):
             dt = DType.from_any(dtype)
         dt = check_dtype(self.backend, dt)
         out = self._empty(check_shape(arr.shape), dt)
-        self._k_from_host(out, arr)
+        self.kernels.from_host(out, arr)
         return out
 
     def uniform(
@@ -132,7 +131,7 @@ class TensorFactory(OpsBase):
             raise InvalidArgumentError(f"uniform: high ({hi}) must be >= low ({lo})")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
         out = self._empty(dims, dt)
-        self._k_generate(out, lambda: np.random.default_rng(seed).uniform(lo, hi, size=dims))
+        self.kernels.generate(out, lambda: np.random.default_rng(seed).uniform(lo, hi, size=dims))
         return out
 
     def normal(
@@ -150,7 +149,7 @@ class TensorFactory(OpsBase):
             raise InvalidArgumentError(f"normal: std must be >= 0; got {sd}")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "normal")
         out = self._empty(dims, dt)
-        self._k_generate(out, lambda: np.random.default_rng(seed).normal(mu, sd, size=dims))
+        self.kernels.generate(out, lambda: np.random.default_rng(seed).normal(mu, sd, size=dims))
         return out
 
     def _float_dtype(self, dtype: DType | str, op: str) -> DType:
@@ -175,20 +174,3 @@ class TensorFactory(OpsBase):
             raise InvalidArgumentError(f"to_device takes a Tensor; got {type(x).__name__}")
         host = await x.to_host()
         return self.from_host(host, dtype=x.dtype)
-
-    @abstractmethod
-    def _k_fill(self, out: Tensor, value: int | float | bool) -> None: ...
-
-    def _k_generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
-        """Fill ``out`` with the host array ``make()`` returns (random numbers, ranges).
-
-        The default makes it now and copies it with ``_k_from_host``; a backend may instead run
-        ``make`` in stream order off the caller's thread (large random tensors take a while).
-        """
-        self._k_from_host(out, make())
-
-    @abstractmethod
-    def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
-        """Copy ``array`` (any dtype, same shape; cast with NumPy's unsafe casting) into ``out``.
-
-        Must snapshot ``array`` before returning."""

@@ -1,39 +1,43 @@
-"""``KernelOps``: optional fused kernels for transformer inference.
+"""``KernelOps``: fused kernels for transformer inference, with compositions behind them.
 
-A backend's ``kernel_ops`` is None, or a :class:`KernelOps` holding six sub-interfaces, any of
-which may be None where the backend has no fused kernel for that group:
+``backend.kernel_ops`` is always present. Each of its twelve ops runs the backend's fused kernel
+(:class:`accelkit.sdk.FusedKernels`) where the backend has one, and otherwise the core's
+composition of TensorOps calls with the same contract (:mod:`accelkit._core.composite`):
 
-============== ============================================================
-norm_ops       rms_norm, rms_norm_residual, layer_norm
-position_ops   rotary_embedding
-attention_ops  attention (grouped KV heads), paged_attention (block table)
-activation_ops silu_mul, gelu
-linear_ops     linear, quantized_linear (GGML q8_0 and q4_0 blocks)
-sampling_ops   argmax, sample_token
-============== ============================================================
+================ ============================================================
+norms            rms_norm, rms_norm_residual, layer_norm
+positions        rotary_embedding
+attention        attention (grouped KV heads), paged_attention (block table)
+activations      silu_mul, gelu
+linear           linear, quantized_linear (GGML q8_0 and q4_0 blocks)
+sampling         argmax, sample_token
+================ ============================================================
 
-Every op has a composition of TensorOps calls with the same contract in
-:mod:`accelkit._core.composite`; :class:`accelkit._core.dispatch.KernelDispatcher` runs the fused
-kernel where the backend has one and the composition otherwise, and records which ran. A fused
-kernel exists to be faster (fewer launches, fewer temporaries), never to compute something else.
+A fused kernel exists to be faster (fewer launches, fewer temporaries), never to compute
+something else. A fused kernel that refuses a call with
+:class:`~accelkit.errors.UnsupportedOperationError` (a dtype it lacks, say) is retried as the
+composition: a call that raises has changed nothing, so the retry is safe. Bad arguments raise the
+same InvalidArgumentError on both routes and are not retried. Every call records its route
+(:class:`accelkit.routes.Route`, the shape fallbacks are recorded in too) in ``last_route`` and
+``routes`` and logs it at debug level on the ``accelkit.kernel_ops`` logger.
 
 As on TensorOps, every public method is a *submission*: it validates its arguments (once for every
 backend, with :mod:`accelkit._core.kernel_validation`, which the compositions share), allocates
 the outputs, enqueues the work on the current stream and returns at once; a call that raises has
-changed nothing. Backends implement the ``_k_*`` hooks, which receive validated inputs and
-allocated outputs and must enqueue work that writes the outputs in stream order. Errors that
-depend on tensor *values* (a block id or token id out of range) can only be seen by the kernel;
-they are raised when the result is awaited. F16 and BF16 inputs are computed in F32 and rounded
-once.
+changed nothing. Errors that depend on tensor *values* (a block id or token id out of range) can
+only be seen by the kernel; they are raised when the result is awaited. F16 and BF16 inputs are
+computed in F32 and rounded once.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-import numpy as np
-
+from accelkit._core import composite
+from accelkit._core.composite import GUMBEL_UNIFORM_MAX, rotary_inv_freq
+from accelkit._core.kernel_api import FusedKernels
 from accelkit._core.kernel_validation import (
     GeluApproximation,
     SamplingParams,
@@ -52,52 +56,104 @@ from accelkit._core.ops.base import OpsBase
 from accelkit._core.ops.linalg import LinalgOps
 from accelkit._core.ops.nn import NNOps
 from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.quant import QuantFormat
+from accelkit.routes import Route, RouteName
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
+    from accelkit._core.kernel_api import FusedKernels
     from accelkit.abc.backend import ComputeBackend
 
 __all__ = [
     "GUMBEL_UNIFORM_MAX",
     "KERNEL_OPS",
     "KERNEL_OP_GROUPS",
-    "ActivationOps",
-    "AttentionOps",
     "GeluApproximation",
     "KernelOps",
-    "LinearOps",
-    "NormOps",
-    "PositionOps",
-    "SamplingOps",
     "SamplingParams",
     "rotary_inv_freq",
 ]
 
-#: sample_token clamps its uniform noise to the largest float32 below 1, so that the Gumbel
-#: transform ``-log(-log(u))`` stays finite.
-GUMBEL_UNIFORM_MAX = float(np.nextafter(np.float32(1), np.float32(0)))
+logger = logging.getLogger("accelkit.kernel_ops")
+_T = TypeVar("_T")
 
 
-def rotary_inv_freq(head_dim: int, base: float) -> np.ndarray[tuple[int], np.dtype[np.float64]]:
-    """The rotary frequencies ``base ** (-2i / head_dim)`` for ``i < head_dim / 2`` (float64).
+class KernelOps(OpsBase[FusedKernels]):
+    """A backend's KernelOps (see the module docstring).
 
-    Every implementation converts them to its compute dtype (F32, or F64 for F64 input) and
-    takes angles as ``position * frequency`` in that dtype, as the Hugging Face Llama code does.
+    ``prefer="composed"`` always runs the compositions, e.g. to check a fused kernel against
+    them (:meth:`composed` makes such a twin).
     """
-    return 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
 
+    __slots__ = ("_fused", "last_route", "prefer", "routes")
 
-# -- the interfaces -------------------------------------------------------------------------------
-class NormOps(OpsBase):
-    """Normalizations over the last axis (same contracts as the TensorOps norms)."""
+    def __init__(
+        self, backend: ComputeBackend, kernels: FusedKernels, prefer: RouteName = "fused"
+    ) -> None:
+        if prefer not in ("fused", "composed"):
+            raise InvalidArgumentError(f"prefer must be 'fused' or 'composed'; got {prefer!r}")
+        super().__init__(backend, kernels)
+        self.prefer: RouteName = prefer
+        self._fused = kernels.fused_ops if prefer == "fused" else frozenset()
+        #: The route of the most recent successful call (None before the first).
+        self.last_route: Route | None = None
+        #: Calls per op and route: ``{"rms_norm": {"fused": 3, "composed": 0}}``.
+        self.routes: dict[str, dict[RouteName, int]] = {}
 
+    @property
+    def ops(self) -> frozenset[str]:
+        """The ops this backend runs as fused kernels (the rest run as compositions)."""
+        return self.kernels.fused_ops
+
+    def composed(self) -> KernelOps:
+        """A twin that always runs the compositions (its own route records)."""
+        return KernelOps(self.backend, self.kernels, prefer="composed")
+
+    def _run(self, op: str, fused: Callable[[], _T], composed: Callable[[], _T]) -> _T:
+        if op not in self._fused:
+            reason = (
+                "prefer='composed'"
+                if self.prefer == "composed"
+                else f"{self.backend.name} has no fused {op}"
+            )
+        else:
+            try:
+                result = fused()
+            except UnsupportedOperationError as exc:
+                reason = f"the fused kernel refused: {exc}"
+            else:
+                self._record(op, "fused", f"{self.backend.name} fused {op}")
+                return result
+        result = composed()
+        self._record(op, "composed", reason)
+        return result
+
+    def _record(self, op: str, route: RouteName, reason: str) -> None:
+        self.last_route = Route(op=op, backend=self.backend.name, route=route, reason=reason)
+        counts = self.routes.get(op)
+        if counts is None:
+            counts = self.routes[op] = {"fused": 0, "composed": 0}
+        counts[route] += 1
+        logger.debug("%s on %s: %s (%s)", op, self.backend.name, route, reason)
+
+    def __repr__(self) -> str:
+        fused = sorted(self.kernels.fused_ops)
+        return f"<KernelOps of {self.backend.name}: fused {', '.join(fused) or 'none'}>"
+
+    # -- norms ------------------------------------------------------------------------------------
     def rms_norm(self, x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
-        eps_ = check_norm(self.backend, "rms_norm", x, eps, weight=weight)
-        out = self._empty(x._shape, x._dtype)
-        self._k_rms_norm(x, weight, eps_, out)
-        return out
+
+        def fused() -> Tensor:
+            eps_ = check_norm(self.backend, "rms_norm", x, eps, weight=weight)
+            out = self._empty(x._shape, x._dtype)
+            self.kernels.rms_norm(x, weight, eps_, out)
+            return out
+
+        return self._run(
+            "rms_norm", fused, lambda: composite.rms_norm(self.backend, x, weight, eps)
+        )
 
     def rms_norm_residual(
         self, x: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float = 1e-6
@@ -108,11 +164,18 @@ class NormOps(OpsBase):
         ``summed`` (in x's dtype) is the next layer's residual; ``normed`` is computed from it
         as stored, so the pair equals the two separate ops exactly.
         """
-        eps_ = check_rms_norm_residual(self.backend, x, residual, weight, eps)
-        normed = self._empty(x._shape, x._dtype)
-        summed = self._empty(x._shape, x._dtype)
-        self._k_rms_norm_residual(x, residual, weight, eps_, normed, summed)
-        return normed, summed
+
+        def fused() -> tuple[Tensor, Tensor]:
+            eps_ = check_rms_norm_residual(self.backend, x, residual, weight, eps)
+            normed = self._empty(x._shape, x._dtype)
+            summed = self._empty(x._shape, x._dtype)
+            self.kernels.rms_norm_residual(x, residual, weight, eps_, normed, summed)
+            return normed, summed
+
+        return self._run(
+            "rms_norm_residual", fused,
+            lambda: composite.rms_norm_residual(self.backend, x, residual, weight, eps),
+        )  # fmt: skip
 
     def layer_norm(
         self,
@@ -122,32 +185,19 @@ class NormOps(OpsBase):
         eps: float = 1e-5,
     ) -> Tensor:
         """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis."""
-        eps_ = check_norm(self.backend, "layer_norm", x, eps, weight=weight, bias=bias)
-        out = self._empty(x._shape, x._dtype)
-        self._k_layer_norm(x, weight, bias, eps_, out)
-        return out
 
-    @abstractmethod
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None: ...
+        def fused() -> Tensor:
+            eps_ = check_norm(self.backend, "layer_norm", x, eps, weight=weight, bias=bias)
+            out = self._empty(x._shape, x._dtype)
+            self.kernels.layer_norm(x, weight, bias, eps_, out)
+            return out
 
-    @abstractmethod
-    def _k_rms_norm_residual(
-        self,
-        x: Tensor,
-        residual: Tensor,
-        weight: Tensor | None,
-        eps: float,
-        normed: Tensor,
-        summed: Tensor,
-    ) -> None: ...
+        return self._run(
+            "layer_norm", fused,
+            lambda: composite.layer_norm(self.backend, x, weight, bias, eps),
+        )  # fmt: skip
 
-    @abstractmethod
-    def _k_layer_norm(
-        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
-    ) -> None: ...
-
-
-class PositionOps(OpsBase):
+    # -- positions --------------------------------------------------------------------------------
     def rotary_embedding(
         self,
         x: Tensor,
@@ -163,18 +213,19 @@ class PositionOps(OpsBase):
         is at position ``offset + s``, or ``positions[s]`` (``positions[b, s]``) when given (I32
         or I64, [seq] or [batch, seq]). Output has x's shape and dtype.
         """
-        base_, offset_ = check_rotary(self.backend, x, positions, base, offset)
-        out = self._empty(x._shape, x._dtype)
-        self._k_rotary_embedding(x, positions, base_, offset_, out)
-        return out
 
-    @abstractmethod
-    def _k_rotary_embedding(
-        self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
-    ) -> None: ...
+        def fused() -> Tensor:
+            base_, offset_ = check_rotary(self.backend, x, positions, base, offset)
+            out = self._empty(x._shape, x._dtype)
+            self.kernels.rotary_embedding(x, positions, base_, offset_, out)
+            return out
 
+        return self._run(
+            "rotary_embedding", fused,
+            lambda: composite.rotary_embedding(self.backend, x, positions, base, offset),
+        )  # fmt: skip
 
-class AttentionOps(OpsBase):
+    # -- attention --------------------------------------------------------------------------------
     def attention(
         self,
         q: Tensor,
@@ -186,11 +237,16 @@ class AttentionOps(OpsBase):
         mask: Tensor | None = None,
     ) -> Tensor:
         """Scaled dot-product attention with TensorOps.attention's contract (grouped KV heads,
-        ``causal`` aligned to the last key, bool or additive ``mask``).
-        """
-        # One place for the checks: NNOps.attention's body needs only ``backend``, ``_empty`` and
-        # a ``_k_attention`` hook, which this class declares with NNOps's signature.
-        return NNOps.attention(self, q, k, v, scale=scale, causal=causal, mask=mask)  # type: ignore[arg-type]
+        ``causal`` aligned to the last key, bool or additive ``mask``)."""
+        # One place for the checks: NNOps.attention's body needs only ``backend``, ``_empty``
+        # and ``kernels.attention``, which FusedKernels declares with TensorKernels's signature.
+        return self._run(
+            "attention",
+            lambda: NNOps.attention(self, q, k, v, scale=scale, causal=causal, mask=mask),  # type: ignore[arg-type]
+            lambda: composite.attention(
+                self.backend, q, k, v, scale=scale, causal=causal, mask=mask
+            ),
+        )
 
     def paged_attention(
         self,
@@ -212,66 +268,52 @@ class AttentionOps(OpsBase):
         ``block_table`` past a sequence's length are never read. A sequence of length 0 gets
         zeros. Output [batch, heads, head_dim].
         """
-        sc = check_paged_attention(
-            self.backend, q, k_cache, v_cache, block_table, context_lens, scale
-        )
-        out = self._empty(q._shape, q._dtype)
-        self._k_paged_attention(q, k_cache, v_cache, block_table, context_lens, sc, out)
-        return out
+        args = (q, k_cache, v_cache, block_table, context_lens)
 
-    @abstractmethod
-    def _k_attention(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        out: Tensor,
-        scale: float,
-        causal: bool,
-    ) -> None: ...
+        def fused() -> Tensor:
+            sc = check_paged_attention(self.backend, *args, scale)
+            out = self._empty(q._shape, q._dtype)
+            self.kernels.paged_attention(*args, sc, out)
+            return out
 
-    @abstractmethod
-    def _k_paged_attention(
-        self,
-        q: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        block_table: Tensor,
-        context_lens: Tensor,
-        scale: float,
-        out: Tensor,
-    ) -> None: ...
+        return self._run(
+            "paged_attention", fused,
+            lambda: composite.paged_attention(self.backend, *args, scale),
+        )  # fmt: skip
 
-
-class ActivationOps(OpsBase):
+    # -- activations ------------------------------------------------------------------------------
     def silu_mul(self, gate: Tensor, up: Tensor) -> Tensor:
         """``silu(gate) * up`` (the SwiGLU feed-forward gate); same shapes and dtypes."""
-        check_silu_mul(self.backend, gate, up)
-        out = self._empty(gate._shape, gate._dtype)
-        self._k_silu_mul(gate, up, out)
-        return out
+
+        def fused() -> Tensor:
+            check_silu_mul(self.backend, gate, up)
+            out = self._empty(gate._shape, gate._dtype)
+            self.kernels.silu_mul(gate, up, out)
+            return out
+
+        return self._run("silu_mul", fused, lambda: composite.silu_mul(self.backend, gate, up))
 
     def gelu(self, x: Tensor, approximate: GeluApproximation = "none") -> Tensor:
         """GELU: exact ``x * Phi(x)``, or with ``approximate="tanh"`` the tanh form."""
-        approx = check_gelu(self.backend, x, approximate)
-        out = self._empty(x._shape, x._dtype)
-        self._k_gelu(x, approx, out)
-        return out
 
-    @abstractmethod
-    def _k_silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None: ...
+        def fused() -> Tensor:
+            approx = check_gelu(self.backend, x, approximate)
+            out = self._empty(x._shape, x._dtype)
+            self.kernels.gelu(x, approx, out)
+            return out
 
-    @abstractmethod
-    def _k_gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None: ...
+        return self._run("gelu", fused, lambda: composite.gelu(self.backend, x, approximate))
 
-
-class LinearOps(OpsBase):
+    # -- linear -----------------------------------------------------------------------------------
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """``x @ weight.T + bias`` with TensorOps.linear's contract (dtypes promote)."""
-        # One place for the checks (see AttentionOps.attention): LinalgOps.linear's body needs
-        # only ``backend``, ``_empty`` and the ``_k_linear`` hook declared here.
-        return LinalgOps.linear(self, x, weight, bias)  # type: ignore[arg-type]
+        # One place for the checks (see attention): LinalgOps.linear's body needs only
+        # ``backend``, ``_empty`` and ``kernels.linear``.
+        return self._run(
+            "linear",
+            lambda: LinalgOps.linear(self, x, weight, bias),  # type: ignore[arg-type]
+            lambda: composite.linear(self.backend, x, weight, bias),
+        )
 
     def quantized_linear(
         self,
@@ -289,35 +331,29 @@ class LinearOps(OpsBase):
         dtype. Output [..., out] of x's dtype. The weight is expanded in x's compute dtype (F32
         for F16/BF16) and never materialized whole where the backend can avoid it.
         """
-        fmt = check_quantized_linear(self.backend, x, qweight, scales, bias, format)
-        out = self._empty((*x._shape[:-1], qweight._shape[0]), x._dtype)
-        self._k_quantized_linear(x, qweight, scales, bias, fmt, out)
-        return out
 
-    @abstractmethod
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None: ...
+        def fused() -> Tensor:
+            fmt = check_quantized_linear(self.backend, x, qweight, scales, bias, format)
+            out = self._empty((*x._shape[:-1], qweight._shape[0]), x._dtype)
+            self.kernels.quantized_linear(x, qweight, scales, bias, fmt, out)
+            return out
 
-    @abstractmethod
-    def _k_quantized_linear(
-        self,
-        x: Tensor,
-        qweight: Tensor,
-        scales: Tensor,
-        bias: Tensor | None,
-        format: QuantFormat,
-        out: Tensor,
-    ) -> None: ...
+        return self._run(
+            "quantized_linear", fused,
+            lambda: composite.quantized_linear(self.backend, x, qweight, scales, bias, format),
+        )  # fmt: skip
 
-
-class SamplingOps(OpsBase):
-    """Choosing the next token from logits [batch, vocab] (or [vocab])."""
-
+    # -- sampling ---------------------------------------------------------------------------------
     def argmax(self, logits: Tensor) -> Tensor:
         """Index of the largest logit per row (the first on ties): I64 [batch] (0-d for [vocab])."""
-        check_logits(self.backend, "argmax", logits)
-        out = self._empty(logits._shape[:-1], DType.I64)
-        self._k_argmax(logits, out)
-        return out
+
+        def fused() -> Tensor:
+            check_logits(self.backend, "argmax", logits)
+            out = self._empty(logits._shape[:-1], DType.I64)
+            self.kernels.argmax(logits, out)
+            return out
+
+        return self._run("argmax", fused, lambda: composite.argmax(self.backend, logits))
 
     def sample_token(
         self,
@@ -342,60 +378,15 @@ class SamplingOps(OpsBase):
         on every backend and every route (up to float rounding at exact ties); vary the seed per
         step. Logits must be finite or -inf, with at least one finite per row.
         """
-        params = check_sampling(
-            self.backend, logits, previous_tokens, temperature, top_k, top_p,
-            repetition_penalty, seed,
-        )  # fmt: skip
-        out = self._empty(logits._shape[:-1], DType.I64)
-        self._k_sample_token(logits, previous_tokens, params, out)
-        return out
+        args = (logits, temperature, top_k, top_p, repetition_penalty, previous_tokens, seed)
 
-    @abstractmethod
-    def _k_argmax(self, logits: Tensor, out: Tensor) -> None: ...
+        def fused() -> Tensor:
+            params = check_sampling(
+                self.backend, logits, previous_tokens, temperature, top_k, top_p,
+                repetition_penalty, seed,
+            )  # fmt: skip
+            out = self._empty(logits._shape[:-1], DType.I64)
+            self.kernels.sample_token(logits, previous_tokens, params, out)
+            return out
 
-    @abstractmethod
-    def _k_sample_token(
-        self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
-    ) -> None: ...
-
-
-class KernelOps:
-    """A backend's fused kernels: six sub-interfaces, each an instance or None.
-
-    A None sub-interface means the backend has no fused kernels for that group; callers that want
-    the op regardless use :class:`accelkit._core.dispatch.KernelDispatcher`, which falls back to
-    the TensorOps composition.
-    """
-
-    def __init__(
-        self,
-        backend: ComputeBackend,
-        *,
-        norm_ops: NormOps | None = None,
-        position_ops: PositionOps | None = None,
-        attention_ops: AttentionOps | None = None,
-        activation_ops: ActivationOps | None = None,
-        linear_ops: LinearOps | None = None,
-        sampling_ops: SamplingOps | None = None,
-    ) -> None:
-        self.backend = backend
-        self.norm_ops = norm_ops
-        self.position_ops = position_ops
-        self.attention_ops = attention_ops
-        self.activation_ops = activation_ops
-        self.linear_ops = linear_ops
-        self.sampling_ops = sampling_ops
-
-    @property
-    def ops(self) -> frozenset[str]:
-        """Names of the ops this backend runs as fused kernels (its sub-interfaces' ops)."""
-        return frozenset(
-            op
-            for group, names in KERNEL_OP_GROUPS.items()
-            if getattr(self, group) is not None
-            for op in names
-        )
-
-    def __repr__(self) -> str:
-        present = [g for g in KERNEL_OP_GROUPS if getattr(self, g) is not None]
-        return f"<{type(self).__name__} of {self.backend.name}: {', '.join(present) or 'none'}>"
+        return self._run("sample_token", fused, lambda: composite.sample_token(self.backend, *args))

@@ -5,9 +5,10 @@ allocates the output, enqueues the work on the current stream and returns the ou
 once, as a CUDA launch does. Nothing is computed yet when it returns; results are observed by
 awaiting a transfer, an event or ``synchronize``. A call that raises has changed nothing.
 
-Backends implement the ``_k_*`` kernel hooks, which receive validated inputs and allocated
-outputs and must enqueue (not run to completion on the caller's thread, unless the work is small
-and the stream idle) work that writes the outputs. The parts live in ``accelkit._core.ops``:
+Backends implement :class:`accelkit.sdk.TensorKernels`, whose methods receive validated inputs
+and allocated outputs and must enqueue (not run to completion on the caller's thread, unless the
+work is small and the stream idle) work that writes the outputs. The parts live in
+``accelkit._core.ops``:
 elementwise, linalg, reduction, shape, nn and image (image ops are compositions a backend may
 replace with fused kernels).
 """
@@ -26,4 +27,7 @@ __all__ = ["BINARY_OPS", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS", "Operand", "Te
 
 
 class TensorOps(ElementwiseOps, LinalgOps, ReductionOps, ShapeOps, NNOps, ImageOps):
-    """All tensor operations of one backend (see the module docstring)."""
+    """All tensor operations of one backend (see the module docstring): built by
+    :meth:`~accelkit.abc.ComputeBackend.install_kernels` over the backend's TensorKernels."""
+
+    __slots__ = ()

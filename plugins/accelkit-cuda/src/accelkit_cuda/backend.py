@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 
-from accelkit._core.queued_backend import QueuedBackend
 from accelkit.capabilities import BackendCapabilities, LifecycleState
 from accelkit.device import Device
 from accelkit.errors import (
@@ -18,6 +17,7 @@ from accelkit.errors import (
     DeviceError,
 )
 from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk import QueuedBackend
 from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
 from accelkit_cuda.errors import RebuildLimiter
 from accelkit_cuda.probe import capabilities, cupy_status
@@ -103,11 +103,11 @@ class CUDABackend(QueuedBackend):
 
     def _build(self, device: Device, props: DeviceProps) -> None:
         """Everything that lives in the CUDA context (again after a rebuild)."""
-        from accelkit_cuda.factory import CUDATensorFactory
-        from accelkit_cuda.kernel_ops import CUDAKernelOps, FusedProgram
+        from accelkit_cuda.factory import CUDAFactoryKernels
+        from accelkit_cuda.kernel_ops import CUDAFusedKernels, FusedProgram
         from accelkit_cuda.kernels import CUDAKernelExecutor
         from accelkit_cuda.memory import CUDAMemoryManager
-        from accelkit_cuda.ops import CUDATensorOps
+        from accelkit_cuda.ops import CUDATensorKernels
 
         with self._cp_device:
             self._default = CUDAStream(device, f"{device}/default", self._failed)
@@ -116,11 +116,11 @@ class CUDABackend(QueuedBackend):
             self, device, props.total_memory, self._pool_config
         )
         self._pool = self._memory_manager.pool
-        self._tensor_ops = CUDATensorOps(self)
-        self._tensor_factory = CUDATensorFactory(self)
         self._kernel_executor = CUDAKernelExecutor(self)
         self._fused = FusedProgram(self)
-        self._kernel_ops = CUDAKernelOps(self)
+        self.install_kernels(
+            CUDATensorKernels(self), CUDAFactoryKernels(self), CUDAFusedKernels(self)
+        )
 
     async def _synchronize(self) -> None:
         for stream in list(self._streams):

@@ -7,17 +7,17 @@ from typing import Any
 import cupy
 import numpy as np
 
-from accelkit.abc.factory import TensorFactory
-from accelkit.backends.cpu.numpy_elementwise import assign
+from accelkit.sdk import FactoryKernels
+from accelkit.sdk import host_assign as assign
 from accelkit.tensor import Tensor
 from accelkit_cuda.memory import pinned_empty
 from accelkit_cuda.submit import CUDAComponent
 
-__all__ = ["CUDATensorFactory"]
+__all__ = ["CUDAFactoryKernels"]
 
 
-class CUDATensorFactory(CUDAComponent, TensorFactory):
-    def _k_fill(self, out: Tensor, value: int | float | bool) -> None:
+class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
+    def fill(self, out: Tensor, value: int | float | bool) -> None:
         if out._size == 0:
             self._skip([out])
             return
@@ -25,7 +25,7 @@ class CUDATensorFactory(CUDAComponent, TensorFactory):
             scalar = np.array(value).astype(out._dtype.to_numpy())
         self._launch(lambda: out._data.fill(scalar), (), (out,), what="fill")
 
-    def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
+    def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         if out._size == 0:
             self._skip([out])
             return

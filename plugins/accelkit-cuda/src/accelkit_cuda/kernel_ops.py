@@ -16,22 +16,16 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from accelkit.abc.kernel_ops import (
-    GUMBEL_UNIFORM_MAX,
-    ActivationOps,
-    AttentionOps,
-    GeluApproximation,
-    KernelOps,
-    LinearOps,
-    NormOps,
-    PositionOps,
-    SamplingOps,
-    SamplingParams,
-    rotary_inv_freq,
-)
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.quant import QuantFormat
+from accelkit.sdk import (
+    GUMBEL_UNIFORM_MAX,
+    FusedKernels,
+    GeluApproximation,
+    SamplingParams,
+    rotary_inv_freq,
+)
 from accelkit.tensor import Tensor
 from accelkit_cuda.cuda_fused import FLASH_ROWS, MAX_DV, SOURCE, flash_shared_bytes
 from accelkit_cuda.submit import CUDAComponent
@@ -39,7 +33,7 @@ from accelkit_cuda.submit import CUDAComponent
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["CUDAKernelOps", "FusedProgram"]
+__all__ = ["CUDAFusedKernels", "FusedProgram"]
 
 _SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64"}
 _THREADS = 256
@@ -123,8 +117,8 @@ class _Fused(CUDAComponent):
         return max(1, min((n + _THREADS - 1) // _THREADS, 65535))
 
 
-class CUDANormOps(_Fused, NormOps):
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+class CUDANormKernels(_Fused):
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         rows, d = self._rows(x)
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
@@ -132,7 +126,7 @@ class CUDANormOps(_Fused, NormOps):
         args = (x._data, _ptr(weight), out._data, np.int64(d), np.float64(eps))
         self._run(fn, rows, _THREADS, args, (x, weight), (out,))
 
-    def _k_rms_norm_residual(
+    def rms_norm_residual(
         self, x: Tensor, residual: Tensor, weight: Tensor | None, eps: float, normed: Tensor,
         summed: Tensor,
     ) -> None:  # fmt: skip
@@ -146,7 +140,7 @@ class CUDANormOps(_Fused, NormOps):
         )  # fmt: skip
         self._run(fn, rows, _THREADS, args, (x, residual, weight), (normed, summed))
 
-    def _k_layer_norm(
+    def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         rows, d = self._rows(x)
@@ -157,8 +151,8 @@ class CUDANormOps(_Fused, NormOps):
         self._run(fn, rows, _THREADS, args, (x, weight, bias), (out,))
 
 
-class CUDAPositionOps(_Fused, PositionOps):
-    def _k_rotary_embedding(
+class CUDAPositionKernels(_Fused):
+    def rotary_embedding(
         self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
     ) -> None:
         b, h, s, d = x._shape
@@ -182,7 +176,7 @@ class CUDAPositionOps(_Fused, PositionOps):
         self._run(fn, self._elementwise_grid(n), _THREADS, args, (x, positions), (out,))
 
 
-class CUDAAttentionOps(_Fused, AttentionOps):
+class CUDAAttentionKernels(_Fused):
     def can_flash(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         if q._dtype not in _SUFFIX or v._shape[3] > MAX_DV or q._size == 0 or k._shape[2] == 0:
             return False
@@ -191,7 +185,7 @@ class CUDAAttentionOps(_Fused, AttentionOps):
         item = 8 if q._dtype is DType.F64 else 4
         return flash_shared_bytes(q._shape[3], v._shape[3], item) <= _SMEM_DEFAULT
 
-    def _k_attention(
+    def attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
         causal: bool,
     ) -> None:  # fmt: skip
@@ -215,7 +209,7 @@ class CUDAAttentionOps(_Fused, AttentionOps):
             fn, grid, 32 * FLASH_ROWS, args, (q, k, v), (out,), flash_shared_bytes(d, dv, item)
         )
 
-    def _k_paged_attention(
+    def paged_attention(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
         context_lens: Tensor, scale: float, out: Tensor,
     ) -> None:  # fmt: skip
@@ -257,8 +251,8 @@ class CUDAAttentionOps(_Fused, AttentionOps):
         self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
 
 
-class CUDAActivationOps(_Fused, ActivationOps):
-    def _k_silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
+class CUDAActivationKernels(_Fused):
+    def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
         n = gate._size
         if n == 0:
             return self._skip([out])
@@ -269,7 +263,7 @@ class CUDAActivationOps(_Fused, ActivationOps):
         )  # fmt: skip
         return None
 
-    def _k_gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
+    def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
         n = x._size
         if n == 0:
             return self._skip([out])
@@ -280,12 +274,12 @@ class CUDAActivationOps(_Fused, ActivationOps):
         return None
 
 
-class CUDALinearOps(_Fused, LinearOps):
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+class CUDALinearKernels(_Fused):
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         # cuBLAS (through TensorOps) is the fused kernel here: one GEMM with the bias added.
-        self.backend.tensor_ops._k_linear(x, weight, bias, out)
+        self.backend.tensor_ops.kernels.linear(x, weight, bias, out)
 
-    def _k_quantized_linear(
+    def quantized_linear(
         self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None,
         format: QuantFormat, out: Tensor,
     ) -> None:  # fmt: skip
@@ -306,15 +300,15 @@ class CUDALinearOps(_Fused, LinearOps):
         self._run(fn, blocks, _THREADS, args, (x, qweight, scales, bias), (out,))
 
 
-class CUDASamplingOps(_Fused, SamplingOps):
-    def _k_argmax(self, logits: Tensor, out: Tensor) -> None:
+class CUDASamplingKernels(_Fused):
+    def argmax(self, logits: Tensor, out: Tensor) -> None:
         rows, d = self._rows(logits)
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty input: the composition handles it")
         fn = self._fn("argmax_rows", logits._dtype)
         self._run(fn, rows, _THREADS, (logits._data, out._data, np.int64(d)), (logits,), (out,))
 
-    def _k_sample_token(
+    def sample_token(
         self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
     ) -> None:
         vocab = logits._shape[-1]
@@ -404,16 +398,13 @@ def _sample(logits: Any, previous: Any, params: SamplingParams, noise: Any, out:
     return flag
 
 
-class CUDAKernelOps(KernelOps):
-    """All six sub-interfaces on the GPU."""
-
-    def __init__(self, backend: CUDABackend) -> None:
-        super().__init__(
-            backend,
-            norm_ops=CUDANormOps(backend),
-            position_ops=CUDAPositionOps(backend),
-            attention_ops=CUDAAttentionOps(backend),
-            activation_ops=CUDAActivationOps(backend),
-            linear_ops=CUDALinearOps(backend),
-            sampling_ops=CUDASamplingOps(backend),
-        )
+class CUDAFusedKernels(
+    CUDANormKernels,
+    CUDAPositionKernels,
+    CUDAAttentionKernels,
+    CUDAActivationKernels,
+    CUDALinearKernels,
+    CUDASamplingKernels,
+    FusedKernels,
+):
+    """Every fused op, from the group mixins above."""

@@ -23,10 +23,15 @@ import anyio
 import cupy
 import numpy as np
 
-from accelkit._core.validation import check_launch_dims, check_tensor
-from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
-from accelkit.abc.memory import DeviceBuffer
 from accelkit.errors import InvalidArgumentError, StaleHandleError, UnsupportedOperationError
+from accelkit.sdk import (
+    DeviceBuffer,
+    KernelExecutor,
+    KernelHandle,
+    KernelInfo,
+    check_launch_dims,
+    check_tensor,
+)
 from accelkit.tensor import Tensor
 from accelkit_cuda.submit import CUDAComponent
 

@@ -21,12 +21,9 @@ from typing import TYPE_CHECKING, Any
 import cupy
 import numpy as np
 
-from accelkit._core.pool import CachingPool
-from accelkit._core.pooled_memory import PooledMemoryManager
-from accelkit._core.validation import check_tensor
-from accelkit.abc.memory import DeviceBuffer
 from accelkit.device import Device
 from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk import CachingPool, DeviceBuffer, PooledMemoryManager, check_tensor
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import translate
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream, wait_event, wait_event_blocking

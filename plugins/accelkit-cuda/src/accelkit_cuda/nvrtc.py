@@ -24,8 +24,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from accelkit._core.env import env_str
 from accelkit.errors import KernelCompileError
+from accelkit.sdk import env_str
 
 __all__ = [
     "Compiled",

@@ -6,13 +6,13 @@ from typing import Any
 
 import cupy as cp
 
-from accelkit.abc.tensor_ops import Operand, TensorOps
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
+from accelkit.sdk import Operand, TensorKernels
 from accelkit.tensor import Tensor
 from accelkit_cuda import cupy_kernels as ck
 from accelkit_cuda.submit import CUDAComponent, xa
 
-__all__ = ["CUDATensorOps", "range_error"]
+__all__ = ["CUDATensorKernels", "range_error"]
 
 
 def range_error(op: str, what: str, low: int, high: int) -> Any:
@@ -22,28 +22,28 @@ def range_error(op: str, what: str, low: int, high: int) -> Any:
     return error
 
 
-class CUDATensorOps(CUDAComponent, TensorOps):
+class CUDATensorKernels(CUDAComponent, TensorKernels):
     # -- elementwise ------------------------------------------------------------------------------
-    def _k_unary(self, op: str, x: Tensor, out: Tensor) -> None:
+    def unary(self, op: str, x: Tensor, out: Tensor) -> None:
         self._launch(lambda: ck.unary(op, x._data, out._data), (x,), (out,), what=op)
 
-    def _k_binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
+    def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         if op == "add" and type(a) is Tensor and type(b) is Tensor and a._dtype is b._dtype:
             self._launch(lambda: cp.add(a._data, b._data, out=out._data), (a, b), (out,), what=op)
             return
         self._launch(lambda: ck.binary(op, xa(a), xa(b), out._data), (a, b), (out,), what=op)
 
-    def _k_where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
+    def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
         self._launch(
             lambda: ck.where(cond._data, xa(a), xa(b), out._data), (cond, a, b), (out,),
             what="where",
         )  # fmt: skip
 
-    def _k_cast(self, x: Tensor, out: Tensor) -> None:
+    def cast(self, x: Tensor, out: Tensor) -> None:
         self._launch(lambda: ck.cast_into(x._data, out._data), (x,), (out,), what="cast")
 
     # -- linear algebra ---------------------------------------------------------------------------
-    def _k_gemm(
+    def gemm(
         self, a: Tensor, b: Tensor, c: Tensor | None, out: Tensor, trans_a: bool, trans_b: bool,
         alpha: float, beta: float,
     ) -> None:  # fmt: skip
@@ -52,17 +52,17 @@ class CUDATensorOps(CUDAComponent, TensorOps):
             (a, b, c), (out,), what="gemm",
         )  # fmt: skip
 
-    def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
+    def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
         self._launch(lambda: ck.matmul(a._data, b._data, out._data), (a, b), (out,), what="matmul")
 
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         self._launch(
             lambda: ck.linear(x._data, weight._data, xa(bias), out._data), (x, weight, bias),
             (out,), what="linear",
         )  # fmt: skip
 
     # -- reductions -------------------------------------------------------------------------------
-    def _k_reduce(
+    def reduce(
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
     ) -> None:
         self._launch(
@@ -70,19 +70,19 @@ class CUDATensorOps(CUDAComponent, TensorOps):
         )
 
     # -- shape ------------------------------------------------------------------------------------
-    def _k_permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
+    def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
         self._launch(
             lambda: cp.copyto(out._data, cp.transpose(x._data, axes)), (x,), (out,),
             what="permute",
         )  # fmt: skip
 
-    def _k_concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
+    def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
         self._launch(
             lambda: cp.concatenate([t._data for t in tensors], axis=axis, out=out._data),
             tensors, (out,), what="concat",
         )  # fmt: skip
 
-    def _k_narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
+    def narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
         def run() -> None:
             index: list[Any] = [slice(None)] * x.ndim
             index[axis] = slice(start, start + out._shape[axis])
@@ -95,7 +95,7 @@ class CUDATensorOps(CUDAComponent, TensorOps):
             tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(index._shape))
         ]
 
-    def _k_gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
+    def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         dim = x._shape[axis]
 
         def run() -> Any:
@@ -109,7 +109,7 @@ class CUDATensorOps(CUDAComponent, TensorOps):
 
         self._launch_checked(run, (x, index), (out,), range_error("gather", "index", -dim, dim))
 
-    def _k_scatter(
+    def scatter(
         self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
     ) -> None:
         dim = x._shape[axis]
@@ -133,7 +133,7 @@ class CUDATensorOps(CUDAComponent, TensorOps):
         )
 
     # -- neural-network ops -----------------------------------------------------------------------
-    def _k_conv2d(
+    def conv2d(
         self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], groups: int,
     ) -> None:  # fmt: skip
@@ -144,17 +144,17 @@ class CUDATensorOps(CUDAComponent, TensorOps):
             (x, weight, bias), (out,), what="conv2d",
         )  # fmt: skip
 
-    def _k_attention(
+    def attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
         causal: bool,
     ) -> None:  # fmt: skip
         kernel_ops = self.backend._kernel_ops
         if kernel_ops is not None and mask is None:
             # The flash kernel: no score matrix in memory at all.
-            flash = kernel_ops.attention_ops
-            if flash is not None and flash.can_flash(q, k, v):  # type: ignore[attr-defined]
+            flash: Any = kernel_ops.kernels
+            if flash.can_flash(q, k, v):
                 try:
-                    flash._k_attention(q, k, v, None, out, scale, causal)
+                    flash.attention(q, k, v, None, out, scale, causal)
                     return
                 except UnsupportedOperationError:
                     pass  # the fused program is unavailable (no NVRTC): cuBLAS below
@@ -163,12 +163,12 @@ class CUDATensorOps(CUDAComponent, TensorOps):
             (q, k, v, mask), (out,), what="attention",
         )  # fmt: skip
 
-    def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
+    def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         self._launch(
             lambda: ck.softmax(x._data, axis, out._data, log), (x,), (out,), what="softmax"
         )
 
-    def _k_layer_norm(
+    def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         self._launch(
@@ -176,13 +176,13 @@ class CUDATensorOps(CUDAComponent, TensorOps):
             (x, weight, bias), (out,), what="layer_norm",
         )  # fmt: skip
 
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._launch(
             lambda: ck.rms_norm(x._data, xa(weight), eps, out._data), (x, weight), (out,),
             what="rms_norm",
         )  # fmt: skip
 
-    def _k_cross_entropy(
+    def cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
     ) -> None:
         n = logits._shape[1]
@@ -193,14 +193,14 @@ class CUDATensorOps(CUDAComponent, TensorOps):
             (logits, targets), (loss, probs), range_error("cross_entropy", "targets", 0, n),
         )  # fmt: skip
 
-    def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
+    def embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
         n = weight._shape[0]
         self._launch_checked(
             lambda: ck.embedding(indices._data, weight._data, out._data),
             (indices, weight), (out,), range_error("embedding", "indices", 0, n),
         )  # fmt: skip
 
-    def _k_adam_update(
+    def adam_update(
         self, param: Tensor, grad: Tensor, m: Tensor, v: Tensor, lr: float, beta1: float,
         beta2: float, eps: float, step: int, weight_decay: float,
     ) -> None:  # fmt: skip

@@ -23,10 +23,9 @@ from typing import Any
 import anyio
 import cupy
 
-from accelkit._core.device_errors import DeviceErrors
-from accelkit.abc.stream import Event, Stream
 from accelkit.device import Device
 from accelkit.errors import AccelError, InvalidArgumentError
+from accelkit.sdk import DeviceErrors, Event, Stream
 from accelkit_cuda.errors import translate
 
 __all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "wait_event", "wait_event_blocking"]

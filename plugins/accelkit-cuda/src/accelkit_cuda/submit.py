@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import cupy
 import numpy as np
 
-from accelkit._core.ops.base import OpsBase
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError, InvalidArgumentError, OutOfMemoryError
 from accelkit.tensor import Tensor
@@ -48,12 +47,15 @@ def depend(stream: CUDAStream, inputs: Iterable[Any]) -> None:
                 stream.cp.wait_event(s.event_now())
 
 
-class CUDAComponent(OpsBase):
+class CUDAComponent:
     """Allocation and submission shared by the CUDA backend's components."""
 
     backend: CUDABackend
 
-    def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+    def __init__(self, backend: CUDABackend) -> None:
+        self.backend = backend
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
         backend = self.backend
         size = 1
         for d in shape:
@@ -67,7 +69,7 @@ class CUDAComponent(OpsBase):
         data = device_array(backend, buf, shape, dtype)
         return Tensor(backend, buf, data, shape, dtype, backend._device_obj, size, stream, 0)
 
-    def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         return Tensor(
             x._backend, x._buffer, x._data.reshape(shape), shape, x._dtype, x._device, x._size,
             x._stream, x._seq,

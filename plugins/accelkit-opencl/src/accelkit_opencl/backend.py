@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 import pyopencl as cl
 
-from accelkit._core.queued_backend import QueuedBackend
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError, UnsupportedOperationError
 from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk import QueuedBackend
 from accelkit_opencl.probe import capabilities, cl_devices
 from accelkit_opencl.programs import KernelRef
 from accelkit_opencl.stream import CLStream, cl_errors
@@ -70,11 +70,11 @@ class OpenCLBackend(QueuedBackend):
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:
-        from accelkit_opencl.factory import OpenCLTensorFactory
-        from accelkit_opencl.kernel_ops import OpenCLKernelOps
+        from accelkit_opencl.factory import OpenCLFactoryKernels
+        from accelkit_opencl.kernel_ops import OpenCLFusedKernels
         from accelkit_opencl.kernels import OpenCLKernelExecutor
         from accelkit_opencl.memory import OpenCLMemoryManager
-        from accelkit_opencl.ops import OpenCLTensorOps
+        from accelkit_opencl.ops import OpenCLTensorKernels
         from accelkit_opencl.programs import ProgramCache
 
         cl_device = cl_devices()[device.index]
@@ -99,10 +99,10 @@ class OpenCLBackend(QueuedBackend):
             self, device, context, int(cl_device.global_mem_size), self._pool_config
         )
         self._pool = self._memory_manager.pool
-        self._tensor_ops = OpenCLTensorOps(self)
-        self._tensor_factory = OpenCLTensorFactory(self)
         self._kernel_executor = OpenCLKernelExecutor(self)
-        self._kernel_ops = OpenCLKernelOps(self)
+        self.install_kernels(
+            OpenCLTensorKernels(self), OpenCLFactoryKernels(self), OpenCLFusedKernels(self)
+        )
 
     async def _synchronize(self) -> None:
         for stream in list(self._streams):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from accelkit._core.env import env_str
+from accelkit.sdk import env_str
 
 __all__ = ["cache_folder", "plugin_version", "use_private_pocl_cache"]
 

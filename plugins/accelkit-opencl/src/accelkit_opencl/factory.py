@@ -16,18 +16,18 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from accelkit.abc.factory import TensorFactory
-from accelkit.backends.cpu.numpy_elementwise import assign
 from accelkit.dtype import DType
+from accelkit.sdk import FactoryKernels
+from accelkit.sdk import host_assign as assign
 from accelkit.tensor import Tensor
 from accelkit_opencl.memory import LARGE_COPY
 from accelkit_opencl.submit import CLComponent
 
-__all__ = ["OpenCLTensorFactory"]
+__all__ = ["OpenCLFactoryKernels"]
 
 
-class OpenCLTensorFactory(CLComponent, TensorFactory):
-    def _k_fill(self, out: Tensor, value: int | float | bool) -> None:
+class OpenCLFactoryKernels(CLComponent, FactoryKernels):
+    def fill(self, out: Tensor, value: int | float | bool) -> None:
         if out._size == 0:
             self._skip([out])
             return
@@ -65,11 +65,11 @@ class OpenCLTensorFactory(CLComponent, TensorFactory):
 
         self._enqueue(run, (), (out,))
 
-    def _k_generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
+    def generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         # Generating a large random tensor takes milliseconds: the submitter does it.
         self._upload(out, make)
 
-    def _k_from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
+    def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         # The snapshot is made now: the caller may reuse `array` at once.
         if out._size == 0:
             self._skip([out])

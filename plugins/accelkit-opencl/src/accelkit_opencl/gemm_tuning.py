@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelkit._core.env import env_str
 from accelkit.dtype import DType
+from accelkit.sdk import env_str
 from accelkit_opencl.caches import cache_folder
 from accelkit_opencl.opencl_linalg import GemmBlock
 

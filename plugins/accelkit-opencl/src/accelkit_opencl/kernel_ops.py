@@ -1,7 +1,7 @@
 """The OpenCL backend's KernelOps: every sub-interface, each hook enqueueing OpenCL kernels.
 
 Ops that TensorOps already runs on this device (rms_norm, layer_norm, attention, linear, gelu,
-argmax) enqueue the same kernels through :class:`~accelkit_opencl.ops.OpenCLTensorOps`'s hooks;
+argmax) enqueue the same kernels through :class:`~accelkit_opencl.ops.OpenCLTensorKernels`'s hooks;
 silu_mul is one generated elementwise kernel; the rest are the kernels of
 :mod:`accelkit_opencl.opencl_fused`. Nothing is computed on the host: the only host data sent
 are constants a kernel reads (rotary frequencies, sample_token's seeded noise, which is the
@@ -17,21 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
-from accelkit.abc.kernel_ops import (
-    ActivationOps,
-    AttentionOps,
-    GeluApproximation,
-    KernelOps,
-    LinearOps,
-    NormOps,
-    PositionOps,
-    SamplingOps,
-    SamplingParams,
-    rotary_inv_freq,
-)
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.quant import QuantFormat
+from accelkit.sdk import FusedKernels, GeluApproximation, SamplingParams, rotary_inv_freq
 from accelkit.tensor import Tensor
 from accelkit_opencl.opencl_elementwise import Operand, elementwise_source
 from accelkit_opencl.opencl_fused import (
@@ -50,13 +39,17 @@ from accelkit_opencl.stream import cl_errors
 from accelkit_opencl.submit import CLComponent, launch
 
 if TYPE_CHECKING:
-    from accelkit_opencl.backend import OpenCLBackend
-    from accelkit_opencl.ops import OpenCLTensorOps
+    from accelkit_opencl.ops import OpenCLTensorKernels
 
 __all__ = [
-    "OpenCLActivationOps", "OpenCLAttentionOps", "OpenCLKernelOps", "OpenCLLinearOps",
-    "OpenCLNormOps", "OpenCLPositionOps", "OpenCLSamplingOps",
-]  # fmt: skip
+    "OpenCLActivationKernels",
+    "OpenCLAttentionKernels",
+    "OpenCLFusedKernels",
+    "OpenCLLinearKernels",
+    "OpenCLNormKernels",
+    "OpenCLPositionKernels",
+    "OpenCLSamplingKernels",
+]
 
 _i64 = np.int64
 
@@ -76,8 +69,8 @@ class _FusedComponent(CLComponent):
                 )
 
     @property
-    def _ops(self) -> OpenCLTensorOps:
-        return self.backend.tensor_ops  # type: ignore[return-value]
+    def _ops(self) -> OpenCLTensorKernels:
+        return self.backend.tensor_ops.kernels  # type: ignore[return-value]
 
     def _enqueue_reporting(
         self,
@@ -122,12 +115,12 @@ def _with_err(
     return run
 
 
-class OpenCLNormOps(_FusedComponent, NormOps):
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+class OpenCLNormKernels(_FusedComponent):
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._supported("rms_norm", x)
-        self._ops._k_rms_norm(x, weight, eps, out)
+        self._ops.rms_norm(x, weight, eps, out)
 
-    def _k_rms_norm_residual(
+    def rms_norm_residual(
         self, x: Tensor, residual: Tensor, weight: Tensor | None, eps: float, normed: Tensor,
         summed: Tensor,
     ) -> None:  # fmt: skip
@@ -148,15 +141,15 @@ class OpenCLNormOps(_FusedComponent, NormOps):
             [x, residual, weight], [normed, summed],
         )  # fmt: skip
 
-    def _k_layer_norm(
+    def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         self._supported("layer_norm", x)
-        self._ops._k_layer_norm(x, weight, bias, eps, out)
+        self._ops.layer_norm(x, weight, bias, eps, out)
 
 
-class OpenCLPositionOps(_FusedComponent, PositionOps):
-    def _k_rotary_embedding(
+class OpenCLPositionKernels(_FusedComponent):
+    def rotary_embedding(
         self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
     ) -> None:
         self._supported("rotary_embedding", x)
@@ -178,15 +171,15 @@ class OpenCLPositionOps(_FusedComponent, PositionOps):
         self._enqueue(launch(kernel, args, (x._size // 2,), None), [x, inv_freq, positions], [out])
 
 
-class OpenCLAttentionOps(_FusedComponent, AttentionOps):
-    def _k_attention(
+class OpenCLAttentionKernels(_FusedComponent):
+    def attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
         causal: bool,
     ) -> None:  # fmt: skip
         self._supported("attention", q, mask)
-        self._ops._k_attention(q, k, v, mask, out, scale, causal)
+        self._ops.attention(q, k, v, mask, out, scale, causal)
 
-    def _k_paged_attention(
+    def paged_attention(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
         context_lens: Tensor, scale: float, out: Tensor,
     ) -> None:  # fmt: skip
@@ -226,8 +219,8 @@ class OpenCLAttentionOps(_FusedComponent, AttentionOps):
         )  # fmt: skip
 
 
-class OpenCLActivationOps(_FusedComponent, ActivationOps):
-    def _k_silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
+class OpenCLActivationKernels(_FusedComponent):
+    def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
         self._supported("silu_mul", gate)
         n = out._size
         if n == 0:
@@ -241,17 +234,17 @@ class OpenCLActivationOps(_FusedComponent, ActivationOps):
         args += [_i64(1)] * 3  # contiguous strides of out, a and b
         self._enqueue(launch(kernel, args, (n,), None), [gate, up], [out])
 
-    def _k_gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
+    def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
         self._supported("gelu", x)
-        self._ops._k_unary("gelu" if approximate == "none" else "gelu_tanh", x, out)
+        self._ops.unary("gelu" if approximate == "none" else "gelu_tanh", x, out)
 
 
-class OpenCLLinearOps(_FusedComponent, LinearOps):
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+class OpenCLLinearKernels(_FusedComponent):
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         self._supported("linear", x, weight, bias, out)
-        self._ops._k_linear(x, weight, bias, out)
+        self._ops.linear(x, weight, bias, out)
 
-    def _k_quantized_linear(
+    def quantized_linear(
         self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None,
         format: QuantFormat, out: Tensor,
     ) -> None:  # fmt: skip
@@ -270,12 +263,12 @@ class OpenCLLinearOps(_FusedComponent, LinearOps):
         self._enqueue(launch(kernel, args, (n_out, rows), None), [x, qweight, scales, bias], [out])
 
 
-class OpenCLSamplingOps(_FusedComponent, SamplingOps):
-    def _k_argmax(self, logits: Tensor, out: Tensor) -> None:
+class OpenCLSamplingKernels(_FusedComponent):
+    def argmax(self, logits: Tensor, out: Tensor) -> None:
         self._supported("argmax", logits)
-        self._ops._k_reduce("argmax", logits, (logits.ndim - 1,), False, out)
+        self._ops.reduce("argmax", logits, (logits.ndim - 1,), False, out)
 
-    def _k_sample_token(
+    def sample_token(
         self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
     ) -> None:
         self._supported("sample_token", logits)
@@ -295,8 +288,8 @@ class OpenCLSamplingOps(_FusedComponent, SamplingOps):
             top_k and not greedy, top_p and not greedy, wg,
         )  # fmt: skip
         kernel = self.backend._kernel(source, "sample")
-        z = self._empty((rows, vocab), ct)
-        p = self._empty((rows, vocab) if top_p and not greedy else (1,), ct)
+        z = self.empty((rows, vocab), ct)
+        p = self.empty((rows, vocab) if top_p and not greedy else (1,), ct)
         t = load_type(ct)
         args: list[Any] = [out._data, logits._data, z._data, p._data]
         inputs: list[Any] = [logits]
@@ -330,16 +323,13 @@ class OpenCLSamplingOps(_FusedComponent, SamplingOps):
         )
 
 
-class OpenCLKernelOps(KernelOps):
-    """All six sub-interfaces, as OpenCL kernels on the backend's command queues."""
-
-    def __init__(self, backend: OpenCLBackend) -> None:
-        super().__init__(
-            backend,
-            norm_ops=OpenCLNormOps(backend),
-            position_ops=OpenCLPositionOps(backend),
-            attention_ops=OpenCLAttentionOps(backend),
-            activation_ops=OpenCLActivationOps(backend),
-            linear_ops=OpenCLLinearOps(backend),
-            sampling_ops=OpenCLSamplingOps(backend),
-        )
+class OpenCLFusedKernels(
+    OpenCLNormKernels,
+    OpenCLPositionKernels,
+    OpenCLAttentionKernels,
+    OpenCLActivationKernels,
+    OpenCLLinearKernels,
+    OpenCLSamplingKernels,
+    FusedKernels,
+):
+    """Every fused op, from the group mixins above."""

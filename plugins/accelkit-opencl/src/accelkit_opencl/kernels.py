@@ -13,13 +13,18 @@ import anyio
 import numpy as np
 import pyopencl as cl
 
-from accelkit._core.validation import check_launch_dims, check_tensor
-from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
-from accelkit.abc.memory import DeviceBuffer
 from accelkit.errors import (
     InvalidArgumentError,
     StaleHandleError,
     UnsupportedOperationError,
+)
+from accelkit.sdk import (
+    DeviceBuffer,
+    KernelExecutor,
+    KernelHandle,
+    KernelInfo,
+    check_launch_dims,
+    check_tensor,
 )
 from accelkit.tensor import Tensor
 from accelkit_opencl.programs import (

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from accelkit._core.shapes import broadcast_shapes, prod
 from accelkit.dtype import DType
 from accelkit.errors import KernelCompileError, UnsupportedOperationError
+from accelkit.sdk import broadcast_shapes, prod
 from accelkit.tensor import Tensor
 from accelkit_opencl.opencl_linalg import (
     GemmBlock,
@@ -39,7 +39,7 @@ PACKED_MIN_WORK = 64**3
 
 
 class CLLinalgOps(CLComponent):
-    """The linear-algebra hooks of ``OpenCLTensorOps``."""
+    """The linear-algebra hooks of ``OpenCLTensorKernels``."""
 
     def _gemm_launch(
         self,
@@ -164,7 +164,7 @@ class CLLinalgOps(CLComponent):
         ):
             rp = -(-rows // blk) * blk
             nb = nbatch if any(sb) else 1
-            p = self._empty((nb * rp * kp,), dt)
+            p = self.empty((nb * rp * kp,), dt)
             kernel = self.backend._kernel(gemm_pack_source(x._dtype, dt, blk), "pack")
             args = [p._data, x._data, np.int32(rows), np.int32(k), np.int32(kp), _i64(sr)]
             args += [_i64(sk), *batch_args, *(_i64(s) for s in sb), _i64(rp * kp)]
@@ -204,7 +204,7 @@ class CLLinalgOps(CLComponent):
 
         self._enqueue(run, [a, b, c], [out], keepalive=packed)
 
-    def _k_gemm(
+    def gemm(
         self,
         a: Tensor,
         b: Tensor,
@@ -242,7 +242,7 @@ class CLLinalgOps(CLComponent):
             beta,
         )
 
-    def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
+    def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
         a2 = a._shape if a.ndim > 1 else (1, a._shape[0])
         b2 = b._shape if b.ndim > 1 else (b._shape[0], 1)
         m, k, n = a2[-2], a2[-1], b2[-1]
@@ -254,7 +254,7 @@ class CLLinalgOps(CLComponent):
             [sa, sb, (0,) * len(batch)], 1.0, 0.0,
         )  # fmt: skip
 
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         k = weight._shape[1]
         n = weight._shape[0]
         m = x._size // k if k else prod(x._shape[:-1])

@@ -16,13 +16,10 @@ import anyio
 import numpy as np
 import pyopencl as cl
 
-from accelkit._core.pool import CachingPool
-from accelkit._core.pooled_memory import PooledMemoryManager
-from accelkit._core.validation import check_tensor
-from accelkit.abc.memory import DeviceBuffer
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError
 from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk import CachingPool, DeviceBuffer, PooledMemoryManager, check_tensor
 from accelkit.tensor import Tensor
 from accelkit_opencl.stream import CLStream
 from accelkit_opencl.submit import positions

@@ -11,9 +11,9 @@ kind and the value, read back by the command that enqueued them.
 
 from __future__ import annotations
 
-from accelkit.abc.kernel_ops import GUMBEL_UNIFORM_MAX
 from accelkit.dtype import DType
 from accelkit.quant import QuantFormat
+from accelkit.sdk import GUMBEL_UNIFORM_MAX
 from accelkit_opencl.opencl_elementwise import unary_expr
 from accelkit_opencl.opencl_reduction import _tree
 from accelkit_opencl.opencl_types import STORE_TYPES, load_type, pragmas

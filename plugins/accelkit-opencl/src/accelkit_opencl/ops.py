@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from accelkit._core.shapes import prod
-from accelkit.abc.tensor_ops import Operand, TensorOps
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import UnsupportedOperationError
+from accelkit.sdk import Operand, TensorKernels, prod
 from accelkit.tensor import Tensor
 from accelkit_opencl.linalg_ops import CLLinalgOps
 from accelkit_opencl.opencl_attention import attention_key_tile, attention_source
@@ -48,7 +47,7 @@ from accelkit_opencl.opencl_types import (
 from accelkit_opencl.programs import enqueue_kernel
 from accelkit_opencl.submit import CLComponent, launch
 
-__all__ = ["OpenCLTensorOps"]
+__all__ = ["OpenCLTensorKernels"]
 
 _i64 = np.int64
 
@@ -87,7 +86,7 @@ class _Item:
         return type(self.value) is Tensor
 
 
-class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
+class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     # -- the strided elementwise loop every copy-like op runs on ----------------------------------
     def _strided(
         self,
@@ -135,7 +134,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
         return _Item(name, v, compute)
 
     # -- elementwise ------------------------------------------------------------------------------
-    def _k_unary(self, op: str, x: Tensor, out: Tensor) -> None:
+    def unary(self, op: str, x: Tensor, out: Tensor) -> None:
         compute = out._dtype
         self._strided(
             out,
@@ -145,7 +144,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             [self._operand("a", x, compute, out._shape)],
         )
 
-    def _k_binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
+    def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         if out._dtype is DType.BOOL and op in ("eq", "ne", "lt", "le", "gt", "ge"):
             if type(a) is Tensor and type(b) is Tensor:
                 compute = result_type(a._dtype, b._dtype)
@@ -165,7 +164,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             [self._operand("a", a, compute, shape), self._operand("b", b, compute, shape)],
         )
 
-    def _k_where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
+    def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
         compute = out._dtype
         shape = out._shape
         self._strided(
@@ -180,7 +179,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             ],
         )
 
-    def _k_cast(self, x: Tensor, out: Tensor) -> None:
+    def cast(self, x: Tensor, out: Tensor) -> None:
         self._strided(
             out,
             out._shape,
@@ -190,7 +189,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
         )
 
     # -- reductions -------------------------------------------------------------------------------
-    def _k_reduce(
+    def reduce(
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
     ) -> None:
         if out._size == 0:
@@ -228,11 +227,11 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             out, shape, x._dtype, "a", [item], out_strides=out_strides, out_offset=out_offset
         )
 
-    def _k_permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
+    def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
         strides = contiguous_strides(x._shape)
         self._copy(out, x, out._shape, tuple(strides[a] for a in axes))
 
-    def _k_concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
+    def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
         out_strides = contiguous_strides(out._shape)
         position = 0
         wrote = False
@@ -251,11 +250,11 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
         if not wrote:
             self._skip([out])
 
-    def _k_narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
+    def narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
         strides = contiguous_strides(x._shape)
         self._copy(out, x, out._shape, strides, start * strides[axis])
 
-    def _k_gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
+    def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         from accelkit_opencl.opencl_index import checked_launch, gather_source, index_error
 
         n = out._size
@@ -275,7 +274,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             unsigned=index._dtype is DType.U64,
         )
 
-    def _k_scatter(
+    def scatter(
         self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
     ) -> None:
         from accelkit_opencl.opencl_index import checked_launch, index_error, scatter_source
@@ -312,7 +311,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
         )
 
     # -- neural-network ops -----------------------------------------------------------------------
-    def _k_conv2d(
+    def conv2d(
         self,
         x: Tensor,
         weight: Tensor,
@@ -339,7 +338,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
         args += [np.int32(v) for v in dims]
         self._enqueue(launch(kernel, args, (ow, oh, n * o), None), [x, weight, bias], [out])
 
-    def _k_attention(
+    def attention(
         self,
         q: Tensor,
         k: Tensor,
@@ -375,7 +374,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
         global_size = (-(-sq // bq) * bq, b * h)
         self._enqueue(launch(kernel, args, global_size, (bq, 1)), [q, k, v, mask], [out])
 
-    def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
+    def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         if out._size == 0:
             self._skip([out])
             return
@@ -410,22 +409,22 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             launch(kernel, args, ((out._size // d) * wg,), (wg,)), [x, weight, bias], [out]
         )
 
-    def _k_layer_norm(
+    def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         self._norm("layer", x, weight, bias, eps, out)
 
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._norm("rms", x, weight, None, eps, out)
 
-    def _k_cross_entropy(
+    def cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
     ) -> None:
         n, c = logits._shape
         dt = logits._dtype
         wg = self.backend._reduce_wg
-        rows = self._empty((n,), DType.F64 if load_type(dt) == "double" else DType.F32)
-        err = self._empty((2,), DType.I64)
+        rows = self.empty((n,), DType.F64 if load_type(dt) == "double" else DType.F32)
+        err = self.empty((2,), DType.I64)
         ce = self.backend._kernel(cross_entropy_rows_source(dt, targets._dtype, wg), "ce_rows")
         ce_args = [probs._data, rows._data, err._data, logits._data, targets._data, _i64(c)]
 
@@ -444,12 +443,12 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
         self._enqueue(run_rows, [logits, targets], [probs, rows, err], keepalive=[flag])
         self._stream.add_check(probs._seq, check)
         if reduction == "none":
-            self._k_cast(rows, loss)
+            self.cast(rows, loss)
             return
         red = self.backend._kernel(loss_reduce_source(dt, reduction == "mean", wg), "loss_reduce")
         self._enqueue(launch(red, [loss._data, rows._data, _i64(n)], (wg,), (wg,)), [rows], [loss])
 
-    def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
+    def embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
         from accelkit_opencl.opencl_index import checked_launch, embedding_source, index_error
 
         n = out._size
@@ -468,7 +467,7 @@ class OpenCLTensorOps(CLLinalgOps, CLComponent, TensorOps):
             unsigned=indices._dtype is DType.U64,
         )
 
-    def _k_adam_update(
+    def adam_update(
         self,
         param: Tensor,
         grad: Tensor,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from accelkit._core.op_names import BINARY_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
 from accelkit.device import DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
+from accelkit.sdk import BINARY_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
 
 __all__ = ["IMPLEMENTED_OPS", "capabilities", "cl_devices", "device_dtypes", "probe"]
 

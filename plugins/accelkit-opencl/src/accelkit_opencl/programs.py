@@ -31,8 +31,8 @@ from typing import Any
 
 import pyopencl as cl
 
-from accelkit._core.env import env_str
 from accelkit.errors import KernelCompileError
+from accelkit.sdk import env_str
 from accelkit_opencl.caches import cache_folder
 
 __all__ = [

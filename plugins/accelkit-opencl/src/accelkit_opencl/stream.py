@@ -50,11 +50,9 @@ from typing import Any
 import anyio
 import pyopencl as cl
 
-from accelkit._core.device_errors import DeviceErrors
-from accelkit._core.loop import wait_for_callback
-from accelkit.abc.stream import Event, Stream
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
+from accelkit.sdk import DeviceErrors, Event, Stream, wait_for_callback
 
 __all__ = [
     "CLEvent",

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
-from accelkit._core.ops.base import OpsBase
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
 from accelkit_opencl.programs import enqueue_kernel
@@ -44,12 +43,15 @@ def dependencies(stream: CLStream, inputs: Iterable[Any]) -> list[Any]:
     return deps
 
 
-class CLComponent(OpsBase):
+class CLComponent:
     """Allocation and submission shared by the OpenCL backend's components."""
 
     backend: OpenCLBackend
 
-    def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+    def __init__(self, backend: OpenCLBackend) -> None:
+        self.backend = backend
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
         backend = self.backend
         size = 1
         for d in shape:
@@ -61,7 +63,7 @@ class CLComponent(OpsBase):
         assert stream is not None
         return Tensor(backend, buf, buf.handle, shape, dtype, backend._device_obj, size, stream, 0)
 
-    def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         return Tensor(
             x._backend,
             x._buffer,

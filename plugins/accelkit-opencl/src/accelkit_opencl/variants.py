@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelkit._core.env import env_str
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.sdk import env_str
 from accelkit_opencl.caches import cache_folder, plugin_version
 from accelkit_opencl.opencl_linalg import GemmBlock
 

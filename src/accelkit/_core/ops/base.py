@@ -1,31 +1,34 @@
-"""What every part of TensorOps shares: the owning backend and output allocation."""
+"""What every user-facing component shares: the owning backend, its kernel object, and output
+allocation through that kernel object."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
+    from accelkit._core.kernel_api import _Allocating
     from accelkit.abc.backend import ComputeBackend
 
 __all__ = ["OpsBase"]
 
+K = TypeVar("K", bound="_Allocating")
 
-class OpsBase(ABC):
-    """Base of the TensorOps parts (and of KernelOps sub-interfaces). An abstract base: a
-    subclass that leaves an ``@abstractmethod`` hook unimplemented cannot be instantiated (it
-    fails at once, naming the method, instead of computing garbage at run time)."""
 
-    def __init__(self, backend: ComputeBackend) -> None:
+class OpsBase(Generic[K]):
+    """Base of the TensorOps parts, TensorFactory and KernelOps: validation lives in the
+    subclasses, the work in ``kernels`` (a backend's :mod:`accelkit.sdk` kernel object)."""
+
+    __slots__ = ("backend", "kernels")
+
+    def __init__(self, backend: ComputeBackend, kernels: K) -> None:
         self.backend = backend
+        self.kernels: K = kernels
 
-    @abstractmethod
     def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        """Allocate an output tensor (validated shape and dtype) on the backend's device."""
+        return self.kernels.empty(shape, dtype)
 
-    @abstractmethod
     def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        """A tensor sharing ``x``'s buffer with another shape of the same size."""
+        return self.kernels.view(x, shape)

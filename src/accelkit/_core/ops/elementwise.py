@@ -11,8 +11,7 @@ Dtype rules (every backend follows them):
 
 from __future__ import annotations
 
-from abc import abstractmethod
-
+from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.op_names import BINARY_OPS, UNARY_OPS
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes
@@ -42,7 +41,7 @@ def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:
         )
 
 
-class ElementwiseOps(OpsBase):
+class ElementwiseOps(OpsBase[TensorKernels]):
     """``unary``, ``binary``, ``where``, ``cast`` and the named shortcuts."""
 
     # -- generic entry points ---------------------------------------------------------------------
@@ -60,7 +59,7 @@ class ElementwiseOps(OpsBase):
         elif dt is DType.BOOL and op in ("neg", "floor", "ceil", "round"):
             raise InvalidArgumentError(f"{op} is not defined for bool tensors; cast first")
         out = self._empty(x._shape, dt)
-        self._k_unary(op, x, out)
+        self.kernels.unary(op, x, out)
         return out
 
     def binary(self, op: str, a: Operand, b: Operand) -> Tensor:
@@ -106,7 +105,7 @@ class ElementwiseOps(OpsBase):
         if dt not in backend.supported_dtypes:  # only a promotion can leave the supported set
             check_dtype(backend, dt, f"result of {op}")
         out = self._empty(shape, dt)
-        self._k_binary(op, a, b, out)
+        self.kernels.binary(op, a, b, out)
         return out
 
     def where(self, cond: Tensor, a: Operand, b: Operand) -> Tensor:
@@ -133,7 +132,7 @@ class ElementwiseOps(OpsBase):
         check_int_scalar("where", "a", a, dt)
         check_int_scalar("where", "b", b, dt)
         out = self._empty(shape, dt)
-        self._k_where(cond, a, b, out)
+        self.kernels.where(cond, a, b, out)
         return out
 
     def cast(self, x: Tensor, dtype: DType | str) -> Tensor:
@@ -141,21 +140,10 @@ class ElementwiseOps(OpsBase):
         check_tensor(self.backend, x)
         dt = check_dtype(self.backend, dtype)
         out = self._empty(x._shape, dt)
-        self._k_cast(x, out)
+        self.kernels.cast(x, out)
         return out
 
     # -- kernel hooks (backends implement; arguments are validated, outputs allocated) ------------
-    @abstractmethod
-    def _k_unary(self, op: str, x: Tensor, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_cast(self, x: Tensor, out: Tensor) -> None: ...
 
     # -- named shortcuts --------------------------------------------------------------------------
     def add(self, a: Operand, b: Operand) -> Tensor:

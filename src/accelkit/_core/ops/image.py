@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.validation import check_float_param, check_int, check_tensor
 from accelkit.dtype import DType
@@ -26,7 +27,7 @@ __all__ = ["ImageOps"]
 _GRAY = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma
 
 
-class ImageOps(OpsBase):
+class ImageOps(OpsBase[TensorKernels]):
     # These methods are compositions of the other TensorOps parts, which the final class provides.
     # -- layout helpers ---------------------------------------------------------------------------
     def _image(self, img: Tensor, op: str) -> tuple[Tensor, bool, DType]:

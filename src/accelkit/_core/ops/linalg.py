@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
-
+from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes, matmul_shape
 from accelkit._core.validation import check_float_param, check_tensor
@@ -19,7 +18,7 @@ def _numeric(x: Tensor, op: str, name: str) -> None:
         raise InvalidArgumentError(f"{op}: {name} is bool; cast it to a numeric dtype first")
 
 
-class LinalgOps(OpsBase):
+class LinalgOps(OpsBase[TensorKernels]):
     """Matrix products. Low-precision floats (F16, BF16) accumulate in F32."""
 
     def gemm(
@@ -103,7 +102,7 @@ class LinalgOps(OpsBase):
                 )
             dt = result_type(dt, c._dtype)
         out = self._empty(shape, dt)
-        self._k_gemm(a, b, c if beta != 0.0 else None, out, trans_a, trans_b, alpha, beta)
+        self.kernels.gemm(a, b, c if beta != 0.0 else None, out, trans_a, trans_b, alpha, beta)
         return out
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
@@ -114,7 +113,7 @@ class LinalgOps(OpsBase):
         _numeric(b, "matmul", "b")
         shape = matmul_shape(a._shape, b._shape)
         out = self._empty(shape, result_type(a._dtype, b._dtype))
-        self._k_matmul(a, b, out)
+        self.kernels.matmul(a, b, out)
         return out
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -139,24 +138,5 @@ class LinalgOps(OpsBase):
                 )
             dt = result_type(dt, bias._dtype)
         out = self._empty((*x._shape[:-1], weight._shape[0]), dt)
-        self._k_linear(x, weight, bias, out)
+        self.kernels.linear(x, weight, bias, out)
         return out
-
-    @abstractmethod
-    def _k_gemm(
-        self,
-        a: Tensor,
-        b: Tensor,
-        c: Tensor | None,
-        out: Tensor,
-        trans_a: bool,
-        trans_b: bool,
-        alpha: float,
-        beta: float,
-    ) -> None: ...
-
-    @abstractmethod
-    def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None: ...

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
-
+from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.kernel_validation import check_norm
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes, conv2d_output_hw
@@ -26,7 +25,7 @@ __all__ = ["NNOps"]
 PairArg = int | tuple[int, int]
 
 
-class NNOps(OpsBase):
+class NNOps(OpsBase[TensorKernels]):
     def conv2d(
         self,
         x: Tensor,
@@ -71,7 +70,7 @@ class NNOps(OpsBase):
                 raise InvalidArgumentError(f"conv2d: bias must be [{o}]; got {bias._shape}")
         oh, ow = conv2d_output_hw(h, w, kh, kw, s, p, d)
         out = self._empty((n, o, oh, ow), dt)
-        self._k_conv2d(x, weight, bias, out, s, p, d, g)
+        self.kernels.conv2d(x, weight, bias, out, s, p, d, g)
         return out
 
     def attention(
@@ -133,7 +132,7 @@ class NNOps(OpsBase):
                     f"attention: mask must be bool or floating; got {mask._dtype.value}"
                 )
         out = self._empty((bq, h, sq, dv), dt)
-        self._k_attention(q, k, v, mask, out, sc, bool(causal))
+        self.kernels.attention(q, k, v, mask, out, sc, bool(causal))
         return out
 
     def softmax(self, x: Tensor, axis: int = -1) -> Tensor:
@@ -148,7 +147,7 @@ class NNOps(OpsBase):
         ax = check_axis(axis, x.ndim)
         dt = x._dtype if x._dtype.is_floating else DType.F32
         out = self._empty(x._shape, dt)
-        self._k_softmax(x, ax, out, log)
+        self.kernels.softmax(x, ax, out, log)
         return out
 
     def layer_norm(
@@ -162,14 +161,14 @@ class NNOps(OpsBase):
         # Validated before allocating, so that a refusal allocates nothing.
         eps = check_norm(self.backend, "layer_norm", x, eps, weight=weight, bias=bias)
         out = self._empty(x._shape, x._dtype)
-        self._k_layer_norm(x, weight, bias, eps, out)
+        self.kernels.layer_norm(x, weight, bias, eps, out)
         return out
 
     def rms_norm(self, x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
         eps = check_norm(self.backend, "rms_norm", x, eps, weight=weight)
         out = self._empty(x._shape, x._dtype)
-        self._k_rms_norm(x, weight, eps, out)
+        self.kernels.rms_norm(x, weight, eps, out)
         return out
 
     def cross_entropy(
@@ -198,7 +197,7 @@ class NNOps(OpsBase):
             )
         loss = self._empty(() if reduction != "none" else logits._shape[:1], logits._dtype)
         probs = self._empty(logits._shape, logits._dtype)
-        self._k_cross_entropy(logits, targets, reduction, loss, probs)
+        self.kernels.cross_entropy(logits, targets, reduction, loss, probs)
         return loss, probs
 
     def embedding(self, indices: Tensor, weight: Tensor) -> Tensor:
@@ -212,7 +211,7 @@ class NNOps(OpsBase):
         if weight.ndim != 2:
             raise InvalidArgumentError(f"embedding: weight must be [V, D]; got {weight._shape}")
         out = self._empty((*indices._shape, weight._shape[1]), weight._dtype)
-        self._k_embedding(indices, weight, out)
+        self.kernels.embedding(indices, weight, out)
         return out
 
     def adam_update(
@@ -253,66 +252,7 @@ class NNOps(OpsBase):
         eps = check_float_param(eps, "eps", positive=True)
         step = check_int(step, "step", minimum=1)
         weight_decay = check_float_param(weight_decay, "weight_decay")
-        self._k_adam_update(
+        self.kernels.adam_update(
             param, grad, m, v, lr, float(beta1), float(beta2), eps, step, weight_decay
         )
         return param
-
-    @abstractmethod
-    def _k_conv2d(
-        self,
-        x: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        out: Tensor,
-        stride: tuple[int, int],
-        padding: tuple[int, int],
-        dilation: tuple[int, int],
-        groups: int,
-    ) -> None: ...
-
-    @abstractmethod
-    def _k_attention(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        out: Tensor,
-        scale: float,
-        causal: bool,
-    ) -> None: ...
-
-    @abstractmethod
-    def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None: ...
-
-    @abstractmethod
-    def _k_layer_norm(
-        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
-    ) -> None: ...
-
-    @abstractmethod
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_cross_entropy(
-        self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
-    ) -> None: ...
-
-    @abstractmethod
-    def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_adam_update(
-        self,
-        param: Tensor,
-        grad: Tensor,
-        m: Tensor,
-        v: Tensor,
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        step: int,
-        weight_decay: float,
-    ) -> None: ...

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
-
+from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.op_names import REDUCE_OPS
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import reduced_shape
@@ -15,7 +14,7 @@ from accelkit.tensor import Tensor
 __all__ = ["REDUCE_OPS", "ReductionOps"]
 
 
-class ReductionOps(OpsBase):
+class ReductionOps(OpsBase[TensorKernels]):
     """``reduce(op, x, axis=None, keepdims=False)`` and the named shortcuts.
 
     Dtypes: ``sum``/``prod`` of integers or bools give I64 (U64 for unsigned); ``mean`` of
@@ -57,14 +56,8 @@ class ReductionOps(OpsBase):
         else:
             shape = reduced_shape(x._shape, axes, keepdims)
         out = self._empty(shape, dt)
-        self._k_reduce(op, x, axes, keepdims, out)
+        self.kernels.reduce(op, x, axes, keepdims, out)
         return out
-
-    @abstractmethod
-    def _k_reduce(
-        self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
-    ) -> None:
-        """For argmax/argmin with all axes, index into the flattened tensor."""
 
     def sum(
         self, x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False

@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Sequence
 
+from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.shapes import prod
@@ -26,7 +26,7 @@ from accelkit.tensor import Tensor
 __all__ = ["ShapeOps"]
 
 
-class ShapeOps(OpsBase):
+class ShapeOps(OpsBase[TensorKernels]):
     def reshape(self, x: Tensor, shape: Sequence[int] | int) -> Tensor:
         """Same elements, new shape (one dimension may be -1); shares ``x``'s buffer."""
         check_tensor(self.backend, x)
@@ -59,7 +59,7 @@ class ShapeOps(OpsBase):
         if sorted(axes) != list(range(x.ndim)):
             raise InvalidArgumentError(f"permute: dims {tuple(dims)} is not a permutation")
         out = self._empty(tuple(x._shape[a] for a in axes), x._dtype)
-        self._k_permute(x, axes, out)
+        self.kernels.permute(x, axes, out)
         return out
 
     def transpose(self, x: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
@@ -94,7 +94,7 @@ class ShapeOps(OpsBase):
         shape = list(first._shape)
         shape[ax] = sum(t._shape[ax] for t in ts)
         out = self._empty(tuple(shape), first._dtype)
-        self._k_concat(ts, ax, out)
+        self.kernels.concat(ts, ax, out)
         return out
 
     def stack(self, tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
@@ -126,7 +126,7 @@ class ShapeOps(OpsBase):
         shape = list(x._shape)
         shape[ax] = length
         out = self._empty(tuple(shape), x._dtype)
-        self._k_narrow(x, ax, start, out)
+        self.kernels.narrow(x, ax, start, out)
         return out
 
     def split(self, x: Tensor, sections: int | Sequence[int], axis: int = 0) -> list[Tensor]:
@@ -166,7 +166,7 @@ class ShapeOps(OpsBase):
         ax = check_axis(axis, x.ndim)
         self._check_index_shape("gather", x, index, ax)
         out = self._empty(index._shape, x._dtype)
-        self._k_gather(x, ax, index, out)
+        self.kernels.gather(x, ax, index, out)
         return out
 
     def scatter(self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float) -> Tensor:
@@ -194,7 +194,7 @@ class ShapeOps(OpsBase):
                 )
             check_int_scalar("scatter", "src", src, x._dtype)
         out = self._empty(x._shape, x._dtype)
-        self._k_scatter(x, ax, index, src, out)
+        self.kernels.scatter(x, ax, index, src, out)
         return out
 
     @staticmethod
@@ -206,20 +206,3 @@ class ShapeOps(OpsBase):
                 f"{op}: index {index._shape} must have x's rank ({x.ndim}) and no dimension larger"
                 f" than x {x._shape} except along axis {ax}"
             )
-
-    @abstractmethod
-    def _k_permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None: ...
-
-    @abstractmethod
-    def _k_scatter(
-        self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
-    ) -> None: ...

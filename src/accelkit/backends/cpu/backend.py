@@ -54,10 +54,10 @@ class CPUBackend(ComputeBackend):
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:
-        from accelkit.backends.cpu.factory import CPUTensorFactory
-        from accelkit.backends.cpu.kernel_ops import CPUKernelOps
+        from accelkit.backends.cpu.factory import CPUFactoryKernels
+        from accelkit.backends.cpu.kernel_ops import CPUFusedKernels
         from accelkit.backends.cpu.memory import CPUMemoryManager
-        from accelkit.backends.cpu.ops import CPUTensorOps
+        from accelkit.backends.cpu.ops import CPUTensorKernels
 
         self.supported_dtypes = frozenset(DType)
         self._device_obj = device
@@ -65,9 +65,7 @@ class CPUBackend(ComputeBackend):
         self._streams = [self._default]
         self._memory_manager = CPUMemoryManager(self, device, self._pool_config)
         self._pool = self._memory_manager.pool
-        self._tensor_ops = CPUTensorOps(self)
-        self._tensor_factory = CPUTensorFactory(self)
-        self._kernel_ops = CPUKernelOps(self)
+        self.install_kernels(CPUTensorKernels(self), CPUFactoryKernels(self), CPUFusedKernels(self))
         self._kernel_executor = None
 
     async def _synchronize(self) -> None:

@@ -10,41 +10,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelkit.abc.kernel_ops import (
-    ActivationOps,
-    AttentionOps,
-    GeluApproximation,
-    KernelOps,
-    LinearOps,
-    NormOps,
-    PositionOps,
-    SamplingOps,
-    SamplingParams,
-)
 from accelkit.backends.cpu import numpy_elementwise as ew
 from accelkit.backends.cpu import numpy_fused as fused
 from accelkit.backends.cpu import numpy_nn as nn
 from accelkit.backends.cpu.submit import CPUComponent, arr
 from accelkit.quant import QuantFormat
+from accelkit.sdk import FusedKernels, GeluApproximation, SamplingParams
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit.backends.cpu.backend import CPUBackend
+    pass
 
 __all__ = [
-    "CPUActivationOps", "CPUAttentionOps", "CPUKernelOps", "CPULinearOps", "CPUNormOps",
-    "CPUPositionOps", "CPUSamplingOps",
-]  # fmt: skip
+    "CPUActivationKernels",
+    "CPUAttentionKernels",
+    "CPUFusedKernels",
+    "CPULinearKernels",
+    "CPUNormKernels",
+    "CPUPositionKernels",
+    "CPUSamplingKernels",
+]
 
 
-class CPUNormOps(CPUComponent, NormOps):
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+class CPUNormKernels(CPUComponent):
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._launch(
             lambda: nn.rms_norm(x._data, arr(weight), eps, out._data),
             3 * x._size, (x, weight), (out,),
         )  # fmt: skip
 
-    def _k_rms_norm_residual(
+    def rms_norm_residual(
         self, x: Tensor, residual: Tensor, weight: Tensor | None, eps: float, normed: Tensor,
         summed: Tensor,
     ) -> None:  # fmt: skip
@@ -55,7 +50,7 @@ class CPUNormOps(CPUComponent, NormOps):
             4 * x._size, (x, residual, weight), (normed, summed),
         )  # fmt: skip
 
-    def _k_layer_norm(
+    def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         self._launch(
@@ -64,8 +59,8 @@ class CPUNormOps(CPUComponent, NormOps):
         )  # fmt: skip
 
 
-class CPUPositionOps(CPUComponent, PositionOps):
-    def _k_rotary_embedding(
+class CPUPositionKernels(CPUComponent):
+    def rotary_embedding(
         self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
     ) -> None:
         self._launch(
@@ -74,8 +69,8 @@ class CPUPositionOps(CPUComponent, PositionOps):
         )  # fmt: skip
 
 
-class CPUAttentionOps(CPUComponent, AttentionOps):
-    def _k_attention(
+class CPUAttentionKernels(CPUComponent):
+    def attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
         causal: bool,
     ) -> None:  # fmt: skip
@@ -84,7 +79,7 @@ class CPUAttentionOps(CPUComponent, AttentionOps):
             2 * q._size * k._shape[2], (q, k, v, mask), (out,),
         )  # fmt: skip
 
-    def _k_paged_attention(
+    def paged_attention(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
         context_lens: Tensor, scale: float, out: Tensor,
     ) -> None:  # fmt: skip
@@ -98,26 +93,26 @@ class CPUAttentionOps(CPUComponent, AttentionOps):
         )  # fmt: skip
 
 
-class CPUActivationOps(CPUComponent, ActivationOps):
-    def _k_silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
+class CPUActivationKernels(CPUComponent):
+    def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
         self._launch(
             lambda: fused.silu_mul(gate._data, up._data, out._data), 4 * gate._size, (gate, up),
             (out,),
         )  # fmt: skip
 
-    def _k_gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
+    def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
         op = "gelu" if approximate == "none" else "gelu_tanh"
         self._launch(lambda: ew.unary(op, x._data, out._data), 8 * x._size, (x,), (out,))
 
 
-class CPULinearOps(CPUComponent, LinearOps):
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+class CPULinearKernels(CPUComponent):
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         self._launch(
             lambda: nn.linear(x._data, weight._data, arr(bias), out._data),
             out._size * weight._shape[1], (x, weight, bias), (out,),
         )  # fmt: skip
 
-    def _k_quantized_linear(
+    def quantized_linear(
         self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None,
         format: QuantFormat, out: Tensor,
     ) -> None:  # fmt: skip
@@ -129,11 +124,11 @@ class CPULinearOps(CPUComponent, LinearOps):
         )  # fmt: skip
 
 
-class CPUSamplingOps(CPUComponent, SamplingOps):
-    def _k_argmax(self, logits: Tensor, out: Tensor) -> None:
+class CPUSamplingKernels(CPUComponent):
+    def argmax(self, logits: Tensor, out: Tensor) -> None:
         self._launch(lambda: fused.argmax(logits._data, out._data), logits._size, (logits,), (out,))
 
-    def _k_sample_token(
+    def sample_token(
         self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
     ) -> None:
         # Sorting for top-p makes the cost n log n; noise generation alone is ~10 ops/element.
@@ -143,16 +138,13 @@ class CPUSamplingOps(CPUComponent, SamplingOps):
         )  # fmt: skip
 
 
-class CPUKernelOps(KernelOps):
-    """All six sub-interfaces, as NumPy/numexpr kernels on the backend's host streams."""
-
-    def __init__(self, backend: CPUBackend) -> None:
-        super().__init__(
-            backend,
-            norm_ops=CPUNormOps(backend),
-            position_ops=CPUPositionOps(backend),
-            attention_ops=CPUAttentionOps(backend),
-            activation_ops=CPUActivationOps(backend),
-            linear_ops=CPULinearOps(backend),
-            sampling_ops=CPUSamplingOps(backend),
-        )
+class CPUFusedKernels(
+    CPUNormKernels,
+    CPUPositionKernels,
+    CPUAttentionKernels,
+    CPUActivationKernels,
+    CPULinearKernels,
+    CPUSamplingKernels,
+    FusedKernels,
+):
+    """Every fused op, from the group mixins above."""

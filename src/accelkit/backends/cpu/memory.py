@@ -65,7 +65,7 @@ class CPUMemoryManager(PooledMemoryManager):
         data = np.frombuffer(view, np.uint8).copy()
         if isinstance(dst, Tensor):
             await dst._stream.synchronize()
-        self._backend.tensor_factory._launch(  # type: ignore[attr-defined]
+        self._backend.tensor_factory.kernels._launch(  # type: ignore[attr-defined]
             lambda: buf.handle[: data.size].__setitem__(slice(None), data), data.size, (), ()
         )
         await self._backend.current_stream.synchronize()
@@ -86,7 +86,7 @@ class CPUMemoryManager(PooledMemoryManager):
         def run() -> None:
             d.handle[:n] = s.handle[:n]
 
-        self._backend.tensor_factory._launch(run, n, inputs, outputs)  # type: ignore[attr-defined]
+        self._backend.tensor_factory.kernels._launch(run, n, inputs, outputs)  # type: ignore[attr-defined]
 
     # -- tensor transfers -------------------------------------------------------------------------
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:

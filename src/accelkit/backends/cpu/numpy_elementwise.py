@@ -8,21 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from accelkit._core.host_arrays import _LOW, assign, cast_into, up
 
 __all__ = ["assign", "binary", "cast_into", "reduce", "unary", "where"]
 
 Array = np.ndarray[Any, Any]
-_LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _SQRT_2_OVER_PI = 0.7978845608028654
-
-
-def up(x: Any) -> Any:
-    """Low-precision float arrays as F32; everything else unchanged."""
-    if isinstance(x, np.ndarray) and x.dtype in _LOW:
-        return x.astype(np.float32)
-    return x
 
 
 def _erf(x: Array) -> Array:
@@ -157,37 +150,6 @@ def _pow(a: Any, b: Any, out: Array) -> None:
 
 def where(cond: Array, a: Any, b: Any, out: Array) -> None:
     out[...] = np.where(cond, _operand(a, out.dtype), _operand(b, out.dtype))
-
-
-def cast_into(x: Array, out: Array) -> None:
-    """Cast with C semantics: floats to ints truncate toward zero; NaN and out-of-range values
-    become 0 rather than a platform-dependent value."""
-    if out.dtype.kind in "iu" and (x.dtype.kind == "f" or x.dtype in _LOW):  # bf16's kind is "V"
-        info = np.iinfo(out.dtype)
-        with np.errstate(invalid="ignore"):
-            # The truncated value is range-checked in float64 against bounds that are exact there
-            # (min and max + 1 are powers of two), so 255.9 -> 255 fits a u8 and 2**31 misses an i32.
-            t = np.trunc(x.astype(np.float64))
-            ok = np.isfinite(t) & (t >= float(info.min)) & (t < float(info.max) + 1.0)
-            out[...] = np.where(ok, t, 0).astype(out.dtype)
-        return
-    if out.dtype == np.bool_:
-        np.not_equal(up(x), 0, out=out)
-        return
-    with np.errstate(all="ignore"):
-        out[...] = x if x.dtype not in _LOW or out.dtype in _LOW else x.astype(np.float32)
-
-
-def assign(dst: Array, array: Array) -> None:
-    """Store ``array`` into ``dst`` with accelkit's conversion rules (floats to integers as C
-    casts do, see :func:`cast_into`; other conversions as NumPy's, silently)."""
-    if array.dtype == dst.dtype:
-        np.copyto(dst, array)
-    elif array.dtype.kind == "f" and dst.dtype.kind in "iub":
-        cast_into(array, dst)
-    else:
-        with np.errstate(all="ignore"):
-            dst[...] = array
 
 
 def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array) -> None:

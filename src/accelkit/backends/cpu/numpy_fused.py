@@ -15,8 +15,8 @@ import ml_dtypes
 import numexpr
 import numpy as np
 
+from accelkit._core.host_arrays import up
 from accelkit.abc.kernel_ops import GUMBEL_UNIFORM_MAX, SamplingParams, rotary_inv_freq
-from accelkit.backends.cpu.numpy_elementwise import up
 from accelkit.backends.cpu.numpy_nn import rms_norm, softmax_rows
 from accelkit.errors import InvalidArgumentError
 from accelkit.quant import QuantFormat, dequantize

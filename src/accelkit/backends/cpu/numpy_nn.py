@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from accelkit.backends.cpu.numpy_elementwise import up
+from accelkit._core.host_arrays import up
 from accelkit.errors import InvalidArgumentError
 
 __all__ = [

@@ -6,23 +6,23 @@ from typing import Any
 
 import numpy as np
 
-from accelkit.abc.tensor_ops import Operand, TensorOps
 from accelkit.backends.cpu import numpy_elementwise as ew
 from accelkit.backends.cpu import numpy_nn as nn
 from accelkit.backends.cpu.submit import CPUComponent, arr
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.sdk.kernels import Operand, TensorKernels
 from accelkit.tensor import Tensor
 
-__all__ = ["CPUTensorOps"]
+__all__ = ["CPUTensorKernels"]
 
 
-class CPUTensorOps(CPUComponent, TensorOps):
+class CPUTensorKernels(CPUComponent, TensorKernels):
     # -- elementwise ------------------------------------------------------------------------------
-    def _k_unary(self, op: str, x: Tensor, out: Tensor) -> None:
+    def unary(self, op: str, x: Tensor, out: Tensor) -> None:
         self._launch(lambda: ew.unary(op, x._data, out._data), out._size, (x,), (out,))
 
-    def _k_binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
+    def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         if (
             op == "add"
             and type(a) is Tensor
@@ -34,16 +34,16 @@ class CPUTensorOps(CPUComponent, TensorOps):
             return
         self._launch(lambda: ew.binary(op, arr(a), arr(b), out._data), out._size, (a, b), (out,))
 
-    def _k_where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
+    def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
         self._launch(
             lambda: ew.where(cond._data, arr(a), arr(b), out._data), out._size, (cond, a, b), (out,)
         )
 
-    def _k_cast(self, x: Tensor, out: Tensor) -> None:
+    def cast(self, x: Tensor, out: Tensor) -> None:
         self._launch(lambda: ew.cast_into(x._data, out._data), out._size, (x,), (out,))
 
     # -- linear algebra ---------------------------------------------------------------------------
-    def _k_gemm(
+    def gemm(
         self,
         a: Tensor,
         b: Tensor,
@@ -62,12 +62,12 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (out,),
         )
 
-    def _k_matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
+    def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
         self._launch(
             lambda: nn.matmul(a._data, b._data, out._data), out._size * a._shape[-1], (a, b), (out,)
         )
 
-    def _k_linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         self._launch(
             lambda: nn.linear(x._data, weight._data, arr(bias), out._data),
             out._size * weight._shape[1],
@@ -76,7 +76,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
         )
 
     # -- reductions -------------------------------------------------------------------------------
-    def _k_reduce(
+    def reduce(
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
     ) -> None:
         self._launch(
@@ -84,12 +84,12 @@ class CPUTensorOps(CPUComponent, TensorOps):
         )
 
     # -- shape ------------------------------------------------------------------------------------
-    def _k_permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
+    def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
         self._launch(
             lambda: np.copyto(out._data, np.transpose(x._data, axes)), out._size, (x,), (out,)
         )
 
-    def _k_concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
+    def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
         self._launch(
             lambda: np.concatenate([t._data for t in tensors], axis=axis, out=out._data),
             out._size,
@@ -97,7 +97,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (out,),
         )
 
-    def _k_narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
+    def narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
         def run() -> None:
             index: list[Any] = [slice(None)] * x.ndim
             index[axis] = slice(start, start + out._shape[axis])
@@ -105,7 +105,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
 
         self._launch(run, out._size, (x,), (out,))
 
-    def _k_gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
+    def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         def run() -> None:
             idx = _checked_index(index._data, x._shape[axis], "gather")
             src = x._data[
@@ -115,7 +115,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
 
         self._launch(run, out._size, (x, index), (out,))
 
-    def _k_scatter(
+    def scatter(
         self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
     ) -> None:
         def run() -> None:
@@ -137,7 +137,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
     def _depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], work: DType) -> Tensor:
         # Fused: edge padding and a shifted-slice correlation in one kernel, instead of the
         # composition's narrow/concat padding and im2col convolution (about 5x faster).
-        out = self._empty(x._shape, work)
+        out = self.empty(x._shape, work)
         k = kernel.astype(work.to_numpy())
         self._launch(
             lambda: nn.depthwise_replicate(x._data, k, out._data), out._size * k.size, (x,), (out,)
@@ -145,7 +145,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
         return out
 
     # -- neural-network ops -----------------------------------------------------------------------
-    def _k_conv2d(
+    def conv2d(
         self,
         x: Tensor,
         weight: Tensor,
@@ -166,7 +166,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (out,),
         )
 
-    def _k_attention(
+    def attention(
         self,
         q: Tensor,
         k: Tensor,
@@ -184,10 +184,10 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (out,),
         )
 
-    def _k_softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
+    def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         self._launch(lambda: nn.softmax(x._data, axis, out._data, log), 4 * x._size, (x,), (out,))
 
-    def _k_layer_norm(
+    def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         self._launch(
@@ -197,7 +197,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (out,),
         )
 
-    def _k_rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._launch(
             lambda: nn.rms_norm(x._data, arr(weight), eps, out._data),
             3 * x._size,
@@ -205,7 +205,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (out,),
         )
 
-    def _k_cross_entropy(
+    def cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
     ) -> None:
         self._launch(
@@ -217,7 +217,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (loss, probs),
         )
 
-    def _k_embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
+    def embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
         self._launch(
             lambda: nn.embedding(indices._data, weight._data, out._data),
             out._size,
@@ -225,7 +225,7 @@ class CPUTensorOps(CPUComponent, TensorOps):
             (out,),
         )
 
-    def _k_adam_update(
+    def adam_update(
         self,
         param: Tensor,
         grad: Tensor,

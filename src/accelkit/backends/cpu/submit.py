@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.host_stream import HostStream
-from accelkit._core.ops.base import OpsBase
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
 
@@ -29,12 +28,15 @@ def arr(x: Any) -> Any:
     return x._data if type(x) is Tensor else x
 
 
-class CPUComponent(OpsBase):
+class CPUComponent:
     """Allocation and submission shared by the CPU backend's components."""
 
     backend: CPUBackend
 
-    def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+    def __init__(self, backend: CPUBackend) -> None:
+        self.backend = backend
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
         backend = self.backend
         size = 1
         for d in shape:
@@ -46,7 +48,7 @@ class CPUComponent(OpsBase):
         assert stream is not None
         return Tensor(backend, buf, data, shape, dtype, backend._device_obj, size, stream, 0)
 
-    def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         return Tensor(
             x._backend,
             x._buffer,

@@ -9,7 +9,9 @@ import sys
 import time
 
 from accelkit.backends.cpu.backend import CPUBackend
-from accelkit.backends.cpu.ops import CPUTensorOps
+from accelkit.backends.cpu.factory import CPUFactoryKernels
+from accelkit.backends.cpu.kernel_ops import CPUFusedKernels
+from accelkit.backends.cpu.ops import CPUTensorKernels
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.errors import DeviceError, InvalidArgumentError
@@ -30,8 +32,8 @@ def _abort_at_exit() -> None:
     os.abort()
 
 
-class CrashTensorOps(CPUTensorOps):
-    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+class CrashTensorKernels(CPUTensorKernels):
+    def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
         mode = _mode()
         if mode == "abort":
             sys.stderr.write("warning: a compiler warning before the fatal error\n")
@@ -45,10 +47,9 @@ class CrashTensorOps(CPUTensorOps):
             raise DeviceError("the crash device lost its context (on purpose)")
         if mode == "exit":
             atexit.register(_abort_at_exit)
-        out = super().matmul(a, b)
+        super().matmul(a, b, out)
         if mode == "wrong":
-            return self.add(out, 1.0)
-        return out
+            self.binary("add", out, 1.0, out)  # in stream order, after the product
 
 
 class CrashBackend(CPUBackend):
@@ -71,4 +72,6 @@ class CrashBackend(CPUBackend):
 
     async def _initialize(self, device: Device) -> None:
         await super()._initialize(device)
-        self._tensor_ops = CrashTensorOps(self)
+        self.install_kernels(
+            CrashTensorKernels(self), CPUFactoryKernels(self), CPUFusedKernels(self)
+        )

@@ -2,5 +2,5 @@
 
 It drives one device, ``subset:0``, and computes on the host with the CPU backend's kernels,
 except ``attention``, which it refuses at submission with UnsupportedOperationError (and which
-its capabilities omit, as do its KernelOps: it has no ``attention_ops``).
+its capabilities omit; its KernelOps compose attention from TensorOps calls).
 """

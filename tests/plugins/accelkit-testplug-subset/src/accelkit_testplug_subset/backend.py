@@ -2,40 +2,42 @@
 
 from __future__ import annotations
 
-from accelkit.abc.kernel_ops import KernelOps
 from accelkit.backends.cpu.backend import CPUBackend
-from accelkit.backends.cpu.kernel_ops import (
-    CPUActivationOps,
-    CPULinearOps,
-    CPUNormOps,
-    CPUPositionOps,
-    CPUSamplingOps,
-)
-from accelkit.backends.cpu.ops import CPUTensorOps
+from accelkit.backends.cpu.factory import CPUFactoryKernels
+from accelkit.backends.cpu.kernel_ops import CPUFusedKernels
+from accelkit.backends.cpu.ops import CPUTensorKernels
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
+from accelkit.sdk import FusedKernels
 from accelkit.tensor import Tensor
 from accelkit_testplug_subset.probe import capabilities
 
 
-class SubsetTensorOps(CPUTensorOps):
-    """The CPU TensorOps, except that ``attention`` is refused before anything is allocated."""
+class SubsetTensorKernels(CPUTensorKernels):
+    """The CPU kernels, except that ``attention`` is refused before anything is enqueued."""
 
     def attention(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        *,
-        scale: float | None = None,
-        causal: bool = False,
-        mask: Tensor | None = None,
-    ) -> Tensor:
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None:
         raise UnsupportedOperationError(
             "backend 'subset' does not implement attention; open it with a fallback backend"
             " (e.g. fallback='cpu') to run it elsewhere"
         )
+
+
+class SubsetFusedKernels(CPUFusedKernels):
+    """The CPU fused kernels without the attention ones (KernelOps composes those)."""
+
+    attention = FusedKernels.attention
+    paged_attention = FusedKernels.paged_attention
 
 
 class SubsetBackend(CPUBackend):
@@ -58,13 +60,6 @@ class SubsetBackend(CPUBackend):
 
     async def _initialize(self, device: Device) -> None:
         await super()._initialize(device)
-        self._tensor_ops = SubsetTensorOps(self)
-        self._kernel_ops = KernelOps(
-            self,
-            norm_ops=CPUNormOps(self),
-            position_ops=CPUPositionOps(self),
-            attention_ops=None,
-            activation_ops=CPUActivationOps(self),
-            linear_ops=CPULinearOps(self),
-            sampling_ops=CPUSamplingOps(self),
+        self.install_kernels(
+            SubsetTensorKernels(self), CPUFactoryKernels(self), SubsetFusedKernels(self)
         )

@@ -1,0 +1,343 @@
+"""What a backend implements: its kernel objects.
+
+The user-facing components (:class:`~accelkit.abc.TensorOps`, :class:`~accelkit.abc.TensorFactory`,
+:class:`~accelkit.abc.KernelOps`) validate every argument once for every backend, allocate the
+outputs through the backend and call one of its kernel objects, which receives validated inputs
+and allocated outputs and must *enqueue* work that writes the outputs in stream order (running
+small work inline on an idle stream is allowed). A kernel method never validates user input and
+never returns before its outputs are recorded as written (:func:`accelkit.sdk.mark_written`).
+
+Three interfaces, each an abstract base (an empty subclass cannot be instantiated; a subclass
+that forgets a method fails at instantiation, naming it):
+
+- :class:`TensorKernels`: allocation (``empty``, ``view``) and every TensorOps kernel;
+- :class:`FactoryKernels`: allocation and the factory's fills (``fill``, ``from_host``;
+  ``generate`` has a default);
+- :class:`FusedKernels`: optional fused transformer kernels. Every method has a default: the
+  core's composition of TensorOps calls runs instead. A backend overrides the ops it fuses;
+  :attr:`FusedKernels.fused_ops` lists them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from accelkit._core.kernel_validation import GeluApproximation, SamplingParams
+from accelkit._core.op_names import KERNEL_OP_GROUPS
+from accelkit.dtype import DType
+from accelkit.quant import QuantFormat
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.abc.backend import ComputeBackend
+
+__all__ = ["ComposedOnly", "FactoryKernels", "FusedKernels", "Operand", "TensorKernels"]
+
+Operand = Tensor | int | float | bool
+
+
+class _Allocating(ABC):
+    """What every kernel object has: its backend and output allocation."""
+
+    def __init__(self, backend: ComputeBackend) -> None:
+        self.backend = backend  # type: ignore[misc]  # a plain attribute: read on every launch
+
+    if TYPE_CHECKING:
+        # Read-only to the type checker, so that a backend's kernels may narrow it to their
+        # own backend class (``backend: MyBackend``).
+        @property
+        def backend(self) -> ComputeBackend: ...
+
+    @abstractmethod
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        """A new tensor (validated shape and dtype) on the backend's device, on the current
+        stream, not yet written (``stream, seq = current stream, 0``)."""
+
+    @abstractmethod
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """A tensor sharing ``x``'s buffer with another shape of the same size (and ``x``'s
+        last writer)."""
+
+
+class TensorKernels(_Allocating):
+    """Every kernel TensorOps calls. Inputs are validated tensors of this backend (or Python
+    scalars where the signature says ``Operand``); outputs are allocated with the result's
+    shape and dtype. Dtype rules are the caller's: a kernel casts its inputs to ``out``'s dtype
+    where they differ."""
+
+    # -- elementwise ------------------------------------------------------------------------------
+    @abstractmethod
+    def unary(self, op: str, x: Tensor, out: Tensor) -> None:
+        """``out = op(x)`` for ``op`` in :data:`accelkit.sdk.UNARY_OPS`."""
+
+    @abstractmethod
+    def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
+        """``out = a op b`` with broadcasting, ``op`` in :data:`accelkit.sdk.BINARY_OPS`."""
+
+    @abstractmethod
+    def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
+        """``out = a if cond else b`` with broadcasting."""
+
+    @abstractmethod
+    def cast(self, x: Tensor, out: Tensor) -> None:
+        """``out = x`` converted to out's dtype (NumPy's unsafe casting)."""
+
+    # -- linear algebra ---------------------------------------------------------------------------
+    @abstractmethod
+    def gemm(
+        self,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None,
+        out: Tensor,
+        trans_a: bool,
+        trans_b: bool,
+        alpha: float,
+        beta: float,
+    ) -> None:
+        """``out = alpha * op(a) @ op(b) + beta * c`` (2-d; ``c`` broadcasts to out)."""
+
+    @abstractmethod
+    def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
+        """``out = a @ b`` with NumPy's batching rules (inputs already of out's dtype or cast)."""
+
+    @abstractmethod
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+        """``out = x @ weight.T + bias``."""
+
+    # -- reductions -------------------------------------------------------------------------------
+    @abstractmethod
+    def reduce(
+        self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
+    ) -> None:
+        """``op`` (:data:`accelkit.sdk.REDUCE_OPS`) over ``axes``; argmax/argmin with all axes
+        index into the flattened tensor."""
+
+    # -- shape ------------------------------------------------------------------------------------
+    @abstractmethod
+    def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None: ...
+
+    @abstractmethod
+    def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
+        """``take_along_axis``; an index out of range is an error raised when awaited."""
+
+    @abstractmethod
+    def scatter(
+        self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
+    ) -> None:
+        """``out = x`` with ``src`` put along ``axis`` at ``index``."""
+
+    # -- neural-network ops -----------------------------------------------------------------------
+    @abstractmethod
+    def conv2d(
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        out: Tensor,
+        stride: tuple[int, int],
+        padding: tuple[int, int],
+        dilation: tuple[int, int],
+        groups: int,
+    ) -> None: ...
+
+    @abstractmethod
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None: ...
+
+    @abstractmethod
+    def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None: ...
+
+    @abstractmethod
+    def layer_norm(
+        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
+    ) -> None: ...
+
+    @abstractmethod
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def cross_entropy(
+        self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
+    ) -> None: ...
+
+    @abstractmethod
+    def embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def adam_update(
+        self,
+        param: Tensor,
+        grad: Tensor,
+        m: Tensor,
+        v: Tensor,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: int,
+        weight_decay: float,
+    ) -> None:
+        """One Adam(W) step, updating ``param``, ``m`` and ``v`` in place."""
+
+
+class FactoryKernels(_Allocating):
+    """The kernels TensorFactory calls."""
+
+    @abstractmethod
+    def fill(self, out: Tensor, value: int | float | bool) -> None:
+        """Every element of ``out`` set to ``value`` (already checked to fit out's dtype)."""
+
+    @abstractmethod
+    def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
+        """Copy ``array`` (any dtype, same shape; cast with NumPy's unsafe casting) into
+        ``out``. Must snapshot ``array`` before returning: the caller may reuse it at once."""
+
+    def generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
+        """Fill ``out`` with the host array ``make()`` returns (random numbers, ranges).
+
+        The default makes it now and copies it with :meth:`from_host`; a backend may instead
+        run ``make`` in stream order off the caller's thread (large random tensors take a
+        while)."""
+        self.from_host(out, make())
+
+
+class FusedKernels(_Allocating):
+    """Fused transformer kernels; every method is optional.
+
+    A method left as defined here means "no fused kernel": KernelOps runs the core's composition
+    of TensorOps calls instead (same contract, more launches) and records that it did. A kernel
+    may also refuse one call by raising :class:`~accelkit.errors.UnsupportedOperationError`
+    before enqueuing anything (a dtype it lacks); the composition then runs. The contracts are
+    KernelOps's (see :class:`accelkit.abc.KernelOps`); F16/BF16 are computed in F32 and rounded
+    once.
+    """
+
+    #: The op names of this interface, in KernelOps's order.
+    OPS: ClassVar[tuple[str, ...]] = tuple(op for ops in KERNEL_OP_GROUPS.values() for op in ops)
+
+    @property
+    def fused_ops(self) -> frozenset[str]:
+        """The ops this backend fuses: those whose method its class overrides."""
+        cls = type(self)
+        return frozenset(op for op in self.OPS if getattr(cls, op) is not getattr(FusedKernels, op))
+
+    def _none(self, op: str) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} has no fused {op}; KernelOps runs the composition instead"
+        )
+
+    # -- norms ------------------------------------------------------------------------------------
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+        self._none("rms_norm")
+
+    def rms_norm_residual(
+        self,
+        x: Tensor,
+        residual: Tensor,
+        weight: Tensor | None,
+        eps: float,
+        normed: Tensor,
+        summed: Tensor,
+    ) -> None:
+        self._none("rms_norm_residual")
+
+    def layer_norm(
+        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
+    ) -> None:
+        self._none("layer_norm")
+
+    # -- positions --------------------------------------------------------------------------------
+    def rotary_embedding(
+        self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
+    ) -> None:
+        self._none("rotary_embedding")
+
+    # -- attention --------------------------------------------------------------------------------
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        self._none("attention")
+
+    def paged_attention(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        block_table: Tensor,
+        context_lens: Tensor,
+        scale: float,
+        out: Tensor,
+    ) -> None:
+        self._none("paged_attention")
+
+    # -- activations ------------------------------------------------------------------------------
+    def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
+        self._none("silu_mul")
+
+    def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
+        self._none("gelu")
+
+    # -- linear -----------------------------------------------------------------------------------
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+        self._none("linear")
+
+    def quantized_linear(
+        self,
+        x: Tensor,
+        qweight: Tensor,
+        scales: Tensor,
+        bias: Tensor | None,
+        format: QuantFormat,
+        out: Tensor,
+    ) -> None:
+        self._none("quantized_linear")
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def argmax(self, logits: Tensor, out: Tensor) -> None:
+        self._none("argmax")
+
+    def sample_token(
+        self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
+    ) -> None:
+        self._none("sample_token")
+
+
+class ComposedOnly(FusedKernels):
+    """No fused kernel at all: every KernelOps op runs as the composition (what
+    :meth:`~accelkit.abc.ComputeBackend.install_kernels` uses when a backend passes none)."""
+
+    def __init__(self, tensor: TensorKernels) -> None:
+        super().__init__(tensor.backend)
+        self._tensor = tensor
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        return self._tensor.empty(shape, dtype)
+
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        return self._tensor.view(x, shape)

@@ -1,0 +1,108 @@
+"""``accelkit.sdk``: everything a backend author needs, and the only accelkit module besides the
+public user API (``accelkit``, ``accelkit.errors``, ``accelkit.device``, ...) that a backend
+plugin imports.
+
+A backend is a :class:`ComputeBackend` (or a :class:`QueuedBackend`, for devices with hardware
+queues) whose ``_initialize`` creates its streams and memory manager and hands its kernel objects
+to :meth:`ComputeBackend.install_kernels`:
+
+- :class:`TensorKernels`: every TensorOps kernel and output allocation (abstract: all required);
+- :class:`FactoryKernels`: fills and host copies (abstract);
+- :class:`FusedKernels`: optional fused transformer kernels (every method has a composed default).
+
+The core validates every argument before a kernel runs; kernels read tensors through the
+backend-facing tensor API (:func:`storage`, :func:`new_tensor`, :func:`view_of`,
+:func:`mark_written`, :func:`last_writer`). :mod:`accelkit.testing` is the conformance suite
+to run against a backend: ``pytest --pyargs accelkit.testing --accelkit-backend NAME``.
+docs/backend-authors.md walks through writing one.
+"""
+
+from __future__ import annotations
+
+from accelkit._core.composite import GUMBEL_UNIFORM_MAX, rotary_inv_freq
+from accelkit._core.device_errors import DeviceErrors
+from accelkit._core.env import env_str
+from accelkit._core.host_arrays import assign as host_assign
+from accelkit._core.host_arrays import cast_into as host_cast_into
+from accelkit._core.host_stream import HostStream
+from accelkit._core.kernel_validation import GeluApproximation, SamplingParams
+from accelkit._core.loop import wait_for_callback
+from accelkit._core.op_names import (
+    BINARY_OPS,
+    KERNEL_OP_GROUPS,
+    KERNEL_OPS,
+    REDUCE_OPS,
+    TENSOR_OPS,
+    UNARY_OPS,
+)
+from accelkit._core.pool import CachingPool
+from accelkit._core.pooled_memory import PooledMemoryManager
+from accelkit._core.queued_backend import QueuedBackend
+from accelkit._core.shapes import broadcast_shapes, prod
+from accelkit._core.validation import check_launch_dims, check_tensor
+from accelkit.abc.backend import ComputeBackend
+from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
+from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
+from accelkit.abc.stream import Event, Stream
+from accelkit.capabilities import BackendCapabilities, LifecycleState
+from accelkit.memory import MemoryPoolConfig
+from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
+from accelkit.sdk.kernels import ComposedOnly, FactoryKernels, FusedKernels, Operand, TensorKernels
+from accelkit.sdk.tensors import (
+    buffer_of,
+    last_writer,
+    mark_written,
+    new_tensor,
+    storage,
+    view_of,
+)
+
+__all__ = [
+    "BINARY_OPS",
+    "GUMBEL_UNIFORM_MAX",
+    "KERNEL_OPS",
+    "KERNEL_OP_GROUPS",
+    "PLUGIN_API_VERSION",
+    "REDUCE_OPS",
+    "TENSOR_OPS",
+    "UNARY_OPS",
+    "BackendCapabilities",
+    "CachingPool",
+    "ComposedOnly",
+    "ComputeBackend",
+    "DeviceBuffer",
+    "DeviceErrors",
+    "DeviceMemoryManager",
+    "Event",
+    "FactoryKernels",
+    "FusedKernels",
+    "GeluApproximation",
+    "HostStream",
+    "KernelExecutor",
+    "KernelHandle",
+    "KernelInfo",
+    "LifecycleState",
+    "MemoryPoolConfig",
+    "Operand",
+    "PluginDescriptor",
+    "PooledMemoryManager",
+    "QueuedBackend",
+    "SamplingParams",
+    "Stream",
+    "TensorKernels",
+    "broadcast_shapes",
+    "buffer_of",
+    "check_launch_dims",
+    "check_tensor",
+    "env_str",
+    "host_assign",
+    "host_cast_into",
+    "last_writer",
+    "mark_written",
+    "new_tensor",
+    "prod",
+    "rotary_inv_freq",
+    "storage",
+    "view_of",
+    "wait_for_callback",
+]
