@@ -138,8 +138,8 @@ def _names_tests(args: list[str]) -> bool:
 
 
 _LIST_BACKENDS = (
-    "import json, sys; sys.path.insert(0, 'tests');"
-    " from conformance.backends import BACKEND_FIXTURES, PER_BACKEND_TESTS, installed_backends;"
+    "import json;"
+    " from accelkit.testing.backends import BACKEND_FIXTURES, PER_BACKEND_TESTS, installed_backends;"
     " print('ACCELKIT-BACKENDS ' + json.dumps({'backends': installed_backends(),"
     " 'paths': PER_BACKEND_TESTS, 'fixtures': BACKEND_FIXTURES}))"
 )

@@ -6,7 +6,7 @@ environment by the nox ``tests`` session, or by hand with ``pip install -e tests
 
 - ``accelkit-testplug-good``: backend ``fakegpu``, devices ``fakegpu:0`` (slow) and ``fakegpu:1``;
 - ``accelkit-testplug-broken``: its descriptor module raises on import;
-- ``accelkit-testplug-future``: built for plugin API 2.0;
+- ``accelkit-testplug-future``: built for plugin API 3.0;
 - ``accelkit-testplug-badprobe``: its probe raises RuntimeError;
 - ``accelkit-testplug-subset``: backend ``subset`` without attention (for the fallback tests);
 - ``accelkit-testplug-crash``: backend ``crash``, whose matmul aborts the process (for doctor).
@@ -104,7 +104,7 @@ def _descriptor_module(name: str, module: str, *, declared_name: str | None = No
             name={declared_name or name!r},
             distribution="accelkit-{name}",
             version="0.1.0",
-            api_version="1.0",
+            api_version="2.0",
             device_kinds=frozenset({{{name!r}}}),
             backend_class="accelkit.backends.cpu.backend:CPUBackend",
             probe="{module}:probe",
@@ -321,7 +321,7 @@ def test_a_plugin_for_another_api_version_is_refused_before_its_backend_is_impor
     record = {r.name: r for r in reg.quarantined()}["future"]
     assert record.stage == "version"
     assert record.error.startswith("IncompatiblePluginError:")
-    assert "2.0" in record.error
+    assert "3.0" in record.error
     assert PLUGIN_API_VERSION in record.error
     assert "accelkit-testplug-future" in record.error
     with pytest.raises(BackendNotFoundError, match=r"2\.0"):
@@ -577,7 +577,7 @@ def _manual(
     name: str,
     *,
     backend_class: str = "accelkit.backends.cpu.backend:CPUBackend",
-    api_version: str = "1.0",
+    api_version: str = "2.0",
     priority: int = 0,
 ) -> PluginDescriptor:
     return PluginDescriptor(
@@ -625,10 +625,14 @@ def test_a_registered_plugin_shadows_an_installed_one_until_unregistered(reg: Re
 
 
 def test_register_refuses_another_api_major_and_non_descriptors(reg: Registry) -> None:
-    with pytest.raises(IncompatiblePluginError, match=r"2\.0.*1\.0"):
-        reg.register(_manual("later", api_version="2.0"))
+    with pytest.raises(IncompatiblePluginError, match=r"3\.0.*2\.0"):
+        reg.register(_manual("later", api_version="3.0"))
     assert "later" not in reg.names()
-    reg.register(_manual("minor", api_version="1.7"))  # a newer minor of the same major is fine
+    with pytest.raises(
+        IncompatiblePluginError, match=r"1\.0.*what changed: API 2\.0.*TensorKernels"
+    ):
+        reg.register(_manual("older", api_version="1.0"))
+    reg.register(_manual("minor", api_version="2.7"))  # a newer minor of the same major is fine
     assert "minor" in [d.name for d in reg.descriptors()]
     with pytest.raises(InvalidArgumentError, match="PluginDescriptor; got dict"):
         reg.register({"name": "x"})  # type: ignore[arg-type]
@@ -671,7 +675,7 @@ def test_a_malformed_descriptor_is_rejected(field: str, value: object) -> None:
         "name": "ok",
         "distribution": "accelkit-ok",
         "version": "1",
-        "api_version": "1.0",
+        "api_version": "2.0",
         "device_kinds": frozenset({"ok"}),
         "backend_class": "pkg.module:Backend",
         field: value,

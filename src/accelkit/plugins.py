@@ -21,7 +21,9 @@ from accelkit._core.op_names import KERNEL_OPS, TENSOR_OPS
 __all__ = [
     "ENTRY_POINT_GROUP",
     "KERNEL_OPS",
+    "API_CHANGES",
     "PLUGIN_API_VERSION",
+    "api_change_hint",
     "TENSOR_OPS",
     "PluginDescriptor",
     "api_major",
@@ -29,7 +31,35 @@ __all__ = [
 
 #: The plugin API this accelkit implements ("MAJOR.MINOR"). A plugin built for another MAJOR is
 #: refused before its backend is imported; a newer MINOR of the same MAJOR is accepted.
-PLUGIN_API_VERSION = "1.0"
+PLUGIN_API_VERSION = "2.0"
+
+#: What changed for a plugin author at each major version of the plugin API (the version gate
+#: quotes it when it refuses a plugin built for an older major).
+API_CHANGES: dict[int, str] = {
+    2: (
+        "API 2.0 (accelkit 0.2): a backend implements kernel objects from accelkit.sdk"
+        " (TensorKernels, FactoryKernels, optional FusedKernels) and hands them to"
+        " ComputeBackend.install_kernels() in _initialize, instead of subclassing TensorOps,"
+        " TensorFactory and the six KernelOps sub-interfaces and overriding their _k_* hooks"
+        " (the hooks lost their _k_ prefix: _k_unary -> TensorKernels.unary); KernelOps is one"
+        " FusedKernels class whose methods default to the core's compositions; a plugin imports"
+        " accelkit.sdk, never accelkit._core or accelkit.backends. docs/backend-authors.md walks"
+        " through it"
+    ),
+}
+
+
+def api_change_hint(plugin_api: str) -> str:
+    """What changed between a plugin's API major and this accelkit's (empty if nothing known)."""
+    try:
+        old = api_major(plugin_api)
+    except ValueError:
+        return ""
+    new = api_major(PLUGIN_API_VERSION)
+    notes = [API_CHANGES[m] for m in range(old + 1, new + 1) if m in API_CHANGES]
+    return ("; what changed: " + "; ".join(notes)) if notes else ""
+
+
 ENTRY_POINT_GROUP = "accelkit.backends"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")

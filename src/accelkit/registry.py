@@ -33,7 +33,13 @@ from accelkit.errors import (
     InvalidArgumentError,
     PluginLoadError,
 )
-from accelkit.plugins import ENTRY_POINT_GROUP, PLUGIN_API_VERSION, PluginDescriptor, api_major
+from accelkit.plugins import (
+    ENTRY_POINT_GROUP,
+    PLUGIN_API_VERSION,
+    PluginDescriptor,
+    api_change_hint,
+    api_major,
+)
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
@@ -170,7 +176,7 @@ class Registry:
                     f"plugin {name!r} ({desc.distribution} {desc.version}) was built for the"
                     f" accelkit plugin API {desc.api_version}; this accelkit implements"
                     f" {PLUGIN_API_VERSION}. Install a version of {desc.distribution} built for"
-                    f" API {api_major(PLUGIN_API_VERSION)}.x"
+                    f" API {api_major(PLUGIN_API_VERSION)}.x" + api_change_hint(desc.api_version)
                 ),
                 distribution=desc.distribution,
             )
@@ -234,6 +240,7 @@ class Registry:
             raise IncompatiblePluginError(
                 f"plugin {descriptor.name!r} was built for the accelkit plugin API"
                 f" {descriptor.api_version}; this accelkit implements {PLUGIN_API_VERSION}"
+                + api_change_hint(descriptor.api_version)
             )
         with self._lock:
             self._manual[descriptor.name] = (descriptor, backend_class, probe)

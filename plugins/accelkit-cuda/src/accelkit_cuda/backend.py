@@ -18,14 +18,13 @@ from accelkit.errors import (
 )
 from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk import QueuedBackend
+from accelkit_cuda import __version__
 from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
 from accelkit_cuda.errors import RebuildLimiter
 from accelkit_cuda.probe import capabilities, cupy_status
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 
 __all__ = ["CUDABackend"]
-
-_VERSION = "0.1.0"
 
 
 def _devices() -> list[DeviceProps]:
@@ -39,7 +38,7 @@ class CUDABackend(QueuedBackend):
     """An NVIDIA GPU (``cuda:N``, numbered as the driver lists them)."""
 
     name = "cuda"
-    version = _VERSION
+    version = __version__
     device_kinds = frozenset({"cuda"})
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:

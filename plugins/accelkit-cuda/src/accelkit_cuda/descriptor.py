@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from accelkit.plugins import PluginDescriptor
+from accelkit_cuda import __version__
 
 DESCRIPTOR = PluginDescriptor(
     name="cuda",
     distribution="accelkit-cuda",
-    version="0.1.0",
-    api_version="1.0",
+    version=__version__,
+    api_version="2.0",
     device_kinds=frozenset({"cuda"}),
     priority=10,
     backend_class="accelkit_cuda.backend:CUDABackend",

@@ -18,6 +18,7 @@ from accelkit.dtype import DType
 from accelkit.errors import DeviceError, UnsupportedOperationError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk import QueuedBackend
+from accelkit_opencl import __version__
 from accelkit_opencl.probe import capabilities, cl_devices
 from accelkit_opencl.programs import KernelRef
 from accelkit_opencl.stream import CLStream, cl_errors
@@ -34,14 +35,12 @@ __all__ = ["OpenCLBackend"]
 
 log = logging.getLogger("accelkit.opencl")
 
-_VERSION = "0.1.0"
-
 
 class OpenCLBackend(QueuedBackend):
     """An OpenCL device (``opencl:N``, numbered over every platform as the probe lists them)."""
 
     name = "opencl"
-    version = _VERSION
+    version = __version__
     device_kinds = frozenset({"opencl"})
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 
+from accelkit import __version__
 from accelkit._core.host_stream import HostStream
 from accelkit.abc.backend import ComputeBackend
 from accelkit.abc.stream import Stream
@@ -22,14 +23,12 @@ from accelkit.memory import MemoryPoolConfig
 
 __all__ = ["CPUBackend"]
 
-_VERSION = "0.1.0"
-
 
 class CPUBackend(ComputeBackend):
     """NumPy on the host CPU (device ``cpu:0``)."""
 
     name = "cpu"
-    version = _VERSION
+    version = __version__
     device_kinds = frozenset({"cpu"})
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:

@@ -5,13 +5,14 @@ accelkit registers it through its own entry point, exactly as an outside plugin 
 
 from __future__ import annotations
 
+from accelkit import __version__
 from accelkit.plugins import PluginDescriptor
 
 DESCRIPTOR = PluginDescriptor(
     name="cpu",
     distribution="accelkit",
-    version="0.1.0",
-    api_version="1.0",
+    version=__version__,
+    api_version="2.0",
     device_kinds=frozenset({"cpu"}),
     priority=0,
     backend_class="accelkit.backends.cpu.backend:CPUBackend",

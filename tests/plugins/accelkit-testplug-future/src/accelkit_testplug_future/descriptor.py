@@ -8,9 +8,9 @@ DESCRIPTOR = PluginDescriptor(
     name="future",
     distribution="accelkit-testplug-future",
     version="9.0.0",
-    api_version="2.0",
+    api_version="3.0",
     device_kinds=frozenset({"future"}),
     backend_class="accelkit_testplug_future.backend:FutureBackend",
     probe="accelkit_testplug_future.backend:probe",
-    summary="[accelkit test plugin] built for plugin API 2.0; accelkit 1.x must refuse it",
+    summary="[accelkit test plugin] built for plugin API 3.0; accelkit 2.x must refuse it",
 )

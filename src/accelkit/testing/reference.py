@@ -18,7 +18,8 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 # -- elementwise ------------------------------------------------------------------------------------
 def erf(x: Array) -> Array:
-    return _erf(np.asarray(x, np.float64))
+    result: Array = _erf(np.asarray(x, np.float64))
+    return result
 
 
 def gelu(x: Array) -> Array:
@@ -73,13 +74,15 @@ BINARY: dict[str, Any] = {
 def softmax(x: Array, axis: int = -1) -> Array:
     x = np.asarray(x, np.float64)
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
+    result: Array = e / np.sum(e, axis=axis, keepdims=True)
+    return result
 
 
 def log_softmax(x: Array, axis: int = -1) -> Array:
     x = np.asarray(x, np.float64)
     m = np.max(x, axis=axis, keepdims=True)
-    return x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+    result: Array = x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+    return result
 
 
 def layer_norm(x: Array, weight: Array | None, bias: Array | None, eps: float) -> Array:
@@ -90,11 +93,12 @@ def layer_norm(x: Array, weight: Array | None, bias: Array | None, eps: float) -
         y = y * weight
     if bias is not None:
         y = y + bias
-    return y
+    result: Array = y
+    return result
 
 
 def rms_norm(x: Array, weight: Array | None, eps: float) -> Array:
-    y = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
+    y: Array = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
     return y * weight if weight is not None else y
 
 

@@ -21,21 +21,16 @@ import accelkit
 from accelkit import DType, InvalidArgumentError, NotInitializedError, UnsupportedOperationError
 from accelkit._core.dispatch import KernelDispatcher
 from accelkit.abc.kernel_ops import KERNEL_OPS, KernelOps
-from accelkit.backends.cpu import numpy_fused
 from accelkit.quant import QuantFormat, dequantize, quantize
 from accelkit.sdk import ComposedOnly, FusedKernels
-from conformance.backends import conformance_backends
+
+from .backends import conformance_backends
+from .checks import FUSED_TOLERANCES
 
 Array = np.ndarray[Any, Any]
 
 FLOATS = [DType.F32, DType.F16, DType.BF16, DType.F64]
-#: (rtol, atol) for a result rounded to the dtype, against a float64 reference.
-TOL = {
-    DType.F64: (1e-9, 1e-9),
-    DType.F32: (1e-5, 1e-5),
-    DType.F16: (3e-3, 3e-3),
-    DType.BF16: (2e-2, 2e-2),
-}
+TOL = FUSED_TOLERANCES
 
 
 class Env:
@@ -445,6 +440,8 @@ async def test_quantized_linear(env: Env, fmt: QuantFormat, dtype: DType, with_b
 async def test_quantized_linear_in_slabs(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     cpu_only(env)
     # Expand at most 2 rows of 64 at a time: 5 slabs, the last one short.
+    from accelkit.backends.cpu import numpy_fused
+
     monkeypatch.setattr(numpy_fused, "_DEQUANT_CHUNK_ELEMS", 128)
     qweight, scales = quantize(env.rng.standard_normal((9, 64)).astype(np.float32), "q4_0")
     x = env.data((4, 64), DType.F32)

@@ -16,12 +16,12 @@ import accelkit as ak
 #: The registry tests install small plugins of their own; they are not backends to certify.
 TEST_PLUGIN_PREFIX = "accelkit-testplug-"
 #: Restricts the suite to these backends (comma-separated names).
-BACKEND_ENV = "ACCELKIT_TEST_BACKEND"
+BACKEND_ENV = "ACCELKIT_TEST_BACKEND"  # also set by ``--accelkit-backend`` (accelkit.testing.plugin)
 #: The test files and folders (from the repository root) with tests parametrized by
 #: :func:`conformance_backends`, through one of :data:`BACKEND_FIXTURES`: the nox session runs
 #: those tests once per backend, each backend in a process of its own, and every other test once,
 #: in the core part (tests/support/parts.py, ``split``).
-PER_BACKEND_TESTS = ("tests/conformance", "tests/test_kernel_ops.py")
+PER_BACKEND_TESTS = ("src/accelkit/testing",)
 #: The fixtures whose params are :func:`conformance_backends`.
 BACKEND_FIXTURES = ("backend", "env")
 
@@ -46,7 +46,7 @@ def conformance_backends() -> list[str]:
     (the test plugins excluded), else the CPU backend."""
     wanted = [n.strip().lower() for n in os.environ.get(BACKEND_ENV, "").split(",") if n.strip()]
     if wanted:
-        installed = {b["name"]: b for b in installed_backends()}
+        installed = {str(b["name"]): b for b in installed_backends()}
         for name in wanted:
             if name not in installed:
                 raise RuntimeError(
