@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import AsyncIterator
 
 import pytest
 
 import accelkit  # imports no backend, so no driver: the cache settings below still apply
 from accelkit.abc.backend import ComputeBackend
+from accelkit.testing.plugin import isolate_compiler_caches
 
 # Compiler caches of device backends (PyOpenCL, PoCL, accelkit's program cache) go to a folder of
 # this test run, set before any plugin's probe imports its driver.
-_CACHES = tempfile.mkdtemp(prefix="accelkit-test-caches-")
-for _var, _sub in (
-    ("PYOPENCL_CACHE_DIR", "pyopencl"),
-    ("POCL_CACHE_DIR", "pocl"),
-    ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
-    ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
-    ("ACCELKIT_OPENCL_VARIANTS_FILE", "accelkit-opencl-variants.json"),
-):
-    os.environ.setdefault(_var, os.path.join(_CACHES, _sub))
+isolate_compiler_caches("accelkit-test-caches-")
 
 
 @pytest.fixture(params=["asyncio", "trio"])

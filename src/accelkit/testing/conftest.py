@@ -5,26 +5,17 @@ the run, set before any plugin's probe imports its driver."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import AsyncIterator
 
 import pytest
 
 import accelkit
 from accelkit.abc.backend import ComputeBackend
+from accelkit.testing.plugin import isolate_compiler_caches
 
 from .backends import conformance_backends
 
-_CACHES = tempfile.mkdtemp(prefix="accelkit-conformance-caches-")
-for _var, _sub in (
-    ("PYOPENCL_CACHE_DIR", "pyopencl"),
-    ("POCL_CACHE_DIR", "pocl"),
-    ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
-    ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
-    ("ACCELKIT_OPENCL_VARIANTS_FILE", "accelkit-opencl-variants.json"),
-):
-    os.environ.setdefault(_var, os.path.join(_CACHES, _sub))
+isolate_compiler_caches("accelkit-conformance-caches-")
 
 
 @pytest.fixture(params=["asyncio", "trio"])

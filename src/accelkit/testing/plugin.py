@@ -8,6 +8,7 @@ apply to the suite alone, never to a project's own tests.
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 #: The environment variable the option sets (read by :mod:`accelkit.testing.backends`).
@@ -32,3 +33,19 @@ def pytest_configure(config: Any) -> None:
     name = config.getoption("--accelkit-backend", default=None)
     if name:
         os.environ[BACKEND_ENV] = name
+
+
+def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
+    """Point the compiler caches of device backends (PyOpenCL, PoCL, accelkit's program caches
+    and OpenCL variant verdicts) at a new temporary folder, unless already set; call it before
+    any plugin's probe imports its driver. Returns the folder."""
+    caches = tempfile.mkdtemp(prefix=prefix)
+    for var, sub in (
+        ("PYOPENCL_CACHE_DIR", "pyopencl"),
+        ("POCL_CACHE_DIR", "pocl"),
+        ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
+        ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
+        ("ACCELKIT_OPENCL_VARIANTS_FILE", "accelkit-opencl-variants.json"),
+    ):
+        os.environ.setdefault(var, os.path.join(caches, sub))
+    return caches
