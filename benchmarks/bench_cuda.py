@@ -70,10 +70,10 @@ async def main() -> None:
             await backend.synchronize()
 
         async def ak_tensor_ops() -> None:
-            from accelkit_cuda import cupy_kernels
+            from accelkit_cuda import cupy_tensor
 
             out = f.empty(shape, ak.DType.F16)
-            cupy_kernels.attention(q._data, k._data, v._data, None, out._data, 128**-0.5, True)
+            cupy_tensor.attention(q._data, k._data, v._data, None, out._data, 128**-0.5, True)
             await backend.synchronize()
 
         def torch_sdpa() -> None:

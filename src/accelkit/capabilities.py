@@ -8,8 +8,9 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from accelkit._core.op_names import KERNEL_OPS, TENSOR_OPS
 from accelkit.dtype import DType
 
 __all__ = [
@@ -66,11 +67,47 @@ class Requirements(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    ops: frozenset[str] = Field(default_factory=frozenset, description="TensorOps/KernelOps names")
+    ops: frozenset[str] = Field(default_factory=frozenset, description="TensorOps names")
+    fused_ops: frozenset[str] = Field(
+        default_factory=frozenset,
+        description="KernelOps names that must run as one fused kernel (not the composition)",
+    )
     dtypes: frozenset[DType] = Field(default_factory=frozenset)
     features: frozenset[str] = Field(default_factory=frozenset, description="Features field names")
     min_memory_bytes: int = Field(0, ge=0)
     kernel_languages: frozenset[str] = Field(default_factory=frozenset)
+
+    @field_validator("ops")
+    @classmethod
+    def _tensor_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
+        return _check_tensor_op_names(ops)
+
+    @field_validator("fused_ops")
+    @classmethod
+    def _kernel_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
+        return _check_kernel_op_names(ops)
+
+
+def _check_tensor_op_names(ops: frozenset[str]) -> frozenset[str]:
+    """``ops`` holds TensorOps names; a KernelOps-only name there is a 1.x habit: say where it
+    goes now."""
+    misplaced = sorted(ops & (KERNEL_OPS - TENSOR_OPS))
+    if misplaced:
+        raise ValueError(
+            f"{', '.join(misplaced)} are KernelOps names: every KernelOps op is always available"
+            " (composed where a backend has no fused kernel); list fused ones in fused_ops"
+        )
+    return ops
+
+
+def _check_kernel_op_names(ops: frozenset[str]) -> frozenset[str]:
+    unknown = sorted(ops - KERNEL_OPS)
+    if unknown:
+        raise ValueError(
+            f"fused_ops lists {', '.join(unknown)}, which are not KernelOps names (known:"
+            f" {', '.join(sorted(KERNEL_OPS))})"
+        )
+    return ops
 
 
 class RequirementCheck(BaseModel):
@@ -93,18 +130,37 @@ class BackendCapabilities(BaseModel):
     backend: str
     device: str
     dtypes: frozenset[DType]
-    ops: frozenset[str] = Field(description="supported TensorOps and KernelOps names")
+    ops: frozenset[str] = Field(description="supported TensorOps names")
+    fused_ops: frozenset[str] = Field(
+        default_factory=frozenset,
+        description="KernelOps names with a fused kernel on this device (every KernelOps op is"
+        " available: the others run as the core's composition of TensorOps)",
+    )
     kernel_languages: frozenset[str] = frozenset()
     features: Features = Features()
     limits: Limits = Limits()
     performance: PerformanceHints = PerformanceHints()
     extra: dict[str, Any] = Field(default_factory=dict, description="vendor-specific data")
 
+    @field_validator("ops")
+    @classmethod
+    def _tensor_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
+        return _check_tensor_op_names(ops)
+
+    @field_validator("fused_ops")
+    @classmethod
+    def _kernel_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
+        return _check_kernel_op_names(ops)
+
     def meets(self, requirements: Requirements) -> RequirementCheck:
         """Check ``requirements`` and explain every miss."""
         reasons: list[str] = []
         if missing := sorted(requirements.ops - self.ops):
             reasons.append(f"{self.backend} on {self.device} lacks ops: {', '.join(missing)}")
+        if missing_f := sorted(requirements.fused_ops - self.fused_ops):
+            reasons.append(
+                f"{self.backend} on {self.device} has no fused kernel for: {', '.join(missing_f)}"
+            )
         if missing_d := sorted(d.value for d in requirements.dtypes - self.dtypes):
             reasons.append(f"{self.backend} on {self.device} lacks dtypes: {', '.join(missing_d)}")
         known = set(Features.model_fields)

@@ -43,8 +43,9 @@ API_CHANGES: dict[int, str] = {
         " TensorFactory and the six KernelOps sub-interfaces and overriding their _k_* hooks"
         " (the hooks lost their _k_ prefix: _k_unary -> TensorKernels.unary); KernelOps is one"
         " FusedKernels class whose methods default to the core's compositions; a plugin imports"
-        " accelkit.sdk, never accelkit._core or accelkit.backends. docs/backend-authors.md walks"
-        " through it"
+        " accelkit.sdk, never accelkit._core or accelkit.backends; capabilities list TensorOps"
+        " names in ops and fused KernelOps names in fused_ops; sdk.StreamBackend owns streams,"
+        " pool and counters. docs/backend-authors.md walks through it"
     ),
 }
 

@@ -42,8 +42,10 @@ class PooledMemoryManager(DeviceMemoryManager):
                 )
         return self.pool.allocate(n)
 
-    def _buffer(self, obj: DeviceBuffer | Tensor, name: str) -> DeviceBuffer:
-        """The live buffer of this pool behind ``obj`` (a buffer or a tensor)."""
+    def owned_buffer(self, obj: DeviceBuffer | Tensor, name: str) -> DeviceBuffer:
+        """The live buffer of this pool behind ``obj`` (a buffer or a tensor): StaleHandleError
+        for a freed buffer or another backend's, InvalidArgumentError naming ``name`` for a
+        wrong type. Transfers and kernel launchers check their arguments with it."""
         if isinstance(obj, Tensor):
             check_tensor(self._backend, obj, name)
             return obj._buffer
@@ -58,7 +60,7 @@ class PooledMemoryManager(DeviceMemoryManager):
     # -- argument checks of the transfers (the same on every backend) -------------------------------
     def _host_source(self, dst: DeviceBuffer | Tensor, src: Any) -> tuple[DeviceBuffer, memoryview]:
         """``copy_htod``'s checked arguments: the destination buffer and the source's bytes."""
-        buf = self._buffer(dst, "dst")
+        buf = self.owned_buffer(dst, "dst")
         try:
             view = memoryview(src).cast("B")
         except TypeError as exc:
@@ -73,7 +75,7 @@ class PooledMemoryManager(DeviceMemoryManager):
 
     def _host_destination(self, dst: Any, src: DeviceBuffer | Tensor) -> DeviceBuffer:
         """``copy_dtoh``'s checked arguments: the source buffer (``dst`` is a host array)."""
-        buf = self._buffer(src, "src")
+        buf = self.owned_buffer(src, "src")
         if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
             raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
         if dst.nbytes > buf.nbytes:
@@ -86,7 +88,7 @@ class PooledMemoryManager(DeviceMemoryManager):
         self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor
     ) -> tuple[DeviceBuffer, DeviceBuffer]:
         """``copy_dtod``'s checked arguments."""
-        d, s = self._buffer(dst, "dst"), self._buffer(src, "src")
+        d, s = self.owned_buffer(dst, "dst"), self.owned_buffer(src, "src")
         if s.nbytes > d.nbytes:
             raise InvalidArgumentError(f"copy_dtod: src has {s.nbytes} bytes, dst only {d.nbytes}")
         return d, s

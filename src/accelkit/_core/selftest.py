@@ -407,19 +407,15 @@ def _checks() -> list[tuple[str, str | None, Check]]:
     async def k_layer_norm(b: ComputeBackend, rng: np.random.Generator) -> tuple[Any, Any]:
         x, w, bias = data(rng, 64, 256), data(rng, 256), data(rng, 256)
         f = b.tensor_factory
-        got = (
-            await b.kernel_ops
-            .layer_norm(f.from_host(x), f.from_host(w), f.from_host(bias))
-            .to_host()
-        )
+        got = await b.kernel_ops.layer_norm(
+            f.from_host(x), f.from_host(w), f.from_host(bias)
+        ).to_host()
         return got, layer_norm_ref(x, w, bias)
 
     async def k_silu_mul(b: ComputeBackend, rng: np.random.Generator) -> tuple[Any, Any]:
         gate, up = data(rng, 64, 256), data(rng, 64, 256)
         f = b.tensor_factory
-        got = (
-            await b.kernel_ops.silu_mul(f.from_host(gate), f.from_host(up)).to_host()
-        )
+        got = await b.kernel_ops.silu_mul(f.from_host(gate), f.from_host(up)).to_host()
         g64 = gate.astype(np.float64)
         return got, g64 / (1.0 + np.exp(-g64)) * up
 

@@ -26,7 +26,8 @@ ShapeLike = int | tuple[int, ...] | list[int]
 
 
 class TensorFactory(OpsBase[FactoryKernels]):
-    """Creates tensors; backends implement the ``_k_*`` hooks and ``_empty``."""
+    """Creates tensors: validates, allocates through the backend's FactoryKernels (``accelkit.sdk``)
+    and calls its ``fill``, ``from_host`` or ``generate``."""
 
     def empty(self, shape: ShapeLike, dtype: DType | str = DType.F32) -> Tensor:
         """Uninitialized memory (reading it before writing gives arbitrary values)."""

@@ -31,7 +31,9 @@ def parse_size(text: str) -> int:
 
 def requirements(args: argparse.Namespace) -> Requirements:
     """The Requirements that ``--require``, ``--dtype``, ``--feature`` and ``--min-memory``
-    describe; InvalidArgumentError naming any unknown dtype or feature."""
+    describe; InvalidArgumentError naming any unknown dtype or feature. A ``--require`` name
+    that only KernelOps has (``paged_attention``) asks for a fused kernel of it."""
+    from accelkit._core.op_names import KERNEL_OPS, TENSOR_OPS
     from accelkit.capabilities import Features, Requirements
     from accelkit.dtype import DType
     from accelkit.errors import InvalidArgumentError
@@ -42,8 +44,11 @@ def requirements(args: argparse.Namespace) -> Requirements:
         raise InvalidArgumentError(
             f"unknown feature {', '.join(map(repr, unknown))}; expected any of: {', '.join(known)}"
         )
+    names = frozenset(args.require)
+    fused = names & (KERNEL_OPS - TENSOR_OPS)
     return Requirements(
-        ops=frozenset(args.require),
+        ops=names - fused,
+        fused_ops=fused,
         dtypes=frozenset(DType.from_any(d) for d in args.dtype),
         features=frozenset(args.feature),
         min_memory_bytes=parse_size(args.min_memory) if args.min_memory else 0,

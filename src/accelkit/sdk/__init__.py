@@ -2,8 +2,9 @@
 public user API (``accelkit``, ``accelkit.errors``, ``accelkit.device``, ...) that a backend
 plugin imports.
 
-A backend is a :class:`ComputeBackend` (or a :class:`QueuedBackend`, for devices with hardware
-queues) whose ``_initialize`` creates its streams and memory manager and hands its kernel objects
+A backend is a :class:`ComputeBackend`, usually through :class:`StreamBackend` (which owns the
+streams, the memory pool, the counters, the stream checks and the generation) or
+:class:`QueuedBackend` (a StreamBackend for devices with hardware queues), whose ``_initialize`` creates its streams and memory manager and hands its kernel objects
 to :meth:`ComputeBackend.install_kernels`:
 
 - :class:`TensorKernels`: every TensorOps kernel and output allocation (abstract: all required);
@@ -39,6 +40,7 @@ from accelkit._core.pool import CachingPool
 from accelkit._core.pooled_memory import PooledMemoryManager
 from accelkit._core.queued_backend import QueuedBackend
 from accelkit._core.shapes import broadcast_shapes, prod
+from accelkit._core.stream_backend import StreamBackend
 from accelkit._core.validation import check_launch_dims, check_tensor
 from accelkit.abc.backend import ComputeBackend
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
@@ -87,6 +89,7 @@ __all__ = [
     "PluginDescriptor",
     "PooledMemoryManager",
     "QueuedBackend",
+    "StreamBackend",
     "SamplingParams",
     "Stream",
     "TensorKernels",

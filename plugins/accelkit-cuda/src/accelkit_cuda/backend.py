@@ -42,8 +42,7 @@ class CUDABackend(QueuedBackend):
     device_kinds = frozenset({"cuda"})
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
-        super().__init__()
-        self._pool_config = pool_config or MemoryPoolConfig()
+        super().__init__(pool_config)
         self._streams: list[CUDAStream] = []
         self._default: CUDAStream | None = None
         self._device_obj = Device("cuda", 0)
@@ -109,8 +108,9 @@ class CUDABackend(QueuedBackend):
         from accelkit_cuda.ops import CUDATensorKernels
 
         with self._cp_device:
-            self._default = CUDAStream(device, f"{device}/default", self._failed)
-        self._streams = [self._default]
+            default = CUDAStream(device, f"{device}/default", self._failed)
+        self._streams = []
+        self._add_stream(default)
         self._memory_manager = CUDAMemoryManager(
             self, device, props.total_memory, self._pool_config
         )
@@ -120,11 +120,6 @@ class CUDABackend(QueuedBackend):
         self.install_kernels(
             CUDATensorKernels(self), CUDAFactoryKernels(self), CUDAFusedKernels(self)
         )
-
-    async def _synchronize(self) -> None:
-        for stream in list(self._streams):
-            await stream.synchronize()
-        self._prune_streams()
 
     async def _shutdown(self) -> None:
         try:
@@ -136,7 +131,7 @@ class CUDABackend(QueuedBackend):
                         await anyio.to_thread.run_sync(stream.close)
         finally:
             self._forget_deferred()
-            self._pool.invalidate_all(close=True)
+            self.pool.invalidate_all(close=True)
             self._streams = []
 
     # -- a poisoned context -----------------------------------------------------------------------
@@ -184,7 +179,7 @@ class CUDABackend(QueuedBackend):
         # destructor later frees or destroys a handle value the new context may reuse.
         # First: the pool's blocks now belong to a dead generation, and are never freed.
         self._context.generation += 1
-        self._pool.invalidate_all(close=True)
+        self.pool.invalidate_all(close=True)
         for stream in self._streams:
             stream.abandon()
         self._forget_deferred()
@@ -225,7 +220,7 @@ class CUDABackend(QueuedBackend):
             # the new stream starts after everything queued so far.
             for s in self._streams:
                 stream.cp.wait_event(s.event_now())
-        self._streams.append(stream)
+        self._add_stream(stream)
         for s in self._streams:
             s.track = True
         return stream

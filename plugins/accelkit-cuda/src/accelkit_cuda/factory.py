@@ -7,7 +7,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from accelkit.sdk import FactoryKernels
+from accelkit.sdk import FactoryKernels, buffer_of, storage
 from accelkit.sdk import host_assign as assign
 from accelkit.tensor import Tensor
 from accelkit_cuda.memory import pinned_empty
@@ -18,29 +18,29 @@ __all__ = ["CUDAFactoryKernels"]
 
 class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
     def fill(self, out: Tensor, value: int | float | bool) -> None:
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
         with np.errstate(all="ignore"):
-            scalar = np.array(value).astype(out._dtype.to_numpy())
-        self._launch(lambda: out._data.fill(scalar), (), (out,), what="fill")
+            scalar = np.array(value).astype(out.dtype.to_numpy())
+        self._launch(lambda: storage(out).fill(scalar), (), (out,), what="fill")
 
     def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
         # The snapshot (with the dtype conversion) is made now, into pinned memory: the caller
         # may reuse `array` at once, and the copy is a real asynchronous one.
         block, raw = pinned_empty(out.nbytes)
-        host = raw.view(out._dtype.to_numpy()).reshape(out._shape)
+        host = raw.view(out.dtype.to_numpy()).reshape(out.shape)
         assign(host, array)
         stream = self._stream
 
         def run() -> None:
             cupy.cuda.runtime.memcpyAsync(
-                out._buffer.handle.ptr, host.ctypes.data, out.nbytes,
+                buffer_of(out).handle.ptr, host.ctypes.data, out.nbytes,
                 cupy.cuda.runtime.memcpyHostToDevice, stream.cp.ptr,
             )  # fmt: skip
 
         self._launch(run, (), (out,), what="from_host")
-        stream.hold((block, out._buffer))
+        stream.hold((block, buffer_of(out)))

@@ -25,6 +25,7 @@ from accelkit.sdk import (
     GeluApproximation,
     SamplingParams,
     rotary_inv_freq,
+    storage,
 )
 from accelkit.tensor import Tensor
 from accelkit_cuda.cuda_fused import FLASH_ROWS, MAX_DV, SOURCE, flash_shared_bytes
@@ -41,7 +42,7 @@ _SMEM_DEFAULT = 48 * 1024
 
 
 def _ptr(t: Tensor | None) -> Any:
-    return None if t is None else t._data  # CuPy passes None as a null pointer
+    return None if t is None else storage(t)  # CuPy passes None as a null pointer
 
 
 class FusedProgram:
@@ -110,8 +111,8 @@ class _Fused(CUDAComponent):
         self._launch(run, inputs, outputs, what="a fused kernel")
 
     def _rows(self, x: Tensor) -> tuple[int, int]:
-        d = x._shape[-1] if x._shape else 1
-        return (x._size // d if d else 0), d
+        d = x.shape[-1] if x.shape else 1
+        return (x.size // d if d else 0), d
 
     def _elementwise_grid(self, n: int) -> int:
         return max(1, min((n + _THREADS - 1) // _THREADS, 65535))
@@ -122,8 +123,8 @@ class CUDANormKernels(_Fused):
         rows, d = self._rows(x)
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
-        fn = self._fn("rms_norm", x._dtype)
-        args = (x._data, _ptr(weight), out._data, np.int64(d), np.float64(eps))
+        fn = self._fn("rms_norm", x.dtype)
+        args = (storage(x), _ptr(weight), storage(out), np.int64(d), np.float64(eps))
         self._run(fn, rows, _THREADS, args, (x, weight), (out,))
 
     def rms_norm_residual(
@@ -133,9 +134,9 @@ class CUDANormKernels(_Fused):
         rows, d = self._rows(x)
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
-        fn = self._fn("rms_norm_residual", x._dtype)
+        fn = self._fn("rms_norm_residual", x.dtype)
         args = (
-            x._data, residual._data, _ptr(weight), normed._data, summed._data, np.int64(d),
+            storage(x), storage(residual), _ptr(weight), storage(normed), storage(summed), np.int64(d),
             np.float64(eps),
         )  # fmt: skip
         self._run(fn, rows, _THREADS, args, (x, residual, weight), (normed, summed))
@@ -146,8 +147,8 @@ class CUDANormKernels(_Fused):
         rows, d = self._rows(x)
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
-        fn = self._fn("layer_norm", x._dtype)
-        args = (x._data, _ptr(weight), _ptr(bias), out._data, np.int64(d), np.float64(eps))
+        fn = self._fn("layer_norm", x.dtype)
+        args = (storage(x), _ptr(weight), _ptr(bias), storage(out), np.int64(d), np.float64(eps))
         self._run(fn, rows, _THREADS, args, (x, weight, bias), (out,))
 
 
@@ -155,21 +156,21 @@ class CUDAPositionKernels(_Fused):
     def rotary_embedding(
         self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
     ) -> None:
-        b, h, s, d = x._shape
+        b, h, s, d = x.shape
         n = b * h * s * (d // 2)
         if n == 0:
             raise UnsupportedOperationError("empty input: the composition handles it")
-        fn = self._fn("rotary", x._dtype)
-        acc = np.float64 if x._dtype is DType.F64 else np.float32
+        fn = self._fn("rotary", x.dtype)
+        acc = np.float64 if x.dtype is DType.F64 else np.float32
         inv_host = rotary_inv_freq(d, base).astype(acc)
         batched = np.int32(positions is not None and positions.ndim == 2)
 
         def args() -> tuple[Any, ...]:
             # CuPy's pool is stream-ordered: these temporaries live until the kernel is done.
             inv = cp.asarray(inv_host)
-            pos = None if positions is None else positions._data.astype(cp.int64, copy=False)
+            pos = None if positions is None else storage(positions).astype(cp.int64, copy=False)
             return (
-                x._data, pos, inv, out._data, np.int64(b), np.int64(h), np.int64(s),
+                storage(x), pos, inv, storage(out), np.int64(b), np.int64(h), np.int64(s),
                 np.int64(d), batched, np.int64(offset),
             )  # fmt: skip
 
@@ -178,12 +179,12 @@ class CUDAPositionKernels(_Fused):
 
 class CUDAAttentionKernels(_Fused):
     def can_flash(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        if q._dtype not in _SUFFIX or v._shape[3] > MAX_DV or q._size == 0 or k._shape[2] == 0:
+        if q.dtype not in _SUFFIX or v.shape[3] > MAX_DV or q.size == 0 or k.shape[2] == 0:
             return False
-        if q._shape[0] * q._shape[1] > 65535:  # grid.y
+        if q.shape[0] * q.shape[1] > 65535:  # grid.y
             return False
-        item = 8 if q._dtype is DType.F64 else 4
-        return flash_shared_bytes(q._shape[3], v._shape[3], item) <= _SMEM_DEFAULT
+        item = 8 if q.dtype is DType.F64 else 4
+        return flash_shared_bytes(q.shape[3], v.shape[3], item) <= _SMEM_DEFAULT
 
     def attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
@@ -196,12 +197,12 @@ class CUDAAttentionKernels(_Fused):
                 f"the flash kernel needs f16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
                 f" {_SMEM_DEFAULT // 1024} KiB of shared memory"
             )
-        b, h, sq, d = q._shape
-        hk, sk, dv = k._shape[1], k._shape[2], v._shape[3]
-        item = 8 if q._dtype is DType.F64 else 4
-        fn = self._fn("flash_attention", q._dtype)
+        b, h, sq, d = q.shape
+        hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+        item = 8 if q.dtype is DType.F64 else 4
+        fn = self._fn("flash_attention", q.dtype)
         args = (
-            q._data, k._data, v._data, out._data, np.int32(h), np.int32(hk), np.int64(sq),
+            storage(q), storage(k), storage(v), storage(out), np.int32(h), np.int32(hk), np.int64(sq),
             np.int64(sk), np.int32(d), np.int32(dv), np.float64(scale), np.int32(causal),
         )  # fmt: skip
         grid = ((sq + FLASH_ROWS - 1) // FLASH_ROWS, b * h)
@@ -213,23 +214,23 @@ class CUDAAttentionKernels(_Fused):
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
         context_lens: Tensor, scale: float, out: Tensor,
     ) -> None:  # fmt: skip
-        b, h, d = q._shape
-        nb, bs, hk = k_cache._shape[:3]
-        mb = block_table._shape[1]
-        if q._dtype not in _SUFFIX or d > MAX_DV or b * h == 0:
+        b, h, d = q.shape
+        nb, bs, hk = k_cache.shape[:3]
+        mb = block_table.shape[1]
+        if q.dtype not in _SUFFIX or d > MAX_DV or b * h == 0:
             raise UnsupportedOperationError("paged_attention: the composition handles this case")
-        fn = self._fn("paged_attention", q._dtype)
+        fn = self._fn("paged_attention", q.dtype)
         max_len = mb * bs
         stream = self._stream
 
         def run() -> Any:
-            table = block_table._data.astype(cp.int64, copy=False)
-            lens = context_lens._data.astype(cp.int64, copy=False)
+            table = storage(block_table).astype(cp.int64, copy=False)
+            lens = storage(context_lens).astype(cp.int64, copy=False)
             err = cp.zeros(2, cp.int64)
             fn(
                 (b * h,), (32,),
                 (
-                    q._data, k_cache._data, v_cache._data, table, lens, out._data, np.int32(h),
+                    storage(q), storage(k_cache), storage(v_cache), table, lens, storage(out), np.int32(h),
                     np.int32(hk), np.int32(d), np.int64(nb), np.int32(bs), np.int32(mb),
                     np.float64(scale), err,
                 ),
@@ -253,23 +254,28 @@ class CUDAAttentionKernels(_Fused):
 
 class CUDAActivationKernels(_Fused):
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
-        n = gate._size
+        n = gate.size
         if n == 0:
             return self._skip([out])
-        fn = self._fn("silu_mul", gate._dtype)
+        fn = self._fn("silu_mul", gate.dtype)
         self._run(
-            fn, self._elementwise_grid(n), _THREADS, (gate._data, up._data, out._data, np.int64(n)),
+            fn, self._elementwise_grid(n), _THREADS, (storage(gate), storage(up), storage(out), np.int64(n)),
             (gate, up), (out,),
         )  # fmt: skip
         return None
 
     def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
-        n = x._size
+        n = x.size
         if n == 0:
             return self._skip([out])
-        fn = self._fn("gelu_erf" if approximate == "none" else "gelu_tanh", x._dtype)
+        fn = self._fn("gelu_erf" if approximate == "none" else "gelu_tanh", x.dtype)
         self._run(
-            fn, self._elementwise_grid(n), _THREADS, (x._data, out._data, np.int64(n)), (x,), (out,)
+            fn,
+            self._elementwise_grid(n),
+            _THREADS,
+            (storage(x), storage(out), np.int64(n)),
+            (x,),
+            (out,),
         )
         return None
 
@@ -283,17 +289,17 @@ class CUDALinearKernels(_Fused):
         self, x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None,
         format: QuantFormat, out: Tensor,
     ) -> None:  # fmt: skip
-        k = x._shape[-1]
-        m, n = (x._size // k if k else 0), qweight._shape[0]
+        k = x.shape[-1]
+        m, n = (x.size // k if k else 0), qweight.shape[0]
         if m * n == 0 or k == 0:
             raise UnsupportedOperationError("empty input: the composition handles it")
-        fn = self._fn(f"qlinear_{format}", x._dtype)
+        fn = self._fn(f"qlinear_{format}", x.dtype)
         blocks = (m * n * 32 + _THREADS - 1) // _THREADS
 
         def args() -> tuple[Any, ...]:
-            sc = scales._data.astype(cp.float32, copy=False)
+            sc = storage(scales).astype(cp.float32, copy=False)
             return (
-                x._data, qweight._data, sc, _ptr(bias), out._data, np.int64(m), np.int64(n),
+                storage(x), storage(qweight), sc, _ptr(bias), storage(out), np.int64(m), np.int64(n),
                 np.int64(k),
             )  # fmt: skip
 
@@ -305,14 +311,16 @@ class CUDASamplingKernels(_Fused):
         rows, d = self._rows(logits)
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty input: the composition handles it")
-        fn = self._fn("argmax_rows", logits._dtype)
-        self._run(fn, rows, _THREADS, (logits._data, out._data, np.int64(d)), (logits,), (out,))
+        fn = self._fn("argmax_rows", logits.dtype)
+        self._run(
+            fn, rows, _THREADS, (storage(logits), storage(out), np.int64(d)), (logits,), (out,)
+        )
 
     def sample_token(
         self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
     ) -> None:
-        vocab = logits._shape[-1]
-        rows = logits._size // vocab if vocab else 0
+        vocab = logits.shape[-1]
+        rows = logits.size // vocab if vocab else 0
         # The noise of tensor_factory.uniform(shape, seed=seed), drawn now on the host.
         noise = None
         if params.temperature != 0.0:
@@ -320,7 +328,7 @@ class CUDASamplingKernels(_Fused):
             noise = noise.astype(np.float32)
 
         def run() -> Any:
-            return _sample(logits._data, _data(previous_tokens), params, noise, out._data)
+            return _sample(storage(logits), _data(previous_tokens), params, noise, storage(out))
 
         def error(_code: int, value: int) -> BaseException:
             return InvalidArgumentError(
@@ -332,7 +340,7 @@ class CUDASamplingKernels(_Fused):
 
 
 def _data(t: Tensor | None) -> Any:
-    return None if t is None else t._data
+    return None if t is None else storage(t)
 
 
 def _softmax(z: Any) -> Any:

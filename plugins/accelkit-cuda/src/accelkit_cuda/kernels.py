@@ -31,6 +31,7 @@ from accelkit.sdk import (
     KernelInfo,
     check_launch_dims,
     check_tensor,
+    storage,
 )
 from accelkit.tensor import Tensor
 from accelkit_cuda.submit import CUDAComponent
@@ -135,9 +136,9 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
 
     def _arg(self, value: Any, size: int | None, index: int) -> Any:
         if isinstance(value, Tensor):
-            return check_tensor(self.backend, value, f"args[{index}]")._data
+            return storage(check_tensor(self.backend, value, f"args[{index}]"))
         if isinstance(value, DeviceBuffer):
-            buf = self.backend.memory_manager._buffer(value, f"args[{index}]")  # type: ignore[attr-defined]
+            buf = self.backend.memory_manager.owned_buffer(value, f"args[{index}]")  # type: ignore[attr-defined]
             from accelkit_cuda.memory import memptr
 
             device = self.backend._device_obj.index

@@ -23,7 +23,15 @@ import numpy as np
 
 from accelkit.device import Device
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import CachingPool, DeviceBuffer, PooledMemoryManager, check_tensor
+from accelkit.sdk import (
+    CachingPool,
+    DeviceBuffer,
+    PooledMemoryManager,
+    buffer_of,
+    check_tensor,
+    last_writer,
+    mark_written,
+)
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import translate
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream, wait_event, wait_event_blocking
@@ -131,7 +139,7 @@ class CUDAMemoryManager(PooledMemoryManager):
         return self._backend.current_stream  # type: ignore[return-value]
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        buf = self._buffer(buffer, "buffer")
+        buf = self.owned_buffer(buffer, "buffer")
         streams = self._backend._streams
         if len(streams) < 2:
             self.pool.free(buf)  # one stream: every later use is in order after this point
@@ -163,7 +171,7 @@ class CUDAMemoryManager(PooledMemoryManager):
         seq = stream.record()
         event = stream.hold((block, buf))
         if isinstance(dst, Tensor):
-            dst._stream, dst._seq = stream, seq
+            mark_written((dst,), stream, seq)
         await wait_event(event, "copy_htod", self._backend._failed)
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
@@ -190,24 +198,24 @@ class CUDAMemoryManager(PooledMemoryManager):
         self._copy(stream, d.handle.ptr, s.handle.ptr, s.nbytes, _D2D)
         seq = stream.record((d, s) if stream.track else ())
         if isinstance(dst, Tensor):
-            dst._stream, dst._seq = stream, seq
+            mark_written((dst,), stream, seq)
 
     # -- tensor transfers -------------------------------------------------------------------------
     def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any, CUDAStream]:
         check_tensor(self._backend, tensor, "tensor")
-        out = np.empty(tensor._shape, tensor._dtype.to_numpy())
-        stream: CUDAStream = tensor._stream  # type: ignore[assignment]
+        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
+        stream: CUDAStream = last_writer(tensor)[0]  # type: ignore[assignment]
         if out.nbytes == 0:
             return out, None, stream
         # On the writer's stream: in order after the writer, with no cross-stream dependency.
         block, staging = pinned_empty(out.nbytes)
-        self._copy(stream, staging.ctypes.data, tensor._buffer.handle.ptr, out.nbytes, _D2H)
+        self._copy(stream, staging.ctypes.data, buffer_of(tensor).handle.ptr, out.nbytes, _D2H)
         stream.record()
-        event = stream.hold((block, tensor._buffer))
+        event = stream.hold((block, buffer_of(tensor)))
         return staging, event, stream
 
     def _finish(self, tensor: Tensor, staging: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        out = np.empty(tensor._shape, tensor._dtype.to_numpy())
+        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
         out.reshape(-1).view(np.uint8)[...] = staging
         return out
 
@@ -216,7 +224,7 @@ class CUDAMemoryManager(PooledMemoryManager):
         if event is None:
             return staging
         await wait_event(event, "reading a tensor", self._backend._failed)
-        stream.raise_errors(tensor._seq)
+        stream.raise_errors(last_writer(tensor)[1])
         return self._finish(tensor, staging)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
@@ -224,5 +232,5 @@ class CUDAMemoryManager(PooledMemoryManager):
         if event is None:
             return staging
         wait_event_blocking(event, "reading a tensor", self._backend._failed)
-        stream.raise_errors(tensor._seq)
+        stream.raise_errors(last_writer(tensor)[1])
         return self._finish(tensor, staging)

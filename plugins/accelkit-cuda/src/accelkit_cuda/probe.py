@@ -21,7 +21,7 @@ __all__ = ["IMPLEMENTED_OPS", "backend_dtypes", "capabilities", "cupy_status", "
 
 #: TensorOps and KernelOps this backend runs on the GPU (declared exactly: the selector trusts it).
 IMPLEMENTED_OPS: frozenset[str] = frozenset(
-    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS, *KERNEL_OPS}
+    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS}
     | {
         "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
         "reduce", "softmax", "log_softmax", "layer_norm", "rms_norm", "reshape", "transpose",
@@ -86,6 +86,7 @@ def capabilities(props: DeviceProps) -> BackendCapabilities:
         device=f"cuda:{props.index}",
         dtypes=backend_dtypes(cc),
         ops=IMPLEMENTED_OPS,
+        fused_ops=KERNEL_OPS,
         kernel_languages=frozenset({"cuda"}),
         features=Features(
             fp16=cc >= (5, 3),

@@ -10,6 +10,7 @@ import numpy as np
 
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError, InvalidArgumentError, OutOfMemoryError
+from accelkit.sdk import last_writer, mark_written, new_tensor, storage, view_of
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import translate
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
@@ -24,7 +25,7 @@ _NUMPY: dict[DType, Any] = {d: d.to_numpy() for d in DType if d is not DType.BF1
 
 def xa(x: Any) -> Any:
     """The CuPy array behind a tensor (or the scalar itself)."""
-    return x._data if type(x) is Tensor else x
+    return storage(x) if type(x) is Tensor else x
 
 
 def device_array(backend: CUDABackend, buffer: Any, shape: tuple[int, ...], dtype: DType) -> Any:
@@ -41,8 +42,9 @@ def depend(stream: CUDAStream, inputs: Iterable[Any]) -> None:
     seen: set[int] = set()
     for t in inputs:
         if type(t) is Tensor:
-            s: CUDAStream = t._stream  # type: ignore[assignment]
-            if s is not stream and id(s) not in seen and t._seq > s._completed_upto:
+            writer, seq = last_writer(t)
+            s: CUDAStream = writer  # type: ignore[assignment]
+            if s is not stream and id(s) not in seen and seq > s._completed_upto:
                 seen.add(id(s))
                 stream.cp.wait_event(s.event_now())
 
@@ -63,17 +65,14 @@ class CUDAComponent:
         if dtype is DType.BF16:
             raise InvalidArgumentError("the CUDA backend holds no bf16 tensors (CuPy has no bf16)")
         backend._prune_streams()  # deferred frees return to the pool first
-        buf = backend._pool.allocate(size * dtype.itemsize)
+        buf = backend.pool.allocate(size * dtype.itemsize)
         stream = backend._stream_var.get() or backend._default
         assert stream is not None
         data = device_array(backend, buf, shape, dtype)
-        return Tensor(backend, buf, data, shape, dtype, backend._device_obj, size, stream, 0)
+        return new_tensor(backend, buf, data, shape, dtype, backend._device_obj, stream)
 
     def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return Tensor(
-            x._backend, x._buffer, x._data.reshape(shape), shape, x._dtype, x._device, x._size,
-            x._stream, x._seq,
-        )  # fmt: skip
+        return view_of(x, shape, storage(x).reshape(shape))
 
     @property
     def _stream(self) -> CUDAStream:
@@ -110,9 +109,7 @@ class CUDAComponent:
                 raise DeviceError(f"{what}: {exc}") from None
             raise
         seq = stream.record((*inputs, *outputs, *keepalive) if stream.track else ())
-        for o in outputs:
-            o._stream = stream
-            o._seq = seq
+        mark_written(outputs, stream, seq)
         return seq
 
     def _launch_checked(
@@ -154,6 +151,4 @@ class CUDAComponent:
 
     def _skip(self, outputs: Iterable[Tensor]) -> None:
         stream = self._stream
-        for o in outputs:
-            o._stream = stream
-            o._seq = 0
+        mark_written(outputs, stream, 0)

@@ -44,8 +44,7 @@ class OpenCLBackend(QueuedBackend):
     device_kinds = frozenset({"opencl"})
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
-        super().__init__()
-        self._pool_config = pool_config or MemoryPoolConfig()
+        super().__init__(pool_config)
         self._streams: list[CLStream] = []
         self._default: CLStream | None = None
         self._device_obj = Device("opencl", 0)
@@ -85,8 +84,8 @@ class OpenCLBackend(QueuedBackend):
         self._context = context
         self._caps = capabilities(cl_device, device.index)
         self._device_obj = device
-        self._default = CLStream(context, cl_device, device, f"{device}/default")
-        self._streams = [self._default]
+        self._streams = []
+        self._add_stream(CLStream(context, cl_device, device, f"{device}/default"))
         self._kernels = {}
         self._programs = ProgramCache(context, cl_device)
         self._verifier = verifier_for(cl_device, device.index)
@@ -103,11 +102,6 @@ class OpenCLBackend(QueuedBackend):
             OpenCLTensorKernels(self), OpenCLFactoryKernels(self), OpenCLFusedKernels(self)
         )
 
-    async def _synchronize(self) -> None:
-        for stream in list(self._streams):
-            await stream.synchronize()
-        self._prune_streams()
-
     async def _shutdown(self) -> None:
         try:
             with anyio.CancelScope(shield=True):
@@ -117,7 +111,7 @@ class OpenCLBackend(QueuedBackend):
                     await anyio.to_thread.run_sync(stream.close)
         finally:
             self._forget_deferred()
-            self._pool.invalidate_all(close=True)
+            self.pool.invalidate_all(close=True)
             self._streams = []
             # Release in the order the driver needs: kernels, then programs, then the context
             # (PoCL aborts at exit when a context goes while programs of it are alive).
@@ -243,8 +237,7 @@ class OpenCLBackend(QueuedBackend):
         if busy:
             with cl_errors(stream.name):
                 stream.record(cl.enqueue_barrier(stream.queue, wait_for=busy))
-        self._streams.append(stream)
-        return stream
+        return self._add_stream(stream)  # type: ignore[no-any-return]
 
     def _busy_events(self, exclude: CLStream | None = None) -> list[Any]:
         """The last pending event of every stream but ``exclude``."""
@@ -255,7 +248,3 @@ class OpenCLBackend(QueuedBackend):
                 if event is not None:
                     events.append(event)
         return events
-
-    def _generation(self) -> int:
-        pool: Any = getattr(self, "_pool", None)
-        return pool.generation if pool is not None else 0

@@ -17,7 +17,7 @@ import numpy as np
 import pyopencl as cl
 
 from accelkit.dtype import DType
-from accelkit.sdk import FactoryKernels
+from accelkit.sdk import FactoryKernels, storage
 from accelkit.sdk import host_assign as assign
 from accelkit.tensor import Tensor
 from accelkit_opencl.memory import LARGE_COPY
@@ -28,28 +28,30 @@ __all__ = ["OpenCLFactoryKernels"]
 
 class OpenCLFactoryKernels(CLComponent, FactoryKernels):
     def fill(self, out: Tensor, value: int | float | bool) -> None:
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
         with np.errstate(all="ignore"):
-            if out._dtype is DType.BOOL:
+            if out.dtype is DType.BOOL:
                 pattern = np.array(bool(value), np.uint8)
             else:
-                pattern = np.array(value).astype(out._dtype.to_numpy())
+                pattern = np.array(value).astype(out.dtype.to_numpy())
         nbytes = out.nbytes
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
-            return cl.enqueue_fill_buffer(queue, out._data, pattern, 0, nbytes, wait_for=wait_for)
+            return cl.enqueue_fill_buffer(
+                queue, storage(out), pattern, 0, nbytes, wait_for=wait_for
+            )
 
         self._enqueue(run, (), (out,), (pattern,))
 
     def _upload(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         """Fill ``out`` from the host array ``make()``, which the submitter runs in stream order
         and converts to ``out``'s dtype before it enqueues the copy."""
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        shape, dtype = out._shape, out._dtype.to_numpy()
+        shape, dtype = out.shape, out.dtype.to_numpy()
         hosts: list[np.ndarray[Any, Any]] = []  # the uploaded array, kept with the closure
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
@@ -61,7 +63,7 @@ class OpenCLFactoryKernels(CLComponent, FactoryKernels):
                 assign(host, array)
             del array
             hosts.append(host)
-            return cl.enqueue_copy(queue, out._data, host, is_blocking=False, wait_for=wait_for)
+            return cl.enqueue_copy(queue, storage(out), host, is_blocking=False, wait_for=wait_for)
 
         self._enqueue(run, (), (out,))
 
@@ -71,13 +73,13 @@ class OpenCLFactoryKernels(CLComponent, FactoryKernels):
 
     def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         # The snapshot is made now: the caller may reuse `array` at once.
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        dtype = out._dtype.to_numpy()
+        dtype = out.dtype.to_numpy()
         if array.dtype == dtype or max(array.nbytes, out.nbytes) <= LARGE_COPY:
             # The snapshot is the converted array itself (one copy either way).
-            host = np.empty(out._shape, dtype)
+            host = np.empty(out.shape, dtype)
             assign(host, array)
             self._upload(out, lambda: host)
         else:

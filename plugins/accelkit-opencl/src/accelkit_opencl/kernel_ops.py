@@ -20,7 +20,14 @@ import pyopencl as cl
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.quant import QuantFormat
-from accelkit.sdk import FusedKernels, GeluApproximation, SamplingParams, rotary_inv_freq
+from accelkit.sdk import (
+    FusedKernels,
+    GeluApproximation,
+    SamplingParams,
+    last_writer,
+    rotary_inv_freq,
+    storage,
+)
 from accelkit.tensor import Tensor
 from accelkit_opencl.opencl_elementwise import Operand, elementwise_source
 from accelkit_opencl.opencl_fused import (
@@ -63,9 +70,9 @@ class _FusedComponent(CLComponent):
 
     def _supported(self, op: str, *tensors: Tensor | None) -> None:
         for t in tensors:
-            if t is not None and t._dtype not in STORE_TYPES:
+            if t is not None and t.dtype not in STORE_TYPES:
                 raise UnsupportedOperationError(
-                    f"opencl: no fused {op} for {t._dtype.value} (OpenCL C has no such type)"
+                    f"opencl: no fused {op} for {t.dtype.value} (OpenCL C has no such type)"
                 )
 
     @property
@@ -100,7 +107,7 @@ class _FusedComponent(CLComponent):
         def check() -> BaseException | None:
             return error(int(host[1]), int(host[2])) if host[0] else None
 
-        self._stream.add_check(outputs[0]._seq, check)
+        self._stream.add_check(last_writer(outputs[0])[1], check)
 
 
 def _with_err(
@@ -125,19 +132,19 @@ class OpenCLNormKernels(_FusedComponent):
         summed: Tensor,
     ) -> None:  # fmt: skip
         self._supported("rms_norm_residual", x)
-        if x._size == 0:
+        if x.size == 0:
             self._skip([normed, summed])
             return
-        d = x._shape[-1]
+        d = x.shape[-1]
         wg = self.backend._reduce_wg
-        source = rms_norm_residual_source(x._dtype, weight is not None, wg)
+        source = rms_norm_residual_source(x.dtype, weight is not None, wg)
         kernel = self.backend._kernel(source, "rms_residual")
-        args: list[Any] = [normed._data, summed._data, x._data, residual._data]
+        args: list[Any] = [storage(normed), storage(summed), storage(x), storage(residual)]
         if weight is not None:
-            args.append(weight._data)
-        args += [_i64(d), numpy_scalar(load_type(x._dtype), eps)]
+            args.append(storage(weight))
+        args += [_i64(d), numpy_scalar(load_type(x.dtype), eps)]
         self._enqueue(
-            launch(kernel, args, ((x._size // d) * wg,), (wg,)),
+            launch(kernel, args, ((x.size // d) * wg,), (wg,)),
             [x, residual, weight], [normed, summed],
         )  # fmt: skip
 
@@ -153,22 +160,22 @@ class OpenCLPositionKernels(_FusedComponent):
         self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
     ) -> None:
         self._supported("rotary_embedding", x)
-        if x._size == 0:
+        if x.size == 0:
             self._skip([out])
             return
-        _, h, s, d = x._shape
+        _, h, s, d = x.shape
         half = d // 2
         inv_freq = self.backend.tensor_factory.from_host(
-            rotary_inv_freq(d, base), dtype=_compute(x._dtype)
+            rotary_inv_freq(d, base), dtype=_compute(x.dtype)
         )
         per_batch = positions is not None and positions.ndim == 2
-        pdt = positions._dtype if positions is not None else None
-        kernel = self.backend._kernel(rotary_source(x._dtype, pdt, per_batch), "rotary")
-        args: list[Any] = [out._data, x._data, inv_freq._data]
+        pdt = positions.dtype if positions is not None else None
+        kernel = self.backend._kernel(rotary_source(x.dtype, pdt, per_batch), "rotary")
+        args: list[Any] = [storage(out), storage(x), storage(inv_freq)]
         if positions is not None:
-            args.append(positions._data)
+            args.append(storage(positions))
         args += [_i64(h), _i64(s), _i64(half), _i64(offset)]
-        self._enqueue(launch(kernel, args, (x._size // 2,), None), [x, inv_freq, positions], [out])
+        self._enqueue(launch(kernel, args, (x.size // 2,), None), [x, inv_freq, positions], [out])
 
 
 class OpenCLAttentionKernels(_FusedComponent):
@@ -184,20 +191,20 @@ class OpenCLAttentionKernels(_FusedComponent):
         context_lens: Tensor, scale: float, out: Tensor,
     ) -> None:  # fmt: skip
         self._supported("paged_attention", q)
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        b, h, d = q._shape
-        num_blocks, block_size, hk, _ = k_cache._shape
-        max_blocks = block_table._shape[1]
+        b, h, d = q.shape
+        num_blocks, block_size, hk, _ = k_cache.shape
+        max_blocks = block_table.shape[1]
         source = paged_attention_source(
-            q._dtype, block_table._dtype, context_lens._dtype, d, block_size
+            q.dtype, block_table.dtype, context_lens.dtype, d, block_size
         )
         kernel = self.backend._kernel(source, "paged_attention")
         args: list[Any] = [
-            out._data, q._data, k_cache._data, v_cache._data, block_table._data,
-            context_lens._data, None, _i64(h), _i64(h // hk), _i64(hk), _i64(num_blocks),
-            _i64(max_blocks), numpy_scalar(load_type(q._dtype), scale),
+            storage(out), storage(q), storage(k_cache), storage(v_cache), storage(block_table),
+            storage(context_lens), None, _i64(h), _i64(h // hk), _i64(hk), _i64(num_blocks),
+            _i64(max_blocks), numpy_scalar(load_type(q.dtype), scale),
         ]  # fmt: skip
         max_len = max_blocks * block_size
 
@@ -222,15 +229,24 @@ class OpenCLAttentionKernels(_FusedComponent):
 class OpenCLActivationKernels(_FusedComponent):
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
         self._supported("silu_mul", gate)
-        n = out._size
+        n = out.size
         if n == 0:
             self._skip([out])
             return
-        dt = gate._dtype
+        dt = gate.dtype
         operands = [Operand("a", dt, True), Operand("b", dt, True)]
         source = elementwise_source(dt, dt, operands, silu_mul_expr(dt), 1)
         kernel = self.backend._kernel(source, "ew")
-        args = [out._data, _i64(0), gate._data, _i64(0), up._data, _i64(0), _i64(n), _i64(n)]
+        args = [
+            storage(out),
+            _i64(0),
+            storage(gate),
+            _i64(0),
+            storage(up),
+            _i64(0),
+            _i64(n),
+            _i64(n),
+        ]
         args += [_i64(1)] * 3  # contiguous strides of out, a and b
         self._enqueue(launch(kernel, args, (n,), None), [gate, up], [out])
 
@@ -249,16 +265,16 @@ class OpenCLLinearKernels(_FusedComponent):
         format: QuantFormat, out: Tensor,
     ) -> None:  # fmt: skip
         self._supported("quantized_linear", x)
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        n_out, n_in = qweight._shape[0], x._shape[-1]
-        rows = x._size // n_in
-        source = quantized_linear_source(x._dtype, format, scales._dtype, bias is not None)
+        n_out, n_in = qweight.shape[0], x.shape[-1]
+        rows = x.size // n_in
+        source = quantized_linear_source(x.dtype, format, scales.dtype, bias is not None)
         kernel = self.backend._kernel(source, "qlinear")
-        args: list[Any] = [out._data, x._data, qweight._data, scales._data]
+        args: list[Any] = [storage(out), storage(x), storage(qweight), storage(scales)]
         if bias is not None:
-            args.append(bias._data)
+            args.append(storage(bias))
         args += [_i64(n_out), _i64(n_in)]
         self._enqueue(launch(kernel, args, (n_out, rows), None), [x, qweight, scales, bias], [out])
 
@@ -272,35 +288,35 @@ class OpenCLSamplingKernels(_FusedComponent):
         self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
     ) -> None:
         self._supported("sample_token", logits)
-        vocab = logits._shape[-1]
-        rows = logits._size // vocab
+        vocab = logits.shape[-1]
+        rows = logits.size // vocab
         if rows == 0:
             self._skip([out])
             return
-        ct = _compute(logits._dtype)
+        ct = _compute(logits.dtype)
         greedy = params.temperature == 0.0
         top_k = 0 < params.top_k < vocab
         top_p = params.top_p < 1.0
         previous = previous_tokens if params.repetition_penalty != 1.0 else None
         wg = self.backend._reduce_wg
         source = sample_token_source(
-            logits._dtype, previous._dtype if previous is not None else None, greedy,
+            logits.dtype, previous.dtype if previous is not None else None, greedy,
             top_k and not greedy, top_p and not greedy, wg,
         )  # fmt: skip
         kernel = self.backend._kernel(source, "sample")
         z = self.empty((rows, vocab), ct)
         p = self.empty((rows, vocab) if top_p and not greedy else (1,), ct)
         t = load_type(ct)
-        args: list[Any] = [out._data, logits._data, z._data, p._data]
+        args: list[Any] = [storage(out), storage(logits), storage(z), storage(p)]
         inputs: list[Any] = [logits]
         if previous is not None:
-            n_prev = previous._size // rows
-            args += [previous._data, _i64(n_prev), None]
+            n_prev = previous.size // rows
+            args += [storage(previous), _i64(n_prev), None]
             inputs.append(previous)
         if not greedy:
             # The composition's noise, made by this backend's factory for the same seed.
             noise = self.backend.tensor_factory.uniform((rows, vocab), seed=params.seed)
-            args.append(noise._data)
+            args.append(storage(noise))
             inputs.append(noise)
         args += [
             _i64(vocab), numpy_scalar(t, params.repetition_penalty),

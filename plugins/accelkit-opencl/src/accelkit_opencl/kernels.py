@@ -25,6 +25,7 @@ from accelkit.sdk import (
     KernelInfo,
     check_launch_dims,
     check_tensor,
+    storage,
 )
 from accelkit.tensor import Tensor
 from accelkit_opencl.programs import (
@@ -274,9 +275,9 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
             if isinstance(arg, Tensor):
                 check_tensor(self.backend, arg, f"args[{i}]")
                 tensors.append(arg)
-                return arg._data
+                return storage(arg)
             if isinstance(arg, DeviceBuffer):
-                if arg._pool is not self.backend._pool or not arg.is_alive:
+                if arg._pool is not self.backend.pool or not arg.is_alive:
                     raise StaleHandleError(f"args[{i}] {arg!r} was freed or is another backend's")
                 keep.append(arg)
                 return arg.handle

@@ -15,7 +15,7 @@ import numpy as np
 
 from accelkit.dtype import DType
 from accelkit.errors import KernelCompileError, UnsupportedOperationError
-from accelkit.sdk import broadcast_shapes, prod
+from accelkit.sdk import broadcast_shapes, prod, storage
 from accelkit.tensor import Tensor
 from accelkit_opencl.opencl_linalg import (
     GemmBlock,
@@ -57,7 +57,7 @@ class CLLinalgOps(CLComponent):
         beta: float,
     ) -> None:
         m, n, k = mnk
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
         bshape, bstrides = collapse(batch, batch_strides) if batch else ((1,), [(0,)] * 3)
@@ -70,7 +70,7 @@ class CLLinalgOps(CLComponent):
         bshape = (1,) * pad + bshape
         bstrides = [(0,) * pad + s for s in bstrides]
         nbatch = prod(bshape)
-        packed = out._dtype in _PACKED_DTYPES and (c is None or c._dtype is out._dtype)
+        packed = out.dtype in _PACKED_DTYPES and (c is None or c.dtype is out.dtype)
         tiled = self._tiled_gemm(out, a, b, c, mnk, a_mk, b_kn, c_mn, bshape, bstrides, alpha, beta)
         if k and packed and m * n * k * nbatch >= PACKED_MIN_WORK:
             self._packed_gemm(
@@ -97,18 +97,18 @@ class CLLinalgOps(CLComponent):
         """The launch of the local-memory tiled kernel (every dtype)."""
         m, n, k = mnk
         nbatch = prod(bshape)
-        ts, wpt = self.backend._gemm_tiles(out._dtype)
+        ts, wpt = self.backend._gemm_tiles(out.dtype)
         rts = ts // wpt
         source = gemm_source(
-            a._dtype, b._dtype, c._dtype if c is not None else None, out._dtype, ts, wpt
+            a.dtype, b.dtype, c.dtype if c is not None else None, out.dtype, ts, wpt
         )
         kernel = self.backend._kernel(source, "gemm")
         global_size = (-(-n // ts) * rts, -(-m // ts) * rts, nbatch)
         local_size = (rts, rts, 1)
-        t = load_type(out._dtype)
-        args: list[Any] = [out._data, a._data, b._data]
+        t = load_type(out.dtype)
+        args: list[Any] = [storage(out), storage(a), storage(b)]
         if c is not None:
-            args.append(c._data)
+            args.append(storage(c))
         args += [np.int32(m), np.int32(n), np.int32(k)]
         args += [_i64(s) for s in (*a_mk, *b_kn, *c_mn)]
         args += [_i64(bshape[1]), _i64(bshape[2])]
@@ -148,7 +148,7 @@ class CLLinalgOps(CLComponent):
         """Pack A and B^T into zero-padded panels (once per batch item; once in all for an
         operand broadcast over the batch), then multiply the panels (``opencl_linalg``)."""
         m, n, k = mnk
-        dt = out._dtype
+        dt = out.dtype
         block = self._gemm_block(dt)
         rm, rn = block.rows, block.cols
         mp, np_, kp = -(-m // rm) * rm, -(-n // rn) * rn, -(-k // block.k_unroll) * block.k_unroll
@@ -165,17 +165,17 @@ class CLLinalgOps(CLComponent):
             rp = -(-rows // blk) * blk
             nb = nbatch if any(sb) else 1
             p = self.empty((nb * rp * kp,), dt)
-            kernel = self.backend._kernel(gemm_pack_source(x._dtype, dt, blk), "pack")
-            args = [p._data, x._data, np.int32(rows), np.int32(k), np.int32(kp), _i64(sr)]
+            kernel = self.backend._kernel(gemm_pack_source(x.dtype, dt, blk), "pack")
+            args = [storage(p), storage(x), np.int32(rows), np.int32(k), np.int32(kp), _i64(sr)]
             args += [_i64(sk), *batch_args, *(_i64(s) for s in sb), _i64(rp * kp)]
             launches.append((kernel, args, (kp, rp // blk, nb), None))
             packed.append(p)
             pz.append(rp * kp if nb > 1 else 0)
         kernel = self.backend._kernel(gemm_packed_source(dt, c is not None, block), "gemm_packed")
         t = load_type(dt)
-        args = [out._data, packed[0]._data, packed[1]._data]
+        args = [storage(out), storage(packed[0]), storage(packed[1])]
         if c is not None:
-            args.append(c._data)
+            args.append(storage(c))
         args += [np.int32(m), np.int32(n), np.int32(kp), _i64(pz[0]), _i64(pz[1])]
         args += [_i64(c_mn[0]), _i64(c_mn[1]), *batch_args, *(_i64(s) for s in bstrides[2])]
         args += [numpy_scalar(t, alpha), numpy_scalar(t, beta)]
@@ -216,17 +216,17 @@ class CLLinalgOps(CLComponent):
         beta: float,
     ) -> None:
         batched = out.ndim == 3
-        m, n = out._shape[-2], out._shape[-1]
-        k = a._shape[-2] if trans_a else a._shape[-1]
-        ra, rb = a._shape[-1], b._shape[-1]
+        m, n = out.shape[-2], out.shape[-1]
+        k = a.shape[-2] if trans_a else a.shape[-1]
+        ra, rb = a.shape[-1], b.shape[-1]
         a_mk = (1, ra) if trans_a else (ra, 1)
         b_kn = (1, rb) if trans_b else (rb, 1)
-        c_strides = broadcast_strides(c._shape, out._shape) if c is not None else (0,) * out.ndim
+        c_strides = broadcast_strides(c.shape, out.shape) if c is not None else (0,) * out.ndim
         batch: tuple[int, ...] = ()
         bstrides: list[tuple[int, ...]] = [(), (), ()]
         if batched:
-            batch = (out._shape[0],)
-            bstrides = [(a._shape[-2] * ra,), (b._shape[-2] * rb,), (c_strides[0],)]
+            batch = (out.shape[0],)
+            bstrides = [(a.shape[-2] * ra,), (b.shape[-2] * rb,), (c_strides[0],)]
         self._gemm_launch(
             out,
             a,
@@ -243,8 +243,8 @@ class CLLinalgOps(CLComponent):
         )
 
     def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
-        a2 = a._shape if a.ndim > 1 else (1, a._shape[0])
-        b2 = b._shape if b.ndim > 1 else (b._shape[0], 1)
+        a2 = a.shape if a.ndim > 1 else (1, a.shape[0])
+        b2 = b.shape if b.ndim > 1 else (b.shape[0], 1)
         m, k, n = a2[-2], a2[-1], b2[-1]
         batch = broadcast_shapes(a2[:-2], b2[:-2])
         sa = tuple(s * m * k for s in broadcast_strides(a2[:-2], batch))
@@ -255,9 +255,9 @@ class CLLinalgOps(CLComponent):
         )  # fmt: skip
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
-        k = weight._shape[1]
-        n = weight._shape[0]
-        m = x._size // k if k else prod(x._shape[:-1])
+        k = weight.shape[1]
+        n = weight.shape[0]
+        m = x.size // k if k else prod(x.shape[:-1])
         self._gemm_launch(
             out, x, weight, bias, (m, n, k), (k, 1), (1, k), (0, 1), (), [(), (), ()],
             1.0, 1.0 if bias is not None else 0.0,

@@ -19,7 +19,16 @@ import pyopencl as cl
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import CachingPool, DeviceBuffer, PooledMemoryManager, check_tensor
+from accelkit.sdk import (
+    CachingPool,
+    DeviceBuffer,
+    PooledMemoryManager,
+    buffer_of,
+    check_tensor,
+    last_writer,
+    mark_written,
+    storage,
+)
 from accelkit.tensor import Tensor
 from accelkit_opencl.stream import CLStream
 from accelkit_opencl.submit import positions
@@ -82,7 +91,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         return self._backend.current_stream  # type: ignore[return-value]
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        buf = self._buffer(buffer, "buffer")
+        buf = self.owned_buffer(buffer, "buffer")
         # Stream-ordered: with one (in-order) queue, every later command runs after every command
         # already queued, so the block may be reused at once. With several, the pool may hand it
         # to any queue next, so it returns once the work queued so far on all of them is done
@@ -104,7 +113,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         # A snapshot: the caller may reuse src at once (after a cancelled wait too).
         if view.nbytes > LARGE_COPY:
             data = await anyio.to_thread.run_sync(_snapshot, view)
-            buf = self._buffer(dst, "dst")  # still live after the await
+            buf = self.owned_buffer(dst, "dst")  # still live after the await
         else:
             data = _snapshot(view)
         stream = self._current()
@@ -117,7 +126,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
 
         seq = stream.submit(run, (buf, data), deps)
         if isinstance(dst, Tensor):
-            dst._stream, dst._seq = stream, seq
+            mark_written((dst,), stream, seq)
         await stream.reach(seq)
         stream.raise_failure(seq)
 
@@ -157,35 +166,35 @@ class OpenCLMemoryManager(PooledMemoryManager):
 
         seq = stream.submit(run, (d, s), positions(stream, tensors))
         if isinstance(dst, Tensor):
-            dst._stream, dst._seq = stream, seq
+            mark_written((dst,), stream, seq)
 
     # -- tensor transfers -------------------------------------------------------------------------
     def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], int, CLStream]:
         check_tensor(self._backend, tensor, "tensor")
-        out = np.empty(tensor._shape, tensor._dtype.to_numpy())
-        stream: CLStream = tensor._stream  # type: ignore[assignment]
+        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
+        stream: CLStream = last_writer(tensor)[0]  # type: ignore[assignment]
         if out.nbytes == 0:
             return out, 0, stream
         # Read on the writer's queue: in order after the writer, with no cross-queue dependency.
-        data = tensor._data
+        data = storage(tensor)
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
             return cl.enqueue_copy(queue, out, data, is_blocking=False)
 
-        return out, stream.submit(run, (tensor._buffer, out)), stream
+        return out, stream.submit(run, (buffer_of(tensor), out)), stream
 
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         out, seq, stream = self._read(tensor)
         if seq:
             await stream.reach(seq)
-        self._raise(stream, seq, tensor._seq)
+        self._raise(stream, seq, last_writer(tensor)[1])
         return out
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         out, seq, stream = self._read(tensor)
         if seq:
             stream.reach_blocking(seq)
-        self._raise(stream, seq, tensor._seq)
+        self._raise(stream, seq, last_writer(tensor)[1])
         return out
 
     @staticmethod

@@ -17,7 +17,7 @@ import pyopencl as cl
 
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import UnsupportedOperationError
-from accelkit.sdk import Operand, TensorKernels, prod
+from accelkit.sdk import Operand, TensorKernels, last_writer, prod, storage
 from accelkit.tensor import Tensor
 from accelkit_opencl.linalg_ops import CLLinalgOps
 from accelkit_opencl.opencl_attention import attention_key_tile, attention_source
@@ -109,17 +109,17 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         cshape, cstrides = collapse(shape, [out_strides, *(it.strides for it in tensors)])
         nd = len(cshape)
         source = elementwise_source(
-            out._dtype,
+            out.dtype,
             compute,
             [SourceOperand(it.name, it.dtype, it.is_tensor) for it in items],
             expr,
             nd,
         )
         kernel = self.backend._kernel(source, "ew")
-        args: list[Any] = [out._data, _i64(out_offset)]
+        args: list[Any] = [storage(out), _i64(out_offset)]
         for it in items:
             if it.is_tensor:
-                args += [it.value._data, _i64(it.offset)]  # type: ignore[union-attr]
+                args += [storage(it.value), _i64(it.offset)]  # type: ignore[arg-type]
             else:
                 args.append(numpy_scalar(load_type(it.dtype), it.value))  # type: ignore[arg-type]
         args.append(_i64(n))
@@ -130,32 +130,32 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
 
     def _operand(self, name: str, v: Operand, compute: DType, shape: tuple[int, ...]) -> _Item:
         if type(v) is Tensor:
-            return _Item(name, v, v._dtype, broadcast_strides(v._shape, shape))
+            return _Item(name, v, v.dtype, broadcast_strides(v.shape, shape))
         return _Item(name, v, compute)
 
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
-        compute = out._dtype
+        compute = out.dtype
         self._strided(
             out,
-            out._shape,
+            out.shape,
             compute,
             unary_expr(op, compute),
-            [self._operand("a", x, compute, out._shape)],
+            [self._operand("a", x, compute, out.shape)],
         )
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
-        if out._dtype is DType.BOOL and op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        if out.dtype is DType.BOOL and op in ("eq", "ne", "lt", "le", "gt", "ge"):
             if type(a) is Tensor and type(b) is Tensor:
-                compute = result_type(a._dtype, b._dtype)
+                compute = result_type(a.dtype, b.dtype)
             elif type(a) is Tensor:
-                compute = scalar_result_type(a._dtype, b)
+                compute = scalar_result_type(a.dtype, b)
             else:
-                compute = scalar_result_type(b._dtype, a)  # type: ignore[union-attr]
+                compute = scalar_result_type(b.dtype, a)  # type: ignore[union-attr]
             compute = _wide_enough(compute, a, b)
         else:
-            compute = out._dtype
-        shape = out._shape
+            compute = out.dtype
+        shape = out.shape
         self._strided(
             out,
             shape,
@@ -165,8 +165,8 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         )
 
     def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
-        compute = out._dtype
-        shape = out._shape
+        compute = out.dtype
+        shape = out.shape
         self._strided(
             out,
             shape,
@@ -182,34 +182,34 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     def cast(self, x: Tensor, out: Tensor) -> None:
         self._strided(
             out,
-            out._shape,
-            x._dtype,
-            cast_expr(x._dtype, out._dtype),
-            [self._operand("a", x, x._dtype, out._shape)],
+            out.shape,
+            x.dtype,
+            cast_expr(x.dtype, out.dtype),
+            [self._operand("a", x, x.dtype, out.shape)],
         )
 
     # -- reductions -------------------------------------------------------------------------------
     def reduce(
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
     ) -> None:
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        strides = contiguous_strides(x._shape)
+        strides = contiguous_strides(x.shape)
         keep = [i for i in range(x.ndim) if i not in axes]
         kshape, (kstrides,) = collapse(
-            tuple(x._shape[i] for i in keep), [tuple(strides[i] for i in keep)]
+            tuple(x.shape[i] for i in keep), [tuple(strides[i] for i in keep)]
         )
         rshape, (rstrides,) = collapse(
-            tuple(x._shape[i] for i in axes), [tuple(strides[i] for i in axes)]
+            tuple(x.shape[i] for i in axes), [tuple(strides[i] for i in axes)]
         )
-        n_red = prod(tuple(x._shape[i] for i in axes))
+        n_red = prod(tuple(x.shape[i] for i in axes))
         wg = self.backend._reduce_wg
-        source = reduce_source(op, x._dtype, out._dtype, len(kshape), len(rshape), wg)
+        source = reduce_source(op, x.dtype, out.dtype, len(kshape), len(rshape), wg)
         kernel = self.backend._kernel(source, "reduce")
-        args = [out._data, x._data, _i64(n_red)]
+        args = [storage(out), storage(x), _i64(n_red)]
         args += [_i64(v) for v in (*kshape, *kstrides, *rshape, *rstrides)]
-        self._enqueue(launch(kernel, args, (out._size * wg,), (wg,)), [x], [out])
+        self._enqueue(launch(kernel, args, (out.size * wg,), (wg,)), [x], [out])
 
     # -- shape ------------------------------------------------------------------------------------
     def _copy(
@@ -222,56 +222,56 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         out_strides: tuple[int, ...] | None = None,
         out_offset: int = 0,
     ) -> None:
-        item = _Item("a", x, x._dtype, x_strides, x_offset)
+        item = _Item("a", x, x.dtype, x_strides, x_offset)
         self._strided(
-            out, shape, x._dtype, "a", [item], out_strides=out_strides, out_offset=out_offset
+            out, shape, x.dtype, "a", [item], out_strides=out_strides, out_offset=out_offset
         )
 
     def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
-        strides = contiguous_strides(x._shape)
-        self._copy(out, x, out._shape, tuple(strides[a] for a in axes))
+        strides = contiguous_strides(x.shape)
+        self._copy(out, x, out.shape, tuple(strides[a] for a in axes))
 
     def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
-        out_strides = contiguous_strides(out._shape)
+        out_strides = contiguous_strides(out.shape)
         position = 0
         wrote = False
         for t in tensors:
-            if t._size:
+            if t.size:
                 self._copy(
                     out,
                     t,
-                    t._shape,
-                    contiguous_strides(t._shape),
+                    t.shape,
+                    contiguous_strides(t.shape),
                     out_strides=out_strides,
                     out_offset=position * out_strides[axis],
                 )
                 wrote = True
-            position += t._shape[axis]
+            position += t.shape[axis]
         if not wrote:
             self._skip([out])
 
     def narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
-        strides = contiguous_strides(x._shape)
-        self._copy(out, x, out._shape, strides, start * strides[axis])
+        strides = contiguous_strides(x.shape)
+        self._copy(out, x, out.shape, strides, start * strides[axis])
 
     def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         from accelkit_opencl.opencl_index import checked_launch, gather_source, index_error
 
-        n = out._size
+        n = out.size
         if n == 0:
             self._skip([out])
             return
-        dim = x._shape[axis]
-        kernel = self.backend._kernel(gather_source(x._dtype, index._dtype, x.ndim, axis), "gather")
-        args: list[Any] = [out._data, x._data, index._data, None, _i64(n), _i64(dim)]
-        args += [_i64(d) for d in index._shape]
-        args += [_i64(s) for s in contiguous_strides(x._shape)]
+        dim = x.shape[axis]
+        kernel = self.backend._kernel(gather_source(x.dtype, index.dtype, x.ndim, axis), "gather")
+        args: list[Any] = [storage(out), storage(x), storage(index), None, _i64(n), _i64(dim)]
+        args += [_i64(d) for d in index.shape]
+        args += [_i64(s) for s in contiguous_strides(x.shape)]
         self._enqueue_checked(
             checked_launch(kernel, args, (n,)),
             [x, index],
             [out],
             lambda v: index_error("gather", "index", v, -dim, dim),
-            unsigned=index._dtype is DType.U64,
+            unsigned=index.dtype is DType.U64,
         )
 
     def scatter(
@@ -279,27 +279,27 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     ) -> None:
         from accelkit_opencl.opencl_index import checked_launch, index_error, scatter_source
 
-        x_strides = contiguous_strides(x._shape)
-        if out._size:
-            self._copy(out, x, x._shape, x_strides)
-        length = index._shape[axis]
-        lines = index._size // length if length else 0
+        x_strides = contiguous_strides(x.shape)
+        if out.size:
+            self._copy(out, x, x.shape, x_strides)
+        length = index.shape[axis]
+        lines = index.size // length if length else 0
         if lines == 0:
-            if not out._size:
+            if not out.size:
                 self._skip([out])
             return
-        dim = x._shape[axis]
+        dim = x.shape[axis]
         scalar: str | None = None
         if isinstance(src, Tensor):
-            value, src_shape = src._data, src._shape
+            value, src_shape = storage(src), src.shape
         else:
-            scalar = load_type(x._dtype)
-            value, src_shape = numpy_scalar(scalar, src), index._shape
-        source = scatter_source(x._dtype, index._dtype, x.ndim, axis, scalar)
+            scalar = load_type(x.dtype)
+            value, src_shape = numpy_scalar(scalar, src), index.shape
+        source = scatter_source(x.dtype, index.dtype, x.ndim, axis, scalar)
         kernel = self.backend._kernel(source, "scatter")
-        args: list[Any] = [out._data, value, index._data, None, _i64(lines), _i64(length)]
+        args: list[Any] = [storage(out), value, storage(index), None, _i64(lines), _i64(length)]
         args.append(_i64(dim))
-        args += [_i64(d) for d in index._shape]
+        args += [_i64(d) for d in index.shape]
         args += [_i64(s) for s in x_strides]
         args += [_i64(s) for s in contiguous_strides(src_shape)]
         self._enqueue_checked(
@@ -307,7 +307,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
             [index, src],
             [out],
             lambda v: index_error("scatter", "index", v, -dim, dim),
-            unsigned=index._dtype is DType.U64,
+            unsigned=index.dtype is DType.U64,
         )
 
     # -- neural-network ops -----------------------------------------------------------------------
@@ -324,16 +324,16 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     ) -> None:
         from accelkit_opencl.opencl_conv import conv2d_source
 
-        n, o, oh, ow = out._shape
-        if out._size == 0:
+        n, o, oh, ow = out.shape
+        if out.size == 0:
             self._skip([out])
             return
-        _, c, h, w = x._shape
-        _, cg, kh, kw = weight._shape
-        kernel = self.backend._kernel(conv2d_source(x._dtype, bias is not None), "conv2d")
-        args: list[Any] = [out._data, x._data, weight._data]
+        _, c, h, w = x.shape
+        _, cg, kh, kw = weight.shape
+        kernel = self.backend._kernel(conv2d_source(x.dtype, bias is not None), "conv2d")
+        args: list[Any] = [storage(out), storage(x), storage(weight)]
         if bias is not None:
-            args.append(bias._data)
+            args.append(storage(bias))
         dims = (c, h, w, o, cg, kh, kw, oh, ow, *stride, *padding, *dilation, o // groups)
         args += [np.int32(v) for v in dims]
         self._enqueue(launch(kernel, args, (ow, oh, n * o), None), [x, weight, bias], [out])
@@ -348,42 +348,42 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         scale: float,
         causal: bool,
     ) -> None:
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        b, h, sq, d = q._shape
-        hk, skv, dv = k._shape[1], k._shape[2], v._shape[3]
+        b, h, sq, d = q.shape
+        hk, skv, dv = k.shape[1], k.shape[2], v.shape[3]
         dev = self.backend._cl_device
-        bk = attention_key_tile(q._dtype, d, dv, int(dev.local_mem_size))
+        bk = attention_key_tile(q.dtype, d, dv, int(dev.local_mem_size))
         if bk < 1:
             raise UnsupportedOperationError(
                 f"opencl: attention with head dims {d} and {dv} does not fit one key tile in"
                 f" the device's {int(dev.local_mem_size)} bytes of local memory"
             )
         bq = int(self.backend._variant("attention_rows"))  # query rows per work-group
-        mdt = mask._dtype if mask is not None else None
-        source = attention_source(q._dtype, mdt, d, dv, bq, bk, causal)
+        mdt = mask.dtype if mask is not None else None
+        source = attention_source(q.dtype, mdt, d, dv, bq, bk, causal)
         kernel = self.backend._kernel(source, "attention")
-        args: list[Any] = [out._data, q._data, k._data, v._data]
+        args: list[Any] = [storage(out), storage(q), storage(k), storage(v)]
         if mask is not None:
-            args.append(mask._data)
+            args.append(storage(mask))
         args += [_i64(h), _i64(h // hk), _i64(sq), _i64(skv)]
-        args.append(numpy_scalar(load_type(q._dtype), scale))
+        args.append(numpy_scalar(load_type(q.dtype), scale))
         if mask is not None:
-            args += [_i64(st) for st in broadcast_strides(mask._shape, (b, h, sq, skv))]
+            args += [_i64(st) for st in broadcast_strides(mask.shape, (b, h, sq, skv))]
         global_size = (-(-sq // bq) * bq, b * h)
         self._enqueue(launch(kernel, args, global_size, (bq, 1)), [q, k, v, mask], [out])
 
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        length = x._shape[axis]
-        inner = prod(x._shape[axis + 1 :])
-        rows = out._size // length
+        length = x.shape[axis]
+        inner = prod(x.shape[axis + 1 :])
+        rows = out.size // length
         wg = self.backend._reduce_wg
-        kernel = self.backend._kernel(softmax_source(x._dtype, out._dtype, log, wg), "softmax")
-        args = [out._data, x._data, _i64(length), _i64(inner)]
+        kernel = self.backend._kernel(softmax_source(x.dtype, out.dtype, log, wg), "softmax")
+        args = [storage(out), storage(x), _i64(length), _i64(inner)]
         self._enqueue(launch(kernel, args, (rows * wg,), (wg,)), [x], [out])
 
     def _norm(
@@ -395,18 +395,18 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         eps: float,
         out: Tensor,
     ) -> None:
-        if out._size == 0:
+        if out.size == 0:
             self._skip([out])
             return
-        d = x._shape[-1]
+        d = x.shape[-1]
         wg = self.backend._reduce_wg
-        source = norm_source(kind, x._dtype, weight is not None, bias is not None, wg)
+        source = norm_source(kind, x.dtype, weight is not None, bias is not None, wg)
         kernel = self.backend._kernel(source, "norm")
-        args: list[Any] = [out._data, x._data]
-        args += [t._data for t in (weight, bias) if t is not None]
-        args += [_i64(d), numpy_scalar(load_type(x._dtype), eps)]
+        args: list[Any] = [storage(out), storage(x)]
+        args += [storage(t) for t in (weight, bias) if t is not None]
+        args += [_i64(d), numpy_scalar(load_type(x.dtype), eps)]
         self._enqueue(
-            launch(kernel, args, ((out._size // d) * wg,), (wg,)), [x, weight, bias], [out]
+            launch(kernel, args, ((out.size // d) * wg,), (wg,)), [x, weight, bias], [out]
         )
 
     def layer_norm(
@@ -420,51 +420,67 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     def cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
     ) -> None:
-        n, c = logits._shape
-        dt = logits._dtype
+        n, c = logits.shape
+        dt = logits.dtype
         wg = self.backend._reduce_wg
         rows = self.empty((n,), DType.F64 if load_type(dt) == "double" else DType.F32)
         err = self.empty((2,), DType.I64)
-        ce = self.backend._kernel(cross_entropy_rows_source(dt, targets._dtype, wg), "ce_rows")
-        ce_args = [probs._data, rows._data, err._data, logits._data, targets._data, _i64(c)]
+        ce = self.backend._kernel(cross_entropy_rows_source(dt, targets.dtype, wg), "ce_rows")
+        ce_args = [
+            storage(probs),
+            storage(rows),
+            storage(err),
+            storage(logits),
+            storage(targets),
+            _i64(c),
+        ]
 
         flag = np.zeros(2, np.int64)  # [set, first bad target], read back by the same command
 
         def run_rows(queue: Any, wait_for: list[Any] | None) -> Any:
             zero = np.zeros(1, np.int64)
-            cl.enqueue_fill_buffer(queue, err._data, zero, 0, 16, wait_for=wait_for)
+            cl.enqueue_fill_buffer(queue, storage(err), zero, 0, 16, wait_for=wait_for)
             if n:
                 enqueue_kernel(queue, ce, ce_args, (n * wg,), (wg,))
-            return cl.enqueue_copy(queue, flag, err._data, is_blocking=False)
+            return cl.enqueue_copy(queue, flag, storage(err), is_blocking=False)
 
         def check() -> BaseException | None:
             return target_error(c, int(flag[1])) if flag[0] else None
 
         self._enqueue(run_rows, [logits, targets], [probs, rows, err], keepalive=[flag])
-        self._stream.add_check(probs._seq, check)
+        self._stream.add_check(last_writer(probs)[1], check)
         if reduction == "none":
             self.cast(rows, loss)
             return
         red = self.backend._kernel(loss_reduce_source(dt, reduction == "mean", wg), "loss_reduce")
-        self._enqueue(launch(red, [loss._data, rows._data, _i64(n)], (wg,), (wg,)), [rows], [loss])
+        self._enqueue(
+            launch(red, [storage(loss), storage(rows), _i64(n)], (wg,), (wg,)), [rows], [loss]
+        )
 
     def embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None:
         from accelkit_opencl.opencl_index import checked_launch, embedding_source, index_error
 
-        n = out._size
+        n = out.size
         if n == 0:
             self._skip([out])
             return
-        rows, width = weight._shape
-        kernel = self.backend._kernel(embedding_source(weight._dtype, indices._dtype), "embedding")
-        args: list[Any] = [out._data, weight._data, indices._data, None, _i64(n), _i64(rows)]
+        rows, width = weight.shape
+        kernel = self.backend._kernel(embedding_source(weight.dtype, indices.dtype), "embedding")
+        args: list[Any] = [
+            storage(out),
+            storage(weight),
+            storage(indices),
+            None,
+            _i64(n),
+            _i64(rows),
+        ]
         args.append(_i64(width))
         self._enqueue_checked(
             checked_launch(kernel, args, (n,)),
             [indices, weight],
             [out],
             lambda v: index_error("embedding", "indices", v, 0, rows),
-            unsigned=indices._dtype is DType.U64,
+            unsigned=indices.dtype is DType.U64,
         )
 
     def adam_update(
@@ -480,13 +496,13 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         step: int,
         weight_decay: float,
     ) -> None:
-        n = param._size
+        n = param.size
         if n == 0:
             self._skip([param, m, v])
             return
-        t = load_type(param._dtype)
-        kernel = self.backend._kernel(adam_source(param._dtype, bool(weight_decay)), "adam")
+        t = load_type(param.dtype)
+        kernel = self.backend._kernel(adam_source(param.dtype, bool(weight_decay)), "adam")
         hyper = (lr, beta1, beta2, eps, 1.0 - beta1**step, 1.0 - beta2**step, weight_decay)
-        args = [param._data, grad._data, m._data, v._data, _i64(n)]
+        args = [storage(param), storage(grad), storage(m), storage(v), _i64(n)]
         args += [numpy_scalar(t, x) for x in hyper]
         self._enqueue(launch(kernel, args, (n,), None), [param, grad, m, v], [param, m, v])

@@ -18,10 +18,10 @@ from accelkit.sdk import BINARY_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
 
 __all__ = ["IMPLEMENTED_OPS", "capabilities", "cl_devices", "device_dtypes", "probe"]
 
-#: The TensorOps and KernelOps this backend runs on the device today (declared exactly: the
+#: The TensorOps this backend runs on the device today (declared exactly: the
 #: selector trusts it).
 IMPLEMENTED_OPS: frozenset[str] = frozenset(
-    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS, *KERNEL_OPS}
+    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS}
     | {
         "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
         "reduce", "softmax", "log_softmax", "layer_norm", "rms_norm", "reshape", "transpose",
@@ -108,6 +108,7 @@ def capabilities(device: Any, index: int) -> BackendCapabilities:
         device=f"opencl:{index}",
         dtypes=dtypes,
         ops=IMPLEMENTED_OPS,
+        fused_ops=KERNEL_OPS,
         kernel_languages=frozenset({"opencl", "spirv"} if il_version else {"opencl"}),
         features=Features(
             fp16=DType.F16 in dtypes,

@@ -647,12 +647,15 @@ class CLEvent(Event):
     def wait_blocking(self) -> None:
         self._stream.wait_for_blocking(self.seq)
 
+    def _reach_blocking(self) -> None:
+        self._stream.reach_blocking(self.seq)
+
     def elapsed_ms(self, end: CLEvent) -> float:
         """Milliseconds between this event and ``end`` (the queues profile their commands).
 
         Blocks until both have completed."""
-        self._stream.reach_blocking(self.seq)
-        end._stream.reach_blocking(end.seq)
+        self._reach_blocking()
+        end._reach_blocking()
         if self._end_ns is None or end._end_ns is None:
             raise DeviceError("elapsed_ms: the OpenCL driver gave no profiling time for an event")
         return float(end._end_ns - self._end_ns) / 1e6

@@ -9,6 +9,7 @@ import numpy as np
 import pyopencl as cl
 
 from accelkit.dtype import DType
+from accelkit.sdk import last_writer, mark_written, new_tensor, view_of
 from accelkit.tensor import Tensor
 from accelkit_opencl.programs import enqueue_kernel
 from accelkit_opencl.stream import CLStream
@@ -25,9 +26,10 @@ def positions(stream: CLStream, inputs: Iterable[Any]) -> list[tuple[CLStream, i
     deps: list[tuple[CLStream, int]] = []
     for t in inputs:
         if type(t) is Tensor:
-            s: CLStream = t._stream  # type: ignore[assignment]
-            if s is not stream and t._seq > s._completed_upto:
-                deps.append((s, t._seq))
+            writer, seq = last_writer(t)
+            s: CLStream = writer  # type: ignore[assignment]
+            if s is not stream and seq > s._completed_upto:
+                deps.append((s, seq))
     return deps
 
 
@@ -58,23 +60,13 @@ class CLComponent:
             size *= d
         # Completed commands release the buffers they kept alive, so the pool can reuse them.
         backend._prune_streams()
-        buf = backend._pool.allocate(size * dtype.itemsize)
+        buf = backend.pool.allocate(size * dtype.itemsize)
         stream = backend._stream_var.get() or backend._default
         assert stream is not None
-        return Tensor(backend, buf, buf.handle, shape, dtype, backend._device_obj, size, stream, 0)
+        return new_tensor(backend, buf, buf.handle, shape, dtype, backend._device_obj, stream)
 
     def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return Tensor(
-            x._backend,
-            x._buffer,
-            x._data,
-            shape,
-            x._dtype,
-            x._device,
-            x._size,
-            x._stream,
-            x._seq,
-        )
+        return view_of(x, shape)
 
     @property
     def _stream(self) -> CLStream:
@@ -106,9 +98,7 @@ class CLComponent:
             (*inputs, *outputs, *keepalive),
             positions(stream, inputs),
         )
-        for o in outputs:
-            o._stream = stream
-            o._seq = seq
+        mark_written(outputs, stream, seq)
 
     def _enqueue_checked(
         self,
@@ -148,14 +138,12 @@ class CLComponent:
             value = int(host[1:].view(np.uint64)[0]) if unsigned else int(host[1])
             return error(value)
 
-        self._stream.add_check(outputs[0]._seq, check)
+        self._stream.add_check(last_writer(outputs[0])[1], check)
 
     def _skip(self, outputs: Iterable[Tensor]) -> None:
         """Record empty outputs (nothing to compute) as written now."""
         stream = self._stream
-        for o in outputs:
-            o._stream = stream
-            o._seq = 0
+        mark_written(outputs, stream, 0)
 
 
 def launch(kernel: Any, args: Sequence[Any], global_size: tuple[int, ...], local: Any) -> Any:

@@ -3,6 +3,7 @@ allocation through that kernel object."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from accelkit.dtype import DType
@@ -21,14 +22,12 @@ class OpsBase(Generic[K]):
     """Base of the TensorOps parts, TensorFactory and KernelOps: validation lives in the
     subclasses, the work in ``kernels`` (a backend's :mod:`accelkit.sdk` kernel object)."""
 
-    __slots__ = ("backend", "kernels")
+    __slots__ = ("_empty", "_view", "backend", "kernels")
 
     def __init__(self, backend: ComputeBackend, kernels: K) -> None:
         self.backend = backend
         self.kernels: K = kernels
-
-    def _empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        return self.kernels.empty(shape, dtype)
-
-    def _view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return self.kernels.view(x, shape)
+        # The kernel object's allocators, bound once: every op allocates its output through
+        # ``_empty``, and a bound method saves a call frame per op.
+        self._empty: Callable[[tuple[int, ...], DType], Tensor] = kernels.empty
+        self._view: Callable[[Tensor, tuple[int, ...]], Tensor] = kernels.view

@@ -7,24 +7,20 @@ small ones inline when the stream is idle, because the hand-off would cost more 
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 
 from accelkit import __version__
 from accelkit._core.host_stream import HostStream
-from accelkit.abc.backend import ComputeBackend
-from accelkit.abc.stream import Stream
+from accelkit._core.stream_backend import StreamBackend
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.dtype import DType
-from accelkit.errors import InvalidArgumentError
 from accelkit.memory import MemoryPoolConfig
 
 __all__ = ["CPUBackend"]
 
 
-class CPUBackend(ComputeBackend):
+class CPUBackend(StreamBackend):
     """NumPy on the host CPU (device ``cpu:0``)."""
 
     name = "cpu"
@@ -32,21 +28,15 @@ class CPUBackend(ComputeBackend):
     device_kinds = frozenset({"cpu"})
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
-        super().__init__()
-        self._pool_config = pool_config or MemoryPoolConfig()
+        super().__init__(pool_config)
         self._streams: list[HostStream] = []
         self._default: HostStream | None = None
         self._device_obj = Device("cpu", 0)
 
-    def supports_device(self, device: Device | str) -> bool:
-        try:
-            d = Device.parse(device)
-        except InvalidArgumentError:
-            return False
-        return d.kind == "cpu" and d.index == 0
+    def _device_count(self) -> int:
+        return 1
 
-    @property
-    def capabilities(self) -> BackendCapabilities:
+    def _device_capabilities(self, index: int) -> BackendCapabilities:
         from accelkit.backends.cpu.probe import cpu_capabilities
 
         return cpu_capabilities()
@@ -60,16 +50,12 @@ class CPUBackend(ComputeBackend):
 
         self.supported_dtypes = frozenset(DType)
         self._device_obj = device
-        self._default = HostStream(device, "cpu:0/default")
-        self._streams = [self._default]
+        self._streams = []
+        self._add_stream(HostStream(device, "cpu:0/default"))
         self._memory_manager = CPUMemoryManager(self, device, self._pool_config)
         self._pool = self._memory_manager.pool
         self.install_kernels(CPUTensorKernels(self), CPUFactoryKernels(self), CPUFusedKernels(self))
         self._kernel_executor = None
-
-    async def _synchronize(self) -> None:
-        for stream in list(self._streams):
-            await stream.synchronize()
 
     async def _shutdown(self) -> None:
         try:
@@ -79,36 +65,11 @@ class CPUBackend(ComputeBackend):
                     await stream.wait_for_quietly(stream_done)
                     await anyio.to_thread.run_sync(stream.close)
         finally:
-            self._pool.invalidate_all(close=True)
+            self.pool.invalidate_all(close=True)
             self._streams = []
 
     # -- streams ----------------------------------------------------------------------------------
-    @property
-    def _default_stream(self) -> HostStream:
-        assert self._default is not None
-        return self._default
-
-    @property
-    def default_stream(self) -> Stream:
-        self._require_ready()
-        return self._default_stream
-
     def create_stream(self) -> HostStream:
         self._require_ready()
         stream = HostStream(self._device_obj, f"cpu:0/stream{len(self._streams)}")
-        self._streams.append(stream)
-        return stream
-
-    def _check_stream(self, stream: Stream) -> None:
-        if stream not in self._streams:
-            raise InvalidArgumentError(f"{stream!r} is not a stream of this {self.name} backend")
-
-    def _pending_operations(self) -> int:
-        return sum(s.submitted - s.completed for s in self._streams)
-
-    def _completed_operations(self) -> int:
-        return sum(s.completed for s in self._streams)
-
-    def _generation(self) -> int:
-        pool: Any = getattr(self, "_pool", None)
-        return pool.generation if pool is not None else 0
+        return self._add_stream(stream)  # type: ignore[no-any-return]

@@ -48,7 +48,7 @@ class CPUMemoryManager(PooledMemoryManager):
     # -- buffers ----------------------------------------------------------------------------------
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        buf = self._buffer(buffer, "buffer")
+        buf = self.owned_buffer(buffer, "buffer")
         # Stream-ordered: the block returns after the work submitted so far, which may use it.
         stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
         if stream.query():

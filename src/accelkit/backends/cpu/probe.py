@@ -37,7 +37,8 @@ def cpu_capabilities() -> BackendCapabilities:
         backend="cpu",
         device="cpu:0",
         dtypes=frozenset(DType),
-        ops=TENSOR_OPS | KERNEL_OPS,
+        ops=TENSOR_OPS,
+        fused_ops=KERNEL_OPS,
         features=Features(fp16=True, bf16=True, fp64=True, unified_memory=True),
         limits=Limits(memory_bytes=memory, max_alloc_bytes=memory, compute_units=cores),
         performance=PerformanceHints(

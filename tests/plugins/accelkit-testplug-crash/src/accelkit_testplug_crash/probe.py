@@ -15,7 +15,8 @@ def capabilities() -> BackendCapabilities:
         backend="crash",
         device="crash:0",
         dtypes=frozenset(DType),
-        ops=TENSOR_OPS | KERNEL_OPS,
+        ops=TENSOR_OPS,
+        fused_ops=KERNEL_OPS,
         features=Features(fp16=True, bf16=True, fp64=True),
         limits=Limits(memory_bytes=_MEMORY, max_alloc_bytes=_MEMORY, compute_units=1),
         performance=PerformanceHints(

@@ -26,7 +26,8 @@ def capabilities(index: int) -> BackendCapabilities:
         backend="fakegpu",
         device=f"fakegpu:{index}",
         dtypes=frozenset(DType),
-        ops=TENSOR_OPS | KERNEL_OPS,
+        ops=TENSOR_OPS,
+        fused_ops=KERNEL_OPS,
         features=Features(fp16=True, bf16=True, fp64=True, async_copy=True),
         limits=Limits(memory_bytes=memory, max_alloc_bytes=memory, compute_units=4 + 4 * index),
         performance=PerformanceHints(

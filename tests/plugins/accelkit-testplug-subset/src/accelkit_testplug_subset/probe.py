@@ -18,7 +18,8 @@ def capabilities() -> BackendCapabilities:
         backend="subset",
         device="subset:0",
         dtypes=frozenset(DType),
-        ops=(TENSOR_OPS | KERNEL_OPS) - MISSING_OPS,
+        ops=TENSOR_OPS - MISSING_OPS,
+        fused_ops=KERNEL_OPS - MISSING_OPS,
         features=Features(fp16=True, bf16=True, fp64=True),
         limits=Limits(memory_bytes=_MEMORY, max_alloc_bytes=_MEMORY, compute_units=1),
         performance=PerformanceHints(

@@ -1,0 +1,34 @@
+"""NumPy bodies of the TensorKernels kernels, on host arrays: for backends whose storage the host
+can read (a host-memory device, a backend that stages through the host, a test double).
+
+Each function reads its inputs and writes ``out`` (an array of the result's shape and dtype, which
+the core has already worked out), with exactly the semantics the conformance suite checks:
+promotion with weak Python scalars, true division, integer overflow wrapping, F16/BF16 computed
+in F32 and rounded once, index errors raised as InvalidArgumentError. The CPU backend runs these
+same functions. A backend that computes elsewhere (a device) needs none of them; its results are
+compared with these by the suite's NumPy references.
+"""
+
+from __future__ import annotations
+
+from accelkit._core.host_arrays import assign, cast_into
+from accelkit.backends.cpu.numpy_elementwise import binary, reduce, unary, where
+from accelkit.backends.cpu.numpy_nn import (
+    adam_update,
+    attention,
+    conv2d,
+    cross_entropy,
+    embedding,
+    gemm,
+    layer_norm,
+    linear,
+    matmul,
+    rms_norm,
+    softmax,
+)
+
+__all__ = [
+    "adam_update", "assign", "attention", "binary", "cast_into", "conv2d", "cross_entropy",
+    "embedding", "gemm", "layer_norm", "linear", "matmul", "reduce", "rms_norm", "softmax",
+    "unary", "where",
+]  # fmt: skip
