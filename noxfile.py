@@ -56,6 +56,9 @@ def tests(session: nox.Session) -> None:
         "./plugins/accelkit-opencl[pocl]",
         "-e",
         "./plugins/accelkit-cuda[cuda12]",
+        # the example backend (docs/plugins.md), written only against accelkit.sdk: the
+        # conformance suite runs against it as against every installed backend
+        "./tests/plugins/accelkit-example",
         # small plugin distributions made for the registry, selector, fallback and doctor tests
         "./tests/plugins/accelkit-testplug-good",
         "./tests/plugins/accelkit-testplug-broken",
@@ -196,13 +199,20 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the core and on the two device plugins (CuPy has no type information:
-    its imports are Any)."""
-    session.install("-e", ".", "-e", "./plugins/accelkit-opencl", "-e", "./plugins/accelkit-cuda")
+    """mypy --strict on the core, the two device plugins, the example backend and the tests (CuPy
+    has no type information: its imports are Any)."""
+    # [test,testing]: what the tests import (pytest, hypothesis, the service test's web stack).
+    session.install(
+        "-e", ".[test,testing]", "-e", "./plugins/accelkit-opencl", "-e", "./plugins/accelkit-cuda",
+        "-e", "./tests/plugins/accelkit-example",
+    )  # fmt: skip
     session.install("mypy>=1.10")
     session.run(
         "mypy", "--strict", "src/accelkit", "plugins/accelkit-opencl/src/accelkit_opencl",
         "plugins/accelkit-cuda/src/accelkit_cuda",
+        # tests/ holds the example backend, tests/plugins/accelkit-example/src/accelkit_example
+        # (naming it too would make mypy see the module twice), and the other test plugins
+        "tests",
     )  # fmt: skip
 
 

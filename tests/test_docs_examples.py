@@ -9,6 +9,12 @@ A block may be marked by an HTML comment on the line right before its fence:
 
 - ``<!-- example: skip (why) -->``: not run (it needs a GPU, a remote cluster, an installed
   plugin...); reported as a skip with that reason. It is still compiled.
+- ``<!-- example: project tests/plugins/accelkit-example -->`` (anywhere on a page): the page's
+  tutorial is that folder of this repository. Its scratch project starts as a copy of the folder,
+  and every ``file`` block of the page must equal the folder's file of that path (so the page
+  shows exactly the code the test session installs and certifies).
+- ``<!-- example: excerpt src/pkg/module.py -->``: part of a tutorial's module (of the page's
+  ``project``), shown but not run: it must appear in that file, verbatim.
 - ``<!-- example: file src/pkg/module.py -->``: a module of a tutorial. Its test writes it, with
   the page's other file blocks, into a scratch project and imports it; the page's other blocks run
   with that project importable (``src/`` on ``PYTHONPATH``). Before a ```toml block,
@@ -33,6 +39,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import tokenize
 import tomllib
 from dataclasses import dataclass
@@ -181,22 +188,38 @@ def example_env(scratch: Path, pythonpath: Path | None = None) -> dict[str, str]
     return env
 
 
+def page_project(doc: Path) -> Path | None:
+    """The repository folder a page's ``project`` marker names (None without one)."""
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        m = _MARKER.match(line)
+        if m and m["kind"] == "project":
+            return ROOT / m["arg"]
+    return None
+
+
 def write_project(doc: Path, into: Path) -> Path:
-    """Write the page's file blocks under ``into``; returns the folder to import them from.
+    """Write the page's project (a copy of its ``project`` folder, then its file blocks) under
+    ``into``; returns the folder to import them from.
 
     A ``pyproject.toml`` among them is "installed" there as a ``.dist-info`` folder with its
     entry points, which is what ``pip install`` gives accelkit to discover a plugin by."""
     files = [b for b in fenced_blocks(doc) if b.marker == "file"]
-    for block in files:
-        target = into / block.arg
+    paths = {b.arg: b.code for b in files}
+    if (source := page_project(doc)) is not None:
+        for path in sorted(source.rglob("*")):
+            rel = path.relative_to(source).as_posix()
+            if path.is_file() and "__pycache__" not in rel and ".egg-info" not in rel:
+                paths.setdefault(rel, path.read_text(encoding="utf-8"))
+    for rel, code in paths.items():
+        target = into / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(block.code, encoding="utf-8")
-    root = into / "src" if any(b.arg.startswith("src/") for b in files) else into
+        target.write_text(code, encoding="utf-8")
+    root = into / "src" if any(p.startswith("src/") for p in paths) else into
     root.mkdir(parents=True, exist_ok=True)
-    for block in files:
-        if block.arg == "pyproject.toml":
-            project = tomllib.loads(block.code)["project"]
-            name, version = project["name"], project["version"]
+    for rel, code in paths.items():
+        if rel == "pyproject.toml":
+            project = tomllib.loads(code)["project"]
+            name, version = project["name"], project.get("version", "0")
             info = root / f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
             info.mkdir()
             meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
@@ -228,7 +251,9 @@ def run_python(code: str, cwd: Path, env: dict[str, str], label: str) -> None:
             timeout=TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{label} ran past {TIMEOUT_S} s; output so far:\n{exc.stdout}\n{exc.stderr}")
+        pytest.fail(
+            f"{label} ran past {TIMEOUT_S} s; output so far:\n{exc.stdout!s}\n{exc.stderr!s}"
+        )
     if done.returncode != 0:
         pytest.fail(
             f"{label} failed with exit status {done.returncode}\n--- code ---\n{code}"
@@ -243,15 +268,22 @@ def run_python(code: str, cwd: Path, env: dict[str, str], label: str) -> None:
 @pytest.mark.parametrize("block", EXAMPLES, ids=[b.id for b in EXAMPLES])
 def test_example_runs(block: Block, tmp_path: Path) -> None:
     code = block.source()
-    compile(code, block.id, "exec")  # every block, skipped or not, is at least valid Python
+    # Every block, skipped or not, is at least valid Python (an excerpt of a class, dedented).
+    compile(textwrap.dedent(code), block.id, "exec")
     if block.marker == "skip":
         pytest.skip(f"{block.id}: {block.arg}")
+    if block.marker == "excerpt":
+        pytest.skip(
+            f"{block.id}: an excerpt of {block.arg} (checked by test_tutorial_code_is_the_repository_code)"
+        )
     if uses_opencl(code) and (why := opencl_missing()):
         pytest.skip(f"{block.id} uses the opencl backend: {why}")
     work = tmp_path / "work"
     work.mkdir()
     project = tmp_path / "project"
-    has_files = any(b.marker == "file" for b in fenced_blocks(block.doc))
+    has_files = page_project(block.doc) is not None or any(
+        b.marker == "file" for b in fenced_blocks(block.doc)
+    )
     path = write_project(block.doc, project) if has_files else None
     if block.marker == "file":
         code = f"import {module_name(block.arg)}\n"
@@ -264,6 +296,33 @@ def test_the_examples_are_found() -> None:
     assert any(b.doc.name == "README.md" for b in EXAMPLES)
 
 
+PROJECT_BLOCKS = [
+    b
+    for doc in DOCS
+    if page_project(doc)
+    for b in fenced_blocks(doc)
+    if b.marker in ("file", "excerpt")
+]
+
+
+@pytest.mark.parametrize("block", PROJECT_BLOCKS, ids=[b.id for b in PROJECT_BLOCKS])
+def test_tutorial_code_is_the_repository_code(block: Block) -> None:
+    """A page that walks through a folder of this repository shows its files as they are."""
+    folder = page_project(block.doc)
+    assert folder is not None
+    path = folder / block.arg
+    assert path.is_file(), f"{block.id}: {path.relative_to(ROOT)} does not exist"
+    text = path.read_text(encoding="utf-8")
+    if block.marker == "file":
+        assert block.code == text, f"{block.id} differs from {path.relative_to(ROOT)}"
+    else:
+        # An excerpt of a class body may be shown dedented.
+        shown = textwrap.dedent(block.code)
+        assert any(textwrap.indent(shown, " " * n) in text for n in (0, 4, 8)), (
+            f"{block.id} is not an excerpt of {path.relative_to(ROOT)}"
+        )
+
+
 def test_markers_are_well_formed() -> None:
     """A marker sits right before a python block (or, for a file, a pyproject.toml block), and
     says why (skip) or where (file)."""
@@ -272,15 +331,20 @@ def test_markers_are_well_formed() -> None:
         blocks = fenced_blocks(doc)
         starts = {b.line - 1 for b in blocks if b.is_python}
         starts |= {b.line - 1 for b in blocks if b.marker == "file" and b.lang == "toml"}
+        starts |= {b.line - 1 for b in blocks if b.marker == "excerpt"}
         for number, line in enumerate(lines, start=1):
             if "<!-- example" not in line:
                 continue
             m = _MARKER.match(line)
             where = f"{doc.relative_to(ROOT)}:{number}"
             assert m, f"{where}: malformed marker {line!r}"
-            assert m["kind"] in {"skip", "file"}, f"{where}: unknown marker {m['kind']!r}"
+            kinds = {"skip", "file", "excerpt", "project"}
+            assert m["kind"] in kinds, f"{where}: unknown marker {m['kind']!r}"
+            if m["kind"] == "project":
+                assert (ROOT / m["arg"]).is_dir(), f"{where}: no folder {m['arg']}"
+                continue
             assert number in starts, f"{where}: a marker must be right before a ```python fence"
-            if m["kind"] == "file" and not m["arg"].endswith(".py"):
+            if m["kind"] in ("file", "excerpt") and not m["arg"].endswith(".py"):
                 assert m["arg"] == "pyproject.toml", f"{where}: a file is a module or pyproject"
             assert m["arg"].strip("() "), f"{where}: a marker needs a reason or a path"
 

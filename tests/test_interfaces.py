@@ -28,7 +28,7 @@ INTERFACES = sorted(
 def test_the_backend_interfaces_are_abstract() -> None:
     names = {cls.__name__ for cls in INTERFACES}
     expected = {
-        "ComputeBackend", "QueuedBackend", "TensorKernels", "FactoryKernels", "FusedKernels",
+        "ComputeBackend", "StreamBackend", "QueuedBackend", "TensorKernels", "FactoryKernels", "FusedKernels",
         "KernelExecutor", "DeviceMemoryManager", "Event", "Stream",
     }  # fmt: skip
     assert expected <= names, expected - names

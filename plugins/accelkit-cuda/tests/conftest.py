@@ -7,13 +7,16 @@ and on trio. Kernel caches point into each test's temporary folder.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from accelkit.errors import DeviceError
+from accelkit.testing.fixtures import anyio_backend, backend_fixture, isolate_compiler_caches
+
+__all__ = ["anyio_backend", "backend", "cuda_cache"]
+
+isolate_compiler_caches("accelkit-cuda-test-caches-")
 
 
 def _gpu_reason() -> str | None:
@@ -53,18 +56,4 @@ def cuda_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def backend(anyio_backend: str) -> AsyncIterator[Any]:
-    from accelkit_cuda.backend import CUDABackend
-
-    b = CUDABackend()
-    await b.initialize("cuda:0")
-    try:
-        yield b
-    finally:
-        await b.shutdown()
+backend = backend_fixture("cuda:0")

@@ -3,23 +3,20 @@ compiler cache points into the test's temporary folder; async tests run on async
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from accelkit.errors import DeviceError
+from accelkit.testing.fixtures import anyio_backend, backend_fixture, isolate_compiler_caches
+
+__all__ = ["anyio_backend", "backend", "opencl_cache"]
 
 # PoCL and PyOpenCL read their cache folders once, when the platform is first loaded (below, at
-# collection): point them into a folder of this run before that happens.
-_CACHES = tempfile.mkdtemp(prefix="accelkit-opencl-test-caches-")
-os.environ.setdefault("POCL_CACHE_DIR", os.path.join(_CACHES, "pocl"))
-os.environ.setdefault("PYOPENCL_CACHE_DIR", os.path.join(_CACHES, "pyopencl"))
-# Kernel-variant verdicts: one store for the run (tests' program caches are per test, but the
-# verification runs once per device and run, in the background; tests of it use their own).
-os.environ.setdefault("ACCELKIT_OPENCL_VARIANTS_FILE", os.path.join(_CACHES, "variants.json"))
+# collection): point them into a folder of this run before that happens. Kernel-variant verdicts
+# get one store for the run (the verification runs once per device and run, in the background;
+# tests of it use their own).
+isolate_compiler_caches("accelkit-opencl-test-caches-")
 
 pytest.importorskip("pyopencl")
 
@@ -43,18 +40,4 @@ def opencl_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def backend(anyio_backend: str) -> AsyncIterator[object]:
-    from accelkit_opencl.backend import OpenCLBackend
-
-    b = OpenCLBackend()
-    await b.initialize("opencl:0")
-    try:
-        yield b
-    finally:
-        await b.shutdown()
+backend = backend_fixture("opencl:0")

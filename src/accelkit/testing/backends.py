@@ -15,8 +15,9 @@ import accelkit as ak
 
 #: The registry tests install small plugins of their own; they are not backends to certify.
 TEST_PLUGIN_PREFIX = "accelkit-testplug-"
-#: Restricts the suite to these backends (comma-separated names).
-BACKEND_ENV = "ACCELKIT_TEST_BACKEND"  # also set by ``--accelkit-backend`` (accelkit.testing.plugin)
+#: Restricts the suite to these backends (comma-separated names); ``--accelkit-backend`` sets it
+#: (:mod:`accelkit.testing.plugin`).
+BACKEND_ENV = "ACCELKIT_TEST_BACKEND"
 #: The test files and folders (from the repository root) with tests parametrized by
 #: :func:`conformance_backends`, through one of :data:`BACKEND_FIXTURES`: the nox session runs
 #: those tests once per backend, each backend in a process of its own, and every other test once,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 import accelkit
-from accelkit import DType, LifecycleState, Requirements
+from accelkit import ComputeBackend, Device, DType, LifecycleState, Requirements
 from accelkit.abc.tensor_ops import TENSOR_OPS, UNARY_OPS
 
 from .checks import fetch
@@ -15,7 +17,7 @@ from .checks import fetch
 pytestmark = pytest.mark.anyio
 
 
-async def test_identity_and_capabilities(backend):
+async def test_identity_and_capabilities(backend: ComputeBackend) -> None:
     caps = backend.capabilities
     assert isinstance(backend.name, str)
     assert backend.name
@@ -24,7 +26,7 @@ async def test_identity_and_capabilities(backend):
     assert caps.backend == backend.name
     assert caps.device == str(backend.device)
     assert DType.F32 in caps.dtypes
-    assert backend.supports_device(backend.device)
+    assert backend.supports_device(cast(Device, backend.device))  # initialized: not None
     # Every TensorOps name the backend claims is there to call.
     claimed = caps.ops & TENSOR_OPS
     assert {"add", "matmul", "reduce"} <= claimed
@@ -41,10 +43,10 @@ async def test_identity_and_capabilities(backend):
         assert backend.tensor_factory.zeros((2,), dt).dtype is dt
     assert caps.meets(Requirements(ops={"matmul"}, dtypes={DType.F32}))
     with pytest.raises(ValidationError):
-        caps.backend = "other"  # frozen
+        caps.backend = "other"  # type: ignore[misc]  # frozen: the error under test
 
 
-async def test_status_snapshot(backend):
+async def test_status_snapshot(backend: ComputeBackend) -> None:
     f = backend.tensor_factory
     keep = f.ones((1000,))
     await backend.synchronize()
@@ -58,7 +60,7 @@ async def test_status_snapshot(backend):
     assert status.error is None
 
 
-async def test_synchronize_and_initialize_again(backend):
+async def test_synchronize_and_initialize_again(backend: ComputeBackend) -> None:
     t = backend.tensor_ops.mul(backend.tensor_factory.ones((64, 64)), 3.0)
     await backend.synchronize()
     await backend.synchronize(backend.device)
@@ -68,7 +70,7 @@ async def test_synchronize_and_initialize_again(backend):
     np.testing.assert_array_equal(await fetch(t), np.full((64, 64), 3.0, np.float32))
 
 
-async def test_open_backend_by_device_and_async_with(backend):
+async def test_open_backend_by_device_and_async_with(backend: ComputeBackend) -> None:
     async with accelkit.open_backend(backend.device) as by_device:
         assert by_device.device == backend.device
         assert by_device is not backend
@@ -79,7 +81,9 @@ async def test_open_backend_by_device_and_async_with(backend):
     assert entered.status.state is LifecycleState.SHUT_DOWN
 
 
-async def test_shutdown_releases_every_byte_and_invalidates_tensors(backend):
+async def test_shutdown_releases_every_byte_and_invalidates_tensors(
+    backend: ComputeBackend,
+) -> None:
     async with accelkit.open_backend(backend.name) as other:
         f, ops = other.tensor_factory, other.tensor_ops
         keep = [f.ones((256, 256)), ops.matmul(f.ones((128, 128)), f.ones((128, 128)))]
@@ -91,7 +95,7 @@ async def test_shutdown_releases_every_byte_and_invalidates_tensors(backend):
     assert not buf.is_alive
 
 
-async def test_default_and_current_stream(backend):
+async def test_default_and_current_stream(backend: ComputeBackend) -> None:
     assert backend.current_stream is backend.default_stream
     s = backend.create_stream()
     assert s.device == backend.device

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pytest
@@ -17,6 +17,8 @@ import accelkit
 from accelkit import (
     AccelError,
     BackendNotFoundError,
+    ComputeBackend,
+    Device,
     DType,
     InvalidArgumentError,
     MemoryPoolConfig,
@@ -31,9 +33,12 @@ from .checks import fetch
 pytestmark = pytest.mark.anyio
 
 
+E = TypeVar("E", bound=AccelError)
+
+
 def refuses(
-    backend, exc_type: type[AccelError], call: Callable[[], Any], *fragments: str
-) -> AccelError:
+    backend: ComputeBackend, exc_type: type[E], call: Callable[[], Any], *fragments: str
+) -> E:
     """Run ``call``; it must raise ``exc_type`` with every fragment in its message and leave the
     memory statistics as they were (checked while the exception, and its frames, are alive)."""
     mm = backend.memory_manager
@@ -49,7 +54,7 @@ def refuses(
     return info.value
 
 
-def _tensors(backend) -> SimpleNamespace:
+def _tensors(backend: ComputeBackend) -> SimpleNamespace:
     f = backend.tensor_factory
     return SimpleNamespace(
         a23=f.ones((2, 3)),
@@ -293,7 +298,7 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
 
 
 @pytest.mark.parametrize("case", list(SUBMISSION_CASES))
-async def test_submission_refuses_bad_input(backend, case):
+async def test_submission_refuses_bad_input(backend: ComputeBackend, case: str) -> None:
     exc_type, call, fragments = SUBMISSION_CASES[case]
     t = _tensors(backend)
     if case == "attn_dtypes" and t.f16_q is None:
@@ -304,7 +309,7 @@ async def test_submission_refuses_bad_input(backend, case):
     np.testing.assert_array_equal(await fetch(ops.add(t.v3, 1.0)), [2.0, 2.0, 2.0])
 
 
-async def test_invalid_argument_error_is_a_value_error(backend):
+async def test_invalid_argument_error_is_a_value_error(backend: ComputeBackend) -> None:
     with pytest.raises(ValueError, match=r"\(2, 3\)"):
         backend.tensor_ops.add(
             backend.tensor_factory.ones((2, 3)), backend.tensor_factory.ones((4,))
@@ -312,7 +317,7 @@ async def test_invalid_argument_error_is_a_value_error(backend):
 
 
 # -- sizes and memory limits ------------------------------------------------------------------------
-async def test_allocation_larger_than_the_device(backend):
+async def test_allocation_larger_than_the_device(backend: ComputeBackend) -> None:
     err = refuses(
         backend, OutOfMemoryError, lambda: backend.tensor_factory.empty((1 << 20, 1 << 20))
     )
@@ -326,13 +331,19 @@ async def test_allocation_larger_than_the_device(backend):
     ("nbytes", "fragments"),
     [(-5, ("nbytes", ">= 0", "-5")), (1.5, ("nbytes", "float")), ("10", ("nbytes", "str"))],
 )
-async def test_allocate_refuses_bad_sizes(backend, nbytes, fragments):
+async def test_allocate_refuses_bad_sizes(
+    backend: ComputeBackend,
+    nbytes: Any,  # deliberately not always an int: the error under test
+    fragments: tuple[str, ...],
+) -> None:
     refuses(
         backend, InvalidArgumentError, lambda: backend.memory_manager.allocate(nbytes), *fragments
     )
 
 
-async def test_memory_limit_raises_out_of_memory_naming_requested_and_used(backend):
+async def test_memory_limit_raises_out_of_memory_naming_requested_and_used(
+    backend: ComputeBackend,
+) -> None:
     mm, f = backend.memory_manager, backend.tensor_factory
     mm.configure_pool(MemoryPoolConfig(limit_bytes=1 << 20))
     try:
@@ -362,7 +373,7 @@ async def test_memory_limit_raises_out_of_memory_naming_requested_and_used(backe
 
 
 # -- other backends, freed tensors, lifecycle -------------------------------------------------------
-async def test_tensors_of_another_backend_instance_are_refused(backend):
+async def test_tensors_of_another_backend_instance_are_refused(backend: ComputeBackend) -> None:
     async with accelkit.open_backend(backend.name) as other:
         foreign = other.tensor_factory.ones((3,))
         mine = backend.tensor_factory.ones((3,))
@@ -386,7 +397,7 @@ async def test_tensors_of_another_backend_instance_are_refused(backend):
         )
 
 
-async def test_freed_tensors_raise_stale_handle(backend):
+async def test_freed_tensors_raise_stale_handle(backend: ComputeBackend) -> None:
     f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
     t = f.ones((4,))
     view = ops.reshape(t, (2, 2))
@@ -408,7 +419,7 @@ async def test_freed_tensors_raise_stale_handle(backend):
         await view.to_host()
 
 
-async def test_freed_buffers_raise_stale_handle(backend):
+async def test_freed_buffers_raise_stale_handle(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     buf = mm.allocate(100)
     mm.free(buf)
@@ -420,7 +431,7 @@ async def test_freed_buffers_raise_stale_handle(backend):
         await mm.copy_dtoh(np.zeros(4, np.uint8), buf)
 
 
-async def test_use_before_initialize(backend):
+async def test_use_before_initialize(backend: ComputeBackend) -> None:
     fresh = accelkit.create_backend(backend.name)
     assert not fresh.is_ready
     for attr in (
@@ -441,7 +452,7 @@ async def test_use_before_initialize(backend):
     await fresh.shutdown()  # a no-op on a backend never initialized
 
 
-async def test_use_after_shutdown(backend):
+async def test_use_after_shutdown(backend: ComputeBackend) -> None:
     async with accelkit.open_backend(backend.name) as other:
         f, ops, mm = other.tensor_factory, other.tensor_ops, other.memory_manager
         t = f.ones((8,))
@@ -476,7 +487,7 @@ async def test_use_after_shutdown(backend):
     np.testing.assert_array_equal(await fetch(backend.tensor_factory.ones((2,))), [1.0, 1.0])
 
 
-async def test_unknown_backends_and_devices(backend):
+async def test_unknown_backends_and_devices(backend: ComputeBackend) -> None:
     with pytest.raises(BackendNotFoundError, match="'nope'"):
         accelkit.create_backend("nope")
     with pytest.raises(BackendNotFoundError):
@@ -493,11 +504,11 @@ async def test_unknown_backends_and_devices(backend):
     with pytest.raises(InvalidArgumentError):
         await backend.synchronize("zz:3")
     assert not backend.supports_device("zz:0")
-    assert backend.supports_device(backend.device)
+    assert backend.supports_device(cast(Device, backend.device))  # initialized: not None
 
 
 # -- errors only a kernel can see -------------------------------------------------------------------
-async def test_out_of_range_indices_surface_when_awaited(backend):
+async def test_out_of_range_indices_surface_when_awaited(backend: ComputeBackend) -> None:
     f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
     baseline = mm.memory_info().used
     weight = f.ones((7, 4))
@@ -521,7 +532,9 @@ async def test_out_of_range_indices_surface_when_awaited(backend):
     assert mm.memory_info().used == baseline
 
 
-async def test_kernel_error_surfaces_at_synchronize_if_not_awaited_directly(backend):
+async def test_kernel_error_surfaces_at_synchronize_if_not_awaited_directly(
+    backend: ComputeBackend,
+) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     bad = ops.embedding(f.from_host([-1]), f.ones((3, 2)))
     with pytest.raises(InvalidArgumentError, match="-1"):

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from accelkit import DType
+from accelkit import ComputeBackend, DType, Tensor, TensorOps
 
 from . import reference as ref
 from .checks import (
@@ -31,7 +33,7 @@ _DOMAIN = {"log": (0.05, 4.0), "sqrt": (0.0, 4.0), "rsqrt": (0.05, 4.0), "tan": 
 _SHAPES = {"small": (3, 5), "large": (256, 160)}  # large: past any inline/small-work threshold
 
 
-def _unary_call(ops, op, x):
+def _unary_call(ops: TensorOps, op: str, x: Tensor) -> Any:
     if op == "gelu_tanh":
         return ops.gelu(x, approximate="tanh")
     return getattr(ops, op)(x)
@@ -40,7 +42,7 @@ def _unary_call(ops, op, x):
 @pytest.mark.parametrize("size", list(_SHAPES))
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("op", FLOAT_UNARY)
-async def test_unary_float(backend, op, dtype, size):
+async def test_unary_float(backend: ComputeBackend, op: str, dtype: DType, size: str) -> None:
     require_dtype(backend, dtype)
     lo, hi = _DOMAIN.get(op, (-3.0, 3.0))
     x_h = sample(_SHAPES[size], dtype, low=lo, high=hi, seed=len(op))
@@ -54,7 +56,9 @@ async def test_unary_float(backend, op, dtype, size):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_round_is_half_to_even_and_floor_ceil_are_exact(backend, dtype):
+async def test_round_is_half_to_even_and_floor_ceil_are_exact(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     ops = backend.tensor_ops
     x_h = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 1.25, -1.75], dtype.to_numpy())
@@ -67,7 +71,7 @@ async def test_round_is_half_to_even_and_floor_ceil_are_exact(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_unary_special_values(backend, dtype):
+async def test_unary_special_values(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     ops = backend.tensor_ops
     x = backend.tensor_factory.from_host(np.array([0.0, -1.0, np.inf], dtype.to_numpy()))
@@ -76,13 +80,15 @@ async def test_unary_special_values(backend, dtype):
     assert np.isnan(log[1])
     assert log[2] == np.inf
     sig = f64(await fetch(ops.sigmoid(ops.neg(x)), dtype))
-    np.testing.assert_allclose(sig, [0.5, 1 / (1 + np.exp(-1.0)), 0.0], **{"rtol": 1e-2})
+    np.testing.assert_allclose(sig, [0.5, 1 / (1 + np.exp(-1.0)), 0.0], rtol=1e-2)
     assert f64(await fetch(ops.exp(x), dtype))[2] == np.inf
 
 
 @pytest.mark.parametrize("dtype", [*INTS, DType.BOOL], ids=ids([*INTS, DType.BOOL]))
 @pytest.mark.parametrize("op", ["sigmoid", "exp", "sqrt", "sin", "tanh", "gelu", "silu", "erf"])
-async def test_unary_transcendental_on_integers_gives_f32(backend, op, dtype):
+async def test_unary_transcendental_on_integers_gives_f32(
+    backend: ComputeBackend, op: str, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     x_h = sample((4, 3), dtype, low=0, high=6, seed=2)
     y = backend.tensor_ops.unary(op, backend.tensor_factory.from_host(x_h))
@@ -91,7 +97,7 @@ async def test_unary_transcendental_on_integers_gives_f32(backend, op, dtype):
 
 @pytest.mark.parametrize("dtype", INTS, ids=ids(INTS))
 @pytest.mark.parametrize("op", ["relu", "abs", "neg", "floor", "ceil", "round"])
-async def test_unary_same_dtype_on_integers(backend, op, dtype):
+async def test_unary_same_dtype_on_integers(backend: ComputeBackend, op: str, dtype: DType) -> None:
     require_dtype(backend, dtype)
     x_h = sample((5, 4), dtype, low=-100, high=100, seed=5)
     y = backend.tensor_ops.unary(op, backend.tensor_factory.from_host(x_h))
@@ -108,7 +114,7 @@ async def test_unary_same_dtype_on_integers(backend, op, dtype):
 
 
 @pytest.mark.parametrize("op", ["relu", "abs"])
-async def test_unary_same_dtype_on_bool(backend, op):
+async def test_unary_same_dtype_on_bool(backend: ComputeBackend, op: str) -> None:
     x_h = np.array([True, False, True])
     y = backend.tensor_ops.unary(op, backend.tensor_factory.from_host(x_h))
     np.testing.assert_array_equal(await fetch(y, DType.BOOL), x_h)
@@ -119,7 +125,9 @@ ARITH = ["add", "sub", "mul", "maximum", "minimum", "pow", "mod", "div"]
 COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
 
 
-def _binary_inputs(op, dtype, shape_a, shape_b):
+def _binary_inputs(
+    op: str, dtype: DType, shape_a: tuple[int, ...], shape_b: tuple[int, ...]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     if dtype is DType.BOOL:
         return sample(shape_a, dtype, seed=1), sample(shape_b, dtype, seed=2)
     if dtype.is_floating:
@@ -144,7 +152,7 @@ def _binary_inputs(op, dtype, shape_a, shape_b):
     return a, b
 
 
-def _expected_dtype(op, dtype):
+def _expected_dtype(op: str, dtype: DType) -> DType:
     if op in COMPARE:
         return DType.BOOL
     if op == "div" and not dtype.is_floating:
@@ -162,7 +170,7 @@ def _expected_dtype(op, dtype):
     ],
     ids=lambda v: v.value if isinstance(v, DType) else v,
 )
-async def test_binary_same_dtype(backend, op, dtype):
+async def test_binary_same_dtype(backend: ComputeBackend, op: str, dtype: DType) -> None:
     require_dtype(backend, dtype)
     a_h, b_h = _binary_inputs(op, dtype, (4, 6), (4, 6))
     f, ops = backend.tensor_factory, backend.tensor_ops
@@ -187,7 +195,13 @@ async def test_binary_same_dtype(backend, op, dtype):
     ],
 )
 @pytest.mark.parametrize("op", ["add", "mul", "sub", "div", "maximum", "lt"])
-async def test_binary_broadcasting(backend, op, shape_a, shape_b, shape_out):
+async def test_binary_broadcasting(
+    backend: ComputeBackend,
+    op: str,
+    shape_a: tuple[int, ...],
+    shape_b: tuple[int, ...],
+    shape_out: tuple[int, ...],
+) -> None:
     a_h, b_h = _binary_inputs(op, DType.F32, shape_a, shape_b)
     f = backend.tensor_factory
     y = backend.tensor_ops.binary(op, f.from_host(a_h), f.from_host(b_h))
@@ -221,7 +235,7 @@ async def test_binary_broadcasting(backend, op, shape_a, shape_b, shape_out):
     ],
     ids=lambda d: d.value,
 )
-async def test_binary_promotion(backend, da, db, dout):
+async def test_binary_promotion(backend: ComputeBackend, da: DType, db: DType, dout: DType) -> None:
     require_dtype(backend, da, db, dout)
     f, ops = backend.tensor_factory, backend.tensor_ops
     a_h = sample((3, 4), da, low=0, high=5, seed=1)
@@ -258,7 +272,9 @@ async def test_binary_promotion(backend, da, db, dout):
     ids=lambda v: v.value if isinstance(v, DType) else repr(v),
 )
 @pytest.mark.parametrize("op", ["add", "mul", "maximum"])
-async def test_binary_with_python_scalars(backend, op, dtype, scalar, dout):
+async def test_binary_with_python_scalars(
+    backend: ComputeBackend, op: str, dtype: DType, scalar: bool | float, dout: DType
+) -> None:
     require_dtype(backend, dtype, dout)
     x_h = sample((2, 5), dtype, low=0, high=9, seed=4)
     x = backend.tensor_factory.from_host(x_h)
@@ -272,7 +288,9 @@ async def test_binary_with_python_scalars(backend, op, dtype, scalar, dout):
 
 
 @pytest.mark.parametrize("dtype", [DType.U8, DType.I32, DType.F32, DType.BF16], ids=str)
-async def test_scalar_on_the_left_of_non_commutative_ops(backend, dtype):
+async def test_scalar_on_the_left_of_non_commutative_ops(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     ops = backend.tensor_ops
     x_h = np.array([1, 2, 3, 5], dtype.to_numpy())
@@ -286,7 +304,7 @@ async def test_scalar_on_the_left_of_non_commutative_ops(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F64, DType.I32, DType.I64], ids=str)
-async def test_mod_takes_the_sign_of_the_divisor(backend, dtype):
+async def test_mod_takes_the_sign_of_the_divisor(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     ops = backend.tensor_ops
     a_h = np.array([7, -7, 7, -7, 0], dtype.to_numpy())
@@ -302,7 +320,9 @@ async def test_mod_takes_the_sign_of_the_divisor(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", SIGNED, ids=ids(SIGNED))
-async def test_integer_pow_with_negative_exponents_truncates(backend, dtype):
+async def test_integer_pow_with_negative_exponents_truncates(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     f = backend.tensor_factory
     a = f.from_host(np.array([2, -1, 1, -1, 3, -2], dtype.to_numpy()))
@@ -312,7 +332,7 @@ async def test_integer_pow_with_negative_exponents_truncates(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", [DType.I32, DType.U8, DType.BOOL], ids=str)
-async def test_integer_true_division_gives_f32(backend, dtype):
+async def test_integer_true_division_gives_f32(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     f, ops = backend.tensor_factory, backend.tensor_ops
     a = f.from_host(np.array([1, 3, 0], dtype.to_numpy()))
@@ -326,7 +346,7 @@ async def test_integer_true_division_gives_f32(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_float_division_by_zero_is_ieee(backend, dtype):
+async def test_float_division_by_zero_is_ieee(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     f = backend.tensor_factory
     a = f.from_host(np.array([1.0, -1.0, 0.0], dtype.to_numpy()))
@@ -337,7 +357,7 @@ async def test_float_division_by_zero_is_ieee(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", [DType.U8, DType.I8, DType.I32], ids=str)
-async def test_compare_with_out_of_range_python_int(backend, dtype):
+async def test_compare_with_out_of_range_python_int(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     x = backend.tensor_factory.from_host(np.array([0, 5, 100], dtype.to_numpy()))
     ops = backend.tensor_ops
@@ -345,7 +365,7 @@ async def test_compare_with_out_of_range_python_int(backend, dtype):
     np.testing.assert_array_equal(await fetch(ops.eq(x, -1000), DType.BOOL), [False] * 3)
 
 
-async def test_comparisons_of_bf16_and_f16_with_scalars(backend):
+async def test_comparisons_of_bf16_and_f16_with_scalars(backend: ComputeBackend) -> None:
     require_dtype(backend, DType.BF16, DType.F16)
     f, ops = backend.tensor_factory, backend.tensor_ops
     for dt in (DType.BF16, DType.F16):
@@ -355,7 +375,7 @@ async def test_comparisons_of_bf16_and_f16_with_scalars(backend):
 
 
 # -- where and cast ---------------------------------------------------------------------------------
-async def test_where_tensors_with_broadcasting(backend):
+async def test_where_tensors_with_broadcasting(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     cond_h = np.array([[True], [False], [True]])
     a_h = np.arange(4, dtype=np.float32)
@@ -377,7 +397,13 @@ async def test_where_tensors_with_broadcasting(backend):
         ("x_bool", "x_i32", DType.I32, [1, 2, 0]),
     ],
 )
-async def test_where_dtypes_and_scalars(backend, a, b, dout, expected):
+async def test_where_dtypes_and_scalars(
+    backend: ComputeBackend,
+    a: Any,  # a scalar, or the name of a tensor below
+    b: Any,
+    dout: DType,
+    expected: list[float],
+) -> None:
     if "x_f16" in (a, b):
         require_dtype(backend, DType.F16)
     f = backend.tensor_factory
@@ -395,7 +421,7 @@ async def test_where_dtypes_and_scalars(backend, a, b, dout, expected):
 
 @pytest.mark.parametrize("dst", ALL_DTYPES, ids=ids(ALL_DTYPES))
 @pytest.mark.parametrize("src", ALL_DTYPES, ids=ids(ALL_DTYPES))
-async def test_cast_exact_values(backend, src, dst):
+async def test_cast_exact_values(backend: ComputeBackend, src: DType, dst: DType) -> None:
     """Values every dtype holds exactly survive every cast; to BOOL is ``x != 0``."""
     require_dtype(backend, src, dst)
     values = [0, 1, 0, 1] if src is DType.BOOL else [0, 1, 2, 100]
@@ -410,7 +436,9 @@ async def test_cast_exact_values(backend, src, dst):
 
 @pytest.mark.parametrize("src", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("dst", [DType.I8, DType.I32, DType.I64, DType.U8, DType.U16], ids=str)
-async def test_cast_float_to_int_truncates_and_zeroes_the_unrepresentable(backend, src, dst):
+async def test_cast_float_to_int_truncates_and_zeroes_the_unrepresentable(
+    backend: ComputeBackend, src: DType, dst: DType
+) -> None:
     require_dtype(backend, src, dst)
     info = np.iinfo(dst.to_numpy())
     hi = 126.9 if info.max >= 127 else 0.0
@@ -427,7 +455,9 @@ async def test_cast_float_to_int_truncates_and_zeroes_the_unrepresentable(backen
 
 
 @pytest.mark.parametrize("src", FLOATS, ids=ids(FLOATS))
-async def test_cast_float_to_u8_keeps_in_range_truncations(backend, src):
+async def test_cast_float_to_u8_keeps_in_range_truncations(
+    backend: ComputeBackend, src: DType
+) -> None:
     """255.5 truncates to 255, which fits; -0.5 truncates to 0, which fits."""
     require_dtype(backend, src)
     x_h = np.array([255.5, -0.5, 254.0, 256.0], src.to_numpy())
@@ -439,7 +469,7 @@ async def test_cast_float_to_u8_keeps_in_range_truncations(backend, src):
 
 
 @pytest.mark.parametrize("src", FLOATS, ids=ids(FLOATS))
-async def test_cast_float_to_bool(backend, src):
+async def test_cast_float_to_bool(backend: ComputeBackend, src: DType) -> None:
     require_dtype(backend, src)
     x_h = np.array([0.0, -0.0, 0.1, -2.0, np.inf], src.to_numpy())
     got = await fetch(
@@ -449,7 +479,7 @@ async def test_cast_float_to_bool(backend, src):
 
 
 @pytest.mark.parametrize("dst", [DType.F16, DType.BF16, DType.F32], ids=str)
-async def test_cast_rounds_to_nearest_float(backend, dst):
+async def test_cast_rounds_to_nearest_float(backend: ComputeBackend, dst: DType) -> None:
     require_dtype(backend, dst)
     x_h = np.array([1 / 3, 1000.7, -(2.0**-3), 257.0], np.float64)
     got = await fetch(backend.tensor_ops.cast(backend.tensor_factory.from_host(x_h), dst), dst)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import accelkit
-from accelkit import DType, Tensor
+from accelkit import ComputeBackend, DType, Tensor
 
 from .checks import ALL_DTYPES, FLOATS, assert_close, fetch, ids, require_dtype, sample
 
@@ -14,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
-async def test_empty_metadata(backend, dtype):
+async def test_empty_metadata(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     t = backend.tensor_factory.empty((2, 3, 4), dtype)
     assert isinstance(t, Tensor)
@@ -32,16 +34,17 @@ async def test_empty_metadata(backend, dtype):
     assert host.shape == (2, 3, 4)
 
 
-async def test_empty_accepts_int_and_list_shapes_and_dtype_names(backend):
+async def test_empty_accepts_int_and_list_shapes_and_dtype_names(backend: ComputeBackend) -> None:
     f = backend.tensor_factory
     assert f.empty(5).shape == (5,)
     assert f.empty([2, 3]).shape == (2, 3)
     assert f.empty((), "float64").dtype is DType.F64
-    assert f.empty((0, 4), np.int32).shape == (0, 4)
+    # a NumPy type: accepted at run time beyond the declared DType | str
+    assert f.empty((0, 4), np.int32).shape == (0, 4)  # type: ignore[arg-type]
     assert (await fetch(f.empty((0, 4)))).size == 0
 
 
-async def test_zero_d_tensor_has_no_len(backend):
+async def test_zero_d_tensor_has_no_len(backend: ComputeBackend) -> None:
     t = backend.tensor_factory.zeros(())
     assert t.ndim == 0
     assert t.size == 1
@@ -50,7 +53,7 @@ async def test_zero_d_tensor_has_no_len(backend):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
-async def test_zeros_ones_full(backend, dtype):
+async def test_zeros_ones_full(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     f = backend.tensor_factory
     npd = dtype.to_numpy()
@@ -63,19 +66,19 @@ async def test_zeros_ones_full(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_full_float_value(backend, dtype):
+async def test_full_float_value(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     got = await fetch(backend.tensor_factory.full((3,), -2.5, dtype), dtype)
     np.testing.assert_array_equal(got.astype(np.float64), [-2.5, -2.5, -2.5])
 
 
-async def test_full_integral_float_into_int_dtype(backend):
+async def test_full_integral_float_into_int_dtype(backend: ComputeBackend) -> None:
     got = await fetch(backend.tensor_factory.full((2,), 3.0, DType.I32), DType.I32)
     np.testing.assert_array_equal(got, [3, 3])
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.I32, DType.BF16, DType.U8], ids=str)
-async def test_like_constructors(backend, dtype):
+async def test_like_constructors(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     f = backend.tensor_factory
     src = f.ones((2, 5), dtype)
@@ -102,7 +105,13 @@ async def test_like_constructors(backend, dtype):
         ((-3, 3, 2), {"dtype": "i8"}, np.array([-3, -1, 1]), DType.I8),
     ],
 )
-async def test_arange(backend, args, kwargs, expected, dtype):
+async def test_arange(
+    backend: ComputeBackend,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    expected: np.ndarray[Any, Any],
+    dtype: DType,
+) -> None:
     require_dtype(backend, dtype)
     t = backend.tensor_factory.arange(*args, **kwargs)
     assert_close(await fetch(t, dtype), expected, dtype)
@@ -110,14 +119,14 @@ async def test_arange(backend, args, kwargs, expected, dtype):
 
 @pytest.mark.parametrize(("n", "m"), [(3, None), (2, 4), (4, 2), (0, None)])
 @pytest.mark.parametrize("dtype", [DType.F32, DType.I64, DType.BOOL, DType.F16], ids=str)
-async def test_eye(backend, n, m, dtype):
+async def test_eye(backend: ComputeBackend, n: int, m: int | None, dtype: DType) -> None:
     require_dtype(backend, dtype)
     t = backend.tensor_factory.eye(n, m, dtype=dtype)
     np.testing.assert_array_equal(await fetch(t, dtype), np.eye(n, m, dtype=dtype.to_numpy()))
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
-async def test_from_host_keeps_the_array_dtype(backend, dtype):
+async def test_from_host_keeps_the_array_dtype(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     a = sample((3, 4), dtype, seed=3)
     t = backend.tensor_factory.from_host(a)
@@ -134,37 +143,40 @@ async def test_from_host_keeps_the_array_dtype(backend, dtype):
         (7, DType.I64, 7),
     ],
 )
-async def test_from_host_python_data_defaults(backend, data, dtype, expected):
+async def test_from_host_python_data_defaults(
+    backend: ComputeBackend, data: Any, dtype: DType, expected: Any
+) -> None:
     t = backend.tensor_factory.from_host(data)
     assert_close(await fetch(t, dtype), np.asarray(expected), dtype)
 
 
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16, DType.F64, DType.I16, DType.U8], ids=str)
-async def test_from_host_explicit_dtype_converts(backend, dtype):
+async def test_from_host_explicit_dtype_converts(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     t = backend.tensor_factory.from_host([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], dtype=dtype)
     got = await fetch(t, dtype)
     np.testing.assert_array_equal(got.astype(np.float64), np.arange(6.0).reshape(2, 3))
 
 
-async def test_from_host_snapshots_its_input(backend):
+async def test_from_host_snapshots_its_input(backend: ComputeBackend) -> None:
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     t = backend.tensor_factory.from_host(a)
     a[...] = -1.0  # the caller may reuse its array at once
     np.testing.assert_array_equal(await fetch(t), np.arange(6, dtype=np.float32).reshape(2, 3))
 
 
-async def test_from_host_non_contiguous_and_bytes(backend):
+async def test_from_host_non_contiguous_and_bytes(backend: ComputeBackend) -> None:
     f = backend.tensor_factory
     a = np.arange(12, dtype=np.float64).reshape(3, 4)
     np.testing.assert_array_equal(await fetch(f.from_host(a.T)), a.T)
     np.testing.assert_array_equal(await fetch(f.from_host(a[:, ::2])), a[:, ::2])
-    b = f.from_host(memoryview(np.array([1, 2, 3], np.int16)))
+    # ndarray is a Buffer, but numpy's stubs say so only for Python 3.12 and later
+    b = f.from_host(memoryview(np.array([1, 2, 3], np.int16)))  # type: ignore[arg-type]
     np.testing.assert_array_equal(await fetch(b, DType.I16), [1, 2, 3])
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_uniform(backend, dtype):
+async def test_uniform(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     f = backend.tensor_factory
     a = await fetch(f.uniform((64, 32), -3.0, 5.0, seed=11, dtype=dtype), dtype)
@@ -182,7 +194,7 @@ async def test_uniform(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_normal(backend, dtype):
+async def test_normal(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     f = backend.tensor_factory
     a = await fetch(f.normal((100, 100), 2.0, 0.5, seed=4, dtype=dtype), dtype)
@@ -195,18 +207,18 @@ async def test_normal(backend, dtype):
     assert_close(a, expected.astype(dtype.to_numpy()), dtype)
 
 
-async def test_normal_zero_std_is_constant(backend):
+async def test_normal_zero_std_is_constant(backend: ComputeBackend) -> None:
     got = await fetch(backend.tensor_factory.normal((10,), 3.0, 0.0, seed=1))
     np.testing.assert_array_equal(got, np.full(10, 3.0, np.float32))
 
 
-async def test_from_dlpack(backend):
+async def test_from_dlpack(backend: ComputeBackend) -> None:
     a = np.arange(10, dtype=np.float32).reshape(2, 5)
     t = backend.tensor_factory.from_dlpack(a)
     np.testing.assert_array_equal(await fetch(t, DType.F32), a)
 
 
-async def test_dlpack_export_where_supported(backend):
+async def test_dlpack_export_where_supported(backend: ComputeBackend) -> None:
     t = backend.tensor_factory.arange(6, dtype=DType.F32)
     try:
         device = t.__dlpack_device__()
@@ -218,7 +230,7 @@ async def test_dlpack_export_where_supported(backend):
     np.testing.assert_array_equal(exported, np.arange(6, dtype=np.float32))
 
 
-async def test_to_device_from_another_backend_instance(backend):
+async def test_to_device_from_another_backend_instance(backend: ComputeBackend) -> None:
     src = backend.tensor_factory.from_host(np.arange(6, dtype=np.int32).reshape(3, 2))
     async with accelkit.open_backend("cpu") as other:
         moved = await other.tensor_factory.to_device(src)
@@ -229,19 +241,19 @@ async def test_to_device_from_another_backend_instance(backend):
         np.testing.assert_array_equal(await fetch(back, DType.I32), np.arange(6).reshape(3, 2))
 
 
-async def test_numpy_is_the_blocking_twin_of_to_host(backend):
+async def test_numpy_is_the_blocking_twin_of_to_host(backend: ComputeBackend) -> None:
     t = backend.tensor_ops.add(backend.tensor_factory.arange(4, dtype=DType.F64), 1.0)
     np.testing.assert_array_equal(t.numpy(), [1.0, 2.0, 3.0, 4.0])
 
 
-async def test_to_host_returns_a_copy(backend):
+async def test_to_host_returns_a_copy(backend: ComputeBackend) -> None:
     t = backend.tensor_factory.zeros((3,))
     a = await t.to_host()
     a[0] = 5.0
     np.testing.assert_array_equal(await fetch(t), [0.0, 0.0, 0.0])
 
 
-async def test_operators(backend):
+async def test_operators(backend: ComputeBackend) -> None:
     f = backend.tensor_factory
     a_h = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
     b_h = np.array([[0.5, 2.0], [-1.0, 8.0]], np.float32)

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from accelkit import DType
+from accelkit import ComputeBackend, DType
 
 from . import reference as ref
 from .checks import assert_close, f64, fetch, require_dtype
@@ -17,14 +19,19 @@ DTYPES = [DType.F32, DType.F64, DType.U8, DType.F16, DType.BF16]
 LAYOUTS = {"nchw": (2, 3, 6, 7), "hwc": (6, 7, 3)}
 
 
-def _image(shape, dtype, seed=0):
+def _image(shape: tuple[int, ...], dtype: DType, seed: int = 0) -> np.ndarray[Any, Any]:
     rng = np.random.default_rng(seed)
     if dtype is DType.U8:
         return rng.integers(0, 256, size=shape).astype(np.uint8)
     return rng.random(shape).astype(dtype.to_numpy())
 
 
-def _check(got, expected, dtype, scale=4.0):
+def _check(
+    got: np.ndarray[Any, Any],
+    expected: np.ndarray[Any, Any],
+    dtype: DType,
+    scale: float = 4.0,
+) -> None:
     """Integer images may differ by one where float rounding lands on .5; floats by tolerance."""
     assert got.shape == expected.shape, f"shape {got.shape} != expected {expected.shape}"
     if dtype.is_floating:
@@ -35,7 +42,7 @@ def _check(got, expected, dtype, scale=4.0):
     assert (diff == 0).mean() > 0.95, "more than 5% of the pixels are off by one"
 
 
-def _params(*names):
+def _params(*names: str) -> pytest.MarkDecorator:
     return pytest.mark.parametrize(
         ("layout", "dtype"),
         [(lay, dt) for lay in LAYOUTS for dt in DTYPES if not names or dt.value in names],
@@ -50,14 +57,16 @@ def _params(*names):
 
 @_params()
 @pytest.mark.parametrize(("sigma", "size"), [(1.0, None), (0.8, 3), (0.5, 5)])
-async def test_gaussian_blur(backend, layout, dtype, sigma, size):
+async def test_gaussian_blur(
+    backend: ComputeBackend, layout: str, dtype: DType, sigma: float, size: int | None
+) -> None:
     require_dtype(backend, dtype)
     img = _image(LAYOUTS[layout], dtype, seed=1)
     y = backend.tensor_ops.gaussian_blur(backend.tensor_factory.from_host(img), sigma, size)
     _check(await fetch(y, dtype), ref.gaussian_blur(img, sigma, size), dtype)
 
 
-async def test_gaussian_blur_keeps_a_constant_image(backend):
+async def test_gaussian_blur_keeps_a_constant_image(backend: ComputeBackend) -> None:
     """Replicated borders: a flat image stays flat up to the edges (zero padding would darken)."""
     img = np.full((1, 1, 5, 6), 0.5, np.float32)
     y = backend.tensor_ops.gaussian_blur(backend.tensor_factory.from_host(img), 2.0)
@@ -65,7 +74,7 @@ async def test_gaussian_blur_keeps_a_constant_image(backend):
 
 
 @_params()
-async def test_sobel_edges(backend, layout, dtype):
+async def test_sobel_edges(backend: ComputeBackend, layout: str, dtype: DType) -> None:
     require_dtype(backend, dtype)
     img = _image(LAYOUTS[layout], dtype, seed=2)
     y = backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(img))
@@ -77,7 +86,7 @@ async def test_sobel_edges(backend, layout, dtype):
         assert_close(await fetch(y, out_dt), expected, out_dt, scale=10.0)
 
 
-async def test_sobel_edges_of_a_ramp_and_of_a_flat_image(backend):
+async def test_sobel_edges_of_a_ramp_and_of_a_flat_image(backend: ComputeBackend) -> None:
     ramp = np.tile(np.arange(6, dtype=np.float64), (5, 1))[None, None]  # d/dx = 1 per pixel
     got = await fetch(
         backend.tensor_ops.sobel_edges(backend.tensor_factory.from_host(ramp)), DType.F64
@@ -95,7 +104,7 @@ async def test_sobel_edges_of_a_ramp_and_of_a_flat_image(backend):
 
 @_params()
 @pytest.mark.parametrize("channels", [3, 4])
-async def test_grayscale(backend, layout, dtype, channels):
+async def test_grayscale(backend: ComputeBackend, layout: str, dtype: DType, channels: int) -> None:
     require_dtype(backend, dtype)
     shape = list(LAYOUTS[layout])
     shape[1 if layout == "nchw" else 2] = channels
@@ -107,7 +116,7 @@ async def test_grayscale(backend, layout, dtype, channels):
 
 
 @_params()
-async def test_threshold(backend, layout, dtype):
+async def test_threshold(backend: ComputeBackend, layout: str, dtype: DType) -> None:
     require_dtype(backend, dtype)
     img = _image(LAYOUTS[layout], dtype, seed=4)
     f, ops = backend.tensor_factory, backend.tensor_ops
@@ -121,7 +130,9 @@ async def test_threshold(backend, layout, dtype):
 
 @_params()
 @pytest.mark.parametrize("factor", [0.0, 0.5, 1.0, 1.7])
-async def test_brightness(backend, layout, dtype, factor):
+async def test_brightness(
+    backend: ComputeBackend, layout: str, dtype: DType, factor: float
+) -> None:
     require_dtype(backend, dtype)
     img = _image(LAYOUTS[layout], dtype, seed=5)
     y = backend.tensor_ops.brightness(backend.tensor_factory.from_host(img), factor)
@@ -130,7 +141,7 @@ async def test_brightness(backend, layout, dtype, factor):
 
 @_params()
 @pytest.mark.parametrize("factor", [0.0, 0.5, 1.5])
-async def test_contrast(backend, layout, dtype, factor):
+async def test_contrast(backend: ComputeBackend, layout: str, dtype: DType, factor: float) -> None:
     require_dtype(backend, dtype)
     img = _image(LAYOUTS[layout], dtype, seed=6)
     y = backend.tensor_ops.contrast(backend.tensor_factory.from_host(img), factor)
@@ -138,7 +149,7 @@ async def test_contrast(backend, layout, dtype, factor):
 
 
 @pytest.mark.parametrize("channels", [1, 2, 4])
-async def test_contrast_other_channel_counts(backend, channels):
+async def test_contrast_other_channel_counts(backend: ComputeBackend, channels: int) -> None:
     """RGBA uses the luma of RGB; other channel counts use the channel mean."""
     img = _image((2, channels, 5, 5), DType.F32, seed=7)
     y = backend.tensor_ops.contrast(backend.tensor_factory.from_host(img), 1.8)
@@ -146,7 +157,7 @@ async def test_contrast_other_channel_counts(backend, channels):
 
 
 @_params()
-async def test_invert_colors(backend, layout, dtype):
+async def test_invert_colors(backend: ComputeBackend, layout: str, dtype: DType) -> None:
     require_dtype(backend, dtype)
     img = _image(LAYOUTS[layout], dtype, seed=8)
     y = backend.tensor_ops.invert_colors(backend.tensor_factory.from_host(img))
@@ -154,7 +165,9 @@ async def test_invert_colors(backend, layout, dtype):
 
 
 @pytest.mark.parametrize("dtype", [DType.I16, DType.U16], ids=str)
-async def test_invert_colors_of_other_integers_uses_the_dtype_maximum(backend, dtype):
+async def test_invert_colors_of_other_integers_uses_the_dtype_maximum(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     img = np.array([[[0, 5, 1000]]], dtype.to_numpy())
     y = backend.tensor_ops.invert_colors(backend.tensor_factory.from_host(img))
@@ -163,14 +176,14 @@ async def test_invert_colors_of_other_integers_uses_the_dtype_maximum(backend, d
 
 @_params()
 @pytest.mark.parametrize("amount", [0.0, 0.5, 1.0])
-async def test_sharpen(backend, layout, dtype, amount):
+async def test_sharpen(backend: ComputeBackend, layout: str, dtype: DType, amount: float) -> None:
     require_dtype(backend, dtype)
     img = _image(LAYOUTS[layout], dtype, seed=9)
     y = backend.tensor_ops.sharpen(backend.tensor_factory.from_host(img), amount)
     _check(await fetch(y, dtype), ref.sharpen(img, amount), dtype)
 
 
-async def test_float_image_ops_that_brighten_clip_to_unit_range(backend):
+async def test_float_image_ops_that_brighten_clip_to_unit_range(backend: ComputeBackend) -> None:
     img = np.array([[[0.2, 0.9, 0.6]]], np.float32)
     ops, f = backend.tensor_ops, backend.tensor_factory
     got = await fetch(ops.brightness(f.from_host(img), 2.0))

@@ -3,10 +3,12 @@ broadcasting, 1-d operands) and linear."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from accelkit import DType
+from accelkit import ComputeBackend, DType
 
 from .checks import FLOATS, assert_close, f64, fetch, ids, require_dtype, sample
 
@@ -15,13 +17,15 @@ pytestmark = pytest.mark.anyio
 NUMERIC = [*FLOATS, DType.I32, DType.I64]
 
 
-def _inputs(dtype, *shapes, seed=0):
+def _inputs(
+    dtype: DType, *shapes: tuple[int, ...] | int, seed: int = 0
+) -> list[np.ndarray[Any, Any]]:
     if dtype.is_floating:
         return [sample(s, dtype, low=-1, high=1, seed=seed + i) for i, s in enumerate(shapes)]
     return [sample(s, dtype, low=-4, high=4, seed=seed + i) for i, s in enumerate(shapes)]
 
 
-def _scale(k):
+def _scale(k: int) -> float:
     """Tolerance scale for sums of ``k`` products."""
     return max(1.0, k / 8)
 
@@ -29,7 +33,9 @@ def _scale(k):
 @pytest.mark.parametrize("dtype", NUMERIC, ids=ids(NUMERIC))
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
-async def test_gemm_transposes(backend, dtype, trans_a, trans_b):
+async def test_gemm_transposes(
+    backend: ComputeBackend, dtype: DType, trans_a: bool, trans_b: bool
+) -> None:
     require_dtype(backend, dtype)
     m, k, n = 5, 7, 3
     a_h, b_h = _inputs(dtype, (k, m) if trans_a else (m, k), (n, k) if trans_b else (k, n))
@@ -54,7 +60,9 @@ async def test_gemm_transposes(backend, dtype, trans_a, trans_b):
         ((), 1.0, 1.0),
     ],
 )
-async def test_gemm_alpha_beta_and_c(backend, dtype, c_shape, alpha, beta):
+async def test_gemm_alpha_beta_and_c(
+    backend: ComputeBackend, dtype: DType, c_shape: tuple[int, ...], alpha: float, beta: float
+) -> None:
     require_dtype(backend, dtype)
     if not dtype.is_floating:
         alpha = round(alpha) or 3.0  # a fractional alpha has no integer result to compare with
@@ -69,7 +77,7 @@ async def test_gemm_alpha_beta_and_c(backend, dtype, c_shape, alpha, beta):
     np.testing.assert_array_equal(await fetch(c, dtype), c_h)
 
 
-async def test_gemm_beta_zero_ignores_c(backend):
+async def test_gemm_beta_zero_ignores_c(backend: ComputeBackend) -> None:
     """As in BLAS, beta == 0 means c is not read: NaN in c does not leak into the result."""
     f = backend.tensor_factory
     a_h, b_h = _inputs(DType.F32, (3, 4), (4, 2))
@@ -88,7 +96,9 @@ async def test_gemm_beta_zero_ignores_c(backend):
     ],
     ids=lambda d: d.value if isinstance(d, DType) else "none",
 )
-async def test_gemm_result_dtype(backend, da, db, dc, dout):
+async def test_gemm_result_dtype(
+    backend: ComputeBackend, da: DType, db: DType, dc: DType | None, dout: DType
+) -> None:
     require_dtype(backend, da, db, dout)
     f = backend.tensor_factory
     a_h = sample((2, 3), da, low=-2, high=2, seed=1)
@@ -101,7 +111,9 @@ async def test_gemm_result_dtype(backend, da, db, dc, dout):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_gemm_large_runs_off_the_loop_and_matches(backend, dtype):
+async def test_gemm_large_runs_off_the_loop_and_matches(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     a_h, b_h = _inputs(dtype, (96, 128), (128, 80), seed=9)
     f = backend.tensor_factory
@@ -111,7 +123,9 @@ async def test_gemm_large_runs_off_the_loop_and_matches(backend, dtype):
 
 @pytest.mark.parametrize("dtype", NUMERIC, ids=ids(NUMERIC))
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (True, False), (False, True)])
-async def test_batched_gemm(backend, dtype, trans_a, trans_b):
+async def test_batched_gemm(
+    backend: ComputeBackend, dtype: DType, trans_a: bool, trans_b: bool
+) -> None:
     require_dtype(backend, dtype)
     bsz, m, k, n = 3, 4, 5, 2
     a_h, b_h, c_h = _inputs(
@@ -146,7 +160,13 @@ async def test_batched_gemm(backend, dtype, trans_a, trans_b):
     ],
 )
 @pytest.mark.parametrize("dtype", NUMERIC, ids=ids(NUMERIC))
-async def test_matmul(backend, dtype, sa, sb, sout):
+async def test_matmul(
+    backend: ComputeBackend,
+    dtype: DType,
+    sa: tuple[int, ...],
+    sb: tuple[int, ...],
+    sout: tuple[int, ...],
+) -> None:
     require_dtype(backend, dtype)
     a_h, b_h = _inputs(dtype, sa, sb, seed=7)
     f = backend.tensor_factory
@@ -158,7 +178,7 @@ async def test_matmul(backend, dtype, sa, sb, sout):
     assert_close(await fetch(a @ b, dtype), expected, dtype)
 
 
-async def test_matmul_explicit_loops(backend):
+async def test_matmul_explicit_loops(backend: ComputeBackend) -> None:
     """A batched, broadcasting product against a triple loop (independent of np.matmul)."""
     a_h, b_h = _inputs(DType.F64, (2, 1, 3, 4), (3, 4, 2), seed=1)
     y = backend.tensor_ops.matmul(
@@ -173,7 +193,7 @@ async def test_matmul_explicit_loops(backend):
     assert_close(await fetch(y, DType.F64), expected, DType.F64)
 
 
-async def test_matmul_mixed_dtypes_promote(backend):
+async def test_matmul_mixed_dtypes_promote(backend: ComputeBackend) -> None:
     require_dtype(backend, DType.F16, DType.BF16)
     f = backend.tensor_factory
     a = f.from_host(np.ones((2, 3), np.float16))
@@ -185,7 +205,9 @@ async def test_matmul_mixed_dtypes_promote(backend):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_matmul_low_precision_accumulates_in_f32(backend, dtype):
+async def test_matmul_low_precision_accumulates_in_f32(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     """1 + 2048 * 2**-11: an f16/bf16 accumulator would stall at 1 + a few ulps."""
     require_dtype(backend, dtype)
     k = 2048
@@ -199,7 +221,9 @@ async def test_matmul_low_precision_accumulates_in_f32(backend, dtype):
 @pytest.mark.parametrize("dtype", NUMERIC, ids=ids(NUMERIC))
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("x_shape", [(5, 6), (2, 3, 6), (6,)])
-async def test_linear(backend, dtype, with_bias, x_shape):
+async def test_linear(
+    backend: ComputeBackend, dtype: DType, with_bias: bool, x_shape: tuple[int, ...]
+) -> None:
     require_dtype(backend, dtype)
     x_h, w_h, b_h = _inputs(dtype, x_shape, (4, 6), (4,), seed=2)
     f = backend.tensor_factory

@@ -4,11 +4,12 @@ cross_entropy, embedding and the AdamW step."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
-from accelkit import DType
+from accelkit import ComputeBackend, DType
 
 from . import reference as ref
 from .checks import FLOATS, assert_close, f64, fetch, ids, require_dtype, sample
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.anyio
 
 
 # -- conv2d -----------------------------------------------------------------------------------------
-CONV_CASES = {
+CONV_CASES: dict[str, dict[str, Any]] = {
     "plain": dict(x=(2, 3, 7, 6), w=(4, 3, 3, 3)),
     "bias": dict(x=(1, 2, 5, 5), w=(3, 2, 3, 3), bias=True),
     "stride2": dict(x=(1, 2, 8, 7), w=(2, 2, 3, 3), stride=2),
@@ -35,13 +36,13 @@ CONV_CASES = {
 }
 
 
-def _pair(v):
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return v if isinstance(v, tuple) else (v, v)
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("case", list(CONV_CASES))
-async def test_conv2d(backend, case, dtype):
+async def test_conv2d(backend: ComputeBackend, case: str, dtype: DType) -> None:
     require_dtype(backend, dtype)
     c = CONV_CASES[case]
     x_h = sample(c["x"], dtype, low=-1, high=1, seed=1)
@@ -61,9 +62,9 @@ async def test_conv2d(backend, case, dtype):
     assert_close(await fetch(y, dtype), expected, dtype, scale=3.0)
 
 
-async def test_conv2d_matches_scipy_correlate(backend):
+async def test_conv2d_matches_scipy_correlate(backend: ComputeBackend) -> None:
     """A second, independent reference: scipy's N-d correlation summed over input channels."""
-    from scipy.signal import correlate
+    from scipy.signal import correlate  # type: ignore[import-untyped]
 
     x_h = sample((1, 3, 12, 10), DType.F64, seed=4)
     w_h = sample((2, 3, 5, 3), DType.F64, seed=5)
@@ -73,7 +74,7 @@ async def test_conv2d_matches_scipy_correlate(backend):
     assert_close(await fetch(y, DType.F64), expected, DType.F64)
 
 
-async def test_conv2d_large_runs_correctly(backend):
+async def test_conv2d_large_runs_correctly(backend: ComputeBackend) -> None:
     x_h = sample((2, 8, 32, 32), DType.F32, seed=6)
     w_h = sample((16, 8, 3, 3), DType.F32, seed=7)
     f = backend.tensor_factory
@@ -91,7 +92,17 @@ async def test_conv2d_large_runs_correctly(backend):
 
 
 # -- attention --------------------------------------------------------------------------------------
-def _qkv(dtype, b, h, hk, sq, skv, d, dv=None, seed=0):
+def _qkv(
+    dtype: DType,
+    b: int,
+    h: int,
+    hk: int,
+    sq: int,
+    skv: int,
+    d: int,
+    dv: int | None = None,
+    seed: int = 0,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     dv = d if dv is None else dv
     return (
         sample((b, h, sq, d), dtype, low=-1, high=1, seed=seed),
@@ -100,7 +111,7 @@ def _qkv(dtype, b, h, hk, sq, skv, d, dv=None, seed=0):
     )
 
 
-ATTN_CASES = {
+ATTN_CASES: dict[str, dict[str, Any]] = {
     "plain": dict(dims=(2, 2, 2, 5, 5, 8)),
     "scale": dict(dims=(1, 2, 2, 4, 6, 4), scale=0.3),
     "causal_square": dict(dims=(1, 2, 2, 6, 6, 4), causal=True),
@@ -115,7 +126,7 @@ ATTN_CASES = {
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("case", list(ATTN_CASES))
-async def test_attention(backend, case, dtype):
+async def test_attention(backend: ComputeBackend, case: str, dtype: DType) -> None:
     require_dtype(backend, dtype)
     c = ATTN_CASES[case]
     b, h, hk, sq, skv, d = c["dims"]
@@ -130,7 +141,7 @@ async def test_attention(backend, case, dtype):
     assert_close(await fetch(y, dtype), expected, dtype, scale=2.0)
 
 
-async def test_attention_causal_rows_that_see_no_key_are_zero(backend):
+async def test_attention_causal_rows_that_see_no_key_are_zero(backend: ComputeBackend) -> None:
     q_h, k_h, v_h = _qkv(DType.F32, 1, 1, 1, 5, 3, 4)
     f = backend.tensor_factory
     got = await fetch(
@@ -148,7 +159,9 @@ async def test_attention_causal_rows_that_see_no_key_are_zero(backend):
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("mask_shape", [(1, 1, 4, 6), (2, 1, 1, 6), (2, 3, 4, 6), (4, 6), (6,)])
-async def test_attention_bool_mask(backend, dtype, mask_shape):
+async def test_attention_bool_mask(
+    backend: ComputeBackend, dtype: DType, mask_shape: tuple[int, ...]
+) -> None:
     require_dtype(backend, dtype)
     q_h, k_h, v_h = _qkv(dtype, 2, 3, 3, 4, 6, 4, seed=3)
     mask_h = np.random.default_rng(1).random(mask_shape) < 0.6
@@ -162,7 +175,7 @@ async def test_attention_bool_mask(backend, dtype, mask_shape):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_attention_float_mask_is_added(backend, dtype):
+async def test_attention_float_mask_is_added(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     q_h, k_h, v_h = _qkv(dtype, 1, 2, 2, 4, 5, 4, seed=5)
     mask_h = sample((1, 1, 4, 5), dtype, low=-2, high=2, seed=9)
@@ -174,7 +187,7 @@ async def test_attention_float_mask_is_added(backend, dtype):
     assert_close(await fetch(y, dtype), expected, dtype, scale=2.0)
 
 
-async def test_attention_mask_and_causal_combine(backend):
+async def test_attention_mask_and_causal_combine(backend: ComputeBackend) -> None:
     q_h, k_h, v_h = _qkv(DType.F64, 1, 2, 1, 4, 6, 4, seed=6)
     mask_h = np.random.default_rng(2).random((1, 2, 4, 6)) < 0.7
     mask_h[..., 0] = True
@@ -187,7 +200,9 @@ async def test_attention_mask_and_causal_combine(backend):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_attention_fully_masked_rows_yield_zeros(backend, dtype):
+async def test_attention_fully_masked_rows_yield_zeros(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     q_h, k_h, v_h = _qkv(dtype, 1, 2, 2, 3, 4, 4, seed=7)
     f, ops = backend.tensor_factory, backend.tensor_ops
@@ -217,7 +232,7 @@ async def test_attention_fully_masked_rows_yield_zeros(backend, dtype):
     assert np.all(np.isfinite(f64(y)))
 
 
-async def test_attention_large_sequence(backend):
+async def test_attention_large_sequence(backend: ComputeBackend) -> None:
     """Long enough to exercise any chunking over query rows."""
     q_h, k_h, v_h = _qkv(DType.F32, 1, 2, 1, 300, 300, 16, seed=8)
     f = backend.tensor_factory
@@ -235,7 +250,7 @@ async def test_attention_large_sequence(backend):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 @pytest.mark.parametrize("log", [False, True])
-async def test_softmax(backend, dtype, axis, log):
+async def test_softmax(backend: ComputeBackend, dtype: DType, axis: int, log: bool) -> None:
     require_dtype(backend, dtype)
     x_h = sample((3, 4, 5), dtype, low=-4, high=4, seed=1)
     ops = backend.tensor_ops
@@ -246,7 +261,7 @@ async def test_softmax(backend, dtype, axis, log):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
-async def test_softmax_is_stable_for_large_logits(backend, dtype):
+async def test_softmax_is_stable_for_large_logits(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     big = 60000.0 if dtype is DType.F16 else 1e4
     x_h = np.array([[big, big - 1, big - 2], [-big, -big, -big]], dtype.to_numpy())
@@ -258,7 +273,7 @@ async def test_softmax_is_stable_for_large_logits(backend, dtype):
     assert_close(lsm, ref.log_softmax(f64(x_h)), dtype, scale=2.0)
 
 
-async def test_softmax_with_minus_inf_entries(backend):
+async def test_softmax_with_minus_inf_entries(backend: ComputeBackend) -> None:
     x_h = np.array([[0.0, -np.inf, 1.0], [-np.inf, 2.0, -np.inf]], np.float32)
     got = await fetch(backend.tensor_ops.softmax(backend.tensor_factory.from_host(x_h)))
     e = np.exp([0.0, 1.0])
@@ -266,13 +281,13 @@ async def test_softmax_with_minus_inf_entries(backend):
 
 
 @pytest.mark.parametrize("dtype", [DType.I32, DType.U8], ids=str)
-async def test_softmax_of_integers_gives_f32(backend, dtype):
+async def test_softmax_of_integers_gives_f32(backend: ComputeBackend, dtype: DType) -> None:
     x_h = np.array([[0, 1, 2], [3, 3, 3]], dtype.to_numpy())
     y = backend.tensor_ops.softmax(backend.tensor_factory.from_host(x_h))
     assert_close(await fetch(y, DType.F32), ref.softmax(f64(x_h)), DType.F32)
 
 
-async def test_softmax_large_rows(backend):
+async def test_softmax_large_rows(backend: ComputeBackend) -> None:
     x_h = sample((200, 1000), DType.F32, low=-10, high=10, seed=2)
     y = backend.tensor_ops.softmax(backend.tensor_factory.from_host(x_h))
     got = await fetch(y)
@@ -286,7 +301,9 @@ async def test_softmax_large_rows(backend):
     ("weight", "bias"), [(False, False), (True, False), (True, True), (False, True)]
 )
 @pytest.mark.parametrize("shape", [(4, 16), (2, 3, 8), (32,)])
-async def test_layer_norm(backend, dtype, weight, bias, shape):
+async def test_layer_norm(
+    backend: ComputeBackend, dtype: DType, weight: bool, bias: bool, shape: tuple[int, ...]
+) -> None:
     require_dtype(backend, dtype)
     x_h = sample(shape, dtype, low=-3, high=5, seed=1)
     w_h = sample((shape[-1],), dtype, low=0.5, high=1.5, seed=2) if weight else None
@@ -304,7 +321,7 @@ async def test_layer_norm(backend, dtype, weight, bias, shape):
     assert_close(await fetch(y, dtype), expected, dtype, scale=3.0)
 
 
-async def test_layer_norm_default_eps_and_constant_rows(backend):
+async def test_layer_norm_default_eps_and_constant_rows(backend: ComputeBackend) -> None:
     x_h = np.array([[2.0, 2.0, 2.0, 2.0], [1.0, 2.0, 3.0, 4.0]], np.float64)
     got = await fetch(
         backend.tensor_ops.layer_norm(backend.tensor_factory.from_host(x_h)), DType.F64
@@ -316,7 +333,9 @@ async def test_layer_norm_default_eps_and_constant_rows(backend):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("weight", [False, True])
 @pytest.mark.parametrize("shape", [(4, 16), (2, 3, 8)])
-async def test_rms_norm(backend, dtype, weight, shape):
+async def test_rms_norm(
+    backend: ComputeBackend, dtype: DType, weight: bool, shape: tuple[int, ...]
+) -> None:
     require_dtype(backend, dtype)
     x_h = sample(shape, dtype, low=-3, high=3, seed=4)
     w_h = sample((shape[-1],), dtype, low=0.5, high=1.5, seed=5) if weight else None
@@ -334,7 +353,9 @@ async def test_rms_norm(backend, dtype, weight, shape):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("target_dtype", [DType.I64, DType.I32, DType.U8], ids=str)
-async def test_cross_entropy(backend, dtype, reduction, target_dtype):
+async def test_cross_entropy(
+    backend: ComputeBackend, dtype: DType, reduction: str, target_dtype: DType
+) -> None:
     require_dtype(backend, dtype, target_dtype)
     logits_h = sample((6, 5), dtype, low=-3, high=3, seed=1)
     targets_h = np.array([0, 4, 2, 2, 1, 3], target_dtype.to_numpy())
@@ -348,7 +369,9 @@ async def test_cross_entropy(backend, dtype, reduction, target_dtype):
     assert_close(await fetch(probs, dtype), exp_probs, dtype, scale=2.0)
 
 
-async def test_cross_entropy_default_is_mean_and_probs_give_the_gradient(backend):
+async def test_cross_entropy_default_is_mean_and_probs_give_the_gradient(
+    backend: ComputeBackend,
+) -> None:
     logits_h = sample((4, 3), DType.F64, seed=2)
     targets_h = np.array([2, 0, 1, 1])
     f = backend.tensor_factory
@@ -370,7 +393,9 @@ async def test_cross_entropy_default_is_mean_and_probs_give_the_gradient(backend
 @pytest.mark.parametrize("dtype", [*FLOATS, DType.I32], ids=ids([*FLOATS, DType.I32]))
 @pytest.mark.parametrize("index_dtype", [DType.I64, DType.I32, DType.U8, DType.I16], ids=str)
 @pytest.mark.parametrize("index_shape", [(5,), (2, 3), ()])
-async def test_embedding(backend, dtype, index_dtype, index_shape):
+async def test_embedding(
+    backend: ComputeBackend, dtype: DType, index_dtype: DType, index_shape: tuple[int, ...]
+) -> None:
     require_dtype(backend, dtype, index_dtype)
     weight_h = sample((7, 4), dtype, seed=1)
     idx_h = np.random.default_rng(3).integers(0, 7, size=index_shape).astype(index_dtype.to_numpy())
@@ -386,7 +411,9 @@ async def test_embedding(backend, dtype, index_dtype, index_shape):
 # -- AdamW ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F64], ids=str)
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-async def test_adam_update_matches_the_adamw_equations(backend, dtype, weight_decay):
+async def test_adam_update_matches_the_adamw_equations(
+    backend: ComputeBackend, dtype: DType, weight_decay: float
+) -> None:
     require_dtype(backend, dtype)
     f, ops = backend.tensor_factory, backend.tensor_ops
     p_h = sample((4, 6), dtype, seed=1)
@@ -404,7 +431,7 @@ async def test_adam_update_matches_the_adamw_equations(backend, dtype, weight_de
 
 
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=str)
-async def test_adam_update_one_low_precision_step(backend, dtype):
+async def test_adam_update_one_low_precision_step(backend: ComputeBackend, dtype: DType) -> None:
     require_dtype(backend, dtype)
     f, ops = backend.tensor_factory, backend.tensor_ops
     p_h, g_h = sample((3, 5), dtype, seed=1), sample((3, 5), dtype, seed=2)
@@ -419,7 +446,7 @@ async def test_adam_update_one_low_precision_step(backend, dtype):
     assert_close(await fetch(v, dtype), v_ref, dtype)
 
 
-async def test_adam_update_default_hyperparameters(backend):
+async def test_adam_update_default_hyperparameters(backend: ComputeBackend) -> None:
     f = backend.tensor_factory
     p_h, g_h = sample((8,), DType.F64, seed=1), sample((8,), DType.F64, seed=2)
     param, m, v = f.from_host(p_h), f.zeros((8,), DType.F64), f.zeros((8,), DType.F64)

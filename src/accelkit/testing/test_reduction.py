@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from accelkit import DType
+from accelkit import ComputeBackend, DType
 
 from .checks import FLOATS, UNSIGNED, assert_close, f64, fetch, ids, require_dtype, sample
 
@@ -16,7 +18,7 @@ DTYPES = [*FLOATS, DType.I8, DType.I32, DType.I64, DType.U8, DType.U32, DType.BO
 AXES = [None, 0, 1, -1, (0, 2), (0, 1, 2), ()]
 
 
-def _out_dtype(op, dtype):
+def _out_dtype(op: str, dtype: DType) -> DType:
     if op in ("argmax", "argmin"):
         return DType.I64
     if op in ("sum", "prod") and not dtype.is_floating:
@@ -26,9 +28,17 @@ def _out_dtype(op, dtype):
     return dtype
 
 
-def _reference(op, x, axis, keepdims):
+def _reference(
+    op: str, x: np.ndarray[Any, Any], axis: int | tuple[int, ...] | None, keepdims: bool
+) -> Any:  # an array, or a NumPy scalar
     ax = tuple(range(x.ndim)) if axis is None else axis
-    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[op]
+    fn: Any = {
+        "sum": np.sum,
+        "mean": np.mean,
+        "max": np.max,
+        "min": np.min,
+        "prod": np.prod,
+    }[op]
     return fn(f64(x), axis=ax, keepdims=keepdims)
 
 
@@ -36,7 +46,13 @@ def _reference(op, x, axis, keepdims):
 @pytest.mark.parametrize("axis", AXES, ids=repr)
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids(DTYPES))
 @pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "prod"])
-async def test_reduce(backend, op, dtype, axis, keepdims):
+async def test_reduce(
+    backend: ComputeBackend,
+    op: str,
+    dtype: DType,
+    axis: int | tuple[int, ...] | None,
+    keepdims: bool,
+) -> None:
     require_dtype(backend, dtype)
     lo, hi = (0.5, 1.5) if op == "prod" else (-3, 3)
     if op == "prod" and not dtype.is_floating:
@@ -57,7 +73,9 @@ async def test_reduce(backend, op, dtype, axis, keepdims):
 @pytest.mark.parametrize("op", ["argmax", "argmin"])
 @pytest.mark.parametrize("keepdims", [False, True])
 @pytest.mark.parametrize("axis", [None, 0, 1, -1])
-async def test_arg_reductions(backend, op, dtype, axis, keepdims):
+async def test_arg_reductions(
+    backend: ComputeBackend, op: str, dtype: DType, axis: int | None, keepdims: bool
+) -> None:
     require_dtype(backend, dtype)
     x_h = sample((4, 5), dtype, low=-50, high=50, seed=8)
     x = backend.tensor_factory.from_host(x_h)
@@ -82,7 +100,7 @@ async def test_arg_reductions(backend, op, dtype, axis, keepdims):
     np.testing.assert_array_equal(got, expected)
 
 
-async def test_arg_reductions_pick_the_first_tie(backend):
+async def test_arg_reductions_pick_the_first_tie(backend: ComputeBackend) -> None:
     x = backend.tensor_factory.from_host(np.array([[1, 3, 3, 0], [0, 0, -1, -1]], np.float32))
     ops = backend.tensor_ops
     np.testing.assert_array_equal(await fetch(ops.argmax(x, axis=1)), [1, 0])
@@ -91,7 +109,7 @@ async def test_arg_reductions_pick_the_first_tie(backend):
     np.testing.assert_array_equal(await fetch(ops.argmin(x)), 6)
 
 
-async def test_reductions_of_a_0d_tensor(backend):
+async def test_reductions_of_a_0d_tensor(backend: ComputeBackend) -> None:
     x = backend.tensor_factory.from_host(np.float32(2.5))
     ops = backend.tensor_ops
     assert_close(await fetch(ops.sum(x), DType.F32), np.float32(2.5), DType.F32)
@@ -99,7 +117,7 @@ async def test_reductions_of_a_0d_tensor(backend):
     np.testing.assert_array_equal(await fetch(ops.argmax(x), DType.I64), 0)
 
 
-async def test_sum_and_prod_of_empty_axes(backend):
+async def test_sum_and_prod_of_empty_axes(backend: ComputeBackend) -> None:
     x = backend.tensor_factory.zeros((0, 3))
     ops = backend.tensor_ops
     np.testing.assert_array_equal(await fetch(ops.sum(x, axis=0)), [0.0, 0.0, 0.0])
@@ -108,7 +126,9 @@ async def test_sum_and_prod_of_empty_axes(backend):
 
 
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=str)
-async def test_low_precision_sum_and_mean_accumulate_in_f32(backend, dtype):
+async def test_low_precision_sum_and_mean_accumulate_in_f32(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     """4096 ones: an f16 or bf16 accumulator would stop growing long before 4096."""
     require_dtype(backend, dtype)
     x = backend.tensor_factory.ones((4096,), dtype)
@@ -116,7 +136,7 @@ async def test_low_precision_sum_and_mean_accumulate_in_f32(backend, dtype):
     assert_close(await fetch(backend.tensor_ops.mean(x), dtype), np.float64(1.0), dtype)
 
 
-async def test_integer_sum_does_not_overflow_the_input_dtype(backend):
+async def test_integer_sum_does_not_overflow_the_input_dtype(backend: ComputeBackend) -> None:
     x = backend.tensor_factory.full((1000,), 200, DType.U8)
     np.testing.assert_array_equal(await fetch(backend.tensor_ops.sum(x), DType.U64), 200_000)
     y = backend.tensor_factory.full((1000,), -100, DType.I8)
@@ -125,7 +145,7 @@ async def test_integer_sum_does_not_overflow_the_input_dtype(backend):
     np.testing.assert_array_equal(await fetch(backend.tensor_ops.sum(z), DType.I64), 7)
 
 
-async def test_large_reduction(backend):
+async def test_large_reduction(backend: ComputeBackend) -> None:
     x_h = sample((512, 300), DType.F32, seed=3)
     x = backend.tensor_factory.from_host(x_h)
     assert_close(

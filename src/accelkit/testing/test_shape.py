@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from accelkit import DType
+from accelkit import ComputeBackend, DType
 
 from .checks import ALL_DTYPES, fetch, ids, require_dtype, sample
 
@@ -15,7 +17,9 @@ DTYPES = [DType.F32, DType.F64, DType.F16, DType.BF16, DType.I8, DType.I64, DTyp
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
-async def test_reshape_is_a_view_with_the_same_elements(backend, dtype):
+async def test_reshape_is_a_view_with_the_same_elements(
+    backend: ComputeBackend, dtype: DType
+) -> None:
     require_dtype(backend, dtype)
     x_h = sample((2, 3, 4), dtype, seed=1)
     x = backend.tensor_factory.from_host(x_h)
@@ -33,7 +37,7 @@ async def test_reshape_is_a_view_with_the_same_elements(backend, dtype):
     np.testing.assert_array_equal(await fetch(ops.reshape(x, ()) if x.size == 1 else x, dtype), x_h)
 
 
-async def test_reshape_to_and_from_0d(backend):
+async def test_reshape_to_and_from_0d(backend: ComputeBackend) -> None:
     ops = backend.tensor_ops
     x = backend.tensor_factory.from_host(np.array([5.0], np.float32))
     s = ops.reshape(x, ())
@@ -42,7 +46,7 @@ async def test_reshape_to_and_from_0d(backend):
     np.testing.assert_array_equal(await fetch(ops.reshape(s, (1, 1))), [[5.0]])
 
 
-async def test_reshape_sees_later_writes_through_the_shared_buffer(backend):
+async def test_reshape_sees_later_writes_through_the_shared_buffer(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = f.zeros((2, 3))
     view = ops.reshape(x, (6,))
@@ -52,7 +56,7 @@ async def test_reshape_sees_later_writes_through_the_shared_buffer(backend):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids(DTYPES))
 @pytest.mark.parametrize("dims", [(0, 1, 2), (2, 0, 1), (1, 0, 2), (2, 1, 0)])
-async def test_permute(backend, dtype, dims):
+async def test_permute(backend: ComputeBackend, dtype: DType, dims: tuple[int, ...]) -> None:
     require_dtype(backend, dtype)
     x_h = sample((2, 3, 4), dtype, seed=2)
     y = backend.tensor_ops.permute(backend.tensor_factory.from_host(x_h), dims)
@@ -62,14 +66,18 @@ async def test_permute(backend, dtype, dims):
     np.testing.assert_array_equal(await fetch(y, dtype), expected)
 
 
-async def test_permute_negative_dims(backend):
+async def test_permute_negative_dims(backend: ComputeBackend) -> None:
     x_h = sample((2, 3, 4), DType.F32, seed=2)
     y = backend.tensor_ops.permute(backend.tensor_factory.from_host(x_h), (-1, 0, -2))
     np.testing.assert_array_equal(await fetch(y), x_h.transpose(2, 0, 1))
 
 
 @pytest.mark.parametrize(("dim0", "dim1"), [(None, None), (0, 2), (-3, -1), (1, 1)])
-async def test_transpose(backend, dim0, dim1):
+async def test_transpose(
+    backend: ComputeBackend,
+    dim0: int | None,
+    dim1: Any,  # None exactly where dim0 is
+) -> None:
     x_h = sample((2, 3, 4), DType.I32, seed=3)
     x = backend.tensor_factory.from_host(x_h)
     if dim0 is None:
@@ -79,7 +87,7 @@ async def test_transpose(backend, dim0, dim1):
     np.testing.assert_array_equal(await fetch(y, DType.I32), expected)
 
 
-async def test_transpose_of_a_large_matrix(backend):
+async def test_transpose_of_a_large_matrix(backend: ComputeBackend) -> None:
     x_h = sample((300, 200), DType.F32, seed=4)
     y = backend.tensor_ops.transpose(backend.tensor_factory.from_host(x_h))
     np.testing.assert_array_equal(await fetch(y), x_h.T)
@@ -87,7 +95,7 @@ async def test_transpose_of_a_large_matrix(backend):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids(DTYPES))
 @pytest.mark.parametrize("axis", [0, 1, -1])
-async def test_concat(backend, dtype, axis):
+async def test_concat(backend: ComputeBackend, dtype: DType, axis: int) -> None:
     require_dtype(backend, dtype)
     ax = axis % 3
     shapes = [tuple(n if d == ax else (2, 3, 4)[d] for d in range(3)) for n in (1, 3, 2)]
@@ -97,7 +105,7 @@ async def test_concat(backend, dtype, axis):
     np.testing.assert_array_equal(await fetch(y, dtype), np.concatenate(parts, axis=axis))
 
 
-async def test_concat_single_and_empty_parts(backend):
+async def test_concat_single_and_empty_parts(backend: ComputeBackend) -> None:
     f = backend.tensor_factory
     a = f.from_host(np.arange(3, dtype=np.int64))
     np.testing.assert_array_equal(await fetch(backend.tensor_ops.concat([a])), [0, 1, 2])
@@ -107,7 +115,7 @@ async def test_concat_single_and_empty_parts(backend):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids(DTYPES))
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
-async def test_stack(backend, dtype, axis):
+async def test_stack(backend: ComputeBackend, dtype: DType, axis: int) -> None:
     require_dtype(backend, dtype)
     parts = [sample((2, 3), dtype, seed=i) for i in range(3)]
     f = backend.tensor_factory
@@ -119,7 +127,7 @@ async def test_stack(backend, dtype, axis):
     ("axis", "start", "length"),
     [(0, 1, 2), (1, 0, 4), (2, 3, 2), (-1, -2, 2), (1, 4, 0), (0, 0, 3)],
 )
-async def test_narrow(backend, axis, start, length):
+async def test_narrow(backend: ComputeBackend, axis: int, start: int, length: int) -> None:
     x_h = sample((3, 4, 5), DType.F32, seed=5)
     y = backend.tensor_ops.narrow(backend.tensor_factory.from_host(x_h), axis, start, length)
     dim = x_h.shape[axis]
@@ -132,7 +140,9 @@ async def test_narrow(backend, axis, start, length):
     ("sections", "axis", "sizes"),
     [(3, 0, [2, 2, 2]), ([1, 0, 5], 0, [1, 0, 5]), (2, 1, [2, 2]), ([3, 1], -1, [3, 1])],
 )
-async def test_split(backend, sections, axis, sizes):
+async def test_split(
+    backend: ComputeBackend, sections: int | list[int], axis: int, sizes: list[int]
+) -> None:
     x_h = sample((6, 4), DType.I32, seed=6)
     parts = backend.tensor_ops.split(backend.tensor_factory.from_host(x_h), sections, axis=axis)
     assert len(parts) == len(sizes)
@@ -146,7 +156,7 @@ async def test_split(backend, sections, axis, sizes):
 @pytest.mark.parametrize("index_dtype", [DType.I64, DType.I32, DType.U8], ids=str)
 @pytest.mark.parametrize("dtype", [DType.F32, DType.BF16, DType.I16, DType.BOOL], ids=str)
 @pytest.mark.parametrize("axis", [0, 1])
-async def test_gather(backend, axis, dtype, index_dtype):
+async def test_gather(backend: ComputeBackend, axis: int, dtype: DType, index_dtype: DType) -> None:
     require_dtype(backend, dtype, index_dtype)
     x_h = sample((4, 5), dtype, seed=7)
     idx_shape = (3, 4) if axis == 0 else (2, 6)  # smaller than x off the axis, any size along it
@@ -162,7 +172,7 @@ async def test_gather(backend, axis, dtype, index_dtype):
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.I64, DType.U8], ids=str)
 @pytest.mark.parametrize("axis", [0, 1])
-async def test_scatter_tensor_src(backend, axis, dtype):
+async def test_scatter_tensor_src(backend: ComputeBackend, axis: int, dtype: DType) -> None:
     require_dtype(backend, dtype)
     x_h = sample((4, 5), dtype, low=0, high=9, seed=1)
     src_h = sample((3, 5), dtype, low=10, high=20, seed=2)  # larger than index: its corner is used
@@ -182,7 +192,9 @@ async def test_scatter_tensor_src(backend, axis, dtype):
     np.testing.assert_array_equal(await fetch(y, dtype), expected)
 
 
-async def test_scatter_scalar_src_and_duplicates_keep_the_last_write(backend):
+async def test_scatter_scalar_src_and_duplicates_keep_the_last_write(
+    backend: ComputeBackend,
+) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = f.zeros((3, 2))
     y = ops.scatter(x, 0, f.from_host([[2, 1]]), 5.0)

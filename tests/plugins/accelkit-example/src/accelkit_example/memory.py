@@ -1,0 +1,135 @@
+"""The example backend's memory manager: a caching pool of untyped host blocks.
+
+:class:`accelkit.sdk.PooledMemoryManager` gives allocation, statistics, pool configuration and the
+argument checks of every transfer; this class says how the device's memory is reached: blocks are
+flat ``uint8`` arrays, and every transfer is ordered with the streams' work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from accelkit import Tensor
+from accelkit.device import Device
+from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk import (
+    CachingPool,
+    DeviceBuffer,
+    HostStream,
+    PooledMemoryManager,
+    buffer_of,
+    check_tensor,
+    last_writer,
+)
+from accelkit_example.probe import MEMORY
+from accelkit_example.submit import Array, array
+
+if TYPE_CHECKING:
+    from accelkit_example.backend import ExampleBackend
+
+
+def _allocator(alignment: int) -> Callable[[int], Array]:
+    def alloc(size: int) -> Array:
+        raw = np.empty(size + alignment, np.uint8)
+        offset = (-raw.ctypes.data) % alignment
+        return raw[offset : offset + size]
+
+    return alloc
+
+
+def _release(handle: Any) -> None:
+    """A block's memory returns to the host allocator when its last reference goes."""
+
+
+class ExampleMemoryManager(PooledMemoryManager):
+    def __init__(self, backend: ExampleBackend, device: Device, config: MemoryPoolConfig) -> None:
+        super().__init__(
+            backend, CachingPool(device, _allocator(config.alignment), _release, MEMORY, config)
+        )
+        self._example = backend
+
+    def _stream(self) -> HostStream:
+        return self._example.current_stream  # type: ignore[return-value]
+
+    def free(self, buffer: DeviceBuffer | Tensor) -> None:
+        buf = self.owned_buffer(buffer, "buffer")
+        # Stream-ordered: the block returns to the pool after the work submitted so far.
+        stream = self._stream()
+        if stream.query():
+            self.pool.free(buf)
+        else:
+
+            def recycle_later(recycle: Callable[[], None]) -> None:
+                stream.submit(recycle, heavy=True)
+
+            self.pool.free(buf, recycle_later)
+
+    async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
+        buf, view = self._host_source(dst, src)
+        data = np.frombuffer(view, np.uint8).copy()
+
+        def run() -> None:
+            buf.handle[: data.size] = data
+
+        is_tensor = isinstance(dst, Tensor)
+        self._example.tensor_factory.kernels.launch(  # type: ignore[attr-defined]
+            run, (dst,) if is_tensor else (), (dst,) if is_tensor else ()
+        )
+        await self._stream().synchronize()
+
+    async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
+        buf = self._host_destination(dst, src)
+        if isinstance(src, Tensor):
+            writer, seq = last_writer(src)
+            await writer.wait_for(seq)  # type: ignore[attr-defined]
+        await self._stream().synchronize()
+        dst.reshape(-1).view(np.uint8)[...] = buf.handle[: dst.nbytes]
+
+    def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
+        d, s = self._device_pair(dst, src)
+        n = s.nbytes
+
+        def run() -> None:
+            d.handle[:n] = s.handle[:n]
+
+        self._example.tensor_factory.kernels.launch(  # type: ignore[attr-defined]
+            run,
+            [src] if isinstance(src, Tensor) else [],
+            [dst] if isinstance(dst, Tensor) else [],
+        )
+
+    # -- tensor transfers -------------------------------------------------------------------------
+    async def read_tensor(self, tensor: Tensor) -> Array:
+        check_tensor(self._example, tensor, "tensor")
+        writer, seq = last_writer(tensor)
+        await writer.wait_for(seq)  # type: ignore[attr-defined]
+        return np.array(array(tensor), copy=True)
+
+    def read_tensor_blocking(self, tensor: Tensor) -> Array:
+        check_tensor(self._example, tensor, "tensor")
+        writer, seq = last_writer(tensor)
+        writer.wait_for_blocking(seq)  # type: ignore[attr-defined]
+        return np.array(array(tensor), copy=True)
+
+    def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
+        check_tensor(self._example, tensor, "tensor")
+        writer, seq = last_writer(tensor)
+        writer.wait_for_blocking(seq)  # type: ignore[attr-defined]
+        # The exported array's base holds the block, so the pool does not reuse it while the
+        # consumer still reads it.
+        return np.asarray(_Holder(buffer_of(tensor), array(tensor))).__dlpack__(**kwargs)
+
+    def dlpack_device(self, tensor: Tensor) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU: the host can read this device's memory
+
+
+class _Holder:
+    __slots__ = ("__array_interface__", "buffer", "data")
+
+    def __init__(self, buffer: DeviceBuffer, data: Array) -> None:
+        self.buffer = buffer
+        self.data = data
+        self.__array_interface__ = data.__array_interface__
