@@ -77,7 +77,7 @@ def checksums(probs: np.ndarray) -> dict[str, list[float]]:
 
 def numpy_reference(seed: int, weights: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """The same chain as ``POST /mlp``, in float64 NumPy."""
-    from scipy.special import erf
+    from scipy.special import erf  # type: ignore[import-untyped]
 
     w = {k: v.astype(np.float64) for k, v in (weights or make_weights()).items()}
     x = make_input(seed).astype(np.float64)

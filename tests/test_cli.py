@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -364,7 +364,7 @@ def test_doctor_reports_a_gpu_no_plugin_drives(
     _fake_nvidia_machine(root)
     monkeypatch.setattr(hardware, "detect_hardware", lambda: detect_hardware(root, run_tools=False))
     # Where accelkit-cuda is installed, this is the machine without it: hide its entry point.
-    entry_points = metadata.entry_points
+    entry_points: Callable[..., Any] = metadata.entry_points
 
     def without_cuda(**kw: Any) -> Any:
         return [ep for ep in entry_points(**kw) if ep.name != "cuda"]

@@ -25,7 +25,8 @@ def _qkv(f: ak.TensorFactory) -> tuple[ak.Tensor, ak.Tensor, ak.Tensor]:
 def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
     p = np.exp(s - s.max(-1, keepdims=True))
-    return (p / p.sum(-1, keepdims=True)) @ v
+    out: np.ndarray = (p / p.sum(-1, keepdims=True)) @ v
+    return out
 
 
 async def test_without_fallback_the_refusal_is_loud() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,10 @@ def test_nvidia_smi_is_asked_when_procfs_says_nothing(monkeypatch: pytest.Monkey
             cmd, 0, stdout="GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1234)\nGPU 1: Tesla T4\n"
         )
 
-    monkeypatch.setattr(hardware.Path, "iterdir", _no_procfs(hardware.Path.iterdir))
-    monkeypatch.setattr(hardware.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(hardware.subprocess, "run", fake_run)
+    # Path, shutil and subprocess are the very objects accelkit._core.hardware uses.
+    monkeypatch.setattr(Path, "iterdir", _no_procfs(Path.iterdir))
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(subprocess, "run", fake_run)
     names = [i.name for i in hardware._nvidia_gpus(Path("/"), run_tools=True)]
     assert names == ["NVIDIA A100-SXM4-40GB", "Tesla T4"]
     ((cmd, kwargs),) = calls
@@ -113,9 +115,10 @@ def test_a_hanging_nvidia_smi_is_given_up_on(monkeypatch: pytest.MonkeyPatch) ->
     def hang(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
 
-    monkeypatch.setattr(hardware.Path, "iterdir", _no_procfs(hardware.Path.iterdir))
-    monkeypatch.setattr(hardware.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(hardware.subprocess, "run", hang)
+    # Path, shutil and subprocess are the very objects accelkit._core.hardware uses.
+    monkeypatch.setattr(Path, "iterdir", _no_procfs(Path.iterdir))
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(subprocess, "run", hang)
     assert hardware._nvidia_gpus(Path("/"), run_tools=True) == []
 
 

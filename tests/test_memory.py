@@ -5,22 +5,31 @@ from __future__ import annotations
 
 import gc
 import random
+from typing import Any
 
 import numpy as np
 import pytest
 
 import accelkit
-from accelkit import DType, MemoryPoolConfig, MemoryPressure, StaleHandleError
+from accelkit import (
+    ComputeBackend,
+    DType,
+    MemoryInfo,
+    MemoryPoolConfig,
+    MemoryPressure,
+    StaleHandleError,
+    Tensor,
+)
 from accelkit._core.pool import size_class
 
 pytestmark = pytest.mark.anyio
 
 
-def _info(backend):
+def _info(backend: ComputeBackend) -> MemoryInfo:
     return backend.memory_manager.memory_info()
 
 
-async def test_fresh_backend_uses_nothing(backend):
+async def test_fresh_backend_uses_nothing(backend: ComputeBackend) -> None:
     info = _info(backend)
     assert (info.used, info.active_allocations, info.peak) == (0, 0, 0)
     assert info.free == info.total > 0
@@ -28,7 +37,7 @@ async def test_fresh_backend_uses_nothing(backend):
     assert backend.memory_manager.pressure is MemoryPressure.LOW
 
 
-async def test_used_is_the_exact_sum_of_requested_sizes(backend):
+async def test_used_is_the_exact_sum_of_requested_sizes(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     sizes = [0, 1, 7, 63, 64, 65, 1000, 4097, 100_000]
     buffers = [mm.allocate(n) for n in sizes]
@@ -45,7 +54,7 @@ async def test_used_is_the_exact_sum_of_requested_sizes(backend):
     assert _info(backend).active_allocations == len(sizes) - 4
 
 
-async def test_tensors_count_their_bytes_and_views_count_nothing(backend):
+async def test_tensors_count_their_bytes_and_views_count_nothing(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     a = f.zeros((3, 5))  # 60 bytes
     b = f.ones((7,), DType.F64)  # 56 bytes
@@ -66,7 +75,7 @@ async def test_tensors_count_their_bytes_and_views_count_nothing(backend):
     assert _info(backend).used == 0
 
 
-async def test_freed_blocks_are_reused_from_the_cache(backend):
+async def test_freed_blocks_are_reused_from_the_cache(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     first = mm.allocate(1000)
     address = first.handle.ctypes.data
@@ -83,7 +92,7 @@ async def test_freed_blocks_are_reused_from_the_cache(backend):
     mm.free(other)
 
 
-async def test_tensor_memory_is_reused(backend):
+async def test_tensor_memory_is_reused(backend: ComputeBackend) -> None:
     f = backend.tensor_factory
     for _ in range(50):
         t = f.ones((128, 128))
@@ -93,7 +102,7 @@ async def test_tensor_memory_is_reused(backend):
     assert info.reserved == size_class(128 * 128 * 4)
 
 
-async def test_size_classes_waste_at_most_an_eighth():
+async def test_size_classes_waste_at_most_an_eighth() -> None:
     for n in [*range(0, 2000, 7), 4097, 65_537, 10**6 + 3, 3 * 2**30 + 1]:
         c = size_class(n)
         assert c >= n
@@ -101,13 +110,13 @@ async def test_size_classes_waste_at_most_an_eighth():
         assert c <= max(64, n + n / 8 + 63)
 
 
-async def test_ten_thousand_mixed_cycles_keep_reserved_bounded(backend):
+async def test_ten_thousand_mixed_cycles_keep_reserved_bounded(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     rng = random.Random(7)
     sizes = [17, 100, 1000, 5000, 40_000, 250_000, 1 << 20]
     max_live = 6
     live = []
-    reserved_after_warmup = None
+    reserved_after_warmup: Any = None  # an int from the 1000th cycle on
     for i in range(10_000):
         live.append(mm.allocate(rng.choice(sizes)))
         if len(live) > max_live or rng.random() < 0.3:
@@ -128,7 +137,7 @@ async def test_ten_thousand_mixed_cycles_keep_reserved_bounded(backend):
     assert info.reserved <= bound
 
 
-async def test_tensor_cycles_keep_reserved_flat(backend):
+async def test_tensor_cycles_keep_reserved_flat(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = f.ones((64, 64))
     ops.add(x, 1.0)  # warm up the size class
@@ -140,7 +149,7 @@ async def test_tensor_cycles_keep_reserved_flat(backend):
     assert _info(backend).used == x.nbytes
 
 
-async def test_trim_releases_cached_bytes(backend):
+async def test_trim_releases_cached_bytes(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     keep = mm.allocate(500)
     for n in (1000, 20_000, 300_000):
@@ -156,7 +165,7 @@ async def test_trim_releases_cached_bytes(backend):
     mm.free(keep)
 
 
-async def test_peak_and_reset_peak(backend):
+async def test_peak_and_reset_peak(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     a = mm.allocate(1000)
     b = mm.allocate(2000)
@@ -174,7 +183,7 @@ async def test_peak_and_reset_peak(backend):
     assert _info(backend).peak == 510
 
 
-async def test_free_twice_raises_stale_handle(backend):
+async def test_free_twice_raises_stale_handle(backend: ComputeBackend) -> None:
     mm, f = backend.memory_manager, backend.tensor_factory
     buf = mm.allocate(128)
     mm.free(buf)
@@ -187,7 +196,7 @@ async def test_free_twice_raises_stale_handle(backend):
     assert _info(backend).used == 0
 
 
-async def test_disabled_cache_returns_blocks_at_once(backend):
+async def test_disabled_cache_returns_blocks_at_once(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     mm.configure_pool(MemoryPoolConfig(enabled=False))
     mm.free(mm.allocate(10_000))
@@ -199,7 +208,7 @@ async def test_disabled_cache_returns_blocks_at_once(backend):
     assert _info(backend).reserved == 0
 
 
-async def test_max_cached_bytes_caps_the_cache(backend):
+async def test_max_cached_bytes_caps_the_cache(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     mm.configure_pool(MemoryPoolConfig(max_cached_bytes=10_000))
     bufs = [mm.allocate(4000) for _ in range(5)]
@@ -209,7 +218,7 @@ async def test_max_cached_bytes_caps_the_cache(backend):
     assert _info(backend).reserved >= size_class(4000)
 
 
-async def test_pressure_follows_the_limit(backend):
+async def test_pressure_follows_the_limit(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     mm.configure_pool(MemoryPoolConfig(limit_bytes=10_000))
     assert _info(backend).total == 10_000
@@ -229,7 +238,9 @@ async def test_pressure_follows_the_limit(backend):
     assert mm.pressure is MemoryPressure.LOW
 
 
-async def test_limit_below_current_use_refuses_new_allocations_only(backend):
+async def test_limit_below_current_use_refuses_new_allocations_only(
+    backend: ComputeBackend,
+) -> None:
     mm = backend.memory_manager
     keep = mm.allocate(5000)
     mm.configure_pool(MemoryPoolConfig(limit_bytes=4000))
@@ -241,7 +252,7 @@ async def test_limit_below_current_use_refuses_new_allocations_only(backend):
     mm.free(mm.allocate(4000))
 
 
-async def test_alignment(backend):
+async def test_alignment(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     for align in (1, 8, 64):
         buf = mm.allocate(100, alignment=align)
@@ -251,7 +262,7 @@ async def test_alignment(backend):
             mm.allocate(100, alignment=bad)
 
 
-async def test_host_transfers_round_trip(backend):
+async def test_host_transfers_round_trip(backend: ComputeBackend) -> None:
     mm, f = backend.memory_manager, backend.tensor_factory
     src = np.arange(25, dtype=np.float32)
     buf = mm.allocate(src.nbytes)
@@ -270,7 +281,7 @@ async def test_host_transfers_round_trip(backend):
     np.testing.assert_array_equal(out.reshape(-1), src * 2)
 
 
-async def test_host_transfer_size_checks(backend):
+async def test_host_transfer_size_checks(backend: ComputeBackend) -> None:
     mm = backend.memory_manager
     buf = mm.allocate(16)
     with pytest.raises(accelkit.InvalidArgumentError, match="32"):
@@ -283,7 +294,7 @@ async def test_host_transfer_size_checks(backend):
         mm.copy_dtod(buf, mm.allocate(32))
 
 
-async def test_free_while_work_is_queued_is_stream_ordered(backend):
+async def test_free_while_work_is_queued_is_stream_ordered(backend: ComputeBackend) -> None:
     """free() returns the block after the queued work that reads it, so a new tensor cannot
     overwrite the input of a matmul that has not run yet."""
     f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
@@ -297,7 +308,7 @@ async def test_free_while_work_is_queued_is_stream_ordered(backend):
     assert _info(backend).used == y.nbytes
 
 
-async def test_used_is_zero_after_shutdown_with_live_tensors():
+async def test_used_is_zero_after_shutdown_with_live_tensors() -> None:
     async with accelkit.open_backend("cpu") as b:
         f, ops = b.tensor_factory, b.tensor_ops
         tensors = [f.ones((100, 100)), ops.matmul(f.ones((300, 300)), f.ones((300, 300)))]
@@ -314,13 +325,14 @@ async def test_used_is_zero_after_shutdown_with_live_tensors():
     assert mm.memory_info().used == 0
 
 
-async def test_garbage_collected_cycles_are_released(backend):
+async def test_garbage_collected_cycles_are_released(backend: ComputeBackend) -> None:
     """A tensor kept alive only by a reference cycle is released when the collector runs
     (DeviceBuffer.__del__ may run on any thread, even inside the pool)."""
     f = backend.tensor_factory
 
     class Node:
-        pass
+        self: Node
+        t: Tensor
 
     for _ in range(20):
         n = Node()

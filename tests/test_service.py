@@ -17,7 +17,7 @@ measured figures are always printed (``pytest -s``) and recorded as properties (
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -86,7 +86,7 @@ def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServiceS
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_service_answers_right_and_keeps_loop_responsive(
-    service: ServiceServer, record_property: pytest.RecordProperty
+    service: ServiceServer, record_property: Callable[[str, object], None]
 ) -> None:
     result = await drive(
         service.base_url,

@@ -3,32 +3,41 @@ cancellation, a free event loop while device work runs, ``use_stream``, and kern
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
 
 import accelkit
-from accelkit import DeviceError, InvalidArgumentError
+from accelkit import (
+    ComputeBackend,
+    DeviceError,
+    InvalidArgumentError,
+    Tensor,
+    TensorFactory,
+    TensorOps,
+)
 
 pytestmark = pytest.mark.anyio
 
 N = 1024  # matrices big enough that each product runs on a stream's worker, not inline
 
 
-def _idempotent(f, n=N):
+def _idempotent(f: TensorFactory, n: int = N) -> Tensor:
     """J/n (all entries 1/n): (J/n) @ (J/n) == J/n exactly in float32 for n a power of two."""
     return f.full((n, n), 1.0 / n)
 
 
-def _chain(ops, x, length):
+def _chain(ops: TensorOps, x: Tensor, length: int) -> Tensor:
     y = x
     for _ in range(length):
         y = ops.matmul(y, x)
     return y
 
 
-async def test_one_stream_runs_in_submission_order(backend):
+async def test_one_stream_runs_in_submission_order(backend: ComputeBackend) -> None:
     f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
     s = backend.create_stream()
     with backend.use_stream(s):
@@ -42,7 +51,7 @@ async def test_one_stream_runs_in_submission_order(backend):
     np.testing.assert_array_equal(await w.to_host(), np.full((512, 512), 1024.0, np.float32))
 
 
-async def test_in_place_updates_apply_in_order(backend):
+async def test_in_place_updates_apply_in_order(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     shape = (200, 200)  # past the inline threshold
     param, m, v = f.ones(shape), f.zeros(shape), f.zeros(shape)
@@ -58,7 +67,7 @@ async def test_in_place_updates_apply_in_order(backend):
     np.testing.assert_allclose(await m.to_host(), np.full(shape, m_ref), rtol=1e-5)
 
 
-async def test_wait_event_orders_work_across_streams(backend):
+async def test_wait_event_orders_work_across_streams(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     s1, s2 = backend.create_stream(), backend.create_stream()
     x = _idempotent(f)
@@ -74,7 +83,9 @@ async def test_wait_event_orders_work_across_streams(backend):
     np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))
 
 
-async def test_reading_a_tensor_written_on_another_stream_waits_for_the_writer(backend):
+async def test_reading_a_tensor_written_on_another_stream_waits_for_the_writer(
+    backend: ComputeBackend,
+) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = _idempotent(f)
     # Fill the cache with blocks of NaN, so an early read of a result shows NaN, not zeros.
@@ -93,7 +104,7 @@ async def test_reading_a_tensor_written_on_another_stream_waits_for_the_writer(b
     np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))
 
 
-async def test_events_query_and_wait(backend):
+async def test_events_query_and_wait(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     s = backend.create_stream()
     idle = s.record_event()
@@ -118,7 +129,7 @@ async def test_events_query_and_wait(backend):
     await s.synchronize()
 
 
-async def test_backend_synchronize_waits_for_every_stream(backend):
+async def test_backend_synchronize_waits_for_every_stream(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = _idempotent(f)
     streams = [backend.create_stream() for _ in range(2)]
@@ -133,7 +144,9 @@ async def test_backend_synchronize_waits_for_every_stream(backend):
     assert backend.status.pending_operations == 0
 
 
-async def test_cancelling_a_transfer_leaves_the_backend_usable_and_accounted(backend):
+async def test_cancelling_a_transfer_leaves_the_backend_usable_and_accounted(
+    backend: ComputeBackend,
+) -> None:
     f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
     n = 2048
     baseline = mm.memory_info().used
@@ -157,7 +170,7 @@ async def test_cancelling_a_transfer_leaves_the_backend_usable_and_accounted(bac
     assert backend.status.pending_operations == 0
 
 
-async def test_cancelling_event_and_stream_waits(backend):
+async def test_cancelling_event_and_stream_waits(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     s = backend.create_stream()
     x = _idempotent(f)
@@ -175,12 +188,14 @@ async def test_cancelling_event_and_stream_waits(backend):
     np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))
 
 
-async def test_the_event_loop_is_not_blocked_while_a_large_matmul_runs(backend):
+async def test_the_event_loop_is_not_blocked_while_a_large_matmul_runs(
+    backend: ComputeBackend,
+) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = _idempotent(f, 2048)
     ticks = 0
 
-    async def heartbeat():
+    async def heartbeat() -> None:
         nonlocal ticks
         while True:
             await anyio.sleep(0.005)
@@ -199,7 +214,7 @@ async def test_the_event_loop_is_not_blocked_while_a_large_matmul_runs(backend):
     assert during >= 3, f"the heartbeat ticked only {during} times while the matmuls ran"
 
 
-async def test_use_stream_sends_work_to_that_stream(backend):
+async def test_use_stream_sends_work_to_that_stream(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     blocker, target = backend.create_stream(), backend.create_stream()
     x = _idempotent(f)
@@ -216,18 +231,18 @@ async def test_use_stream_sends_work_to_that_stream(backend):
     assert ev.query(), "the op inside use_stream did not run on that stream"
 
 
-async def test_use_stream_is_per_task(backend):
+async def test_use_stream_is_per_task(backend: ComputeBackend) -> None:
     s = backend.create_stream()
     seen = {}
     entered = anyio.Event()
     release = anyio.Event()
 
-    async def outside():
+    async def outside() -> None:
         await entered.wait()
         seen["outside"] = backend.current_stream
         release.set()
 
-    async def inside():
+    async def inside() -> None:
         seen["inside"] = backend.current_stream
 
     async with anyio.create_task_group() as tg:
@@ -240,7 +255,7 @@ async def test_use_stream_is_per_task(backend):
     assert seen["outside"] is backend.default_stream
 
 
-async def test_kernel_errors_surface_at_the_await(backend):
+async def test_kernel_errors_surface_at_the_await(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     weight = f.ones((10, 4))
     bad_idx = f.from_host(np.full((200, 200), 12, np.int64))  # large: runs on the worker
@@ -251,7 +266,7 @@ async def test_kernel_errors_surface_at_the_await(backend):
     np.testing.assert_array_equal(await good.to_host(), np.ones((200, 200, 4), np.float32))
 
 
-async def test_kernel_errors_surface_at_event_and_stream_waits(backend):
+async def test_kernel_errors_surface_at_event_and_stream_waits(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     s = backend.create_stream()
     with backend.use_stream(s):
@@ -267,10 +282,12 @@ async def test_kernel_errors_surface_at_event_and_stream_waits(backend):
     del bad, bad2
 
 
-async def test_unexpected_kernel_failures_become_device_errors(backend, monkeypatch):
+async def test_unexpected_kernel_failures_become_device_errors(
+    backend: ComputeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from accelkit.backends.cpu import numpy_nn
 
-    def broken(*args, **kwargs):
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the device caught fire")
 
     monkeypatch.setattr(numpy_nn, "softmax", broken)
@@ -284,11 +301,11 @@ async def test_unexpected_kernel_failures_become_device_errors(backend, monkeypa
     )
 
 
-async def test_concurrent_tasks_share_a_backend(backend):
+async def test_concurrent_tasks_share_a_backend(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     results = {}
 
-    async def worker(i):
+    async def worker(i: int) -> None:
         x = f.full((300, 300), float(i))
         y = ops.matmul(x, f.eye(300))
         await anyio.lowlevel.checkpoint()
@@ -301,7 +318,7 @@ async def test_concurrent_tasks_share_a_backend(backend):
         np.testing.assert_array_equal(results[i], np.full((300, 300), float(i), np.float32))
 
 
-async def test_blocking_twins_from_a_worker_thread(backend):
+async def test_blocking_twins_from_a_worker_thread(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     y = _chain(ops, _idempotent(f), 3)
     got = await anyio.to_thread.run_sync(y.numpy)
@@ -314,7 +331,7 @@ async def test_blocking_twins_from_a_worker_thread(backend):
     assert ev.query()
 
 
-async def test_shutdown_waits_for_queued_work_and_releases_memory():
+async def test_shutdown_waits_for_queued_work_and_releases_memory() -> None:
     async with accelkit.open_backend("cpu") as b:
         f, ops = b.tensor_factory, b.tensor_ops
         y = _chain(ops, _idempotent(f), 4)

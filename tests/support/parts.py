@@ -203,9 +203,10 @@ def _keep_captures(folder: str) -> None:
     reads after a crash. (Relies on ``_pytest.capture.TemporaryFile``; where a pytest lacks it,
     nothing changes but that this detail is lost.)"""
     try:
-        import _pytest.capture as capture
+        import _pytest.capture as _capture
     except ImportError:  # pragma: no cover - not under pytest
         return
+    capture: Any = _capture  # a private module: its TemporaryFile is not exported
     if not callable(getattr(capture, "TemporaryFile", None)):  # pragma: no cover
         return
     numbers = itertools.count()
