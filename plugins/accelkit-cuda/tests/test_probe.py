@@ -106,7 +106,8 @@ def test_features_follow_the_compute_capability() -> None:
         # BF16 is hardware, not a dtype the backend holds (CuPy has none)
         assert DType.F16 in caps.dtypes
         assert DType.BF16 not in caps.dtypes
-        assert {"attention", "paged_attention", "quantized_linear", "gemm"} <= caps.ops
+        assert {"attention", "gemm"} <= caps.ops
+        assert {"paged_attention", "quantized_linear"} <= caps.fused_ops
         assert caps.kernel_languages == {"cuda"}
 
 
