@@ -5,6 +5,7 @@ of ``accelkit.abc``) enforces its abstract methods."""
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,3 +65,30 @@ async def test_the_user_components_are_built_over_the_kernel_objects() -> None:
         assert isinstance(backend.kernel_ops.kernels, accelkit.sdk.FusedKernels)
         x = backend.tensor_factory.ones((3, 4), DType.F32)
         np.testing.assert_allclose(await backend.kernel_ops.rms_norm(x).to_host(), 1.0, 1e-5)
+
+
+@pytest.mark.anyio
+async def test_image_filters_run_the_backends_fused_depthwise_kernel(
+    backend: accelkit.ComputeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A regression of the kernel-object refactor: the CPU's fused depthwise filter had stayed a
+    private method the core no longer called, and every image filter ran the slow composition."""
+    kernels = backend.tensor_ops.kernels
+    assert kernels.has_depthwise
+    calls: list[tuple[int, ...]] = []
+    fused = kernels.depthwise
+
+    def counting(x: accelkit.Tensor, kernel: np.ndarray[Any, Any], out: accelkit.Tensor) -> None:
+        calls.append(kernel.shape)
+        fused(x, kernel, out)
+
+    monkeypatch.setattr(kernels, "depthwise", counting)
+    img = np.arange(2 * 3 * 9 * 11, dtype=np.float32).reshape(2, 3, 9, 11) / 600
+    x = backend.tensor_factory.from_host(img)
+    blurred = await backend.tensor_ops.gaussian_blur(x, sigma=1.0).to_host()
+    assert calls == [(1, 7), (7, 1)]
+    # The composition (pad + grouped conv2d) gives the same numbers.
+    monkeypatch.setattr(type(kernels), "has_depthwise", property(lambda self: False))
+    composed = await backend.tensor_ops.gaussian_blur(x, sigma=1.0).to_host()
+    assert calls == [(1, 7), (7, 1)]
+    np.testing.assert_allclose(blurred, composed, rtol=1e-5, atol=1e-6)

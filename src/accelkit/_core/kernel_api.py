@@ -198,6 +198,19 @@ class TensorKernels(_Allocating):
     ) -> None:
         """One Adam(W) step, updating ``param``, ``m`` and ``v`` in place."""
 
+    # -- optional fused kernels (the core composes them where a backend has none) ---------------
+    def depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], out: Tensor) -> None:
+        """Optional: correlate every channel of the float NCHW ``x`` with the 2-d host
+        ``kernel`` (odd sizes), border pixels replicated, into ``out`` (x's shape and dtype).
+        Every image filter (blur, Sobel, sharpen) runs through it. Without an override, the
+        core pads with narrow/concat and runs a grouped ``conv2d``."""
+        raise NotImplementedError
+
+    @property
+    def has_depthwise(self) -> bool:
+        """Whether this kernel object overrides :meth:`depthwise`."""
+        return type(self).depthwise is not TensorKernels.depthwise
+
 
 class FactoryKernels(_Allocating):
     """The kernels TensorFactory calls."""

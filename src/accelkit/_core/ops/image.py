@@ -77,8 +77,14 @@ class ImageOps(OpsBase[TensorKernels]):
 
     def _depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], work: DType) -> Tensor:
         """Apply the same 2-d ``kernel`` (odd sizes) to every channel of the NCHW float ``x``,
-        with replicated borders. The composition below is the reference; a backend may
-        override this one method with a fused kernel to speed up every filter at once."""
+        with replicated borders. A backend's ``TensorKernels.depthwise`` runs it where the backend
+        has one (one fused kernel speeds up every filter); the composition below is the
+        reference."""
+        kernels = self.kernels
+        if kernels.has_depthwise:
+            out = self._empty(x.shape, work)
+            kernels.depthwise(x, kernel.astype(work.to_numpy()), out)
+            return out
         c = x.shape[1]
         kh, kw = kernel.shape
         w = self._const(np.broadcast_to(kernel, (c, 1, kh, kw)).copy(), work)

@@ -9,7 +9,6 @@ import numpy as np
 from accelkit.backends.cpu import numpy_elementwise as ew
 from accelkit.backends.cpu import numpy_nn as nn
 from accelkit.backends.cpu.submit import CPUComponent, arr
-from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit.sdk.kernels import Operand, TensorKernels
 from accelkit.tensor import Tensor
@@ -134,15 +133,15 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
         self._launch(run, out._size + index._size, (x, index, src), (out,))
 
     # -- image filters ----------------------------------------------------------------------------
-    def _depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], work: DType) -> Tensor:
+    def depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], out: Tensor) -> None:
         # Fused: edge padding and a shifted-slice correlation in one kernel, instead of the
         # composition's narrow/concat padding and im2col convolution (about 5x faster).
-        out = self.empty(x._shape, work)
-        k = kernel.astype(work.to_numpy())
         self._launch(
-            lambda: nn.depthwise_replicate(x._data, k, out._data), out._size * k.size, (x,), (out,)
+            lambda: nn.depthwise_replicate(x._data, kernel, out._data),
+            out._size * kernel.size,
+            (x,),
+            (out,),
         )
-        return out
 
     # -- neural-network ops -----------------------------------------------------------------------
     def conv2d(
