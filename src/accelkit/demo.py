@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import numpy as np
@@ -22,6 +22,7 @@ from accelkit.workloads import (
     block_weights,
     image_pipeline,
     image_pipeline_numpy,
+    synthetic_images,
     transformer_block,
     transformer_block_numpy,
     upload_weights,
@@ -62,7 +63,7 @@ async def run_demo(
         rng = np.random.default_rng(0)
         x_host = rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
         w_host = block_weights(cfg)
-        images_host = _test_images(rng, 8, 256)
+        images_host = synthetic_images(rng, 8, 256)
 
         lateness: list[float] = []
         stop = anyio.Event()
@@ -123,18 +124,3 @@ async def run_demo(
         say(f"memory: {backend.memory_manager.memory_info().peak / 2**20:.1f} MiB peak")
         say("result: " + ("OK, matches NumPy" if result.ok else "MISMATCH against NumPy"))
     return result
-
-
-def _test_images(rng: np.random.Generator, n: int, size: int) -> np.ndarray[Any, Any]:
-    """Synthetic RGB u8 images with shapes and edges (discs and bars over noise)."""
-    yy, xx = np.mgrid[0:size, 0:size]
-    imgs = np.empty((n, 3, size, size), np.uint8)
-    for i in range(n):
-        cy, cx = rng.integers(size // 4, 3 * size // 4, 2).tolist()
-        r = size // 5
-        disc = ((yy - cy) ** 2 + (xx - cx) ** 2 < r * r).astype(np.float64)
-        bars = ((xx // 32) % 2).astype(np.float64)
-        for c in range(3):
-            base = 60 + 120 * disc * rng.uniform(0.5, 1.0) + 40 * bars
-            imgs[i, c] = np.clip(base + rng.normal(0, 4, (size, size)), 0, 255).astype(np.uint8)
-    return imgs

@@ -19,6 +19,7 @@ __all__ = [
     "block_weights",
     "image_pipeline",
     "image_pipeline_numpy",
+    "synthetic_images",
     "transformer_block",
     "transformer_block_numpy",
     "upload_weights",
@@ -159,3 +160,18 @@ def image_pipeline_numpy(images: Array, threshold: float = 40.0) -> Array:
     gx, gy = corr(smooth, kx), corr(smooth, kx.T.copy())
     mag = np.sqrt(gx * gx + gy * gy)
     return np.where(mag > threshold, 255.0, 0.0).astype(np.float32)[:, None]
+
+
+def synthetic_images(rng: np.random.Generator, n: int, size: int) -> np.ndarray[Any, Any]:
+    """Synthetic RGB u8 images with shapes and edges (discs and bars over noise)."""
+    yy, xx = np.mgrid[0:size, 0:size]
+    imgs = np.empty((n, 3, size, size), np.uint8)
+    for i in range(n):
+        cy, cx = rng.integers(size // 4, 3 * size // 4, 2).tolist()
+        r = size // 5
+        disc = ((yy - cy) ** 2 + (xx - cx) ** 2 < r * r).astype(np.float64)
+        bars = ((xx // 32) % 2).astype(np.float64)
+        for c in range(3):
+            base = 60 + 120 * disc * rng.uniform(0.5, 1.0) + 40 * bars
+            imgs[i, c] = np.clip(base + rng.normal(0, 4, (size, size)), 0, 255).astype(np.uint8)
+    return imgs

@@ -41,6 +41,11 @@ def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:
         )
 
 
+#: Binary ops whose result keeps a float input's dtype (and shape, for equal shapes).
+_FAST_OPS = frozenset(op for op, kind in BINARY_OPS.items() if kind in ("arith", "div"))
+_FAST_DTYPES = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
+
+
 class ElementwiseOps(OpsBase[TensorKernels]):
     """``unary``, ``binary``, ``where``, ``cast`` and the named shortcuts."""
 
@@ -65,6 +70,25 @@ class ElementwiseOps(OpsBase[TensorKernels]):
     def binary(self, op: str, a: Operand, b: Operand) -> Tensor:
         """Apply ``op`` (one of ``BINARY_OPS``) with NumPy broadcasting; either side may be a
         Python scalar, not both."""
+        if type(a) is Tensor and type(b) is Tensor and op in _FAST_OPS:
+            # The common case, checked in one frame: two live tensors of this backend with the
+            # same shape and float dtype. The result has that shape and dtype; nothing else can
+            # be wrong (the general path below agrees, only slower).
+            backend = self.backend
+            dt = a._dtype
+            if (
+                dt is b._dtype
+                and dt in _FAST_DTYPES
+                and a._backend is backend
+                and b._backend is backend
+                and a._shape == b._shape
+            ):
+                ba, bb = a._buffer, b._buffer
+                pool = ba._pool
+                if pool is not None and pool is bb._pool and pool.generation == ba._gen == bb._gen:
+                    out = self._empty(a._shape, dt)
+                    self.kernels.binary(op, a, b, out)
+                    return out
         kind = BINARY_OPS.get(op)
         if kind is None:
             raise InvalidArgumentError(

@@ -6,14 +6,25 @@ from typing import Any
 
 import numpy as np
 
+from accelkit._core.host_stream import HostStream
 from accelkit.backends.cpu import numpy_elementwise as ew
 from accelkit.backends.cpu import numpy_nn as nn
-from accelkit.backends.cpu.submit import CPUComponent, arr
+from accelkit.backends.cpu.submit import INLINE_MAX_COST, CPUComponent, arr
 from accelkit.errors import InvalidArgumentError
 from accelkit.sdk.kernels import Operand, TensorKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["CPUTensorKernels"]
+
+#: Binary ops that are one NumPy ufunc when both inputs and the output share a dtype (F16 and
+#: BF16 included: NumPy and ml_dtypes compute them in F32 and round once).
+_SAME_DTYPE_UFUNCS: dict[str, Any] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
 
 
 class CPUTensorKernels(CPUComponent, TensorKernels):
@@ -22,14 +33,28 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
         self._launch(lambda: ew.unary(op, x._data, out._data), out._size, (x,), (out,))
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
+        ufunc = _SAME_DTYPE_UFUNCS.get(op)
         if (
-            op == "add"
+            ufunc is not None
             and type(a) is Tensor
             and type(b) is Tensor
             and a._dtype is b._dtype is out._dtype
         ):
-            # The fast path of the commonest op: no dtype juggling.
-            self._launch(lambda: np.add(a._data, b._data, out=out._data), out._size, (a, b), (out,))
+            # The fast path of the commonest ops: no dtype juggling, and (when the inputs were
+            # written on this stream, or are done) no dependency bookkeeping.
+            x, y, z = a._data, b._data, out._data
+            backend = self.backend
+            stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
+            sa: HostStream = a._stream  # type: ignore[assignment]
+            sb: HostStream = b._stream  # type: ignore[assignment]
+            if (sa is stream or sa.completed >= a._seq) and (
+                sb is stream or sb.completed >= b._seq
+            ):
+                seq = stream.submit(lambda: ufunc(x, y, out=z), out._size > INLINE_MAX_COST)
+                out._stream = stream
+                out._seq = seq
+                return
+            self._launch(lambda: ufunc(x, y, out=z), out._size, (a, b), (out,))
             return
         self._launch(lambda: ew.binary(op, arr(a), arr(b), out._data), out._size, (a, b), (out,))
 

@@ -42,7 +42,7 @@ class CPUComponent:
         for d in shape:
             size *= d
         npdt = _NUMPY_DTYPES[dtype]
-        buf = backend.pool.allocate(size * npdt.itemsize)
+        buf = backend._pool.allocate(size * npdt.itemsize)  # type: ignore[union-attr]
         data = np.ndarray(shape, npdt, buf.handle)
         stream = backend._stream_var.get() or backend._default
         assert stream is not None
