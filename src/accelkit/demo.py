@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
@@ -42,6 +42,19 @@ class DemoResult:
     errors: dict[str, float] = field(default_factory=dict)
     heartbeat_late_ms: float = 0.0
     ok: bool = True
+
+
+def _best_of(
+    runs: int, fn: Callable[[], np.ndarray[Any, Any]]
+) -> tuple[np.ndarray[Any, Any], float]:
+    """``fn()``'s result and its best time in seconds over ``runs`` runs."""
+    best, result = float("inf"), None
+    for _ in range(max(1, runs)):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    assert result is not None
+    return result, best
 
 
 async def _heartbeat(period: float, lateness: list[float], stop: anyio.Event) -> None:
@@ -83,22 +96,23 @@ async def run_demo(
                     f"  transformer block, run {i + 1}/{repeats}: {1e3 * (time.perf_counter() - t0):.1f} ms"
                 )
             imgs = backend.tensor_factory.from_host(images_host)
-            t0 = time.perf_counter()
-            edges = await image_pipeline(backend, imgs).to_host()
-            result.timings_ms["image_pipeline"] = 1e3 * (time.perf_counter() - t0)
+            best_images = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                edges = await image_pipeline(backend, imgs).to_host()
+                best_images = min(best_images, time.perf_counter() - t0)
+            result.timings_ms["image_pipeline"] = 1e3 * best_images
             stop.set()
 
-        # The NumPy references run on this thread: outside the heartbeat's window.
-        t0 = time.perf_counter()
-        want = transformer_block_numpy(x_host, w_host, cfg)
-        numpy_ms = 1e3 * (time.perf_counter() - t0)
+        # The NumPy references run on this thread, outside the heartbeat's window; each side's
+        # figure is its best of the same number of runs.
+        want, numpy_s = _best_of(repeats, lambda: transformer_block_numpy(x_host, w_host, cfg))
         err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) or 1.0))
         result.timings_ms["transformer_block"] = 1e3 * best
-        result.timings_ms["transformer_block_numpy"] = numpy_ms
+        result.timings_ms["transformer_block_numpy"] = 1e3 * numpy_s
         result.errors["transformer_block"] = err
-        t0 = time.perf_counter()
-        want_edges = image_pipeline_numpy(images_host)
-        result.timings_ms["image_pipeline_numpy"] = 1e3 * (time.perf_counter() - t0)
+        want_edges, images_numpy_s = _best_of(repeats, lambda: image_pipeline_numpy(images_host))
+        result.timings_ms["image_pipeline_numpy"] = 1e3 * images_numpy_s
         mismatch = float(np.mean(edges != want_edges))
         result.errors["image_pipeline"] = mismatch
 
