@@ -27,11 +27,21 @@ def cast_into(x: Array, out: Array) -> None:
     if out.dtype.kind in "iu" and (x.dtype.kind == "f" or x.dtype in _LOW):  # bf16's kind is "V"
         info = np.iinfo(out.dtype)
         with np.errstate(invalid="ignore"):
-            # The truncated value is range-checked in float64 against bounds that are exact there
-            # (min and max + 1 are powers of two), so 255.9 -> 255 fits a u8 and 2**31 misses an i32.
-            t = np.trunc(x.astype(np.float64))
-            ok = np.isfinite(t) & (t >= float(info.min)) & (t < float(info.max) + 1.0)
-            out[...] = np.where(ok, t, 0).astype(out.dtype)
+            # The truncated value is range-checked against bounds that are exact in the working
+            # dtype (min and max + 1 are powers of two), so 255.9 -> 255 fits a u8 and 2**31
+            # misses an i32. NaN fails both comparisons. Up to 16-bit targets, F32 (and F16, BF16
+            # through it) holds every bound and every truncated value exactly: no F64 copy.
+            narrow = info.bits <= 16 and x.dtype.itemsize <= 4
+            t = np.trunc(x.astype(np.float32 if narrow else np.float64, copy=not narrow))
+            ok = t >= float(info.min)
+            ok &= t < float(info.max) + 1.0
+            # Out-of-range values become 0 by a multiply (a masked copy is several times slower);
+            # NaN and +-inf (NaN after the multiply) are then zeroed, usually none.
+            t *= ok
+            nan = np.isnan(t)
+            if nan.any():
+                t[nan] = 0
+            out[...] = t
         return
     if out.dtype == np.bool_:
         np.not_equal(up(x), 0, out=out)
