@@ -31,7 +31,9 @@ class DeviceBuffer:
     memory pointer...). ``nbytes`` is the requested size; ``block_size`` the size class it occupies.
     """
 
-    __slots__ = ("__weakref__", "_gen", "_pool", "block_size", "device", "handle", "nbytes")
+    __slots__ = (
+        "__weakref__", "_gen", "_pool", "block_size", "device", "handle", "last_write", "nbytes",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -48,6 +50,10 @@ class DeviceBuffer:
         self.nbytes = nbytes
         self.block_size = block_size
         self.device = device
+        #: ``(stream, seq)`` of the last operation submitted that writes this memory, through
+        #: any tensor over it (views share the buffer), or None. A read of any view waits for
+        #: it as well as for its own tensor's writer (:func:`accelkit.sdk.mark_written` sets it).
+        self.last_write: tuple[Any, int] | None = None
 
     @property
     def is_alive(self) -> bool:

@@ -55,6 +55,7 @@ from accelkit.sdk.tensors import (
     last_writer,
     mark_written,
     new_tensor,
+    pending_writes,
     storage,
     view_of,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "last_writer",
     "mark_written",
     "new_tensor",
+    "pending_writes",
     "prod",
     "rotary_inv_freq",
     "storage",

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from accelkit.device import Device
     from accelkit.dtype import DType
 
-__all__ = ["buffer_of", "last_writer", "mark_written", "new_tensor", "storage", "view_of"]
+__all__ = [
+    "buffer_of", "last_writer", "mark_written", "new_tensor", "pending_writes", "storage",
+    "view_of",
+]  # fmt: skip
 
 
 def new_tensor(
@@ -63,14 +66,27 @@ def buffer_of(x: Tensor) -> DeviceBuffer:
 
 
 def last_writer(x: Tensor) -> tuple[Stream, int]:
-    """The stream and position of the operation that last wrote ``x``."""
+    """The stream and position of the operation that last wrote ``x`` (through ``x`` itself;
+    see :func:`pending_writes` for a read, which must also see writes through other views)."""
     return x._stream, x._seq
+
+
+def pending_writes(x: Tensor) -> list[tuple[Stream, int]]:
+    """What a read of ``x``'s memory must wait for: its own last writer and the last write to
+    its buffer through any view of it (the same entry once where they coincide)."""
+    own = (x._stream, x._seq)
+    shared = x._buffer.last_write
+    if shared is None or shared == own:
+        return [own]
+    return [own, shared]
 
 
 def mark_written(outputs: Iterable[Tensor], stream: Stream, seq: int) -> None:
     """Record that the operation at position ``seq`` of ``stream`` writes ``outputs``: every
     kernel calls this for its outputs when it enqueues, so that transfers and other streams
     wait for exactly that work."""
+    write = (stream, seq)
     for o in outputs:
         o._stream = stream
         o._seq = seq
+        o._buffer.last_write = write

@@ -46,12 +46,22 @@ async def test_reshape_to_and_from_0d(backend: ComputeBackend) -> None:
     np.testing.assert_array_equal(await fetch(ops.reshape(s, (1, 1))), [[5.0]])
 
 
-async def test_reshape_sees_later_writes_through_the_shared_buffer(backend: ComputeBackend) -> None:
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+async def test_reshape_sees_later_writes_through_the_shared_buffer(
+    backend: ComputeBackend, busy: bool
+) -> None:
+    """A read through a view waits for a later write through another view of its buffer, also
+    when the stream is busy and the write is queued behind other work (the view's own last
+    writer is older than the write)."""
     f, ops = backend.tensor_factory, backend.tensor_ops
-    x = f.zeros((2, 3))
-    view = ops.reshape(x, (6,))
-    backend.memory_manager.copy_dtod(x, f.ones((2, 3)))
-    np.testing.assert_array_equal(await fetch(view), np.ones(6, np.float32))
+    big = f.ones((384, 384))
+    for _ in range(5):
+        pending = ops.matmul(big, big) if busy else None
+        x = f.zeros((2, 3))
+        view = ops.reshape(x, (6,))
+        backend.memory_manager.copy_dtod(x, f.ones((2, 3)))
+        np.testing.assert_array_equal(await fetch(view), np.ones(6, np.float32))
+        del pending
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids(DTYPES))

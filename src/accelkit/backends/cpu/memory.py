@@ -15,6 +15,7 @@ from accelkit.abc.memory import DeviceBuffer
 from accelkit.backends.cpu.probe import system_memory_bytes
 from accelkit.device import Device
 from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk.tensors import pending_writes
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -73,7 +74,10 @@ class CPUMemoryManager(PooledMemoryManager):
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
         buf = self._host_destination(dst, src)
         if isinstance(src, Tensor):
-            await src._stream.wait_for(src._seq)  # type: ignore[attr-defined]
+            for stream, seq in pending_writes(src):
+                await stream.wait_for(seq)  # type: ignore[attr-defined]
+        elif buf.last_write is not None:
+            await buf.last_write[0].wait_for(buf.last_write[1])
         await self._backend.current_stream.synchronize()
         dst.reshape(-1).view(np.uint8)[...] = buf.handle[: dst.nbytes]
 
@@ -91,19 +95,21 @@ class CPUMemoryManager(PooledMemoryManager):
     # -- tensor transfers -------------------------------------------------------------------------
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         check_tensor(self._backend, tensor, "tensor")
-        stream: HostStream = tensor._stream  # type: ignore[assignment]
-        await stream.wait_for(tensor._seq)
+        # The tensor's writer, and the last write to its memory through another view.
+        for stream, seq in pending_writes(tensor):
+            await stream.wait_for(seq)  # type: ignore[attr-defined]
         return np.array(tensor._data, copy=True)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         check_tensor(self._backend, tensor, "tensor")
-        stream: HostStream = tensor._stream  # type: ignore[assignment]
-        stream.wait_for_blocking(tensor._seq)
+        for stream, seq in pending_writes(tensor):
+            stream.wait_for_blocking(seq)  # type: ignore[attr-defined]
         return np.array(tensor._data, copy=True)
 
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
         check_tensor(self._backend, tensor, "tensor")
-        tensor._stream.wait_for_blocking(tensor._seq)  # type: ignore[attr-defined]
+        for s, seq in pending_writes(tensor):
+            s.wait_for_blocking(seq)  # type: ignore[attr-defined]
         # The exported array's base holds the buffer, so the block is not reused while the
         # consumer still reads it.
         holder = _Holder(tensor._buffer, tensor._data)

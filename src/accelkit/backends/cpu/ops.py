@@ -53,6 +53,7 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
                 seq = stream.submit(lambda: ufunc(x, y, out=z), out._size > INLINE_MAX_COST)
                 out._stream = stream
                 out._seq = seq
+                out._buffer.last_write = (stream, seq)
                 return
             self._launch(lambda: ufunc(x, y, out=z), out._size, (a, b), (out,))
             return

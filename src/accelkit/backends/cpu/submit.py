@@ -84,6 +84,8 @@ class CPUComponent:
                         deps = []
                     deps.append((s, t._seq))
         seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or ())  # type: ignore[arg-type]
+        write = (stream, seq)
         for o in outputs:
             o._stream = stream
             o._seq = seq
+            o._buffer.last_write = write

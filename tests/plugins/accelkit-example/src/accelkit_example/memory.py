@@ -22,7 +22,7 @@ from accelkit.sdk import (
     PooledMemoryManager,
     buffer_of,
     check_tensor,
-    last_writer,
+    pending_writes,
 )
 from accelkit_example.probe import MEMORY
 from accelkit_example.submit import Array, array
@@ -83,8 +83,8 @@ class ExampleMemoryManager(PooledMemoryManager):
     async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
         buf = self._host_destination(dst, src)
         if isinstance(src, Tensor):
-            writer, seq = last_writer(src)
-            await writer.wait_for(seq)  # type: ignore[attr-defined]
+            for stream, seq in self._pending(src):
+                await stream.wait_for(seq)
         await self._stream().synchronize()
         dst.reshape(-1).view(np.uint8)[...] = buf.handle[: dst.nbytes]
 
@@ -102,22 +102,25 @@ class ExampleMemoryManager(PooledMemoryManager):
         )
 
     # -- tensor transfers -------------------------------------------------------------------------
-    async def read_tensor(self, tensor: Tensor) -> Array:
+    def _pending(self, tensor: Tensor) -> list[tuple[HostStream, int]]:
+        """What a read of ``tensor`` waits for: its writer, and the last write to its memory
+        through another view of the same buffer (a copy into the base of a reshaped view)."""
         check_tensor(self._example, tensor, "tensor")
-        writer, seq = last_writer(tensor)
-        await writer.wait_for(seq)  # type: ignore[attr-defined]
+        return pending_writes(tensor)  # type: ignore[return-value]
+
+    async def read_tensor(self, tensor: Tensor) -> Array:
+        for stream, seq in self._pending(tensor):
+            await stream.wait_for(seq)
         return np.array(array(tensor), copy=True)
 
     def read_tensor_blocking(self, tensor: Tensor) -> Array:
-        check_tensor(self._example, tensor, "tensor")
-        writer, seq = last_writer(tensor)
-        writer.wait_for_blocking(seq)  # type: ignore[attr-defined]
+        for stream, seq in self._pending(tensor):
+            stream.wait_for_blocking(seq)
         return np.array(array(tensor), copy=True)
 
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
-        check_tensor(self._example, tensor, "tensor")
-        writer, seq = last_writer(tensor)
-        writer.wait_for_blocking(seq)  # type: ignore[attr-defined]
+        for s, seq in self._pending(tensor):
+            s.wait_for_blocking(seq)
         # The exported array's base holds the block, so the pool does not reuse it while the
         # consumer still reads it.
         return np.asarray(_Holder(buffer_of(tensor), array(tensor))).__dlpack__(**kwargs)
