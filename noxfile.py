@@ -218,11 +218,12 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, venv_backend="virtualenv")
 def bench(session: nox.Session) -> None:
-    """Benchmarks, reported as ratios against NumPy and PyTorch (CPU) in the same process.
+    """Benchmarks, reported as ratios against NumPy and PyTorch (CPU) in the same process, and a
+    plot of per-op cost against size (benchmarks/results/per_op_cost.png).
 
     pip rather than uv: pip finds the CPU build of PyTorch this machine keeps on disk, where uv
     would download a CUDA build of several GB.
     """
-    session.install("-e", ".", "torch==2.13.0")
+    session.install("-e", ".", "torch==2.13.0", "matplotlib")
     session.run("python", "benchmarks/bench_startup.py")
     session.run("python", "benchmarks/bench_core.py", *session.posargs)

@@ -12,13 +12,17 @@ benchmarks/bench_core.py [--quick] [--json PATH]``. Each figure names its peer:
 - the demo's image pipeline (8 RGB u8 256x256 images: grayscale, Gaussian blur, Sobel, threshold)
   vs plain NumPy and vs the same filters in SciPy's ndimage;
 - memory: reserved bytes over 10,000 allocate/free cycles of mixed sizes, and ``used`` after
-  shutdown.
+  shutdown;
+- per-op cost against size: an f32 add of 16 to 4M elements (submitted and completed) through
+  accelkit, NumPy and PyTorch, as a table and a plot (``benchmarks/results/per_op_cost.png``,
+  with matplotlib) that shows where the fixed cost stops mattering.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -232,6 +236,73 @@ async def images(backend: ak.ComputeBackend, report: dict[str, Any], repeats: in
     }
 
 
+PLOT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "per_op_cost.png")
+CURVE_SIZES = (16, 256, 4096, 1 << 16, 1 << 18, 1 << 20, 1 << 22)
+
+
+async def per_op_curve(backend: ak.ComputeBackend, report: dict[str, Any], quick: bool) -> None:
+    """Median microseconds per f32 add (submitted and completed) at each size."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    try:
+        import torch
+    except ImportError:
+        torch = None
+
+    def measure(n: int) -> dict[str, Any]:
+        a_h = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+        b_h = a_h * 2
+        a, b = f.from_host(a_h), f.from_host(b_h)
+        calls = max(2, min(200, (1 << 22) // (n * 8)))
+        rounds = 5 if quick else 15
+
+        def through_accelkit() -> None:
+            out = ops.add(a, b)
+            out._stream.wait_for_blocking(out._seq)  # completed, not only submitted
+
+        row = {
+            "elements": n,
+            "numpy_us": per_call_us(lambda: np.add(a_h, b_h), calls, rounds),
+            "accelkit_us": per_call_us(through_accelkit, calls, rounds),
+        }
+        if torch is not None:
+            ta, tb = torch.from_numpy(a_h), torch.from_numpy(b_h)
+            row["torch_us"] = per_call_us(lambda: torch.add(ta, tb), calls, rounds)
+        return row
+
+    rows = [measure(n) for n in (CURVE_SIZES[:-2] if quick else CURVE_SIZES)]
+    report["per_op_curve"] = rows
+
+
+def plot_curve(rows: list[dict[str, Any]], path: str) -> str:
+    """Write the per-op cost plot; returns what happened, for the report."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    sizes = [r["elements"] for r in rows]
+    for key, label in (
+        ("accelkit_us", "accelkit (cpu)"),
+        ("numpy_us", "NumPy"),
+        ("torch_us", "PyTorch CPU"),
+    ):
+        if all(key in r for r in rows):
+            ax.loglog(sizes, [r[key] for r in rows], marker="o", label=label)
+    ax.set_xlabel("elements (f32 add)")
+    ax.set_ylabel("microseconds per call (submitted and completed)")
+    ax.set_title("Per-op cost against size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot written to {path}"
+
+
 async def memory(report: dict[str, Any], cycles: int) -> None:
     backend = ak.create_backend("cpu")
     await backend.initialize()
@@ -272,6 +343,7 @@ async def main(quick: bool) -> dict[str, Any]:
             ("event-loop heartbeat", heartbeat(backend, report, 2048 if quick else 4096)),
             ("transformer block", block(backend, report, repeats)),
             ("image pipeline", images(backend, report, repeats)),
+            ("per-op cost against size", per_op_curve(backend, report, quick)),
         ]
         for i, (name, coro) in enumerate(steps, 1):
             print(f"[{i}/{len(steps) + 1}] {name} ...", flush=True)
@@ -316,6 +388,15 @@ def show(r: dict[str, Any]) -> None:
         f"{'image pipeline (8x256x256 RGB)':<34}{im['accelkit_ms']:>12.1f}ms{im['ndimage_ms']:>12.1f}ms"
         f"   {im['vs_ndimage']:.2f}x faster than SciPy ndimage (target >= 1.0)"
     )
+    print()
+    print(f"{'f32 add, elements':<20}{'accelkit':>12}{'NumPy':>12}{'PyTorch':>12}   accelkit/NumPy")
+    for row in r["per_op_curve"]:
+        torch_us = f"{row['torch_us']:>10.1f}us" if "torch_us" in row else f"{'-':>12}"
+        print(
+            f"{row['elements']:<20}{row['accelkit_us']:>10.1f}us{row['numpy_us']:>10.1f}us"
+            f"{torch_us}   {row['accelkit_us'] / row['numpy_us']:.2f}x"
+        )
+    print(plot_curve(r["per_op_curve"], PLOT_PATH))
     print(
         f"{str(m['cycles']) + ' alloc/free cycles':<34}{'':>14}{'':>14}   reserved after warm-up"
         f" {m['reserved_first_last_mib'][0]:.1f} -> {m['reserved_first_last_mib'][1]:.1f} MiB"
