@@ -106,7 +106,12 @@ class CachingPool:
     # -- allocation -------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> DeviceBuffer:
         """Allocate a buffer of ``nbytes`` (validated by the caller as a non-negative int)."""
-        block = (((nbytes + 63) & ~63) or 64) if nbytes <= 512 else size_class(nbytes)
+        # size_class(), inlined: this is every tensor's allocation.
+        if nbytes <= 512:
+            block = ((nbytes + 63) & ~63) or 64
+        else:
+            step = 1 << (nbytes.bit_length() - 4)
+            block = (nbytes + step - 1) & ~(step - 1)
         with self._lock:
             if self.closed:
                 raise NotInitializedError(
