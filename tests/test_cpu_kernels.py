@@ -68,3 +68,59 @@ def test_the_threaded_depthwise_filter_equals_the_serial_one(kernel: str) -> Non
     p = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (kh // 2,) * 2, (kw // 2,) * 2), mode="edge")
     want = sum(k[i, j] * p[:, :, i : i + 96, j : j + 96] for i in range(kh) for j in range(kw))
     np.testing.assert_allclose(threaded, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["gelu_tanh", "silu", "sigmoid", "exp", "tanh", "gelu", "rsqrt"])
+def test_a_split_elementwise_kernel_equals_the_serial_one(op: str) -> None:
+    from accelkit.backends.cpu import parallel
+    from accelkit.backends.cpu.numpy_elementwise import _unary_float, unary
+
+    x = np.random.default_rng(2).standard_normal((3, parallel.MIN_ELEMENTS)).astype(np.float32)
+    if op == "rsqrt":
+        x = (np.abs(x) + 0.1).astype(np.float32)
+    split, serial = np.empty_like(x), np.empty_like(x)
+    unary(op, x, split)
+    with np.errstate(all="ignore"):
+        _unary_float(op, x, serial)
+    np.testing.assert_array_equal(split, serial)
+    # A non-contiguous output is written in place, not through a copy.
+    wide = np.zeros((3, 2 * parallel.MIN_ELEMENTS), np.float32)
+    unary(op, x, wide[:, ::2])
+    np.testing.assert_array_equal(wide[:, ::2], serial)
+    assert not wide[:, 1::2].any()
+
+
+def test_a_split_layer_norm_matches_the_float64_formula() -> None:
+    from accelkit.backends.cpu import parallel
+    from accelkit.backends.cpu.numpy_nn import layer_norm
+
+    rng = np.random.default_rng(3)
+    rows, d = 2 * parallel.MIN_ELEMENTS // 256, 256
+    x = (rng.standard_normal((rows, d)) * 3 + 1).astype(np.float32)
+    w, b = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+    out = np.empty_like(x)
+    layer_norm(x, w, b, 1e-5, out)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    want = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    strided = np.zeros((rows, 2 * d), np.float32)
+    layer_norm(x, w, b, 1e-5, strided[:, ::2])
+    np.testing.assert_array_equal(strided[:, ::2], out)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "maximum", "minimum"])
+async def test_a_split_binary_op_equals_numpy(backend: Any, op: str) -> None:
+    from accelkit.backends.cpu import parallel
+
+    rng = np.random.default_rng(4)
+    a_h = rng.standard_normal((3, parallel.MIN_ELEMENTS)).astype(np.float32)
+    b_h = rng.standard_normal((3, parallel.MIN_ELEMENTS)).astype(np.float32)
+    f = backend.tensor_factory
+    other = backend.create_stream()
+    with backend.use_stream(other):  # an input written on another stream: ordered after it
+        a = backend.tensor_ops.mul(f.from_host(a_h), 1.0)
+    got = await getattr(backend.tensor_ops, op)(a, f.from_host(b_h)).to_host()
+    want = {"add": np.add, "sub": np.subtract, "mul": np.multiply}.get(op) or getattr(np, op)
+    np.testing.assert_array_equal(got, want(a_h, b_h))
