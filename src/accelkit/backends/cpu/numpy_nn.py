@@ -203,29 +203,24 @@ def attention(
     if causal:  # 0 where key j is visible to query i, -inf elsewhere; sliced per chunk
         visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + offset
         causal_bias = np.where(visible, 0.0, -np.inf).astype(ct)
-
-    def batches(lo: int, hi: int) -> None:
-        # Sequences are independent: large inputs run as slices of the batch on every core.
-        with np.errstate(all="ignore"):
-            for r0 in range(0, sq, rows):
-                r1 = min(sq, r0 + rows)
-                kend = min(sk, r1 + offset) if causal else sk
-                if kend <= 0:  # no row of this chunk sees any key
-                    res[lo:hi, :, :, r0:r1] = 0
-                    continue
-                s = np.matmul(qg[lo:hi, :, :, r0:r1], kt[lo:hi, ..., :kend])
-                if mask is not None:
-                    mc = mk[lo:hi, :, :, r0:r1, :kend]
-                    if mc.dtype == np.bool_:
-                        s = np.where(mc, s, -np.inf)
-                    else:
-                        s += up(mc)
-                if causal:
-                    s += causal_bias[r0:r1, :kend]
-                # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
-                np.matmul(softmax_rows(s), vg[lo:hi, ..., :kend, :], out=res[lo:hi, :, :, r0:r1])
-
-    parallel.split(b, b * h * sq * sk, batches)
+    with np.errstate(all="ignore"):
+        for r0 in range(0, sq, rows):
+            r1 = min(sq, r0 + rows)
+            kend = min(sk, r1 + offset) if causal else sk
+            if kend <= 0:  # no row of this chunk sees any key
+                res[:, :, :, r0:r1] = 0
+                continue
+            s = np.matmul(qg[:, :, :, r0:r1], kt[..., :kend])
+            if mask is not None:
+                mc = mk[:, :, :, r0:r1, :kend]
+                if mc.dtype == np.bool_:
+                    s = np.where(mc, s, -np.inf)
+                else:
+                    s += up(mc)
+            if causal:
+                s += causal_bias[r0:r1, :kend]
+            # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
+            np.matmul(softmax_rows(s), vg[..., :kend, :], out=res[:, :, :, r0:r1])
     if not direct:
         _store(out, res.reshape(b, h, sq, dv))
 
