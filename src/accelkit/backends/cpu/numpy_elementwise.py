@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from accelkit._core.host_arrays import _LOW, assign, cast_into, up
-from accelkit.backends.cpu import parallel
 
 __all__ = ["assign", "binary", "cast_into", "reduce", "unary", "where"]
 
@@ -84,15 +83,10 @@ def unary(op: str, x: Array, out: Array) -> None:
             tmp = np.empty(out.shape, np.float32)
             _unary_float(op, x.astype(np.float32), tmp)
             out[...] = tmp
-        elif not out.flags.c_contiguous:
-            _unary_float(op, x if x.dtype == out.dtype else x.astype(out.dtype), out)
+        elif x.dtype != out.dtype:
+            _unary_float(op, x.astype(out.dtype), out)
         else:
-            xf = (x if x.dtype == out.dtype else x.astype(out.dtype)).reshape(-1)
-            flat = out.reshape(-1)  # a view: out is contiguous
-            # Elementwise: large inputs are split between the cores (NumPy releases the GIL).
-            parallel.split(
-                flat.size, flat.size, lambda lo, hi: _unary_float(op, xf[lo:hi], flat[lo:hi])
-            )
+            _unary_float(op, x, out)
 
 
 _BINARY = {

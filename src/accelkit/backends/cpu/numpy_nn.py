@@ -5,6 +5,10 @@ Low-precision floats (F16, BF16) are computed in F32 and rounded once when store
 
 from __future__ import annotations
 
+import concurrent.futures
+import itertools
+import os
+import threading
 from typing import Any
 
 import ml_dtypes
@@ -12,7 +16,6 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from accelkit._core.host_arrays import up
-from accelkit.backends.cpu import parallel
 from accelkit.errors import InvalidArgumentError
 
 __all__ = [
@@ -84,13 +87,6 @@ def linear(x: Array, w: Array, bias: Array | None, out: Array) -> None:
     if bias is not None:
         if out.dtype in _LOW:
             _store(out, out.astype(np.float32) + up(bias))
-        elif out.flags.c_contiguous:
-            rows = out.reshape(-1, out.shape[-1])  # a view
-            parallel.split(
-                rows.shape[0],
-                rows.size,
-                lambda lo, hi: np.add(rows[lo:hi], bias, out=rows[lo:hi], casting="unsafe"),
-            )
         else:
             np.add(out, bias, out=out, casting="unsafe")
 
@@ -130,9 +126,21 @@ def conv2d(
 
 def depthwise_replicate(x: Array, k: Array, out: Array) -> None:
     """Correlate every channel of NCHW ``x`` with the 2-d ``k`` (odd sizes), borders
-    replicated; ``out`` has x's shape and k's dtype. Large batches are split between the cores,
-    one slice of images each."""
-    parallel.split(x.shape[0], x.size, lambda lo, hi: _depthwise_slice(x[lo:hi], k, out[lo:hi]))
+    replicated; ``out`` has x's shape and k's dtype. Large batches are split between threads
+    (NumPy releases the GIL in its loops), one slice of images each."""
+    n = x.shape[0]
+    parts = min(_filter_threads(), n) if x.size >= _PARALLEL_MIN_ELEMENTS else 1
+    if parts <= 1:
+        _depthwise_slice(x, k, out)
+        return
+    bounds = [n * i // parts for i in range(parts + 1)]
+    jobs = [
+        _filter_pool().submit(_depthwise_slice, x[lo:hi], k, out[lo:hi])
+        for lo, hi in itertools.pairwise(bounds)
+        if hi > lo
+    ]
+    for job in jobs:
+        job.result()
 
 
 def _depthwise_slice(x: Array, k: Array, out: Array) -> None:
@@ -148,6 +156,29 @@ def _depthwise_slice(x: Array, k: Array, out: Array) -> None:
             if k[i, j]:
                 np.multiply(p[:, :, i : i + h, j : j + w], k[i, j], out=tmp)
                 out += tmp
+
+
+#: Filters smaller than this many elements run on one thread (the hand-off would cost more).
+_PARALLEL_MIN_ELEMENTS = 1 << 17
+_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _filter_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _filter_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads filters split their batch over, started on first use."""
+    if not _POOL:
+        with _POOL_LOCK:
+            if not _POOL:
+                _POOL.append(
+                    concurrent.futures.ThreadPoolExecutor(
+                        _filter_threads(), thread_name_prefix="accelkit-cpu-filter"
+                    )
+                )
+    return _POOL[0]
 
 
 def softmax_rows(s: Array, log: bool = False) -> Array:
@@ -228,26 +259,20 @@ def attention(
 def layer_norm(x: Array, w: Array | None, bias: Array | None, eps: float, out: Array) -> None:
     # Two-pass (mean, then the centred sum of squares: stable), written in place into the
     # output where its dtype allows: about half the passes and none of the temporaries of the
-    # textbook expression. Rows are independent: large inputs are split between the cores.
+    # textbook expression.
     ct = _compute_dtype(x)
+    xf = x.astype(ct, copy=False)
     d = x.shape[-1]
-    xf = x.astype(ct, copy=False).reshape(-1, d)
-    res = out if out.dtype == ct and out.flags.c_contiguous else np.empty(out.shape, ct)
-    r2 = res.reshape(-1, d)  # a view: res is contiguous
-    wf = None if w is None else up(w)
-    bf = None if bias is None else up(bias)
-
-    def rows(lo: int, hi: int) -> None:
-        r = r2[lo:hi]
-        np.subtract(xf[lo:hi], np.mean(xf[lo:hi], axis=-1, keepdims=True), out=r)
-        var = np.einsum("ij,ij->i", r, r) / d
-        r *= (1.0 / np.sqrt(var + eps)).astype(ct)[:, None]
-        if wf is not None:
-            r *= wf
-        if bf is not None:
-            r += bf
-
-    parallel.split(r2.shape[0], r2.size, rows)
+    res = out if out.dtype == ct else np.empty(out.shape, ct)
+    np.subtract(xf, np.mean(xf, axis=-1, keepdims=True), out=res)
+    r2 = res.reshape(-1, d)
+    var = np.einsum("ij,ij->i", r2, r2) / d
+    rstd = (1.0 / np.sqrt(var + eps)).astype(ct).reshape(*x.shape[:-1], 1)
+    res *= rstd
+    if w is not None:
+        res *= up(w)
+    if bias is not None:
+        res += up(bias)
     if res is not out:
         _store(out, res)
 

@@ -9,7 +9,6 @@ import numpy as np
 from accelkit._core.host_stream import HostStream
 from accelkit.backends.cpu import numpy_elementwise as ew
 from accelkit.backends.cpu import numpy_nn as nn
-from accelkit.backends.cpu import parallel
 from accelkit.backends.cpu.submit import INLINE_MAX_COST, CPUComponent, arr
 from accelkit.errors import InvalidArgumentError
 from accelkit.sdk.kernels import Operand, TensorKernels
@@ -48,16 +47,6 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
             sa: HostStream = a._stream  # type: ignore[assignment]
             sb: HostStream = b._stream  # type: ignore[assignment]
-            if out._size >= parallel.MIN_ELEMENTS and a._shape == b._shape == out._shape:
-                # Large: split between the cores (CPU tensors are contiguous: flat views).
-                xf, yf, zf = x.reshape(-1), y.reshape(-1), z.reshape(-1)
-                n = zf.size
-
-                def run() -> None:
-                    parallel.split(n, n, lambda lo, hi: ufunc(xf[lo:hi], yf[lo:hi], out=zf[lo:hi]))
-
-                self._launch(run, out._size, (a, b), (out,))
-                return
             if (sa is stream or sa.completed >= a._seq) and (
                 sb is stream or sb.completed >= b._seq
             ):
