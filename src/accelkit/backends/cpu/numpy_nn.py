@@ -5,10 +5,6 @@ Low-precision floats (F16, BF16) are computed in F32 and rounded once when store
 
 from __future__ import annotations
 
-import concurrent.futures
-import itertools
-import os
-import threading
 from typing import Any
 
 import ml_dtypes
@@ -126,24 +122,8 @@ def conv2d(
 
 def depthwise_replicate(x: Array, k: Array, out: Array) -> None:
     """Correlate every channel of NCHW ``x`` with the 2-d ``k`` (odd sizes), borders
-    replicated; ``out`` has x's shape and k's dtype. Large batches are split between threads
-    (NumPy releases the GIL in its loops), one slice of images each."""
-    n = x.shape[0]
-    parts = min(_filter_threads(), n) if x.size >= _PARALLEL_MIN_ELEMENTS else 1
-    if parts <= 1:
-        _depthwise_slice(x, k, out)
-        return
-    bounds = [n * i // parts for i in range(parts + 1)]
-    jobs = [
-        _filter_pool().submit(_depthwise_slice, x[lo:hi], k, out[lo:hi])
-        for lo, hi in itertools.pairwise(bounds)
-        if hi > lo
-    ]
-    for job in jobs:
-        job.result()
-
-
-def _depthwise_slice(x: Array, k: Array, out: Array) -> None:
+    replicated; ``out`` has x's shape and k's dtype. (One thread: splitting the batch between
+    the cores measured slower here, the passes being memory-bound.)"""
     kh, kw = k.shape
     h, w = x.shape[2], x.shape[3]
     p = np.pad(
@@ -156,29 +136,6 @@ def _depthwise_slice(x: Array, k: Array, out: Array) -> None:
             if k[i, j]:
                 np.multiply(p[:, :, i : i + h, j : j + w], k[i, j], out=tmp)
                 out += tmp
-
-
-#: Filters smaller than this many elements run on one thread (the hand-off would cost more).
-_PARALLEL_MIN_ELEMENTS = 1 << 17
-_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
-
-
-def _filter_threads() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
-
-
-def _filter_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads filters split their batch over, started on first use."""
-    if not _POOL:
-        with _POOL_LOCK:
-            if not _POOL:
-                _POOL.append(
-                    concurrent.futures.ThreadPoolExecutor(
-                        _filter_threads(), thread_name_prefix="accelkit-cpu-filter"
-                    )
-                )
-    return _POOL[0]
 
 
 def softmax_rows(s: Array, log: bool = False) -> Array:
