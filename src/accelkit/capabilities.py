@@ -6,9 +6,9 @@ They are frozen: validated once where they are made, then trusted.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from accelkit._core.op_names import KERNEL_OPS, TENSOR_OPS
 from accelkit.dtype import DType
@@ -62,32 +62,6 @@ class PerformanceHints(BaseModel):
     calibrated: bool = Field(False, description="figures measured by `accelkit calibrate`")
 
 
-class Requirements(BaseModel):
-    """What a workload needs from a backend."""
-
-    model_config = ConfigDict(frozen=True)
-
-    ops: frozenset[str] = Field(default_factory=frozenset, description="TensorOps names")
-    fused_ops: frozenset[str] = Field(
-        default_factory=frozenset,
-        description="KernelOps names that must run as one fused kernel (not the composition)",
-    )
-    dtypes: frozenset[DType] = Field(default_factory=frozenset)
-    features: frozenset[str] = Field(default_factory=frozenset, description="Features field names")
-    min_memory_bytes: int = Field(0, ge=0)
-    kernel_languages: frozenset[str] = Field(default_factory=frozenset)
-
-    @field_validator("ops")
-    @classmethod
-    def _tensor_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
-        return _check_tensor_op_names(ops)
-
-    @field_validator("fused_ops")
-    @classmethod
-    def _kernel_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
-        return _check_kernel_op_names(ops)
-
-
 def _check_tensor_op_names(ops: frozenset[str]) -> frozenset[str]:
     """``ops`` holds TensorOps names; a KernelOps-only name there is a 1.x habit: say where it
     goes now."""
@@ -110,6 +84,28 @@ def _check_kernel_op_names(ops: frozenset[str]) -> frozenset[str]:
     return ops
 
 
+#: TensorOps names (a KernelOps-only name is refused, saying where it goes).
+TensorOpNames = Annotated[frozenset[str], AfterValidator(_check_tensor_op_names)]
+#: KernelOps names.
+KernelOpNames = Annotated[frozenset[str], AfterValidator(_check_kernel_op_names)]
+
+
+class Requirements(BaseModel):
+    """What a workload needs from a backend."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ops: TensorOpNames = Field(default_factory=frozenset, description="TensorOps names")
+    fused_ops: KernelOpNames = Field(
+        default_factory=frozenset,
+        description="KernelOps names that must run as one fused kernel (not the composition)",
+    )
+    dtypes: frozenset[DType] = Field(default_factory=frozenset)
+    features: frozenset[str] = Field(default_factory=frozenset, description="Features field names")
+    min_memory_bytes: int = Field(0, ge=0)
+    kernel_languages: frozenset[str] = Field(default_factory=frozenset)
+
+
 class RequirementCheck(BaseModel):
     """The answer of :meth:`BackendCapabilities.meets`: ``ok`` and, when not, every reason."""
 
@@ -130,8 +126,8 @@ class BackendCapabilities(BaseModel):
     backend: str
     device: str
     dtypes: frozenset[DType]
-    ops: frozenset[str] = Field(description="supported TensorOps names")
-    fused_ops: frozenset[str] = Field(
+    ops: TensorOpNames = Field(description="supported TensorOps names")
+    fused_ops: KernelOpNames = Field(
         default_factory=frozenset,
         description="KernelOps names with a fused kernel on this device (every KernelOps op is"
         " available: the others run as the core's composition of TensorOps)",
@@ -141,16 +137,6 @@ class BackendCapabilities(BaseModel):
     limits: Limits = Limits()
     performance: PerformanceHints = PerformanceHints()
     extra: dict[str, Any] = Field(default_factory=dict, description="vendor-specific data")
-
-    @field_validator("ops")
-    @classmethod
-    def _tensor_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
-        return _check_tensor_op_names(ops)
-
-    @field_validator("fused_ops")
-    @classmethod
-    def _kernel_op_names(cls, ops: frozenset[str]) -> frozenset[str]:
-        return _check_kernel_op_names(ops)
 
     def meets(self, requirements: Requirements) -> RequirementCheck:
         """Check ``requirements`` and explain every miss."""

@@ -7,11 +7,20 @@ promotion with weak Python scalars, true division, integer overflow wrapping, F1
 in F32 and rounded once, index errors raised as InvalidArgumentError. The CPU backend runs these
 same functions. A backend that computes elsewhere (a device) needs none of them; its results are
 compared with these by the suite's NumPy references.
+
+Also here, for backends whose device memory is host memory: an aligned block allocator and its
+release for the caching pool, stream-ordered frees on a host stream, and DLPack export.
 """
 
 from __future__ import annotations
 
 from accelkit._core.host_arrays import assign, cast_into
+from accelkit._core.host_memory import (
+    aligned_allocator,
+    export_dlpack,
+    free_in_stream_order,
+    release_block,
+)
 from accelkit.backends.cpu.numpy_elementwise import binary, reduce, unary, where
 from accelkit.backends.cpu.numpy_nn import (
     adam_update,
@@ -19,16 +28,19 @@ from accelkit.backends.cpu.numpy_nn import (
     conv2d,
     cross_entropy,
     embedding,
+    gather,
     gemm,
     layer_norm,
     linear,
     matmul,
     rms_norm,
+    scatter,
     softmax,
 )
 
 __all__ = [
-    "adam_update", "assign", "attention", "binary", "cast_into", "conv2d", "cross_entropy",
-    "embedding", "gemm", "layer_norm", "linear", "matmul", "reduce", "rms_norm", "softmax",
-    "unary", "where",
+    "adam_update", "aligned_allocator", "assign", "attention", "binary", "cast_into", "conv2d",
+    "cross_entropy", "embedding", "export_dlpack", "free_in_stream_order", "gather", "gemm",
+    "layer_norm", "linear", "matmul", "reduce", "release_block", "rms_norm", "scatter",
+    "softmax", "unary", "where",
 ]  # fmt: skip

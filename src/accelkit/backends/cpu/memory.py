@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from accelkit._core.host_memory import (
+    aligned_allocator,
+    export_dlpack,
+    free_in_stream_order,
+    release_block,
+)
 from accelkit._core.host_stream import HostStream
 from accelkit._core.pool import CachingPool
 from accelkit._core.pooled_memory import PooledMemoryManager
@@ -24,42 +29,17 @@ if TYPE_CHECKING:
 __all__ = ["CPUMemoryManager", "system_memory_bytes"]
 
 
-def _raw_alloc(alignment: int) -> Any:
-    def alloc(size: int) -> np.ndarray[Any, Any]:
-        raw = np.empty(size + alignment, np.uint8)
-        offset = (-raw.ctypes.data) % alignment
-        return raw[offset : offset + size]
-
-    return alloc
-
-
-def _raw_free(handle: Any) -> None:
-    """Host memory goes back to the allocator when the last reference to the array is dropped."""
-
-
 class CPUMemoryManager(PooledMemoryManager):
     def __init__(self, backend: CPUBackend, device: Device, config: MemoryPoolConfig) -> None:
-        super().__init__(
-            backend,
-            CachingPool(
-                device, _raw_alloc(config.alignment), _raw_free, system_memory_bytes(), config
-            ),
-        )
+        alloc = aligned_allocator(config.alignment)
+        pool = CachingPool(device, alloc, release_block, system_memory_bytes(), config)
+        super().__init__(backend, pool)
 
     # -- buffers ----------------------------------------------------------------------------------
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        buf = self.owned_buffer(buffer, "buffer")
-        # Stream-ordered: the block returns after the work submitted so far, which may use it.
         stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
-        if stream.query():
-            self.pool.free(buf)
-        else:
-
-            def recycle_later(recycle: Callable[[], None]) -> None:
-                stream.submit(recycle, heavy=True)
-
-            self.pool.free(buf, recycle_later)
+        free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), stream)
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         buf, view = self._host_source(dst, src)
@@ -110,19 +90,7 @@ class CPUMemoryManager(PooledMemoryManager):
         check_tensor(self._backend, tensor, "tensor")
         for s, seq in pending_writes(tensor):
             s.wait_for_blocking(seq)  # type: ignore[attr-defined]
-        # The exported array's base holds the buffer, so the block is not reused while the
-        # consumer still reads it.
-        holder = _Holder(tensor._buffer, tensor._data)
-        return np.asarray(holder).__dlpack__(**kwargs)
+        return export_dlpack(tensor._buffer, tensor._data, **kwargs)
 
     def dlpack_device(self, tensor: Tensor) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
-
-
-class _Holder:
-    __slots__ = ("__array_interface__", "buffer", "data")
-
-    def __init__(self, buffer: DeviceBuffer, data: np.ndarray[Any, Any]) -> None:
-        self.buffer = buffer
-        self.data = data
-        self.__array_interface__ = data.__array_interface__

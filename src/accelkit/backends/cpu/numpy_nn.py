@@ -15,8 +15,8 @@ from accelkit._core.host_arrays import up
 from accelkit.errors import InvalidArgumentError
 
 __all__ = [
-    "adam_update", "attention", "conv2d", "cross_entropy", "embedding", "gemm", "layer_norm",
-    "linear", "matmul", "rms_norm", "softmax",
+    "adam_update", "attention", "conv2d", "cross_entropy", "embedding", "gather", "gemm",
+    "layer_norm", "linear", "matmul", "rms_norm", "scatter", "softmax",
 ]  # fmt: skip
 
 Array = np.ndarray[Any, Any]
@@ -275,6 +275,37 @@ def cross_entropy(logits: Array, targets: Array, reduction: str, loss: Array, pr
 def embedding(indices: Array, weight: Array, out: Array) -> None:
     _check_range(indices, weight.shape[0], "embedding", "indices")
     np.take(weight, indices.astype(np.intp, copy=False), axis=0, out=out)
+
+
+def _checked_index(index: Array, dim: int, op: str) -> Array:
+    """Index values in -dim..dim-1, made non-negative; InvalidArgumentError otherwise."""
+    if index.size and (int(index.min()) < -dim or int(index.max()) >= dim):
+        raise InvalidArgumentError(
+            f"{op}: index values must lie in {-dim}..{dim - 1}; got {int(index.min())} to"
+            f" {int(index.max())}"
+        )
+    return np.where(index < 0, index + dim, index).astype(np.intp)
+
+
+def _corner(index: Array, axis: int) -> tuple[slice, ...]:
+    """The part of a tensor ``index`` covers off ``axis`` (index may be smaller there)."""
+    return tuple(slice(None) if i == axis else slice(0, d) for i, d in enumerate(index.shape))
+
+
+def gather(x: Array, axis: int, index: Array, out: Array) -> None:
+    idx = _checked_index(index, x.shape[axis], "gather")
+    np.copyto(out, np.take_along_axis(x[_corner(index, axis)], idx, axis=axis))
+
+
+def scatter(x: Array, axis: int, index: Array, src: Array | int | float, out: Array) -> None:
+    """``out = x`` with ``src`` (an array, or a scalar) written at ``index`` along ``axis``."""
+    idx = _checked_index(index, x.shape[axis], "scatter")
+    np.copyto(out, x)
+    if isinstance(src, np.ndarray):
+        values = src[tuple(slice(0, d) for d in index.shape)]
+    else:
+        values = np.asarray(src, dtype=out.dtype)
+    np.put_along_axis(out[_corner(index, axis)], idx, values, axis=axis)
 
 
 def adam_update(

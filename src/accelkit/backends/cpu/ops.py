@@ -10,7 +10,6 @@ from accelkit._core.host_stream import HostStream
 from accelkit.backends.cpu import numpy_elementwise as ew
 from accelkit.backends.cpu import numpy_nn as nn
 from accelkit.backends.cpu.submit import INLINE_MAX_COST, CPUComponent, arr
-from accelkit.errors import InvalidArgumentError
 from accelkit.sdk.kernels import Operand, TensorKernels
 from accelkit.tensor import Tensor
 
@@ -131,32 +130,19 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
         self._launch(run, out._size, (x,), (out,))
 
     def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
-        def run() -> None:
-            idx = _checked_index(index._data, x._shape[axis], "gather")
-            src = x._data[
-                tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(index._shape))
-            ]
-            np.copyto(out._data, np.take_along_axis(src, idx, axis=axis))
-
-        self._launch(run, out._size, (x, index), (out,))
+        self._launch(
+            lambda: nn.gather(x._data, axis, index._data, out._data), out._size, (x, index), (out,)
+        )
 
     def scatter(
         self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
     ) -> None:
-        def run() -> None:
-            idx = _checked_index(index._data, x._shape[axis], "scatter")
-            np.copyto(out._data, x._data)
-            if isinstance(src, Tensor):
-                values = src._data[tuple(slice(0, d) for d in index._shape)]
-            else:
-                values = np.asarray(src, dtype=out._data.dtype)
-            # index may be smaller than x off the axis: write into that corner (a view of out).
-            region = out._data[
-                tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(index._shape))
-            ]
-            np.put_along_axis(region, idx, values, axis=axis)
-
-        self._launch(run, out._size + index._size, (x, index, src), (out,))
+        self._launch(
+            lambda: nn.scatter(x._data, axis, index._data, arr(src), out._data),
+            out._size + index._size,
+            (x, index, src),
+            (out,),
+        )
 
     # -- image filters ----------------------------------------------------------------------------
     def depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], out: Tensor) -> None:
@@ -271,12 +257,3 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             (param, grad, m, v),
             (param, m, v),
         )
-
-
-def _checked_index(index: np.ndarray[Any, Any], dim: int, op: str) -> np.ndarray[Any, Any]:
-    if index.size and (int(index.min()) < -dim or int(index.max()) >= dim):
-        raise InvalidArgumentError(
-            f"{op}: index values must lie in {-dim}..{dim - 1}; got {int(index.min())} to"
-            f" {int(index.max())}"
-        )
-    return np.where(index < 0, index + dim, index).astype(np.intp)

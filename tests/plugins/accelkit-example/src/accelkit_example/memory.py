@@ -7,7 +7,6 @@ flat ``uint8`` arrays, and every transfer is ordered with the streams' work.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from accelkit.sdk import (
     check_tensor,
     pending_writes,
 )
+from accelkit.sdk import host as h
 from accelkit_example.probe import MEMORY
 from accelkit_example.submit import Array, array
 
@@ -31,41 +31,18 @@ if TYPE_CHECKING:
     from accelkit_example.backend import ExampleBackend
 
 
-def _allocator(alignment: int) -> Callable[[int], Array]:
-    def alloc(size: int) -> Array:
-        raw = np.empty(size + alignment, np.uint8)
-        offset = (-raw.ctypes.data) % alignment
-        return raw[offset : offset + size]
-
-    return alloc
-
-
-def _release(handle: Any) -> None:
-    """A block's memory returns to the host allocator when its last reference goes."""
-
-
 class ExampleMemoryManager(PooledMemoryManager):
     def __init__(self, backend: ExampleBackend, device: Device, config: MemoryPoolConfig) -> None:
-        super().__init__(
-            backend, CachingPool(device, _allocator(config.alignment), _release, MEMORY, config)
-        )
+        alloc = h.aligned_allocator(config.alignment)
+        super().__init__(backend, CachingPool(device, alloc, h.release_block, MEMORY, config))
         self._example = backend
 
     def _stream(self) -> HostStream:
         return self._example.current_stream  # type: ignore[return-value]
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        buf = self.owned_buffer(buffer, "buffer")
         # Stream-ordered: the block returns to the pool after the work submitted so far.
-        stream = self._stream()
-        if stream.query():
-            self.pool.free(buf)
-        else:
-
-            def recycle_later(recycle: Callable[[], None]) -> None:
-                stream.submit(recycle, heavy=True)
-
-            self.pool.free(buf, recycle_later)
+        h.free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), self._stream())
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         buf, view = self._host_source(dst, src)
@@ -121,18 +98,8 @@ class ExampleMemoryManager(PooledMemoryManager):
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
         for s, seq in self._pending(tensor):
             s.wait_for_blocking(seq)
-        # The exported array's base holds the block, so the pool does not reuse it while the
-        # consumer still reads it.
-        return np.asarray(_Holder(buffer_of(tensor), array(tensor))).__dlpack__(**kwargs)
+        # The exported array holds the block: the pool does not reuse it while it is read.
+        return h.export_dlpack(buffer_of(tensor), array(tensor), **kwargs)
 
     def dlpack_device(self, tensor: Tensor) -> tuple[int, int]:
         return (1, 0)  # kDLCPU: the host can read this device's memory
-
-
-class _Holder:
-    __slots__ = ("__array_interface__", "buffer", "data")
-
-    def __init__(self, buffer: DeviceBuffer, data: Array) -> None:
-        self.buffer = buffer
-        self.data = data
-        self.__array_interface__ = data.__array_interface__

@@ -2,7 +2,7 @@
 
 The core has validated the arguments and allocated ``out`` (shape and dtype worked out) before a
 kernel runs; a kernel only computes. The arithmetic is :mod:`accelkit.sdk.host`'s NumPy bodies (the
-semantics the conformance suite checks); the shape kernels are written here.
+semantics the conformance suite checks); the shape kernels' copies are written here.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from accelkit import InvalidArgumentError, Tensor
+from accelkit import Tensor
 from accelkit.sdk import Operand, TensorKernels
 from accelkit.sdk import host as h
-from accelkit_example.submit import Array, ExampleComponent, array
+from accelkit_example.submit import ExampleComponent, array
 
 
 class ExampleTensorKernels(ExampleComponent, TensorKernels):
@@ -85,32 +85,14 @@ class ExampleTensorKernels(ExampleComponent, TensorKernels):
         self.launch(run, (x,), (out,))
 
     def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
-        def run() -> None:
-            idx = _checked_index(array(index), x.shape[axis], "gather")
-            corner = tuple(
-                slice(None) if i == axis else slice(0, d) for i, d in enumerate(index.shape)
-            )
-            np.copyto(array(out), np.take_along_axis(array(x)[corner], idx, axis=axis))
-
-        self.launch(run, (x, index), (out,))
+        # A bad index raises on the stream's worker; the caller sees it when it awaits a result.
+        self.launch(lambda: h.gather(array(x), axis, array(index), array(out)), (x, index), (out,))
 
     def scatter(
         self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
     ) -> None:
         def run() -> None:
-            idx = _checked_index(array(index), x.shape[axis], "scatter")
-            result = array(out)
-            np.copyto(result, array(x))
-            corner = tuple(slice(0, d) for d in index.shape)
-            if isinstance(src, Tensor):
-                values = array(src)[corner]
-            else:
-                values = np.asarray(src, dtype=result.dtype)
-            # index may be smaller than x off the axis: write into that corner of out.
-            region = result[
-                tuple(slice(None) if i == axis else slice(0, d) for i, d in enumerate(index.shape))
-            ]
-            np.put_along_axis(region, idx, values, axis=axis)
+            h.scatter(array(x), axis, array(index), array(src), array(out))
 
         self.launch(run, (x, index, src), (out,))
 
@@ -200,14 +182,3 @@ class ExampleTensorKernels(ExampleComponent, TensorKernels):
             )  # fmt: skip
 
         self.launch(run, (param, grad, m, v), (param, m, v))
-
-
-def _checked_index(index: Array, dim: int, op: str) -> Array:
-    """Index values in -dim..dim-1, made non-negative; InvalidArgumentError otherwise (raised on
-    the stream's worker, it reaches the caller when the result is awaited)."""
-    if index.size and (int(index.min()) < -dim or int(index.max()) >= dim):
-        raise InvalidArgumentError(
-            f"{op}: index values must lie in {-dim}..{dim - 1}; got {int(index.min())} to"
-            f" {int(index.max())}"
-        )
-    return np.where(index < 0, index + dim, index).astype(np.intp)
