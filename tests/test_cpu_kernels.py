@@ -10,7 +10,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from accelkit.backends.cpu.numpy_nn import depthwise_replicate
+from accelkit.backends.cpu.numpy_image import (
+    depthwise_replicate,
+    grayscale,
+    separable_filter,
+    sobel_magnitude,
+)
 from accelkit.sdk import host_cast_into
 
 Array = np.ndarray[Any, Any]
@@ -54,14 +59,82 @@ def test_a_large_cast_agrees_with_the_contract() -> None:
     np.testing.assert_array_equal(out, reference_cast(x, np.uint8))
 
 
-@pytest.mark.parametrize("kernel", ["3x3", "1x7", "7x1"])
-def test_the_depthwise_filter_is_the_textbook_correlation(kernel: str) -> None:
-    rng = np.random.default_rng(1)
-    x = rng.random((8, 2, 96, 96)).astype(np.float32)
-    kh, kw = {"3x3": (3, 3), "1x7": (1, 7), "7x1": (7, 1)}[kernel]
-    k = rng.standard_normal((kh, kw)).astype(np.float32)
+def _textbook(x: np.ndarray[Any, Any], k: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Correlation with replicated borders, tap by tap in float64."""
+    kh, kw = k.shape
+    h, w = x.shape[2:]
+    p = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (kh // 2,) * 2, (kw // 2,) * 2), mode="edge")
+    out: np.ndarray[Any, Any] = sum(
+        k[i, j] * p[:, :, i : i + h, j : j + w] for i in range(kh) for j in range(kw)
+    )
+    return out
+
+
+# Random taps, and taps that are symmetric, antisymmetric or zero in places (the kernel pairs
+# those up), on planes wider than tall and the reverse (the flat layout's row wrap).
+KERNELS = {
+    "3x3": np.random.default_rng(2).standard_normal((3, 3)),
+    "1x7": np.random.default_rng(3).standard_normal((1, 7)),
+    "7x1": np.random.default_rng(4).standard_normal((7, 1)),
+    "5x3-zeros": np.array([[0, 1, 0], [2, 0, -2], [0, 0, 0], [1, 3, 1], [0, -1, 0.0]]),
+    "1x1": np.array([[2.5]]),
+}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("shape", [(3, 2, 17, 40), (2, 1, 40, 5), (1, 1, 1, 1)])
+def test_the_depthwise_filter_is_the_textbook_correlation(
+    kernel: str, shape: tuple[int, ...]
+) -> None:
+    x = np.random.default_rng(1).random(shape).astype(np.float32)
+    k = KERNELS[kernel].astype(np.float32)
     out = np.empty_like(x)
     depthwise_replicate(x, k, out)
-    p = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (kh // 2,) * 2, (kw // 2,) * 2), mode="edge")
-    want = sum(k[i, j] * p[:, :, i : i + 96, j : j + 96] for i in range(kh) for j in range(kw))
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, _textbook(x, k), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("col", "row"),
+    [
+        ([0.25, 0.5, 0.25], [0.1, 0.2, 0.4, 0.2, 0.1]),  # symmetric pairs
+        ([1.0, 2.0, 1.0], [-1.0, 0.0, 1.0]),  # antisymmetric row, zero centre
+        ([0.3, -0.7, 1.9], [1.0]),  # no symmetry; a 1-tap row
+    ],
+)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.float32, np.float64])
+def test_the_separable_filter_is_the_outer_product_correlation(
+    col: list[float], row: list[float], dtype: Any
+) -> None:
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, 256, (2, 3, 13, 21)).astype(dtype)
+    ct = np.float64 if dtype == np.float64 else np.float32
+    out = np.empty_like(x)
+    separable_filter(x, np.array(col, ct), np.array(row, ct), out)
+    want = _textbook(x, np.outer(col, row))
+    if np.dtype(dtype).kind in "iu":  # rounded half to even, clipped to 0..max
+        want = np.clip(np.rint(want), 0, 255 if dtype == np.uint8 else np.iinfo(dtype).max)
+        assert np.abs(out.astype(np.float64) - want).max() <= 1
+        assert (out == want).mean() > 0.95  # taps in tenths: many sums land on .5
+    else:
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.float64])
+def test_sobel_magnitude_and_grayscale_are_their_formulas(dtype: Any) -> None:
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 256, (2, 3, 11, 19)).astype(dtype)
+    ct = np.float64 if dtype == np.float64 else np.float32
+    kx = np.array([[-1.0, 0, 1], [-2, 0, 2], [-1, 0, 1]])
+    mag = np.empty(x.shape, ct)
+    sobel_magnitude(x, mag)
+    want = np.sqrt(_textbook(x, kx) ** 2 + _textbook(x, kx.T) ** 2)
+    np.testing.assert_allclose(mag, want, rtol=1e-5, atol=1e-3)
+
+    gray = np.empty((2, 1, 11, 19), dtype)
+    grayscale(x, np.array([0.299, 0.587, 0.114]), gray)
+    luma = (0.299 * x[:, 0] + 0.587 * x[:, 1] + 0.114 * x[:, 2]).astype(np.float64)[:, None]
+    if dtype == np.uint8:
+        luma = np.clip(np.rint(luma), 0, 255)
+        assert np.abs(gray.astype(np.float64) - luma).max() <= 1
+    else:
+        np.testing.assert_allclose(gray, luma, rtol=1e-6)

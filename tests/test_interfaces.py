@@ -68,27 +68,61 @@ async def test_the_user_components_are_built_over_the_kernel_objects() -> None:
 
 
 @pytest.mark.anyio
-async def test_image_filters_run_the_backends_fused_depthwise_kernel(
-    backend: accelkit.ComputeBackend, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("op", "kernel", "dtype"),
+    [
+        ("gaussian_blur", "separable_filter", DType.U8),
+        ("gaussian_blur", "separable_filter", DType.F32),
+        ("sobel_edges", "sobel_magnitude", DType.U8),
+        ("sobel_edges", "sobel_magnitude", DType.F64),
+        ("grayscale", "grayscale", DType.U8),
+        ("grayscale", "grayscale", DType.F32),
+        ("sharpen", "depthwise", DType.F32),
+    ],
+)
+async def test_image_ops_run_the_backends_fused_kernels_and_match_the_composition(
+    backend: accelkit.ComputeBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    op: str,
+    kernel: str,
+    dtype: DType,
 ) -> None:
-    """A regression of the kernel-object refactor: the CPU's fused depthwise filter had stayed a
-    private method the core no longer called, and every image filter ran the slow composition."""
+    """The CPU's fused image kernels are called (a regression of the kernel-object refactor
+    had left one a private method the core no longer called, and every filter ran the slow
+    composition), and give what the composition gives once the backend's override is hidden."""
     kernels = backend.tensor_ops.kernels
-    assert kernels.has_depthwise
-    calls: list[tuple[int, ...]] = []
-    fused = kernels.depthwise
+    assert kernels.overrides(kernel)
+    calls: list[str] = []
+    fused = getattr(kernels, kernel)
 
-    def counting(x: accelkit.Tensor, kernel: np.ndarray[Any, Any], out: accelkit.Tensor) -> None:
-        calls.append(kernel.shape)
-        fused(x, kernel, out)
+    def counting(*args: Any) -> None:
+        calls.append(kernel)
+        fused(*args)
 
-    monkeypatch.setattr(kernels, "depthwise", counting)
-    img = np.arange(2 * 3 * 9 * 11, dtype=np.float32).reshape(2, 3, 9, 11) / 600
-    x = backend.tensor_factory.from_host(img)
-    blurred = await backend.tensor_ops.gaussian_blur(x, sigma=1.0).to_host()
-    assert calls == [(1, 7), (7, 1)]
-    # The composition (pad + grouped conv2d) gives the same numbers.
-    monkeypatch.setattr(type(kernels), "has_depthwise", property(lambda self: False))
-    composed = await backend.tensor_ops.gaussian_blur(x, sigma=1.0).to_host()
-    assert calls == [(1, 7), (7, 1)]
-    np.testing.assert_allclose(blurred, composed, rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(kernels, kernel, counting)
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, (2, 3, 9, 11)) if dtype is DType.U8 else rng.random((2, 3, 9, 11))
+    x = backend.tensor_factory.from_host(img.astype(dtype.to_numpy()))
+    run = getattr(backend.tensor_ops, op)
+    got = await run(x).to_host()
+    assert calls == [kernel]
+
+    real = type(kernels).overrides
+    monkeypatch.setattr(
+        type(kernels), "overrides", lambda self, name: name != kernel and real(self, name)
+    )
+    composed = await run(x).to_host()
+    assert calls == [kernel]
+    assert got.dtype == composed.dtype
+    assert got.shape == composed.shape
+    if dtype is DType.U8:  # rounding may land differently where a sum is within an ulp of .5
+        diff = np.abs(got.astype(np.int64) - composed.astype(np.int64))
+        assert diff.max() <= 1
+        assert (diff == 0).mean() > 0.98
+    else:
+        np.testing.assert_allclose(got, composed, rtol=1e-5, atol=1e-6)
+
+
+def test_overrides_names_only_optional_kernels(backend: accelkit.ComputeBackend) -> None:
+    with pytest.raises(ValueError, match="not an optional kernel"):
+        backend.tensor_ops.kernels.overrides("add")

@@ -206,10 +206,43 @@ class TensorKernels(_Allocating):
         core pads with narrow/concat and runs a grouped ``conv2d``."""
         raise NotImplementedError
 
+    def separable_filter(
+        self, x: Tensor, col: np.ndarray[Any, Any], row: np.ndarray[Any, Any], out: Tensor
+    ) -> None:
+        """Optional: correlate every channel of the NCHW ``x`` (any real dtype) with
+        ``outer(col, row)`` (1-d host arrays of odd length, in the compute dtype: F64 for F64
+        images, F32 otherwise), border pixels replicated, into ``out`` (x's shape and dtype).
+        An integer ``out`` gets the result rounded half to even and clipped to ``0..max`` (255
+        for U8). ``gaussian_blur`` runs through it; without an override, the core runs two
+        :meth:`depthwise` passes (or their composition) with casts around them."""
+        raise NotImplementedError
+
+    def sobel_magnitude(self, x: Tensor, out: Tensor) -> None:
+        """Optional: ``sqrt(gx^2 + gy^2)`` of the 3x3 Sobel filters on every channel of the
+        NCHW ``x`` (any real dtype), border pixels replicated, into the float ``out`` (x's
+        shape, in the compute dtype). ``sobel_edges`` runs through it."""
+        raise NotImplementedError
+
+    def grayscale(self, x: Tensor, weights: np.ndarray[Any, Any], out: Tensor) -> None:
+        """Optional: ``out[:, 0] = sum_c weights[c] * x[:, c]`` over the channels ``weights``
+        covers, for the NCHW ``x`` (any real dtype) and ``out`` of shape [N, 1, H, W] and x's
+        dtype, rounded and clipped as :meth:`separable_filter` does for an integer ``out``."""
+        raise NotImplementedError
+
+    def overrides(self, name: str) -> bool:
+        """Whether this kernel object overrides the optional kernel ``name`` (``"depthwise"``,
+        ``"separable_filter"``, ``"sobel_magnitude"``, ``"grayscale"``)."""
+        if name not in _OPTIONAL_KERNELS:
+            raise ValueError(f"{name!r} is not an optional kernel; they are {_OPTIONAL_KERNELS}")
+        return getattr(type(self), name) is not getattr(TensorKernels, name)
+
     @property
     def has_depthwise(self) -> bool:
         """Whether this kernel object overrides :meth:`depthwise`."""
-        return type(self).depthwise is not TensorKernels.depthwise
+        return self.overrides("depthwise")
+
+
+_OPTIONAL_KERNELS = ("depthwise", "separable_filter", "sobel_magnitude", "grayscale")
 
 
 class FactoryKernels(_Allocating):

@@ -30,8 +30,8 @@ _GRAY = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma
 class ImageOps(OpsBase[TensorKernels]):
     # These methods are compositions of the other TensorOps parts, which the final class provides.
     # -- layout helpers ---------------------------------------------------------------------------
-    def _image(self, img: Tensor, op: str) -> tuple[Tensor, bool, DType]:
-        """Validate, and return (float NCHW tensor, was_hwc, compute dtype)."""
+    def _check_image(self, img: Tensor, op: str) -> DType:
+        """Validate; return the compute dtype (F64 for F64 images, F32 for the rest)."""
         check_tensor(self.backend, img, "img")
         if img.ndim not in (3, 4):
             raise InvalidArgumentError(
@@ -39,7 +39,16 @@ class ImageOps(OpsBase[TensorKernels]):
             )
         if img.dtype is DType.BOOL:
             raise InvalidArgumentError(f"{op}: img is bool; cast it to u8 or a float dtype first")
-        work = DType.F64 if img.dtype is DType.F64 else DType.F32
+        return DType.F64 if img.dtype is DType.F64 else DType.F32
+
+    def _fused(self, img: Tensor, kernel: str) -> bool:
+        """Whether the backend's optional ``kernel`` takes this (already checked) image whole:
+        fused kernels take NCHW; [H, W, C] images go through the composition."""
+        return img.ndim == 4 and self.kernels.overrides(kernel)
+
+    def _image(self, img: Tensor, op: str) -> tuple[Tensor, bool, DType]:
+        """Validate, and return (float NCHW tensor, was_hwc, compute dtype)."""
+        work = self._check_image(img, op)
         x = img if img.dtype is work else self.cast(img, work)  # type: ignore[attr-defined]
         hwc = img.ndim == 3
         if hwc:
@@ -104,10 +113,16 @@ class ImageOps(OpsBase[TensorKernels]):
         )
         if ks % 2 == 0:
             raise InvalidArgumentError(f"gaussian_blur: kernel_size must be odd; got {ks}")
-        x, hwc, work = self._image(img, "gaussian_blur")
         r = np.arange(ks, dtype=np.float64) - ks // 2
         g = np.exp(-(r**2) / (2 * sigma * sigma))
         g /= g.sum()
+        work = self._check_image(img, "gaussian_blur")
+        if self._fused(img, "separable_filter"):
+            out = self._empty(img.shape, img.dtype)
+            taps = g.astype(work.to_numpy())
+            self.kernels.separable_filter(img, taps, taps, out)
+            return out
+        x, hwc, work = self._image(img, "gaussian_blur")
         y = self._depthwise(x, g[None, :], work)
         y = self._depthwise(y, g[:, None], work)
         return self._restore(y, hwc, img.dtype, clip=False)
@@ -117,6 +132,11 @@ class ImageOps(OpsBase[TensorKernels]):
 
         The result is floating (F32, or F64 for an F64 image), unclipped, in the input's layout.
         """
+        work = self._check_image(img, "sobel_edges")
+        if self._fused(img, "sobel_magnitude"):
+            out = self._empty(img.shape, work)
+            self.kernels.sobel_magnitude(img, out)
+            return out
         x, hwc, work = self._image(img, "sobel_edges")
         kx = np.array([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])
         gx = self._depthwise(x, kx, work)
@@ -135,6 +155,12 @@ class ImageOps(OpsBase[TensorKernels]):
                 raise InvalidArgumentError(
                     f"grayscale: img must have 3 (RGB) or 4 (RGBA) channels; got {c}"
                 )
+        self._check_image(img, "grayscale")
+        if self._fused(img, "grayscale"):
+            n, _, h, wd = img.shape
+            out = self._empty((n, 1, h, wd), img.dtype)
+            self.kernels.grayscale(img, np.array(_GRAY), out)
+            return out
         x, hwc, work = self._image(img, "grayscale")
         c = x.shape[1]
         w = np.zeros((1, c, 1, 1))

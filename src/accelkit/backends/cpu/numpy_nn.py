@@ -120,24 +120,6 @@ def conv2d(
     _store(out, res)
 
 
-def depthwise_replicate(x: Array, k: Array, out: Array) -> None:
-    """Correlate every channel of NCHW ``x`` with the 2-d ``k`` (odd sizes), borders
-    replicated; ``out`` has x's shape and k's dtype. (One thread: splitting the batch between
-    the cores measured slower here, the passes being memory-bound.)"""
-    kh, kw = k.shape
-    h, w = x.shape[2], x.shape[3]
-    p = np.pad(
-        x.astype(k.dtype, copy=False), ((0, 0), (0, 0), (kh // 2,) * 2, (kw // 2,) * 2), mode="edge"
-    )
-    out[...] = 0
-    tmp = np.empty_like(out)
-    for i in range(kh):
-        for j in range(kw):
-            if k[i, j]:
-                np.multiply(p[:, :, i : i + h, j : j + w], k[i, j], out=tmp)
-                out += tmp
-
-
 def softmax_rows(s: Array, log: bool = False) -> Array:
     """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64)."""
     if s.shape[-1] == 0:

@@ -8,6 +8,7 @@ import numpy as np
 
 from accelkit._core.host_stream import HostStream
 from accelkit.backends.cpu import numpy_elementwise as ew
+from accelkit.backends.cpu import numpy_image as img
 from accelkit.backends.cpu import numpy_nn as nn
 from accelkit.backends.cpu.submit import INLINE_MAX_COST, CPUComponent, arr
 from accelkit.sdk.kernels import Operand, TensorKernels
@@ -146,11 +147,32 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
 
     # -- image filters ----------------------------------------------------------------------------
     def depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], out: Tensor) -> None:
-        # Fused: edge padding and a shifted-slice correlation in one kernel, instead of the
-        # composition's narrow/concat padding and im2col convolution (about 5x faster).
+        # Fused: edge padding and a shifted-slice correlation per plane, instead of the
+        # composition's narrow/concat padding and im2col convolution.
         self._launch(
-            lambda: nn.depthwise_replicate(x._data, kernel, out._data),
+            lambda: img.depthwise_replicate(x._data, kernel, out._data),
             out._size * kernel.size,
+            (x,),
+            (out,),
+        )
+
+    def separable_filter(
+        self, x: Tensor, col: np.ndarray[Any, Any], row: np.ndarray[Any, Any], out: Tensor
+    ) -> None:
+        self._launch(
+            lambda: img.separable_filter(x._data, col, row, out._data),
+            out._size * (col.size + row.size),
+            (x,),
+            (out,),
+        )
+
+    def sobel_magnitude(self, x: Tensor, out: Tensor) -> None:
+        self._launch(lambda: img.sobel_magnitude(x._data, out._data), out._size * 16, (x,), (out,))
+
+    def grayscale(self, x: Tensor, weights: np.ndarray[Any, Any], out: Tensor) -> None:
+        self._launch(
+            lambda: img.grayscale(x._data, weights, out._data),
+            out._size * 2 * weights.size,
             (x,),
             (out,),
         )
