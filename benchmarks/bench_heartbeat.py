@@ -2,11 +2,13 @@
 
 A 1 ms heartbeat runs on the loop while three matmuls run on the backend's worker (and
 OpenBLAS's threads); prints the worst lateness of each of four rounds and their wall time.
-``--policy idle`` first puts every thread but the loop's under Linux's SCHED_IDLE policy, the
-experiment behind issue 11's note (the loop then wakes within about 1 ms, at the price of starving
-that compute whenever anything else wants the CPU).
+The loop's thread runs with the short time slice ``initialize`` asks for (docs/execution-model.md);
+``ACCELKIT_LOOP_SLICE_US=0`` measures without it. ``--policy idle`` also puts every thread but the
+loop's under Linux's SCHED_IDLE policy, the experiment behind issue 11's note (the loop then wakes
+within about 1 ms, at the price of starving that compute whenever anything else wants the CPU).
 
-    python benchmarks/bench_heartbeat.py [--policy normal|idle] [--loop asyncio|trio]
+    [ACCELKIT_LOOP_SLICE_US=0] python benchmarks/bench_heartbeat.py [--policy normal|idle]
+        [--loop asyncio|trio]
 """
 
 from __future__ import annotations

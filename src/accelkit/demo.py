@@ -134,6 +134,7 @@ async def run_demo(
         )
         say(
             f"event loop: heartbeat (every 2 ms) woke at most {result.heartbeat_late_ms:.1f} ms late"
+            f" (loop thread: {backend.loop_thread_scheduling})"
         )
         say(f"memory: {backend.memory_manager.memory_info().peak / 2**20:.1f} MiB peak")
         say("result: " + ("OK, matches NumPy" if result.ok else "MISMATCH against NumPy"))

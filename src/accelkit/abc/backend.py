@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, ClassVar
 
+from accelkit._core.sched import request_loop_slice
 from accelkit.capabilities import BackendCapabilities, BackendStatus, LifecycleState
 from accelkit.device import Device
 from accelkit.dtype import DType
@@ -67,6 +68,9 @@ class ComputeBackend(ABC):
         self._kernel_executor: KernelExecutor | None = None
         self._kernel_ops: KernelOps | None = None
         self._fallback_ops: FallbackTensorOps | None = None
+        #: What ``initialize`` did to the scheduling of the event loop's thread, in words
+        #: (``"slice 100 us"``, or why it left the thread alone); None before ``initialize``.
+        self.loop_thread_scheduling: str | None = None
 
     # -- identity ---------------------------------------------------------------------------------
     @property
@@ -133,6 +137,10 @@ class ComputeBackend(ABC):
                 f"backend {self.name!r} cannot drive device {dev}; it drives"
                 f" {', '.join(sorted(self.device_kinds)) or 'no devices'}"
             )
+        # The loop's thread asks Linux for a short time slice, so that it wakes on time while
+        # device work keeps every core busy (accelkit._core.sched; ACCELKIT_LOOP_SLICE_US=0
+        # turns it off).
+        self.loop_thread_scheduling = request_loop_slice()
         try:
             await self._initialize(dev)
         except BaseException as exc:

@@ -1,0 +1,79 @@
+"""The event loop's thread asks Linux for a short time slice at ``initialize`` (so that it wakes
+on time while compute keeps every core busy), threads started later keep the default slice, and
+``ACCELKIT_LOOP_SLICE_US`` sets or disables it, a bad value refused before anything opens."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import accelkit as ak
+from accelkit._core import sched
+from accelkit.capabilities import LifecycleState
+from accelkit.errors import InvalidArgumentError
+
+pytestmark = pytest.mark.anyio
+
+
+def _supported() -> str | None:
+    """Why per-thread slices cannot be used here, or None where they can."""
+    numbers = sched._syscalls()
+    return numbers if isinstance(numbers, str) else None
+
+
+async def test_initialize_gives_the_loop_thread_a_short_slice_and_not_later_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ACCELKIT_LOOP_SLICE_US", raising=False)
+    reason = _supported()
+    backend = ak.create_backend("cpu")
+    await backend.initialize()
+    try:
+        if reason is not None:
+            assert backend.loop_thread_scheduling == f"left alone: {reason}"
+            pytest.skip(f"per-thread time slices are not available: {reason}")
+        assert backend.loop_thread_scheduling == f"slice {sched.DEFAULT_SLICE_US} us"
+        assert sched.read_slice_ns() == sched.DEFAULT_SLICE_US * 1000
+        seen: list[int | None] = []
+        worker = threading.Thread(target=lambda: seen.append(sched.read_slice_ns()))
+        worker.start()
+        worker.join()
+        assert seen[0] is not None
+        assert seen[0] != sched.DEFAULT_SLICE_US * 1000  # reset on fork: the default slice
+    finally:
+        await backend.shutdown()
+
+
+async def test_the_slice_can_be_set_or_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELKIT_LOOP_SLICE_US", "0")
+    backend = ak.create_backend("cpu")
+    await backend.initialize()
+    try:
+        assert backend.loop_thread_scheduling == "left alone (ACCELKIT_LOOP_SLICE_US=0)"
+    finally:
+        await backend.shutdown()
+    if _supported() is None:
+        # Run in a fresh thread (its own slice), as a loop started on another thread would be.
+        monkeypatch.setenv("ACCELKIT_LOOP_SLICE_US", "250")
+        seen: list[object] = []
+
+        def other_loop_thread() -> None:
+            seen.append(sched.request_loop_slice())
+            seen.append(sched.read_slice_ns())
+
+        worker = threading.Thread(target=other_loop_thread)
+        worker.start()
+        worker.join()
+        assert seen == ["slice 250 us", 250_000]
+
+
+@pytest.mark.parametrize("value", ["-5", "fast", "1.5"])
+async def test_a_bad_slice_setting_is_refused_before_the_backend_opens(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("ACCELKIT_LOOP_SLICE_US", value)
+    backend = ak.create_backend("cpu")
+    with pytest.raises(InvalidArgumentError, match="ACCELKIT_LOOP_SLICE_US"):
+        await backend.initialize()
+    assert backend.status.state is LifecycleState.CREATED
