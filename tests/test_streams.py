@@ -3,6 +3,7 @@ cancellation, a free event loop while device work runs, ``use_stream``, and kern
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import anyio
@@ -212,6 +213,35 @@ async def test_the_event_loop_is_not_blocked_while_a_large_matmul_runs(
     np.testing.assert_array_equal(result, np.full((2048, 2048), 1.0 / 2048, np.float32))
     # Hundreds of milliseconds of matmul; a blocked loop would tick at most once. Generous bound.
     assert during >= 3, f"the heartbeat ticked only {during} times while the matmuls ran"
+
+
+async def test_a_large_to_host_copies_off_the_event_loop(
+    backend: ComputeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A regression (issue 15): ``await t.to_host()`` of a 4096x4096 f32 result copied 64 MiB on
+    the loop's thread, blocking it for up to 156 ms. Large copies now run on a worker thread
+    (small ones stay inline: a thread hand-off would cost more than they do)."""
+    from accelkit._core import host_memory
+
+    copies: list[tuple[int, int]] = []
+    real = host_memory._copy
+
+    def spy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        copies.append((array.nbytes, threading.get_native_id()))
+        return real(array)
+
+    monkeypatch.setattr(host_memory, "_copy", spy)
+    loop_thread = threading.get_native_id()
+    f = backend.tensor_factory
+    small = f.full((64,), 2.0)
+    big = f.full((4096, 4096), 3.0)
+    np.testing.assert_array_equal(await small.to_host(), np.full(64, 2.0, np.float32))
+    got = await big.to_host()
+    assert got.shape == (4096, 4096)
+    assert (got == 3.0).all()
+    assert copies[0] == (256, loop_thread)
+    assert copies[1][0] == 4096 * 4096 * 4
+    assert copies[1][1] != loop_thread, "the 64 MiB copy ran on the event loop's thread"
 
 
 async def test_use_stream_sends_work_to_that_stream(backend: ComputeBackend) -> None:

@@ -16,11 +16,13 @@ import numpy as np
 
 from accelkit.device import Device
 from accelkit.dtype import DType
+from accelkit.errors import StaleHandleError
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
     from accelkit.abc.memory import DeviceBuffer
     from accelkit.abc.stream import Stream
+    from accelkit.abc.tensor_ops import TensorOps
 
 __all__ = ["Tensor"]
 
@@ -124,6 +126,15 @@ class Tensor:
         return self._shape[0]
 
     # -- transfers ------------------------------------------------------------------------------
+    @property
+    def _ops(self) -> TensorOps:
+        """The backend's TensorOps, for the operators; a tensor whose backend was shut down is
+        stale (StaleHandleError), as every other use of it says."""
+        backend = self._backend
+        if not backend.is_ready:
+            raise StaleHandleError(_shut_down_message(self, "x"))
+        return backend.tensor_ops
+
     async def to_host(self) -> np.ndarray[Any, Any]:
         """Wait for the operation that last wrote this tensor, then copy it into a new array.
 
@@ -143,36 +154,43 @@ class Tensor:
 
     # -- operators ------------------------------------------------------------------------------
     def __add__(self, other: Tensor | Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("add", self, other)
+        return self._ops.binary("add", self, other)
 
     def __radd__(self, other: Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("add", other, self)
+        return self._ops.binary("add", other, self)
 
     def __sub__(self, other: Tensor | Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("sub", self, other)
+        return self._ops.binary("sub", self, other)
 
     def __rsub__(self, other: Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("sub", other, self)
+        return self._ops.binary("sub", other, self)
 
     def __mul__(self, other: Tensor | Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("mul", self, other)
+        return self._ops.binary("mul", self, other)
 
     def __rmul__(self, other: Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("mul", other, self)
+        return self._ops.binary("mul", other, self)
 
     def __truediv__(self, other: Tensor | Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("div", self, other)
+        return self._ops.binary("div", self, other)
 
     def __rtruediv__(self, other: Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("div", other, self)
+        return self._ops.binary("div", other, self)
 
     def __matmul__(self, other: Tensor) -> Tensor:
-        return self._backend.tensor_ops.matmul(self, other)
+        return self._ops.matmul(self, other)
 
     def __neg__(self) -> Tensor:
-        return self._backend.tensor_ops.unary("neg", self)
+        return self._ops.unary("neg", self)
 
     def __pow__(self, other: Tensor | Scalar) -> Tensor:
-        return self._backend.tensor_ops.binary("pow", self, other)
+        return self._ops.binary("pow", self, other)
 
     __hash__ = object.__hash__
+
+
+def _shut_down_message(t: Tensor, name: str) -> str:
+    return (
+        f"{name} belongs to backend {t._backend.name!r} on {t._device}, which was shut down"
+        " (or failed): a tensor does not outlive its backend's session"
+    )

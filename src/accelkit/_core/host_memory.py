@@ -1,12 +1,14 @@
 """Memory helpers for backends whose device memory is host memory (the CPU backend, the example
-backend): aligned blocks for the caching pool, stream-ordered frees on a host stream, and
-DLPack export that keeps the block alive."""
+backend): aligned blocks for the caching pool, stream-ordered frees on a host stream, copies to
+the host that leave the event loop when they are large, and DLPack export that keeps the block
+alive."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio.to_thread
 import numpy as np
 
 from accelkit.abc.memory import DeviceBuffer
@@ -15,7 +17,19 @@ if TYPE_CHECKING:
     from accelkit._core.host_stream import HostStream
     from accelkit._core.pool import CachingPool
 
-__all__ = ["aligned_allocator", "export_dlpack", "free_in_stream_order", "release_block"]
+__all__ = [
+    "OFF_LOOP_COPY_BYTES",
+    "aligned_allocator",
+    "copy_into",
+    "copy_to_host",
+    "export_dlpack",
+    "free_in_stream_order",
+    "release_block",
+]
+
+#: Host copies of at least this many bytes run on a worker thread, not the event loop's: a
+#: 1 MiB copy takes about 0.1 ms, a 64 MiB one (4096x4096 f32) 10 to 150 ms with page faults.
+OFF_LOOP_COPY_BYTES = 1 << 20
 
 Array = np.ndarray[Any, Any]
 
@@ -62,3 +76,26 @@ class _Holder:
         self.buffer = buffer
         self.data = data
         self.__array_interface__ = data.__array_interface__
+
+
+async def copy_to_host(array: Array) -> Array:
+    """A new host array equal to ``array``, copied on a worker thread when it is large (at least
+    :data:`OFF_LOOP_COPY_BYTES`), so that a ``to_host`` never stalls the event loop. Cancelling
+    the wait lets the copy finish (it is short) and raises; the source must stay alive, which
+    the caller's reference ensures."""
+    if array.nbytes < OFF_LOOP_COPY_BYTES:
+        return _copy(array)
+    copied: Array = await anyio.to_thread.run_sync(_copy, array)
+    return copied
+
+
+def _copy(array: Array) -> Array:
+    return np.array(array, copy=True)
+
+
+async def copy_into(dst: Array, src: Array) -> None:
+    """``dst[...] = src`` (same shape), on a worker thread when large, as :func:`copy_to_host`."""
+    if src.nbytes < OFF_LOOP_COPY_BYTES:
+        dst[...] = src
+    else:
+        await anyio.to_thread.run_sync(np.copyto, dst, src)

@@ -13,10 +13,14 @@ is waiting until ``completed`` reaches that number.
 from __future__ import annotations
 
 import heapq
+import importlib
 import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
 
 from accelkit._core.loop import wait_for_callback
 from accelkit.abc.stream import Event, Stream
@@ -78,10 +82,13 @@ class HostStream(Stream):
                 # under the lock (small work, by the caller's estimate): a submission from another
                 # thread meanwhile waits, then queues behind it. No waiter can be registered for
                 # a position that did not exist a moment ago, so none is due.
+                quiet = _np_errstate.set(_QUIET)  # no NumPy warnings (see the end)
                 try:
                     fn()
                 except BaseException as exc:
                     self._errors.append((seq, exc))
+                finally:
+                    _np_errstate.reset(quiet)
                 self.completed = seq
                 if self._blocked:
                     self._cv.notify_all()
@@ -106,6 +113,9 @@ class HostStream(Stream):
             self._blocked -= 1
 
     def _work(self) -> None:
+        # Kernels follow accelkit's special-value rules (NaN and inf results, no warnings):
+        # NumPy's floating-point error state is per thread, so this thread's is set once.
+        np.seterr(all="ignore")
         while True:
             with self._lock:
                 while not self._queue and not self._closed:
@@ -258,3 +268,30 @@ class HostEvent(Event):
 
     def __repr__(self) -> str:
         return f"HostEvent({self._stream.name!r}, seq={self.seq}, done={self.query()})"
+
+
+# NumPy's floating-point error state lives in a context variable (NumPy 2): setting it around an
+# inline kernel costs about 0.1 us, where ``np.errstate`` costs about 1.3 us on every small op.
+class _ErrstateVar:  # pragma: no cover - the fallback for a NumPy without that variable
+    """``set``/``reset`` over ``np.errstate``, for a NumPy without the context variable."""
+
+    def set(self, value: object) -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def reset(self, token: Any) -> None:
+        token.__exit__(None, None, None)
+
+
+def _errstate_var() -> Any:
+    try:
+        config = importlib.import_module("numpy._core._ufunc_config")
+    except ImportError:  # pragma: no cover
+        return _ErrstateVar()
+    return getattr(config, "_extobj_contextvar", None) or _ErrstateVar()
+
+
+_np_errstate: Any = _errstate_var()
+with np.errstate(all="ignore"):
+    _QUIET = None if isinstance(_np_errstate, _ErrstateVar) else _np_errstate.get()

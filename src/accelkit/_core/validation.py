@@ -10,19 +10,21 @@ import operator
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from accelkit.dtype import DType
 from accelkit.errors import (
     InvalidArgumentError,
-    NotInitializedError,
     StaleHandleError,
     UnsupportedOperationError,
 )
-from accelkit.tensor import Tensor
+from accelkit.tensor import Tensor, _shut_down_message
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
 
 __all__ = [
+    "check_seed",
     "check_launch_dims",
     "check_axis",
     "check_dtype",
@@ -51,11 +53,10 @@ def check_tensor(backend: ComputeBackend, x: object, name: str = "x") -> Tensor:
     buf = x._buffer
     pool = buf._pool
     if pool is None or pool.generation != buf._gen:
+        # One rule (docs/execution-model.md): a tensor that outlived its memory, its backend's
+        # session or its context is stale, whether or not the backend was opened again since.
         if not backend.is_ready:
-            raise NotInitializedError(
-                f"backend {backend.name!r} is not initialized (it was shut down, or initialize()"
-                " was never awaited)"
-            )
+            raise StaleHandleError(_shut_down_message(x, name))
         raise StaleHandleError(
             f"{name} was freed, or belongs to a context that was shut down or rebuilt"
         )
@@ -117,12 +118,19 @@ def check_int(value: object, name: str, *, minimum: int | None = None) -> int:
     return v
 
 
-def check_float_param(value: object, name: str, *, positive: bool = False) -> float:
+def check_float_param(
+    value: object, name: str, *, positive: bool = False, finite: bool = False
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgumentError(f"{name} must be a number; got {type(value).__name__}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise InvalidArgumentError(f"{name} is too large: {value}") from None
     if v != v:
         raise InvalidArgumentError(f"{name} must not be NaN")
+    if finite and v in (float("inf"), float("-inf")):
+        raise InvalidArgumentError(f"{name} must be finite; got {v}")
     if positive and not v > 0:
         raise InvalidArgumentError(f"{name} must be > 0; got {v}")
     return v
@@ -147,12 +155,30 @@ def check_shape(shape: object, name: str = "shape") -> tuple[int, ...]:
     dims = tuple(check_int(d, f"{name}[{i}]") for i, d in enumerate(shape))
     if any(d < 0 for d in dims):
         raise InvalidArgumentError(f"{name} must have non-negative dimensions; got {dims}")
-    size = 1
+    # The product of the non-zero dimensions is bounded too: NumPy (and devices) refuse a shape
+    # such as (2**31, 2**31, 0) even though it holds nothing.
+    size = nonzero = 1
     for d in dims:
         size *= d
-    if size > MAX_ELEMENTS:
-        raise InvalidArgumentError(f"{name} {dims} has {size} elements, more than any device holds")
+        nonzero *= d or 1
+    if nonzero > MAX_ELEMENTS:
+        what = f"has {size} elements" if size else f"has dimensions whose product is {nonzero}"
+        raise InvalidArgumentError(f"{name} {dims} {what}, more than any device holds")
     return dims
+
+
+def check_seed(seed: object, op: str) -> int | None:
+    """A random seed: None (fresh entropy) or a non-negative int (bools refused)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise InvalidArgumentError(
+            f"{op}: seed must be a non-negative int or None; got {type(seed).__name__}"
+        )
+    value = int(seed)
+    if value < 0:
+        raise InvalidArgumentError(f"{op}: seed must be a non-negative int or None; got {value}")
+    return value
 
 
 def check_axis(axis: object, ndim: int, name: str = "axis") -> int:

@@ -8,6 +8,7 @@ default, so the same seed gives the same values on every backend.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,13 @@ import numpy as np
 from accelkit._core.kernel_api import FactoryKernels
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.ops.elementwise import check_int_scalar
-from accelkit._core.validation import check_dtype, check_float_param, check_int, check_shape
+from accelkit._core.validation import (
+    check_dtype,
+    check_float_param,
+    check_int,
+    check_seed,
+    check_shape,
+)
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit.tensor import Tensor
@@ -74,14 +81,19 @@ class TensorFactory(OpsBase[FactoryKernels]):
         if stop is None:
             start, stop = 0, start
         for name, v in (("start", start), ("stop", stop), ("step", step)):
-            check_float_param(v, name)
+            check_float_param(v, f"arange: {name}", finite=True)
         if step == 0:
             raise InvalidArgumentError("arange: step must not be 0")
         all_int = all(isinstance(v, int) for v in (start, stop, step))
         dt = check_dtype(
             self.backend, dtype if dtype is not None else (DType.I64 if all_int else DType.F32)
         )
-        n = max(0, int(np.ceil((stop - start) / step)))
+        count = (stop - start) / step  # finite operands; the quotient may still overflow
+        if not math.isfinite(count):
+            raise InvalidArgumentError(
+                f"arange: ({stop} - {start}) / {step} elements is more than any device holds"
+            )
+        n = check_shape((max(0, math.ceil(count)),), "arange: length")[0]
         out = self._empty((n,), dt)
         self.kernels.generate(out, lambda: np.arange(n, dtype=np.float64) * step + start)
         return out
@@ -127,7 +139,9 @@ class TensorFactory(OpsBase[FactoryKernels]):
         dtype: DType | str = DType.F32,
     ) -> Tensor:
         """Uniform samples in ``[low, high)``; the same ``seed`` gives the same values."""
-        lo, hi = check_float_param(low, "low"), check_float_param(high, "high")
+        lo = check_float_param(low, "low", finite=True)
+        hi = check_float_param(high, "high", finite=True)
+        seed = check_seed(seed, "uniform")
         if not hi >= lo:
             raise InvalidArgumentError(f"uniform: high ({hi}) must be >= low ({lo})")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
@@ -145,7 +159,9 @@ class TensorFactory(OpsBase[FactoryKernels]):
         dtype: DType | str = DType.F32,
     ) -> Tensor:
         """Normal samples; the same ``seed`` gives the same values."""
-        mu, sd = check_float_param(mean, "mean"), check_float_param(std, "std")
+        mu = check_float_param(mean, "mean", finite=True)
+        sd = check_float_param(std, "std", finite=True)
+        seed = check_seed(seed, "normal")
         if sd < 0:
             raise InvalidArgumentError(f"normal: std must be >= 0; got {sd}")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "normal")

@@ -9,14 +9,19 @@ same functions. A backend that computes elsewhere (a device) needs none of them;
 compared with these by the suite's NumPy references.
 
 Also here, for backends whose device memory is host memory: an aligned block allocator and its
-release for the caching pool, stream-ordered frees on a host stream, and DLPack export.
+release for the caching pool, stream-ordered frees on a host stream, ``copy_to_host`` and
+``copy_into`` (the copies of a ``read_tensor`` or a transfer, moved off the event loop when
+large) and DLPack export.
 """
 
 from __future__ import annotations
 
 from accelkit._core.host_arrays import assign, cast_into
 from accelkit._core.host_memory import (
+    OFF_LOOP_COPY_BYTES,
     aligned_allocator,
+    copy_into,
+    copy_to_host,
     export_dlpack,
     free_in_stream_order,
     release_block,
@@ -39,7 +44,8 @@ from accelkit.backends.cpu.numpy_nn import (
 )
 
 __all__ = [
-    "adam_update", "aligned_allocator", "assign", "attention", "binary", "cast_into", "conv2d",
+    "OFF_LOOP_COPY_BYTES", "adam_update", "aligned_allocator", "assign", "attention", "binary",
+    "cast_into", "conv2d", "copy_into", "copy_to_host",
     "cross_entropy", "embedding", "export_dlpack", "free_in_stream_order", "gather", "gemm",
     "layer_norm", "linear", "matmul", "reduce", "release_block", "rms_norm", "scatter",
     "softmax", "unary", "where",

@@ -17,7 +17,7 @@ INTS = SIGNED + UNSIGNED
 ALL_DTYPES = FLOATS + INTS + [DType.BOOL]
 
 #: (rtol, atol) against a float64 reference computed from the exact (already rounded) inputs:
-#: the one tolerance table of the suite (:data:`FUSEDTOLERANCESERANCES` for fused KernelOps).
+#: the one tolerance table of the suite (:data:`FUSED_TOLERANCES` for fused KernelOps).
 TOLERANCES: dict[DType, tuple[float, float]] = {
     DType.F64: (1e-10, 1e-12),
     DType.F32: (2e-5, 2e-6),

@@ -294,6 +294,24 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "eye_negative": (IAE, lambda o, f, t: f.eye(-1), ("n", ">= 0", "-1")),
     "uniform_bounds": (IAE, lambda o, f, t: f.uniform((2,), 2.0, 1.0), ("high (1.0)", "low (2.0)")),
     "normal_std": (IAE, lambda o, f, t: f.normal((2,), 0.0, -1.0), ("std", "-1.0")),
+    # Regressions (issue 15): raw Python/NumPy exceptions, and seeds checked only when the
+    # generator ran (after the output was allocated).
+    "arange_inf": (IAE, lambda o, f, t: f.arange(0, float("inf")), ("stop", "finite")),
+    "arange_too_long": (IAE, lambda o, f, t: f.arange(0, 1e300, 1e-300), ("more than any",)),
+    "arange_huge_int": (IAE, lambda o, f, t: f.arange(0, 10**400), ("stop", "too large")),
+    "reshape_none": (IAE, lambda o, f, t: o.reshape(t.a23, None), ("shape", "NoneType")),
+    "reshape_str": (IAE, lambda o, f, t: o.reshape(t.a23, "6"), ("shape", "str")),
+    "empty_huge_zero_size": (
+        IAE,
+        lambda o, f, t: f.empty((2**31, 2**31, 0)),
+        ("(2147483648, 2147483648, 0)", "more than any device"),
+    ),
+    "seed_negative": (IAE, lambda o, f, t: f.normal((3,), seed=-1), ("seed", "-1")),
+    "seed_str": (IAE, lambda o, f, t: f.normal((3,), seed="x"), ("seed", "str")),
+    "seed_float": (IAE, lambda o, f, t: f.uniform((3,), seed=1.5), ("seed", "float")),
+    "seed_bool": (IAE, lambda o, f, t: f.uniform((3,), seed=True), ("seed", "bool")),
+    "uniform_inf": (IAE, lambda o, f, t: f.uniform((3,), 0.0, float("inf")), ("high", "finite")),
+    "normal_inf": (IAE, lambda o, f, t: f.normal((3,), float("-inf")), ("mean", "finite")),
 }
 
 
@@ -466,9 +484,15 @@ async def test_use_after_shutdown(backend: ComputeBackend) -> None:
         other.create_stream()
     with pytest.raises(NotInitializedError):
         await other.synchronize()
-    with pytest.raises(NotInitializedError):
+    # One rule for tensors (docs/execution-model.md): a tensor that outlived its backend's
+    # session is stale, whatever is done with it; the backend itself is not initialized.
+    with pytest.raises(StaleHandleError, match="shut down"):
         await t.to_host()
-    with pytest.raises(NotInitializedError):
+    with pytest.raises(StaleHandleError, match="shut down"):
+        t.numpy()
+    with pytest.raises(StaleHandleError, match="shut down"):
+        t + t
+    with pytest.raises(StaleHandleError, match="shut down"):
         ops.relu(t)  # a component kept from before the shutdown
     with pytest.raises(NotInitializedError):
         f.zeros((2,))

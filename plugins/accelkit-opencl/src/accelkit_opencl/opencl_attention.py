@@ -84,6 +84,7 @@ __kernel __attribute__((reqd_work_group_size(BQ, 1, 1))) void attention({", ".jo
     for (int c = 0; c < DV; ++c) acc[c] = 0;
     T run_max = -INFINITY;
     T run_sum = 0;
+    int nan_seen = 0;  /* fmax skips NaN: a NaN score must still make the row NaN */
     {"__global const " + STORE_TYPES[mask] + "* mrow = mask + (bh / heads) * ms0 + (bh % heads) * ms1 + (active ? i : 0) * ms2;" if mask is not None else ""}
     __global const S* kbase = k + kvh * skv * D;
     __global const S* vbase = v + kvh * skv * DV;
@@ -102,6 +103,7 @@ __kernel __attribute__((reqd_work_group_size(BQ, 1, 1))) void attention({", ".jo
             for (int c = 0; c < D; ++c) sc += qr[c] * kt[jj][c];
             {score_mask}
             sc_tile[jj] = sc;
+            nan_seen |= isnan(sc);
             tile_max = fmax(tile_max, sc);
         }}
         if (n <= 0 || tile_max == -INFINITY) continue;
@@ -118,7 +120,7 @@ __kernel __attribute__((reqd_work_group_size(BQ, 1, 1))) void attention({", ".jo
     }}
     if (!active) return;
     __global S* orow = out + (bh * sq + i) * DV;
-    T inv = run_sum > 0 ? (T)1 / run_sum : (T)0;
+    T inv = nan_seen ? (T)NAN : (run_sum > 0 ? (T)1 / run_sum : (T)0);
     for (int c = 0; c < DV; ++c) orow[c] = (S)(acc[c] * inv);
 }}
 """

@@ -85,7 +85,7 @@ T ak_fmod(T a, T b) {
 """,
     "ak_imod": """
 T ak_imod(T a, T b) {
-    if (b == 0) return 0;
+    if (b == 0 || b == (T)-1) return 0;  /* C leaves INT_MIN % -1 undefined; x mod -1 is 0 */
     T r = a % b;
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;

@@ -143,6 +143,7 @@ def paged_attention_source(
     T acc[DA], qr[DA];
     for (int c = 0; c < D; ++c) {{ acc[c] = 0; qr[c] = (T)q[gid * D + c]; }}
     T run_max = -INFINITY, run_sum = 0;
+    int nan_seen = 0;  /* fmax skips NaN: a NaN score must still make the row NaN */
     if (n < 0 || n > max_blocks * BS) {{
         ak_report(err, {BAD_LENGTH}, n);
         n = 0;
@@ -159,6 +160,7 @@ def paged_attention_source(
         T sc = 0;
         for (int c = 0; c < D; ++c) sc += qr[c] * (T)kc[base + c];
         sc *= scale;
+        nan_seen |= isnan(sc);
         T new_max = fmax(run_max, sc);
         T corr = exp(run_max - new_max);
         T p = exp(sc - new_max);
@@ -166,7 +168,7 @@ def paged_attention_source(
         for (int c = 0; c < D; ++c) acc[c] = acc[c] * corr + p * (T)vc[base + c];
         run_max = new_max;
     }}
-    T inv = run_sum > 0 ? (T)1 / run_sum : (T)0;
+    T inv = nan_seen ? (T)NAN : (run_sum > 0 ? (T)1 / run_sum : (T)0);
     for (int c = 0; c < D; ++c) orow[c] = (S)(acc[c] * inv);
 }}
 """

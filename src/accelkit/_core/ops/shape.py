@@ -30,7 +30,14 @@ class ShapeOps(OpsBase[TensorKernels]):
     def reshape(self, x: Tensor, shape: Sequence[int] | int) -> Tensor:
         """Same elements, new shape (one dimension may be -1); shares ``x``'s buffer."""
         check_tensor(self.backend, x)
-        dims = [shape] if isinstance(shape, int) else list(shape)
+        if isinstance(shape, int) and not isinstance(shape, bool):
+            dims = [shape]
+        elif isinstance(shape, Sequence) and not isinstance(shape, str):
+            dims = list(shape)
+        else:
+            raise InvalidArgumentError(
+                f"reshape: shape must be an int or a sequence of ints; got {type(shape).__name__}"
+            )
         dims = [check_int(d, f"shape[{i}]", minimum=-1) for i, d in enumerate(dims)]
         if dims.count(-1) > 1:
             raise InvalidArgumentError(f"reshape: at most one -1 in shape; got {tuple(dims)}")

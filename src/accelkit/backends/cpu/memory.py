@@ -8,6 +8,8 @@ import numpy as np
 
 from accelkit._core.host_memory import (
     aligned_allocator,
+    copy_into,
+    copy_to_host,
     export_dlpack,
     free_in_stream_order,
     release_block,
@@ -43,7 +45,7 @@ class CPUMemoryManager(PooledMemoryManager):
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         buf, view = self._host_source(dst, src)
-        data = np.frombuffer(view, np.uint8).copy()
+        data = await copy_to_host(np.frombuffer(view, np.uint8))  # the snapshot, off-loop if large
         if isinstance(dst, Tensor):
             await dst._stream.synchronize()
         self._backend.tensor_factory.kernels._launch(  # type: ignore[attr-defined]
@@ -59,7 +61,7 @@ class CPUMemoryManager(PooledMemoryManager):
         elif buf.last_write is not None:
             await buf.last_write[0].wait_for(buf.last_write[1])
         await self._backend.current_stream.synchronize()
-        dst.reshape(-1).view(np.uint8)[...] = buf.handle[: dst.nbytes]
+        await copy_into(dst.reshape(-1).view(np.uint8), buf.handle[: dst.nbytes])
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
         d, s = self._device_pair(dst, src)
@@ -78,7 +80,7 @@ class CPUMemoryManager(PooledMemoryManager):
         # The tensor's writer, and the last write to its memory through another view.
         for stream, seq in pending_writes(tensor):
             await stream.wait_for(seq)  # type: ignore[attr-defined]
-        return np.array(tensor._data, copy=True)
+        return await copy_to_host(tensor._data)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         check_tensor(self._backend, tensor, "tensor")

@@ -120,23 +120,35 @@ def conv2d(
     _store(out, res)
 
 
-def softmax_rows(s: Array, log: bool = False) -> Array:
-    """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64)."""
+def softmax_rows(s: Array, log: bool = False, empty_rows: str = "zero") -> Array:
+    """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64).
+
+    Special values (docs/operations.md): a row holding a NaN or +inf is NaN throughout. A row
+    that is all -inf (it sees nothing) is NaN with ``empty_rows="nan"`` (``softmax``, as IEEE
+    arithmetic gives) and zeros with ``"zero"`` (attention over fully masked rows).
+    """
     if s.shape[-1] == 0:
         return s
-    m = np.max(s, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    s -= m
-    if log:
-        lse = np.log(np.sum(np.exp(s), axis=-1, keepdims=True))
-        s -= lse
-        return s
-    np.exp(s, out=s)  # NumPy's SIMD exp beats numexpr's here
-    total = np.sum(s, axis=-1, keepdims=True)
-    if total.size and total.min() > 0:
-        s *= 1 / total  # one division per row, then multiplies
-    else:
-        np.divide(s, total, out=s, where=total > 0)  # rows that see nothing stay 0
+    with np.errstate(all="ignore"):
+        m = np.max(s, axis=-1, keepdims=True)
+        finite = np.isfinite(m)
+        nan_rows = None
+        if not finite.all():
+            nan_rows = ~finite if empty_rows == "nan" else ~(finite | (m == -np.inf))
+            m = np.where(finite, m, 0)
+        s -= m
+        if log:
+            lse = np.log(np.sum(np.exp(s), axis=-1, keepdims=True))
+            s -= lse
+        else:
+            np.exp(s, out=s)  # NumPy's SIMD exp beats numexpr's here
+            total = np.sum(s, axis=-1, keepdims=True)
+            if total.size and total.min() > 0:
+                s *= 1 / total  # one division per row, then multiplies
+            else:
+                np.divide(s, total, out=s, where=total > 0)  # rows that see nothing stay 0
+        if nan_rows is not None and nan_rows.any():
+            s[np.broadcast_to(nan_rows, s.shape)] = np.nan
     return s
 
 
@@ -144,7 +156,7 @@ def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
     ct = _compute_dtype(x) if x.dtype.kind == "f" else np.dtype(np.float32)
     s = np.moveaxis(x, axis, -1).astype(ct, copy=True)
     with np.errstate(all="ignore"):
-        s = softmax_rows(s, log)
+        s = softmax_rows(s, log, empty_rows="nan")
     _store(out, np.moveaxis(s, -1, axis))
 
 
@@ -171,8 +183,9 @@ def attention(
     offset = sk - sq
     qg = qg * ct.type(scale)  # scaling q costs D per row, scaling the scores Skv
     if causal:  # 0 where key j is visible to query i, -inf elsewhere; sliced per chunk
-        visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + offset
-        causal_bias = np.where(visible, 0.0, -np.inf).astype(ct)
+        # Hidden scores are set to -inf (not biased by -inf: a NaN score from a key the row
+        # cannot see must not reach it).
+        hidden = np.arange(sk)[None, :] > np.arange(sq)[:, None] + offset
     with np.errstate(all="ignore"):
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)
@@ -188,7 +201,7 @@ def attention(
                 else:
                     s += up(mc)
             if causal:
-                s += causal_bias[r0:r1, :kend]
+                np.copyto(s, -np.inf, where=hidden[r0:r1, :kend])
             # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
             np.matmul(softmax_rows(s), vg[..., :kend, :], out=res[:, :, :, r0:r1])
     if not direct:
@@ -243,7 +256,7 @@ def cross_entropy(logits: Array, targets: Array, reduction: str, loss: Array, pr
     _check_range(targets, logits.shape[1], "cross_entropy", "targets")
     ct = _compute_dtype(logits)
     with np.errstate(all="ignore"):
-        logp = softmax_rows(logits.astype(ct, copy=True), log=True)
+        logp = softmax_rows(logits.astype(ct, copy=True), log=True, empty_rows="nan")
     picked = -np.take_along_axis(logp, targets.astype(np.int64)[:, None], axis=1)[:, 0]
     if reduction == "mean":
         _store(loss, picked.mean() if picked.size else np.nan)

@@ -46,7 +46,7 @@ class ExampleMemoryManager(PooledMemoryManager):
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         buf, view = self._host_source(dst, src)
-        data = np.frombuffer(view, np.uint8).copy()
+        data = await h.copy_to_host(np.frombuffer(view, np.uint8))  # a snapshot, off-loop if large
 
         def run() -> None:
             buf.handle[: data.size] = data
@@ -63,7 +63,7 @@ class ExampleMemoryManager(PooledMemoryManager):
             for stream, seq in self._pending(src):
                 await stream.wait_for(seq)
         await self._stream().synchronize()
-        dst.reshape(-1).view(np.uint8)[...] = buf.handle[: dst.nbytes]
+        await h.copy_into(dst.reshape(-1).view(np.uint8), buf.handle[: dst.nbytes])
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
         d, s = self._device_pair(dst, src)
@@ -88,7 +88,7 @@ class ExampleMemoryManager(PooledMemoryManager):
     async def read_tensor(self, tensor: Tensor) -> Array:
         for stream, seq in self._pending(tensor):
             await stream.wait_for(seq)
-        return np.array(array(tensor), copy=True)
+        return await h.copy_to_host(array(tensor))  # large copies run off the event loop
 
     def read_tensor_blocking(self, tensor: Tensor) -> Array:
         for stream, seq in self._pending(tensor):

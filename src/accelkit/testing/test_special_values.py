@@ -1,0 +1,254 @@
+"""Special values on every backend, against the rules in docs/operations.md ("Special values"):
+NaN and infinities through softmax, attention and arithmetic, integer remainder at its edges, and
+no NumPy warnings from a backend's kernels (a warning turned into an error must not fail an op)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from accelkit import ComputeBackend, DType
+
+from .checks import assert_close, fetch, require_dtype
+
+pytestmark = pytest.mark.anyio
+
+NAN, INF = float("nan"), float("inf")
+
+# Rows of a softmax input, and whether the rule makes the whole row NaN.
+SOFTMAX_ROWS = {
+    "a NaN": ([NAN, 1.0, 2.0, 0.5], True),
+    "+inf": ([INF, 1.0, 2.0, 0.5], True),
+    "two +inf": ([INF, INF, 1.0, 0.5], True),
+    "all -inf": ([-INF, -INF, -INF, -INF], True),
+    "some -inf": ([-INF, 0.0, 1.0, -INF], False),
+    "finite": ([1.0, 2.0, 3.0, -1.0], False),
+    "-inf and NaN": ([-INF, NAN, 1.0, 0.0], True),
+}
+
+
+def _softmax_reference(row: list[float], log: bool) -> np.ndarray[Any, Any]:
+    x = np.array(row, np.float64)
+    m = x.max()
+    with np.errstate(all="ignore"):
+        e = np.exp(x - m)
+        return (x - m - np.log(e.sum())) if log else e / e.sum()
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F64], ids=["f32", "f64"])
+async def test_softmax_rows_follow_the_special_value_rule(
+    backend: ComputeBackend, log: bool, dtype: DType
+) -> None:
+    """A row holding NaN or +inf, or only -inf, is NaN throughout (as IEEE arithmetic and
+    PyTorch give); -inf entries of a row with a finite maximum get probability 0 (log: -inf)."""
+    require_dtype(backend, dtype)
+    rows = [row for row, _ in SOFTMAX_ROWS.values()]
+    x = backend.tensor_factory.from_host(np.array(rows, dtype.to_numpy()))
+    run = backend.tensor_ops.log_softmax if log else backend.tensor_ops.softmax
+    got = await fetch(run(x, axis=-1), dtype)
+    for i, (name, (row, nan_row)) in enumerate(SOFTMAX_ROWS.items()):
+        if nan_row:
+            assert np.isnan(got[i]).all(), f"row with {name}: {got[i]} should be NaN throughout"
+        else:
+            assert_close(got[i], _softmax_reference(row, log), dtype)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+async def test_attention_propagates_nan_to_the_rows_that_see_it(
+    backend: ComputeBackend, where: str
+) -> None:
+    """NaN in a query row makes that output row NaN (and no other); NaN in a key makes every
+    row that sees the key NaN, and no row that cannot see it; NaN in a value reaches the rows
+    that see it (a row that cannot see it may get NaN too where a backend multiplies the value
+    by the row's zero weight: 0 * NaN is NaN)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(np.float32) for _ in range(3))
+    target = {"q": q, "k": k, "v": v}[where]
+    target[0, 1, 2, 3] = np.nan  # head 1, position 2
+    f = backend.tensor_factory
+    got = await fetch(
+        backend.tensor_ops.attention(f.from_host(q), f.from_host(k), f.from_host(v), causal=True)
+    )
+    # causal: query i sees keys 0..i, so key/value 2 is seen by queries 2, 3, 4
+    nan_rows = {"q": [2], "k": [2, 3, 4], "v": [2, 3, 4]}[where]
+    for h in range(2):
+        for i in range(5):
+            row = got[0, h, i]
+            if h == 1 and i in nan_rows:
+                if where == "v":
+                    assert np.isnan(row[3]), f"head {h} row {i}: {row} should carry the NaN"
+                else:
+                    assert np.isnan(row).all(), f"head {h} row {i}: {row} should be NaN"
+            elif where != "v" or h == 0:
+                assert np.isfinite(row).all(), f"head {h} row {i}: {row} should be finite"
+
+
+@pytest.mark.parametrize("dtype", [DType.I8, DType.I16, DType.I32, DType.I64], ids=str)
+async def test_integer_remainder_at_its_edges(backend: ComputeBackend, dtype: DType) -> None:
+    """``mod`` takes the divisor's sign (as Python and NumPy); ``INT_MIN mod -1`` is 0 (C leaves
+    ``%`` undefined there) and ``x mod 0`` is 0 (NumPy's value, without its warning)."""
+    require_dtype(backend, dtype)
+    lo, hi = np.iinfo(dtype.to_numpy()).min, np.iinfo(dtype.to_numpy()).max
+    a = np.array([lo, lo, hi, -7, 7, -7, 5, lo], dtype.to_numpy())
+    b = np.array([-1, 1, -1, 2, -2, -2, 0, 0], dtype.to_numpy())
+    f = backend.tensor_factory
+    got = await fetch(backend.tensor_ops.mod(f.from_host(a), f.from_host(b)), dtype)
+    expected = [0, 0, 0, 1, -1, -1, 0, 0]
+    np.testing.assert_array_equal(got, np.array(expected, dtype.to_numpy()))
+
+
+async def test_kernels_raise_no_numpy_warnings(backend: ComputeBackend) -> None:
+    """Overflow, division by zero and invalid operations give inf and NaN silently: a backend's
+    kernels must not emit NumPy RuntimeWarnings (noise in users' logs, and a failed op when the
+    user's code turns warnings into errors)."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    big = np.full((4, 4), 1e38, np.float32)
+    odd = np.array([[NAN, INF, -INF, 1e38], [1.0, -1.0, 0.0, 4.0]], np.float32)
+    tb, to = f.from_host(big), f.from_host(odd)
+    w = f.ones((4,))
+    with np.errstate(all="ignore"):
+        cases: dict[str, tuple[Any, Any]] = {
+            "matmul overflow": (lambda: ops.matmul(tb, tb), np.full((4, 4), np.inf)),
+            "mul overflow": (lambda: ops.mul(tb, tb), big * big),
+            "sum overflow": (lambda: ops.sum(tb), np.float32(np.inf)),
+            "div by zero": (lambda: ops.div(to, 0.0), odd / np.float32(0.0)),
+            "log of negatives": (lambda: ops.log(to), np.log(odd)),
+            "sqrt of negatives": (lambda: ops.sqrt(to), np.sqrt(odd)),
+            "exp overflow": (lambda: ops.exp(tb), np.exp(big)),
+            "layer_norm": (lambda: ops.layer_norm(to, w, w), None),
+            "rms_norm": (lambda: ops.rms_norm(to, w), None),
+            "softmax": (lambda: ops.softmax(to), None),
+        }
+    for name, (run, expected) in cases.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = await run().to_host()
+        if expected is not None:
+            np.testing.assert_array_equal(
+                got, np.asarray(expected, np.float32), err_msg=f"{name}: special values differ"
+            )
+
+
+# A matrix of special values: rows with a NaN, with both infinities, with NaN only in places,
+# and a finite row.
+SPECIAL = np.array(
+    [[1, NAN, 3, -INF], [INF, 2, -INF, 0], [NAN, NAN, 1, 1], [2, 5, 5, 1]], np.float32
+)
+
+
+def _numpy(fn: Any) -> Any:
+    with np.errstate(all="ignore"):
+        return fn(SPECIAL.astype(np.float64))
+
+
+def _cast_rule(x: np.ndarray[Any, Any], dtype: Any) -> np.ndarray[Any, Any]:
+    """accelkit's float-to-integer cast: truncation; NaN and out-of-range values give 0."""
+    info = np.iinfo(dtype)
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(x) & (np.trunc(x) >= info.min) & (np.trunc(x) <= info.max)
+        return np.where(ok, np.trunc(np.where(ok, x, 0)), 0).astype(dtype)
+
+
+FLOAT_CASES: dict[str, tuple[Any, Any]] = {
+    # reductions: NaN propagates (max/min too); argmax/argmin give the first NaN, as NumPy
+    "sum": (lambda o, t: o.sum(t, axis=-1), lambda x: x.sum(-1)),
+    "mean": (lambda o, t: o.mean(t, axis=-1), lambda x: x.mean(-1)),
+    "prod": (lambda o, t: o.reduce("prod", t, axis=-1), lambda x: x.prod(-1)),
+    "max": (lambda o, t: o.reduce("max", t, axis=-1), lambda x: x.max(-1)),
+    "min": (lambda o, t: o.reduce("min", t, axis=-1), lambda x: x.min(-1)),
+    "max of all": (lambda o, t: o.reduce("max", t), lambda x: x.max()),
+    "argmax": (lambda o, t: o.reduce("argmax", t, axis=-1), lambda x: x.argmax(-1)),
+    "argmin": (lambda o, t: o.reduce("argmin", t, axis=-1), lambda x: x.argmin(-1)),
+    "argmax of all": (lambda o, t: o.reduce("argmax", t), lambda x: x.argmax()),
+    # comparisons: False with NaN, except ne
+    "eq": (lambda o, t: o.eq(t, t), lambda x: x == x),
+    "ne": (lambda o, t: o.ne(t, t), lambda x: x != x),
+    "lt": (lambda o, t: o.lt(t, 2.0), lambda x: x < 2.0),
+    "ge": (lambda o, t: o.ge(t, 2.0), lambda x: x >= 2.0),
+    # maximum/minimum return the NaN
+    "maximum": (lambda o, t: o.maximum(t, 2.0), lambda x: np.maximum(x, 2.0)),
+    "minimum": (lambda o, t: o.minimum(t, 2.0), lambda x: np.minimum(x, 2.0)),
+    # elementwise functions at the infinities
+    "relu": (lambda o, t: o.relu(t), lambda x: np.maximum(x, 0)),
+    "sigmoid": (lambda o, t: o.sigmoid(t), lambda x: 1 / (1 + np.exp(-x))),
+    "tanh": (lambda o, t: o.tanh(t), np.tanh),
+    # silu(-inf) = -inf * sigmoid(-inf) = -inf * 0: NaN, as IEEE arithmetic (and PyTorch) give
+    "silu": (lambda o, t: o.silu(t), lambda x: x * (1 / (1 + np.exp(-x)))),
+    "exp": (lambda o, t: o.exp(t), np.exp),
+    "abs": (lambda o, t: o.abs(t), np.abs),
+    "round": (lambda o, t: o.round(t), np.round),
+    "pow 0": (lambda o, t: o.pow(t, 0.0), lambda x: x**0.0),
+    "div by 0": (lambda o, t: o.div(t, 0.0), lambda x: x / 0.0),
+    # norms: a NaN in a row makes the row NaN; an infinity too (layer_norm), or the infinite
+    # entries (rms_norm: the finite ones scale by 1/inf to 0)
+    "layer_norm": (
+        lambda o, t: o.layer_norm(t, None, None),
+        lambda x: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5),
+    ),
+    "rms_norm": (
+        lambda o, t: o.rms_norm(t, None),
+        lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6),
+    ),
+    # casts
+    "cast to i32": (lambda o, t: o.cast(t, DType.I32), lambda x: _cast_rule(x, np.int32)),
+    "cast to u8": (
+        lambda o, t: o.cast(o.mul(t, 100.0), DType.U8),
+        lambda x: _cast_rule(x * 100, np.uint8),
+    ),
+    "cast to bool": (lambda o, t: o.cast(t, DType.BOOL), lambda x: x != 0),
+}
+
+
+@pytest.mark.parametrize("case", list(FLOAT_CASES))
+async def test_special_values_table(backend: ComputeBackend, case: str) -> None:
+    """Each op on NaN and the infinities, against NumPy in float64 (the rules of the table in
+    docs/operations.md): infinities and NaN where the reference has them, in the same places."""
+    run, reference = FLOAT_CASES[case]
+    ops = backend.tensor_ops
+    got = await run(ops, backend.tensor_factory.from_host(SPECIAL)).to_host()
+    expected = np.asarray(_numpy(reference))
+    assert got.shape == expected.shape, f"{case}: shape {got.shape} != {expected.shape}"
+    if got.dtype.kind == "f":
+        assert (np.isnan(got) == np.isnan(expected)).all(), f"{case}: NaN at {got} vs {expected}"
+        assert_close(got, expected.astype(np.float64), DType.F32)
+    else:
+        np.testing.assert_array_equal(got, expected.astype(got.dtype), err_msg=case)
+
+
+INT_CASES: dict[str, tuple[Any, Any]] = {
+    # two's complement: add, mul, neg and abs wrap; sums of int64 wrap too
+    "add wraps": (lambda o, t: o.add(t, t), lambda x: x + x),
+    "mul wraps": (lambda o, t: o.mul(t, t), lambda x: x * x),
+    "neg wraps": (lambda o, t: o.neg(t), lambda x: -x),
+    "abs wraps": (lambda o, t: o.abs(t), np.abs),
+    "pow": (lambda o, t: o.pow(t, 2), lambda x: x**2),
+    # integer div is true division (F32): x / 0 is +-inf, 0 / 0 NaN
+    "div by 0": (lambda o, t: o.div(t, 0), lambda x: x.astype(np.float64) / 0),
+}
+
+
+@pytest.mark.parametrize("case", list(INT_CASES))
+async def test_integer_special_cases(backend: ComputeBackend, case: str) -> None:
+    require_dtype(backend, DType.I32)
+    run, reference = INT_CASES[case]
+    x = np.array([2**31 - 1, -(2**31), 5, 0, -3], np.int32)
+    got = await run(backend.tensor_ops, backend.tensor_factory.from_host(x)).to_host()
+    with np.errstate(all="ignore"):
+        expected = np.asarray(reference(x))
+    if got.dtype.kind == "f":
+        assert (np.isnan(got) == np.isnan(expected)).all(), f"{case}: {got} vs {expected}"
+        assert_close(got, expected.astype(np.float64), DType.F32)
+    else:
+        np.testing.assert_array_equal(got, expected.astype(got.dtype), err_msg=case)
+
+
+async def test_int64_sums_wrap(backend: ComputeBackend) -> None:
+    require_dtype(backend, DType.I64)
+    x = np.array([2**62, 2**62, 2**62], np.int64)
+    got = await backend.tensor_ops.sum(backend.tensor_factory.from_host(x)).to_host()
+    with np.errstate(all="ignore"):
+        assert int(got) == int(x.sum())  # -2**62: wrapped
