@@ -216,6 +216,46 @@ def typecheck(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+@nox.session(python=PYTHON)
+def fuzz(session: nox.Session) -> None:
+    """The long Hypothesis profile of ``accelkit.testing.test_fuzz`` (hundreds of random examples
+    per property, a new sample each run) on every installed backend, one process per backend.
+    ``nox -s tests`` runs the same properties with the short, derandomized CI profile.
+    ``ACCELKIT_FUZZ_PROFILE`` overrides the profile; arguments after ``--`` go to pytest."""
+    session.install(
+        "-e", ".[test]", "-e", "./plugins/accelkit-opencl[pocl]", "-e",
+        "./plugins/accelkit-cuda[cuda12]", "./tests/plugins/accelkit-example",
+    )  # fmt: skip
+    parts = _load_parts()
+    env = _session_env(session)
+    env.setdefault("ACCELKIT_FUZZ_PROFILE", "accelkit-fuzz")
+    python = os.path.join(session.bin, "python")
+    plan = [
+        parts.Part(
+            f"fuzz[{part.name.removeprefix('conformance[').removesuffix(']')}]",
+            ("src/accelkit/testing/test_fuzz.py",),
+            env=part.env,
+            skip_reason=part.skip_reason,
+        )
+        for part in _test_parts(parts, python, env)
+        if part.name.startswith("conformance[")
+    ]
+    results = parts.run_parts(
+        plan,
+        python=python,
+        cwd=ROOT,
+        env=env,
+        log_dir=Path(session.virtualenv.location) / "tmp" / "fuzz-parts",
+        extra_args=list(session.posargs),
+        empty_ok=False,
+        timeout=float(os.environ.get("ACCELKIT_PART_TIMEOUT_S", PART_TIMEOUT_S)),
+    )
+    print("\n" + parts.format_summary(results), flush=True)
+    failures = parts.session_failures(results, empty_ok=False)
+    if failures:
+        session.error("; ".join(failures))
+
+
 @nox.session(python=PYTHON, venv_backend="virtualenv")
 def bench(session: nox.Session) -> None:
     """Benchmarks, reported as ratios against NumPy and PyTorch (CPU) in the same process, and a

@@ -18,7 +18,7 @@ import pytest
 from scipy.special import erf  # type: ignore[import-untyped]
 
 import accelkit
-from accelkit import DType, InvalidArgumentError, NotInitializedError, UnsupportedOperationError
+from accelkit import DType, InvalidArgumentError, StaleHandleError, UnsupportedOperationError
 from accelkit._core.dispatch import KernelDispatcher
 from accelkit.abc.kernel_ops import KERNEL_OPS, KernelOps
 from accelkit.quant import QuantFormat, quantize
@@ -762,5 +762,6 @@ async def test_dispatcher_checks_its_arguments_and_the_backend_state(env: Env) -
         KernelDispatcher(env.backend, prefer="fastest")  # type: ignore[arg-type]
     x = env.t(np.ones((2, 4), np.float32))
     await env.backend.shutdown()
-    with pytest.raises(NotInitializedError):
+    # x is stale now (docs/execution-model.md: a tensor never outlives its backend's session)
+    with pytest.raises(StaleHandleError, match="shut down"):
         env.fused.rms_norm(x)

@@ -35,7 +35,8 @@ def _softmax_reference(row: list[float], log: bool) -> np.ndarray[Any, Any]:
     m = x.max()
     with np.errstate(all="ignore"):
         e = np.exp(x - m)
-        return (x - m - np.log(e.sum())) if log else e / e.sum()
+        out: np.ndarray[Any, Any] = (x - m - np.log(e.sum())) if log else e / e.sum()
+    return out
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
@@ -252,3 +253,14 @@ async def test_int64_sums_wrap(backend: ComputeBackend) -> None:
     got = await backend.tensor_ops.sum(backend.tensor_factory.from_host(x)).to_host()
     with np.errstate(all="ignore"):
         assert int(got) == int(x.sum())  # -2**62: wrapped
+
+
+@pytest.mark.parametrize("dtype", [DType.I32, DType.I64, DType.U8], ids=str)
+async def test_integer_mean_sums_exactly(backend: ComputeBackend, dtype: DType) -> None:
+    """Found by the fuzzing suite: the mean of [INT_MIN, INT_MAX] was 0 (an F32 running sum loses
+    the low digits of large integers); integers are summed exactly, then divided once."""
+    require_dtype(backend, dtype)
+    info = np.iinfo(dtype.to_numpy())
+    x = np.array([info.min, info.max, info.max, info.min + 1], dtype.to_numpy())
+    got = await backend.tensor_ops.mean(backend.tensor_factory.from_host(x)).to_host()
+    assert_close(got, x.astype(np.float64).mean(), DType.F32)

@@ -49,6 +49,9 @@ def reduce_source(op: str, x: DType, out: DType, nd_keep: int, nd_red: int, wg: 
     counts as the extreme, as in NumPy)."""
     arg = op in ("argmax", "argmin")
     acc = x if arg or op in ("max", "min") else out
+    int_mean = op == "mean" and not x.is_floating
+    if int_mean:  # an exact 64-bit integer sum, divided once (an F32 sum loses the low digits)
+        acc = DType.I64 if x.is_signed else DType.U64
     t = load_type(acc)
     x_t, out_t = STORE_TYPES[x], STORE_TYPES[out]
     params = [f"__global {out_t}* out", f"__global const {x_t}* x", "long n_red"]
@@ -105,6 +108,8 @@ def reduce_source(op: str, x: DType, out: DType, nd_keep: int, nd_red: int, wg: 
     ]
     if arg:
         lines.append("        out[g] = lidx[0];")
+    elif int_mean:
+        lines.append(f"        out[g] = ({out_t})((float)lacc[0] / (float)n_red);")
     elif op == "mean":
         lines.append(f"        out[g] = ({out_t})(lacc[0] / ({t})n_red);")
     else:

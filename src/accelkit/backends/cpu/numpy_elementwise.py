@@ -166,7 +166,8 @@ def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array)
         out.fill(np.nan)  # the mean of nothing, without NumPy's "empty slice" warning
         return
     if op == "mean":
-        acc = np.float64 if x.dtype == np.float64 else np.float32
+        # Integers sum exactly in float64 (to 2**53), then round once to the F32 result.
+        acc = np.float64 if x.dtype == np.float64 or x.dtype.kind in "iub" else np.float32
         with np.errstate(all="ignore"):
             res = np.mean(xu, axis=axes, keepdims=keepdims, dtype=acc)
     elif op in ("sum", "prod"):
