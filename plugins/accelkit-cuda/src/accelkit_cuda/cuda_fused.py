@@ -62,6 +62,8 @@ __device__ __forceinline__ void st(double* p, i64 i, double v) { p[i] = v; }
 
 __device__ __forceinline__ float neg_inf(float) { return -__int_as_float(0x7f800000); }
 __device__ __forceinline__ double neg_inf(double) { return -__longlong_as_double(0x7ff0000000000000LL); }
+__device__ __forceinline__ float qnan(float) { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ double qnan(double) { return __longlong_as_double(0x7ff8000000000000LL); }
 __device__ __forceinline__ float xexp(float x) { return expf(x); }
 __device__ __forceinline__ double xexp(double x) { return exp(x); }
 
@@ -157,10 +159,18 @@ template <typename T> __device__ void softmax_rows_impl(const T* x, T* out, i64 
     __shared__ A shm[32];
     const T* xr = x + blockIdx.x * d;
     T* o = out + blockIdx.x * d;
-    A m = neg_inf(A(0));
-    for (i64 i = threadIdx.x; i < d; i += blockDim.x) m = max(m, A(ld(xr, i)));
+    A m = neg_inf(A(0)), bad = 0;  // bad: a NaN or a +inf in the row (max() skips NaN)
+    for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
+        A v = A(ld(xr, i));
+        m = max(m, v);
+        if (isnan(v) || v == -neg_inf(A(0))) bad = 1;
+    }
     m = block_max(m, shm);
-    if (!(m > neg_inf(A(0)) && m < -neg_inf(A(0)))) m = 0;  // all -inf (or inf): as NumPy's ref
+    bad = block_max(bad, shm);
+    if (bad > A(0) || m == neg_inf(A(0))) {  // NaN, +inf or only -inf: the row is NaN
+        for (i64 i = threadIdx.x; i < d; i += blockDim.x) st(o, i, qnan(A(0)));
+        return;
+    }
     A s = 0;
     for (i64 i = threadIdx.x; i < d; i += blockDim.x) s += xexp(A(ld(xr, i)) - m);
     s = block_sum(s, shm);
@@ -241,6 +251,7 @@ template <typename T> __device__ void flash_impl(
     i64 last_row = min(Sq - 1, (i64)blockIdx.x * ROWS + ROWS - 1);
     i64 kend = causal ? min(Sk, last_row + offset + 1) : Sk;
     A m = neg_inf(A(0)), l = 0, acc[MAXC];
+    bool nan_seen = false;  // max() skips NaN: a NaN score must still make the row NaN
     for (int c = 0; c < MAXC; ++c) acc[c] = 0;
     for (i64 t0 = 0; t0 < kend; t0 += TILE) {
         __syncthreads();
@@ -261,6 +272,7 @@ template <typename T> __device__ void flash_impl(
             s = 0;
             for (int d = 0; d < D; ++d) s += Qs[warp * D + d] * Ks[lane * (D + 1) + d];
         }
+        nan_seen |= __any_sync(0xffffffffu, ok && isnan(s)) != 0;
         A mt = warp_max(s);
         A mn = max(m, mt);
         if (mn == neg_inf(A(0))) continue;  // nothing visible to this row yet
@@ -282,7 +294,7 @@ template <typename T> __device__ void flash_impl(
     T* o = out + (bh * Sq + row) * Dv;
     for (int c = 0; c < MAXC; ++c) {
         int d = lane + 32 * c;
-        if (d < Dv) st(o, d, l > A(0) ? acc[c] / l : A(0));
+        if (d < Dv) st(o, d, nan_seen ? qnan(A(0)) : (l > A(0) ? acc[c] / l : A(0)));
     }
 }
 
@@ -303,6 +315,7 @@ template <typename T> __device__ void paged_impl(
         n = 0;
     }
     A m = neg_inf(A(0)), l = 0, acc[MAXC];
+    bool nan_seen = false;  // max() skips NaN: a NaN score must still make the row NaN
     for (int c = 0; c < MAXC; ++c) acc[c] = 0;
     for (i64 t0 = 0; t0 < n; t0 += 32) {
         i64 key = t0 + lane;
@@ -323,6 +336,7 @@ template <typename T> __device__ void paged_impl(
             for (int d = 0; d < D; ++d) s += A(ld(qr, d)) * A(ld(kc, rowoff + d));
             s *= A(scale);
         }
+        nan_seen |= __any_sync(0xffffffffu, ok && isnan(s)) != 0;
         A mn = max(m, warp_max(s));
         if (mn == neg_inf(A(0))) continue;
         A p = ok ? xexp(s - mn) : A(0);
@@ -342,7 +356,7 @@ template <typename T> __device__ void paged_impl(
     }
     for (int c = 0; c < MAXC; ++c) {
         int d = lane + 32 * c;
-        if (d < D) st(o, d, l > A(0) ? acc[c] / l : A(0));
+        if (d < D) st(o, d, nan_seen ? qnan(A(0)) : (l > A(0) ? acc[c] / l : A(0)));
     }
 }
 

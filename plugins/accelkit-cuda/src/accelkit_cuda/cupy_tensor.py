@@ -114,6 +114,12 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
             res = cp.where(bneg, cp.where(ones, 1, cp.where(minus, -1, 0)), res)
         else:
             res = cp.power(av, bv)
+    elif op == "mod" and ct.kind == "i":
+        # x mod 0 and x mod -1 are 0 (C's % is undefined for INT_MIN % -1 and for 0)
+        special = (bv == 0) | (bv == -1)
+        res = cp.where(special, 0, cp.mod(av, cp.where(special, 1, bv)))
+    elif op == "mod" and ct.kind == "u":
+        res = cp.where(bv == 0, 0, cp.mod(av, cp.where(bv == 0, 1, bv)))
     else:
         res = _BINARY[op](av, bv)
     _store(out, res)
@@ -152,7 +158,8 @@ def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array)
         out.fill(math.nan)
         return
     if op == "mean":
-        acc = cp.float64 if x.dtype == cp.float64 else cp.float32
+        # Integers sum exactly in float64 (to 2**53), then round once to the F32 result.
+        acc = cp.float64 if x.dtype == cp.float64 or x.dtype.kind in "iub" else cp.float32
         res = cp.mean(xu, axis=axes, keepdims=keepdims, dtype=acc)
     elif op in ("sum", "prod"):
         acc = out.dtype if out.dtype.kind in "iu" else xu.dtype
@@ -239,23 +246,29 @@ def conv2d(
 
 
 # -- neural-network ops -------------------------------------------------------------------------------
-def softmax_rows(s: Array, log: bool = False) -> Array:
-    """Stable (log-)softmax over the last axis of an F32/F64 array (a new array)."""
+def softmax_rows(s: Array, log: bool = False, empty_rows: str = "zero") -> Array:
+    """Stable (log-)softmax over the last axis of an F32/F64 array (a new array), with the
+    special-value rule of docs/operations.md: a row holding a NaN or +inf is NaN; a row of only
+    -inf is NaN with ``empty_rows="nan"`` (softmax) and zeros with ``"zero"`` (attention)."""
     if s.shape[-1] == 0:
         return s
-    m = cp.max(s, axis=-1, keepdims=True)
-    m = cp.where(cp.isfinite(m), m, 0)
+    m = cp.max(s, axis=-1, keepdims=True)  # NaN where the row has one
+    finite = cp.isfinite(m)
+    nan_rows = ~finite if empty_rows == "nan" else ~(finite | (m == -cp.inf))
+    m = cp.where(finite, m, 0)
     s = s - m
     if log:
-        return s - cp.log(cp.sum(cp.exp(s), axis=-1, keepdims=True))
-    e = cp.exp(s)
-    total = cp.sum(e, axis=-1, keepdims=True)
-    return cp.where(total > 0, e / cp.where(total > 0, total, 1), 0)
+        res = s - cp.log(cp.sum(cp.exp(s), axis=-1, keepdims=True))
+    else:
+        e = cp.exp(s)
+        total = cp.sum(e, axis=-1, keepdims=True)
+        res = cp.where(total > 0, e / cp.where(total > 0, total, 1), 0)
+    return cp.where(nan_rows, cp.nan, res)
 
 
 def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
     s = cp.moveaxis(x, axis, -1).astype(_ct(x))
-    _store(out, cp.moveaxis(softmax_rows(s, log), -1, axis))
+    _store(out, cp.moveaxis(softmax_rows(s, log, empty_rows="nan"), -1, axis))
 
 
 def attention(
@@ -312,7 +325,7 @@ def cross_entropy(
     logits: Array, targets: Array, reduction: str, loss: Array, probs: Array
 ) -> Array:
     flag = range_flag(targets, 0, logits.shape[1])
-    logp = softmax_rows(logits.astype(_ct(logits)), log=True)
+    logp = softmax_rows(logits.astype(_ct(logits)), log=True, empty_rows="nan")
     safe = cp.clip(targets.astype(cp.int64), 0, max(0, logits.shape[1] - 1))
     picked = -cp.take_along_axis(logp, safe[:, None], axis=1)[:, 0] if logp.size else logp[:, 0]
     if reduction == "mean":

@@ -1,0 +1,55 @@
+"""The CUDA backend's CuPy kernel bodies, run on the host with NumPy standing in for CuPy (their
+array API is the same for these functions), so that their special-value rules are checked on a
+machine without a GPU: softmax rows with NaN, +inf or only -inf, integer remainder at its edges
+and the exact integer mean (docs/operations.md, "Special values"). test_gpu.py runs the real
+thing where a GPU is present; the NVRTC kernels' versions are compile-checked by test_nvrtc.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+cupy_tensor = pytest.importorskip("accelkit_cuda.cupy_tensor")
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(autouse=True)
+def numpy_for_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cupy_tensor, "cp", np)
+    monkeypatch.setattr(cupy_tensor, "_F16", np.dtype(np.float16))
+
+
+def test_softmax_rows_follow_the_special_value_rule() -> None:
+    rows = np.array(
+        [[NAN, 1, 2], [INF, 1, 2], [-INF, -INF, -INF], [-INF, 0, 1], [1, 2, 3]], np.float32
+    )
+    with np.errstate(all="ignore"):
+        out = np.empty_like(rows)
+        cupy_tensor.softmax(rows, -1, out, False)
+        attn = cupy_tensor.softmax_rows(rows.copy())  # attention's rule: a blind row is zeros
+    assert np.isnan(out[:3]).all()
+    e = np.exp(np.array([0.0, 1.0]))
+    np.testing.assert_allclose(out[3], [0.0, *(e / e.sum())], rtol=1e-6)
+    np.testing.assert_allclose(out[4], np.exp([1, 2, 3]) / np.exp([1, 2, 3]).sum(), rtol=1e-6)
+    assert np.isnan(attn[:2]).all()
+    np.testing.assert_array_equal(attn[2], [0.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_mod_at_its_edges(dtype: Any) -> None:
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    a = np.array([lo, hi, -7, 7, 5], dtype)
+    b = np.array([-1, -1, 2, -2, 0], dtype)
+    out = np.empty_like(a)
+    cupy_tensor.binary("mod", a, b, out)
+    np.testing.assert_array_equal(out, np.array([0, 0, 1, -1, 0], dtype))
+
+
+def test_integer_mean_is_exact() -> None:
+    x = np.array([np.iinfo(np.int32).min, np.iinfo(np.int32).max], np.int32)
+    out = np.empty((), np.float32)
+    cupy_tensor.reduce("mean", x, (0,), False, out)
+    assert float(out) == -0.5
