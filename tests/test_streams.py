@@ -244,6 +244,27 @@ async def test_a_large_to_host_copies_off_the_event_loop(
     assert copies[1][1] != loop_thread, "the 64 MiB copy ran on the event loop's thread"
 
 
+async def test_from_host_async_snapshots_large_arrays_off_the_event_loop(
+    backend: ComputeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernels = backend.tensor_factory.kernels
+    real = kernels.from_host
+    threads: list[int] = []
+
+    def spy(out: accelkit.Tensor, array: np.ndarray[Any, Any]) -> None:
+        threads.append(threading.get_native_id())
+        real(out, array)
+
+    monkeypatch.setattr(kernels, "from_host", spy)
+    loop_thread = threading.get_native_id()
+    small = await backend.tensor_factory.from_host_async(np.ones(16, np.float32))
+    big = await backend.tensor_factory.from_host_async(np.full((1024, 1024), 2.0, np.float32))
+    assert threads[0] == loop_thread
+    assert threads[1] != loop_thread, "the 4 MiB snapshot ran on the event loop's thread"
+    assert (await small.to_host() == 1.0).all()
+    assert (await big.to_host() == 2.0).all()
+
+
 async def test_use_stream_sends_work_to_that_stream(backend: ComputeBackend) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     blocker, target = backend.create_stream(), backend.create_stream()

@@ -275,3 +275,26 @@ async def test_operators(backend: ComputeBackend) -> None:
     for name, (t, expected) in cases.items():
         assert t.dtype is DType.F32, name
         assert_close(await fetch(t), expected, DType.F32)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (1024, 512)], ids=["small", "2MiB"])
+async def test_from_host_async_is_from_host_without_blocking_the_loop(
+    backend: ComputeBackend, shape: tuple[int, ...]
+) -> None:
+    """The async twin gives the same tensor; a large array's snapshot is taken on a worker
+    thread (so the loop runs meanwhile), a small one's at once."""
+    f = backend.tensor_factory
+    host = sample(shape, DType.F32, seed=11)
+    got = await f.from_host_async(host)
+    assert isinstance(got, Tensor)
+    assert got.dtype is DType.F32
+    np.testing.assert_array_equal(await fetch(got), host)
+    as_f64 = (
+        await f.from_host_async(host, dtype=DType.F64)
+        if DType.F64 in (backend.capabilities.dtypes)
+        else None
+    )
+    if as_f64 is not None:
+        np.testing.assert_array_equal(await fetch(as_f64), host.astype(np.float64))
+    with pytest.raises(accelkit.InvalidArgumentError, match="to_device"):
+        await f.from_host_async(got)
