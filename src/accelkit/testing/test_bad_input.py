@@ -312,6 +312,18 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "seed_bool": (IAE, lambda o, f, t: f.uniform((3,), seed=True), ("seed", "bool")),
     "uniform_inf": (IAE, lambda o, f, t: f.uniform((3,), 0.0, float("inf")), ("high", "finite")),
     "normal_inf": (IAE, lambda o, f, t: f.normal((3,), float("-inf")), ("mean", "finite")),
+    # Found by the fuzzing suite (test_fuzz.py): unhashable op names, sections=None, a sigma
+    # whose kernel would not fit in memory.
+    "unary_op_list": (IAE, lambda o, f, t: o.unary([], t.v3), ("unknown unary op", "[]")),
+    "binary_op_list": (IAE, lambda o, f, t: o.binary([], t.v3, t.v3), ("unknown binary op",)),
+    "reduce_op_list": (IAE, lambda o, f, t: o.reduce([], t.v3), ("unknown reduction",)),
+    "split_none": (IAE, lambda o, f, t: o.split(t.a23, None, 1), ("sections", "NoneType")),
+    "blur_huge_sigma": (IAE, lambda o, f, t: o.gaussian_blur(t.img, 1e17), ("sigma", "taps")),
+    "blur_inf_sigma": (
+        IAE,
+        lambda o, f, t: o.gaussian_blur(t.img, float("inf")),
+        ("sigma", "finite"),
+    ),
 }
 
 

@@ -238,13 +238,16 @@ async def test_casts_follow_the_cast_rule(backend: ComputeBackend) -> None:
 
 
 # -- refusals ---------------------------------------------------------------------------------------
+# Integers are small, or far too large for any device: a valid request of several GB (an
+# arange of 2**30 elements) would be honoured, and would only measure the machine's memory.
+_INTS = st.one_of(st.integers(-3, 64), st.sampled_from([2**40, 2**62, 2**70, -(2**40)]))
 _GARBAGE = st.one_of(
     st.none(),
     st.text(max_size=3),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True).filter(lambda v: not 64 < abs(v) < 2**40),
+    _INTS,
     st.booleans(),
-    st.lists(st.one_of(st.integers(-3, 2**40), st.text(max_size=2), st.none()), max_size=4),
+    st.lists(st.one_of(_INTS, st.text(max_size=2), st.none()), max_size=4),
     st.tuples(st.integers(2**31, 2**40), st.integers(2**31, 2**40), st.just(0)),
     st.just(object()),
     st.just(np.float32(1.5)),
@@ -283,6 +286,10 @@ def _raised(call: Callable[[], Any], what: str) -> AccelError | None:
 def _calls(backend: ComputeBackend, g: Any) -> list[Callable[[], Any]]:
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = f.ones((2, 3))
+    img = f.ones((1, 3, 5, 5))
+    w = f.ones((2, 3, 3, 3))
+    q = f.ones((1, 2, 4, 8))
+    idx = f.zeros((2, 3), DType.I64)
     return [
         lambda: f.empty(g),
         lambda: f.zeros((2, 2), g),
@@ -305,6 +312,30 @@ def _calls(backend: ComputeBackend, g: Any) -> list[Callable[[], Any]]:
         lambda: ops.concat(g, 0),
         lambda: ops.matmul(x, g),
         lambda: ops.gaussian_blur(x, g),
+        lambda: ops.gaussian_blur(img, 1.0, g),
+        lambda: ops.threshold(img, g),
+        lambda: ops.brightness(img, g),
+        lambda: ops.conv2d(img, w, stride=g),
+        lambda: ops.conv2d(img, w, padding=g),
+        lambda: ops.conv2d(img, w, groups=g),
+        lambda: ops.attention(q, q, q, scale=g),
+        lambda: ops.attention(q, q, q, mask=g),
+        lambda: ops.layer_norm(x, None, None, eps=g),
+        lambda: ops.rms_norm(x, g),
+        lambda: ops.cross_entropy(x, g),
+        lambda: ops.embedding(g, x),
+        lambda: ops.gather(x, 1, g),
+        lambda: ops.scatter(x, g, idx, x),
+        lambda: ops.split(x, g, 1),
+        lambda: ops.stack([x, x], g),
+        lambda: ops.gemm(x, x, trans_b=True, alpha=g),
+        lambda: ops.linear(x, g),
+        lambda: ops.where(g, x, x),
+        lambda: ops.reduce(g, x),
+        lambda: ops.unary(g, x),
+        lambda: ops.binary(g, x, x),
+        lambda: ops.pow(x, g),
+        lambda: ops.mod(idx, g),
     ]
 
 

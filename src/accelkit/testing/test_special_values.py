@@ -264,3 +264,12 @@ async def test_integer_mean_sums_exactly(backend: ComputeBackend, dtype: DType) 
     x = np.array([info.min, info.max, info.max, info.min + 1], dtype.to_numpy())
     got = await backend.tensor_ops.mean(backend.tensor_factory.from_host(x)).to_host()
     assert_close(got, x.astype(np.float64).mean(), DType.F32)
+
+
+async def test_int64_mean_does_not_overflow(backend: ComputeBackend) -> None:
+    """Found by the fuzzing suite on OpenCL: a 64-bit integer running sum overflowed for the
+    mean of [1, INT64_MAX]; the mean is taken as NumPy takes it (a float64 sum)."""
+    require_dtype(backend, DType.I64)
+    x = np.array([1, np.iinfo(np.int64).max], np.int64)
+    got = await backend.tensor_ops.mean(backend.tensor_factory.from_host(x)).to_host()
+    assert_close(got, x.astype(np.float64).mean(), DType.F32)

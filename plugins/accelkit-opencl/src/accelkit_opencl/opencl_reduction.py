@@ -43,15 +43,25 @@ def _index_code(prefix: str, nd: int, index: str, base: str) -> list[str]:
     return lines
 
 
-def reduce_source(op: str, x: DType, out: DType, nd_keep: int, nd_red: int, wg: int) -> str:
+def reduce_source(
+    op: str, x: DType, out: DType, nd_keep: int, nd_red: int, wg: int, fp64: bool = False
+) -> str:
     """Kernel ``reduce(out, x, n_red, kept dims, kept strides, reduced dims, reduced strides)``:
     one work-group per output element. argmax/argmin give the first index of the extreme (NaN
-    counts as the extreme, as in NumPy)."""
+    counts as the extreme, as in NumPy). ``fp64``: the device runs double kernels (the mean of
+    64-bit integers then sums in double, as NumPy's does, instead of a 64-bit integer that
+    could overflow)."""
     arg = op in ("argmax", "argmin")
     acc = x if arg or op in ("max", "min") else out
     int_mean = op == "mean" and not x.is_floating
-    if int_mean:  # an exact 64-bit integer sum, divided once (an F32 sum loses the low digits)
-        acc = DType.I64 if x.is_signed else DType.U64
+    if int_mean:
+        # An exact 64-bit integer sum, divided once (an F32 sum loses the low digits); for
+        # 64-bit inputs, whose sum may overflow that, a double sum where the device has one.
+        wide = x in (DType.I64, DType.U64)
+        if wide and fp64:
+            acc, int_mean = DType.F64, False
+        else:
+            acc = DType.I64 if x.is_signed else DType.U64
     t = load_type(acc)
     x_t, out_t = STORE_TYPES[x], STORE_TYPES[out]
     params = [f"__global {out_t}* out", f"__global const {x_t}* x", "long n_red"]

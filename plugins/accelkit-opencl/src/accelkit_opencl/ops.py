@@ -205,7 +205,8 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         )
         n_red = prod(tuple(x.shape[i] for i in axes))
         wg = self.backend._reduce_wg
-        source = reduce_source(op, x.dtype, out.dtype, len(kshape), len(rshape), wg)
+        fp64 = DType.F64 in self.backend.supported_dtypes
+        source = reduce_source(op, x.dtype, out.dtype, len(kshape), len(rshape), wg, fp64)
         kernel = self.backend._kernel(source, "reduce")
         args = [storage(out), storage(x), _i64(n_red)]
         args += [_i64(v) for v in (*kshape, *kstrides, *rshape, *rstrides)]

@@ -52,7 +52,7 @@ class ElementwiseOps(OpsBase[TensorKernels]):
     # -- generic entry points ---------------------------------------------------------------------
     def unary(self, op: str, x: Tensor) -> Tensor:
         """Apply the unary ``op`` (one of ``UNARY_OPS``) to every element of ``x``."""
-        kind = UNARY_OPS.get(op)
+        kind = UNARY_OPS.get(op) if type(op) is str else None
         if kind is None:
             raise InvalidArgumentError(
                 f"unknown unary op {op!r}; expected one of: {', '.join(UNARY_OPS)}"
@@ -70,7 +70,7 @@ class ElementwiseOps(OpsBase[TensorKernels]):
     def binary(self, op: str, a: Operand, b: Operand) -> Tensor:
         """Apply ``op`` (one of ``BINARY_OPS``) with NumPy broadcasting; either side may be a
         Python scalar, not both."""
-        if type(a) is Tensor and type(b) is Tensor and op in _FAST_OPS:
+        if type(a) is Tensor and type(b) is Tensor and type(op) is str and op in _FAST_OPS:
             # The common case, checked in one frame: two live tensors of this backend with the
             # same shape and float dtype. The result has that shape and dtype; nothing else can
             # be wrong (the general path below agrees, only slower).
@@ -89,7 +89,7 @@ class ElementwiseOps(OpsBase[TensorKernels]):
                     out = self._empty(a._shape, dt)
                     self.kernels.binary(op, a, b, out)
                     return out
-        kind = BINARY_OPS.get(op)
+        kind = BINARY_OPS.get(op) if type(op) is str else None
         if kind is None:
             raise InvalidArgumentError(
                 f"unknown binary op {op!r}; expected one of: {', '.join(BINARY_OPS)}"

@@ -25,6 +25,7 @@ from accelkit.tensor import Tensor
 __all__ = ["ImageOps"]
 
 _GRAY = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma
+_MAX_TAPS = 8191  # a filter larger than any image we expect (and than a device's local memory)
 
 
 class ImageOps(OpsBase[TensorKernels]):
@@ -105,7 +106,12 @@ class ImageOps(OpsBase[TensorKernels]):
         self, img: Tensor, sigma: float = 1.0, kernel_size: int | None = None
     ) -> Tensor:
         """Gaussian blur (separable); ``kernel_size`` defaults to ``2 * ceil(3 sigma) + 1``."""
-        sigma = check_float_param(sigma, "sigma", positive=True)
+        sigma = check_float_param(sigma, "sigma", positive=True, finite=True)
+        if kernel_size is None and sigma > _MAX_TAPS / 6:
+            raise InvalidArgumentError(
+                f"gaussian_blur: sigma {sigma} needs a kernel of more than {_MAX_TAPS} taps;"
+                " pass a smaller sigma, or kernel_size"
+            )
         ks = (
             2 * math.ceil(3 * sigma) + 1
             if kernel_size is None
@@ -113,6 +119,10 @@ class ImageOps(OpsBase[TensorKernels]):
         )
         if ks % 2 == 0:
             raise InvalidArgumentError(f"gaussian_blur: kernel_size must be odd; got {ks}")
+        if ks > _MAX_TAPS:
+            raise InvalidArgumentError(
+                f"gaussian_blur: kernel_size {ks} is more than {_MAX_TAPS} taps"
+            )
         r = np.arange(ks, dtype=np.float64) - ks // 2
         g = np.exp(-(r**2) / (2 * sigma * sigma))
         g /= g.sum()

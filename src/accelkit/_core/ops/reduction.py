@@ -29,7 +29,7 @@ class ReductionOps(OpsBase[TensorKernels]):
         axis: int | tuple[int, ...] | None = None,
         keepdims: bool = False,
     ) -> Tensor:
-        if op not in REDUCE_OPS:
+        if type(op) is not str or op not in REDUCE_OPS:
             raise InvalidArgumentError(
                 f"unknown reduction {op!r}; expected one of: {', '.join(REDUCE_OPS)}"
             )

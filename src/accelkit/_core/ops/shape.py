@@ -148,13 +148,18 @@ class ShapeOps(OpsBase[TensorKernels]):
                     f"split: axis {ax} of size {dim} does not divide into {n} equal sections"
                 )
             sizes = [dim // n] * n
-        else:
-            parts_in: Sequence[int] = sections  # type: ignore[assignment]
+        elif isinstance(sections, Sequence) and not isinstance(sections, str):
+            parts_in: Sequence[int] = sections
             sizes = [check_int(s, f"sections[{i}]", minimum=0) for i, s in enumerate(parts_in)]
             if sum(sizes) != dim:
                 raise InvalidArgumentError(
                     f"split: sizes {sizes} add up to {sum(sizes)}, axis {ax} has {dim}"
                 )
+        else:
+            raise InvalidArgumentError(
+                "split: sections must be an int or a sequence of ints; got"
+                f" {type(sections).__name__}"
+            )
         parts, start = [], 0
         for size in sizes:
             parts.append(self.narrow(x, ax, start, size))
