@@ -32,6 +32,7 @@ from accelkit.sdk import (
     last_writer,
     mark_written,
 )
+from accelkit.sdk.host import copy_into
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import translate
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream, wait_event, wait_event_blocking
@@ -225,7 +226,10 @@ class CUDAMemoryManager(PooledMemoryManager):
             return staging
         await wait_event(event, "reading a tensor", self._backend._failed)
         stream.raise_errors(last_writer(tensor)[1])
-        return self._finish(tensor, staging)
+        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
+        # Out of the pinned staging block, off the event loop when large (sdk.host).
+        await copy_into(out.reshape(-1).view(np.uint8), staging)
+        return out
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         staging, event, stream = self._read(tensor)
