@@ -262,8 +262,10 @@ def _refused(backend: ComputeBackend, call: Callable[[], Any]) -> None:
     error = _raised(call, "the call")
     after = mm.memory_info()
     assert error is not None, "the call was accepted"
-    assert after.used == before.used, f"used {before.used} -> {after.used} on a refusal"
-    assert after.active_allocations == before.active_allocations
+    # Not "equal": a device backend's stream-ordered frees of earlier examples may land during
+    # the call (gc.collect() queues them; the stream retires them when it gets there).
+    assert after.used <= before.used, f"used {before.used} -> {after.used} on a refusal"
+    assert after.active_allocations <= before.active_allocations
 
 
 def _raised(call: Callable[[], Any], what: str) -> AccelError | None:
@@ -351,7 +353,8 @@ async def test_bad_arguments_raise_accel_errors_before_allocating(backend: Compu
         before = mm.memory_info().used
         if _raised(call, f"call {which} with {garbage!r}") is not None:
             # refused: nothing allocated (an accepted call is fine: the garbage was valid)
-            assert mm.memory_info().used == before, f"call {which} refused {garbage!r} late"
+            # (<=: stream-ordered frees of earlier examples may land meanwhile, see _refused)
+            assert mm.memory_info().used <= before, f"call {which} refused {garbage!r} late"
 
     check()
 

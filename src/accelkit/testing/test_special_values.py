@@ -273,3 +273,20 @@ async def test_int64_mean_does_not_overflow(backend: ComputeBackend) -> None:
     x = np.array([1, np.iinfo(np.int64).max], np.int64)
     got = await backend.tensor_ops.mean(backend.tensor_factory.from_host(x)).to_host()
     assert_close(got, x.astype(np.float64).mean(), DType.F32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+async def test_sampling_outside_its_precondition(
+    backend: ComputeBackend, temperature: float
+) -> None:
+    """Logits must be finite or -inf with one finite per row; outside that, every backend gives
+    the same token: the first NaN (NaN wins, as in argmax), else the first +inf, and 0 for a
+    row of only -inf."""
+    rows = np.array(
+        [[0.0, 1.0, NAN, 2.0], [-INF, -INF, -INF, -INF], [0.0, INF, 1.0, INF], [0, 5, 1, 2]],
+        np.float32,
+    )
+    f, ko = backend.tensor_factory, backend.kernel_ops
+    for row, want in zip(rows, [2, 0, 1, 1], strict=True):
+        got = await ko.sample_token(f.from_host(row), temperature=temperature, seed=1).to_host()
+        assert int(got) == want, f"{row}: token {int(got)}, expected {want}"
