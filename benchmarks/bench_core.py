@@ -359,7 +359,7 @@ def show(r: dict[str, Any]) -> None:
     print(f"{'benchmark':<34}{'accelkit':>14}{'peer':>14}   result")
     print(
         f"{'64x64 f32 add (median/call)':<34}{s['accelkit_us']:>12.2f}us{s['numpy_us']:>12.2f}us"
-        f"   +{s['overhead_us']:.2f} us over NumPy (target <= 3 us)"
+        f"   +{s['overhead_us']:.2f} us over NumPy (target <= 2 us)"
     )
     print(
         f"{str(g['n']) + 'x' + str(g['n']) + ' f32 matmul':<34}{g['accelkit_gflops']:>8.0f} GFLOP/s"
@@ -367,13 +367,13 @@ def show(r: dict[str, Any]) -> None:
     )
     print(
         f"{'heartbeat during ' + str(h['n']) + ' matmul':<34}{h['accelkit_max_late_ms']:>12.2f}ms"
-        f"{h['numpy_on_loop_max_late_ms']:>12.1f}ms   worst lateness (target <= 5 ms; peer: NumPy on"
+        f"{h['numpy_on_loop_max_late_ms']:>12.1f}ms   worst lateness (target <= 2 ms; peer: NumPy on"
         " the loop)"
     )
     if t.get("torch_ms"):
         print(
             f"{'transformer block':<34}{t['accelkit_ms']:>12.1f}ms{t['torch_ms']:>12.1f}ms"
-            f"   {t['accelkit_ms'] / t['torch_ms']:.2f}x PyTorch CPU's time (target <= 1.5)"
+            f"   {t['accelkit_ms'] / t['torch_ms']:.2f}x PyTorch CPU's time (target <= 1.0)"
         )
     print(
         f"{'transformer block':<34}{t['accelkit_ms']:>12.1f}ms{t['numpy_ms']:>12.1f}ms"

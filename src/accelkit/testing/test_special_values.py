@@ -229,6 +229,8 @@ INT_CASES: dict[str, tuple[Any, Any]] = {
     "pow": (lambda o, t: o.pow(t, 2), lambda x: x**2),
     # integer div is true division (F32): x / 0 is +-inf, 0 / 0 NaN
     "div by 0": (lambda o, t: o.div(t, 0), lambda x: x.astype(np.float64) / 0),
+    "div by -1": (lambda o, t: o.div(t, -1), lambda x: x.astype(np.float64) / -1),  # INT_MIN too
+    "mod by -1": (lambda o, t: o.mod(t, -1), lambda x: np.zeros_like(x)),
 }
 
 
