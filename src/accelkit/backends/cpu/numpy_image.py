@@ -125,7 +125,7 @@ def separable_filter(x: Array, col: Array, row: Array, out: Array) -> None:
 
 def depthwise_replicate(x: Array, k: Array, out: Array) -> None:
     """Correlate every plane of NCHW ``x`` with the 2-d ``k`` (odd sizes), borders replicated;
-    ``out`` has x's shape. A rank-one ``k`` (a 1-d kernel included) runs as two 1-d passes."""
+    ``out`` has x's shape. A 1-d ``k`` (one row or one column) runs as a separable filter."""
     kh, kw = k.shape
     if kh == 1 or kw == 1:
         one = np.ones(1, k.dtype)
