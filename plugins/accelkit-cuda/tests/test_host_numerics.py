@@ -53,3 +53,39 @@ def test_integer_mean_is_exact() -> None:
     out = np.empty((), np.float32)
     cupy_tensor.reduce("mean", x, (0,), False, out)
     assert float(out) == -0.5
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8, np.uint32])
+@pytest.mark.parametrize(
+    "op", ["floor_divide", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor",
+           "left_shift", "right_shift"],
+)  # fmt: skip
+def test_integer_ops_at_their_edges(op: str, dtype: Any) -> None:
+    """Division by 0 and -1, INT_MIN, and shift counts outside 0..bits-1 give NumPy's values
+    (the documented rule) without reaching CUDA's undefined cases."""
+    info = np.iinfo(dtype)
+    bits = 8 * np.dtype(dtype).itemsize
+    signed = info.min < 0
+    avals = [info.min, info.max, 7, 5, 1, 0] + ([-7, -1] if signed else [200 % (info.max + 1)])
+    if op.endswith("shift"):
+        bvals = [0, 1, bits - 1, bits, bits + 3] + ([-1, -bits] if signed else [])
+    else:
+        bvals = [0, 1, 3, 2] + ([-1, -2] if signed else [info.max])
+    a = np.array([x for x in avals for _ in bvals], dtype)
+    b = np.array([y for _ in avals for y in bvals], dtype)
+    out = np.empty_like(a)
+    cupy_tensor.binary(op, a, b, out)
+    with np.errstate(all="ignore"):
+        want = getattr(np, op)(a, b)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_bitwise_not() -> None:
+    x = np.array([0, 1, -128, 127], np.int8)
+    out = np.empty_like(x)
+    cupy_tensor.unary("bitwise_not", x, out)
+    np.testing.assert_array_equal(out, [-1, -2, 127, -128])
+    flags = np.array([True, False])
+    res = np.empty_like(flags)
+    cupy_tensor.unary("bitwise_not", flags, res)
+    np.testing.assert_array_equal(res, [False, True])

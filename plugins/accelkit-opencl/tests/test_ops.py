@@ -20,7 +20,7 @@ _REF_UNARY = {
     "erf": np.vectorize(__import__("math").erf),
     "gelu": lambda x: 0.5 * x * (1 + np.vectorize(__import__("math").erf)(x / np.sqrt(2))),
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
-    "silu": lambda x: x / (1 + np.exp(-x)),
+    "silu": lambda x: x / (1 + np.exp(-x)), "bitwise_not": np.invert,
 }  # fmt: skip
 
 
@@ -45,6 +45,8 @@ async def test_unary(backend: OpenCLBackend, op: str) -> None:
     for dt in sorted(backend.supported_dtypes, key=lambda d: d.value):
         if dt is DType.BOOL and op in ("neg", "floor", "ceil", "round"):
             continue
+        if UNARY_OPS[op] == "int" and dt.is_floating:
+            continue
         x = _data(dt, (3, 5), positive=op in ("log", "sqrt", "rsqrt"))
         got = await o.unary(op, f.from_host(x)).to_host()
         xf = x.astype(np.float64) if UNARY_OPS[op] == "float" else x
@@ -65,7 +67,9 @@ _REF_BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
     "maximum": np.maximum, "minimum": np.minimum, "pow": np.power, "mod": np.mod,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-    "gt": np.greater, "ge": np.greater_equal,
+    "gt": np.greater, "ge": np.greater_equal, "floor_divide": np.floor_divide, "fmod": np.fmod,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+    "left_shift": np.left_shift, "right_shift": np.right_shift,
 }  # fmt: skip
 
 
@@ -73,10 +77,15 @@ _REF_BINARY = {
 async def test_binary_with_broadcasting(backend: OpenCLBackend, op: str) -> None:
     f, o = backend.tensor_factory, backend.tensor_ops
     for dt in sorted(backend.supported_dtypes, key=lambda d: d.value):
-        if dt is DType.BOOL and op in ("sub", "pow", "mod"):
+        kind = BINARY_OPS[op]
+        if dt is DType.BOOL and (op in ("sub", "pow", "mod") or kind in ("intdiv", "shift")):
+            continue
+        if kind in ("bitwise", "shift") and dt.is_floating:
             continue
         a = _data(dt, (4, 1, 3))
-        b = _data(dt, (5, 1), positive=op in ("div", "mod", "pow"))
+        b = _data(dt, (5, 1), positive=op in ("div", "mod", "pow", "floor_divide", "fmod"))
+        if kind == "shift":
+            b = np.minimum(b, 7).astype(b.dtype)
         if op == "pow" and not dt.is_floating:
             b = np.minimum(b, 3).astype(b.dtype)
             a = np.clip(a, -5, 5).astype(a.dtype)

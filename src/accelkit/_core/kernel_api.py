@@ -229,9 +229,34 @@ class TensorKernels(_Allocating):
         dtype, rounded and clipped as :meth:`separable_filter` does for an integer ``out``."""
         raise NotImplementedError
 
+    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any], out: Tensor) -> None:
+        """Optional: ``out = np.take(x, index, axis)`` for the 1-d I64 host ``index`` (every
+        value in ``0..x.shape[axis]-1``; it is computed from shapes, never from data). flip,
+        pad, tile, broadcast_to and strided narrow run through it; without an override the
+        core runs ``gather`` with the index broadcast on the device."""
+        raise NotImplementedError
+
+    def cumulative(
+        self, op: str, x: Tensor, axis: int, exclusive: bool, reverse: bool, out: Tensor
+    ) -> None:
+        """Optional: running ``op`` (``"sum"`` or ``"prod"``) of ``x`` along ``axis`` into
+        ``out`` (I64/U64 for integer and bool ``x``, else x's dtype; F16/BF16 accumulate in
+        F32). ``exclusive`` starts from the identity and leaves each element out of its own
+        result; ``reverse`` runs from the end. Without an override the core composes a
+        Hillis-Steele scan."""
+        raise NotImplementedError
+
+    def argsort(self, x: Tensor, axis: int, descending: bool, out: Tensor) -> None:
+        """Optional: the I64 indices of a stable sort of ``x`` along ``axis`` into ``out``;
+        NaN sorts as the largest value; equal elements keep their order in either direction.
+        sort, argsort and topk run through it; without an override the core composes a
+        bitonic network."""
+        raise NotImplementedError
+
     def overrides(self, name: str) -> bool:
-        """Whether this kernel object overrides the optional kernel ``name`` (``"depthwise"``,
-        ``"separable_filter"``, ``"sobel_magnitude"``, ``"grayscale"``)."""
+        """Whether this kernel object overrides the optional kernel ``name`` (one of
+        ``"depthwise"``, ``"separable_filter"``, ``"sobel_magnitude"``, ``"grayscale"``,
+        ``"take"``, ``"cumulative"``, ``"argsort"``)."""
         if name not in _OPTIONAL_KERNELS:
             raise ValueError(f"{name!r} is not an optional kernel; they are {_OPTIONAL_KERNELS}")
         return getattr(type(self), name) is not getattr(TensorKernels, name)
@@ -242,7 +267,10 @@ class TensorKernels(_Allocating):
         return self.overrides("depthwise")
 
 
-_OPTIONAL_KERNELS = ("depthwise", "separable_filter", "sobel_magnitude", "grayscale")
+_OPTIONAL_KERNELS = (
+    "depthwise", "separable_filter", "sobel_magnitude", "grayscale", "take", "cumulative",
+    "argsort",
+)  # fmt: skip
 
 
 class FactoryKernels(_Allocating):

@@ -100,11 +100,15 @@ class TensorFactory(OpsBase[FactoryKernels]):
         self.kernels.generate(out, lambda: np.arange(n, dtype=np.float64) * step + start)
         return out
 
-    def eye(self, n: int, m: int | None = None, dtype: DType | str = DType.F32) -> Tensor:
+    def eye(
+        self, n: int, m: int | None = None, dtype: DType | str = DType.F32, *, k: int = 0
+    ) -> Tensor:
+        """``[n, m]`` with ones on diagonal ``k`` (0 the main one, positive above it)."""
         n = check_int(n, "n", minimum=0)
         m = n if m is None else check_int(m, "m", minimum=0)
+        k = check_int(k, "k")
         out = self.empty((n, m), dtype)
-        self.kernels.generate(out, lambda: np.eye(n, m))
+        self.kernels.generate(out, lambda: np.eye(n, m, k))
         return out
 
     def from_host(self, data: Any, dtype: DType | str | None = None) -> Tensor:

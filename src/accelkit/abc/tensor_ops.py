@@ -9,24 +9,40 @@ Backends implement :class:`accelkit.sdk.TensorKernels`, whose methods receive va
 and allocated outputs and must enqueue (not run to completion on the caller's thread, unless the
 work is small and the stream idle) work that writes the outputs. The parts live in
 ``accelkit._core.ops``:
-elementwise, linalg, reduction, shape, nn and image (image ops are compositions a backend may
-replace with fused kernels).
+elementwise, linalg, reduction, shape, arrange (pad, flip, tile, ...), scan (cumulative sums,
+sorting), nn and image (arrange, scan and image ops are compositions a backend may replace with
+optional kernels).
 """
 
 from __future__ import annotations
 
 from accelkit._core.op_names import BINARY_OPS, REDUCE_OPS, TENSOR_OPS, UNARY_OPS
+from accelkit._core.ops.arrange import ArrangeOps
 from accelkit._core.ops.elementwise import ElementwiseOps, Operand
 from accelkit._core.ops.image import ImageOps
 from accelkit._core.ops.linalg import LinalgOps
 from accelkit._core.ops.nn import NNOps
+from accelkit._core.ops.norms import NormOps
+from accelkit._core.ops.pooling import PoolingOps
 from accelkit._core.ops.reduction import ReductionOps
+from accelkit._core.ops.scan import ScanOps
 from accelkit._core.ops.shape import ShapeOps
 
 __all__ = ["BINARY_OPS", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS", "Operand", "TensorOps"]
 
 
-class TensorOps(ElementwiseOps, LinalgOps, ReductionOps, ShapeOps, NNOps, ImageOps):
+class TensorOps(
+    ElementwiseOps,
+    LinalgOps,
+    ReductionOps,
+    ShapeOps,
+    ArrangeOps,
+    ScanOps,
+    NNOps,
+    NormOps,
+    PoolingOps,
+    ImageOps,
+):
     """All tensor operations of one backend (see the module docstring): built by
     :meth:`~accelkit.abc.ComputeBackend.install_kernels` over the backend's TensorKernels."""
 

@@ -30,6 +30,7 @@ from accelkit._core.kernel_validation import GeluApproximation, SamplingParams
 from accelkit._core.loop import wait_for_callback
 from accelkit._core.op_names import (
     BINARY_OPS,
+    COMPOSED_OPS,
     KERNEL_OP_GROUPS,
     KERNEL_OPS,
     REDUCE_OPS,
@@ -62,6 +63,7 @@ from accelkit.sdk.tensors import (
 
 __all__ = [
     "BINARY_OPS",
+    "COMPOSED_OPS",
     "GUMBEL_UNIFORM_MAX",
     "KERNEL_OPS",
     "KERNEL_OP_GROUPS",

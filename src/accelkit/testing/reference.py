@@ -315,3 +315,80 @@ def sharpen(img: Array, amount: float) -> Array:
     a = amount
     k = np.array([[0.0, -a, 0.0], [-a, 1 + 4 * a, -a], [0.0, -a, 0.0]])
     return from_nchw(finish(filter_replicate(x, k), img.dtype, clip=True), hwc)
+
+
+def avg_pool2d(
+    x: Array, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int], oh: int, ow: int,
+    count_include_pad: bool,
+) -> Array:  # fmt: skip
+    """PyTorch's definition, one window at a time: the window is clipped to the padded input
+    for the divisor, and to the input for the sum (and the divisor without padding)."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            h0, w0 = i * s[0] - p[0], j * s[1] - p[1]
+            h1, w1 = min(h0 + k[0], h + p[0]), min(w0 + k[1], w + p[1])
+            pool = (h1 - h0) * (w1 - w0)
+            h0, w0, h1, w1 = max(h0, 0), max(w0, 0), min(h1, h), min(w1, w)
+            total = x[:, :, h0:h1, w0:w1].astype(np.float64).sum(axis=(2, 3))
+            out[:, :, i, j] = total / (pool if count_include_pad else (h1 - h0) * (w1 - w0))
+    return out
+
+
+def max_pool2d(
+    x: Array, k: tuple[int, int], s: tuple[int, int], p: tuple[int, int], d: tuple[int, int],
+    oh: int, ow: int,
+) -> Array:  # fmt: skip
+    """The largest of each window's elements inside the input (padding never wins); NaN
+    anywhere in a window gives NaN."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            rows = [i * s[0] - p[0] + a * d[0] for a in range(k[0])]
+            cols = [j * s[1] - p[1] + e * d[1] for e in range(k[1])]
+            rows = [r for r in rows if 0 <= r < h]
+            cols = [q for q in cols if 0 <= q < w]
+            window = x[:, :, rows][:, :, :, cols].reshape(n, c, -1)
+            out[:, :, i, j] = window.max(axis=2)
+    return out
+
+
+def adaptive_avg_pool2d(x: Array, oh: int, ow: int) -> Array:
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        h0, h1 = (i * h) // oh, -((-(i + 1) * h) // oh)
+        for j in range(ow):
+            w0, w1 = (j * w) // ow, -((-(j + 1) * w) // ow)
+            out[:, :, i, j] = x[:, :, h0:h1, w0:w1].astype(np.float64).mean(axis=(2, 3))
+    return out
+
+
+def conv_transpose2d(
+    x: Array, w: Array, bias: Array | None, stride: tuple[int, int], padding: tuple[int, int],
+    output_padding: tuple[int, int], groups: int, dilation: tuple[int, int],
+) -> Array:  # fmt: skip
+    """The definition: every input pixel scatters ``x * weight`` into the output."""
+    n, c_in, h, wd = x.shape
+    _, c_out_g, kh, kw = w.shape
+    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = stride, padding, output_padding, dilation
+    oh = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    ow = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    cg = c_in // groups
+    full = np.zeros((n, c_out_g * groups, oh + 2 * ph + kh * dh, ow + 2 * pw + kw * dw))
+    for ci in range(c_in):
+        g = ci // cg
+        for oc in range(c_out_g):
+            for i in range(h):
+                for j in range(wd):
+                    for a in range(kh):
+                        for e in range(kw):
+                            full[:, g * c_out_g + oc, i * sh + a * dh, j * sw + e * dw] += (
+                                x[:, ci, i, j].astype(np.float64) * w[ci, oc, a, e]
+                            )
+    out = full[:, :, ph : ph + oh, pw : pw + ow]
+    if bias is not None:
+        out = out + np.asarray(bias, np.float64)[None, :, None, None]
+    return out

@@ -31,9 +31,11 @@ async def test_identity_and_capabilities(backend: ComputeBackend) -> None:
     claimed = caps.ops & TENSOR_OPS
     assert {"add", "matmul", "reduce"} <= claimed
     x = backend.tensor_factory.ones((2,))
+    flags = backend.tensor_factory.ones((2,), DType.BOOL)
     for name in claimed:
         if name in UNARY_OPS:  # reachable through unary(); most also have a named shortcut
-            assert backend.tensor_ops.unary(name, x).shape == (2,)
+            arg = flags if UNARY_OPS[name] == "int" else x
+            assert backend.tensor_ops.unary(name, arg).shape == (2,)
         else:
             assert callable(getattr(backend.tensor_ops, name, None)), (
                 f"{name} is claimed but missing"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from accelkit import ComputeBackend, DType
+from accelkit.errors import InvalidArgumentError
 
 from .checks import FLOATS, UNSIGNED, assert_close, f64, fetch, ids, require_dtype, sample
 
@@ -152,3 +153,20 @@ async def test_large_reduction(backend: ComputeBackend) -> None:
         await fetch(backend.tensor_ops.sum(x, axis=0)), f64(x_h).sum(axis=0), DType.F32, scale=50
     )
     assert_close(await fetch(backend.tensor_ops.max(x, axis=1)), f64(x_h).max(axis=1), DType.F32)
+
+
+async def test_extremes_of_an_empty_axis_are_refused_everywhere(backend: ComputeBackend) -> None:
+    """The one rule for empty axes (docs/operations.md): sum/prod give their identity, mean NaN,
+    and max/min/argmax/argmin have no element to return, so they are refused before anything is
+    allocated."""
+    x = backend.tensor_factory.zeros((0, 3))
+    ops = backend.tensor_ops
+    await backend.synchronize()
+    used = backend.memory_manager.memory_info().used
+    for op in ("max", "min", "argmax", "argmin"):
+        with pytest.raises(InvalidArgumentError, match="empty axis"):
+            ops.reduce(op, x, 0)
+    with pytest.raises(InvalidArgumentError, match="empty axis"):
+        ops.argmax(x, 0, last=True)
+    assert backend.memory_manager.memory_info().used == used
+    assert np.isnan(await fetch(ops.mean(x, axis=0))).all()

@@ -66,6 +66,9 @@ _SAME = {"abs": cp.abs, "neg": cp.negative, "floor": cp.floor, "ceil": cp.ceil, 
 
 
 def unary(op: str, x: Array, out: Array) -> None:
+    if op == "bitwise_not":
+        cp.invert(x, out=out)
+        return
     if op == "relu":
         if x.dtype.kind in "ub":
             cp.copyto(out, x)
@@ -88,6 +91,8 @@ _BINARY = {
     "eq": cp.equal, "ne": cp.not_equal, "lt": cp.less, "le": cp.less_equal,
     "gt": cp.greater, "ge": cp.greater_equal,
 }  # fmt: skip
+#: Ops called by their CuPy (and NumPy) name.
+_BY_NAME = frozenset({"floor_divide", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor"})
 
 
 def _operand(v: Any, dtype: Any) -> Any:
@@ -120,6 +125,28 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
         res = cp.where(special, 0, cp.mod(av, cp.where(special, 1, bv)))
     elif op == "mod" and ct.kind == "u":
         res = cp.where(bv == 0, 0, cp.mod(av, cp.where(bv == 0, 1, bv)))
+    elif op in ("floor_divide", "fmod") and ct.kind in "iu":
+        # x // 0 and x fmod 0 are 0; INT_MIN // -1 wraps to INT_MIN (CUDA's division by 0 or
+        # of INT_MIN by -1 is undefined, so neither reaches it)
+        zero = bv == 0
+        special = (zero | (bv == -1)) if ct.kind == "i" else zero
+        safe = cp.where(special, 1, bv)
+        if op == "fmod":
+            res = cp.where(special, 0, cp.fmod(av, safe))
+        else:
+            res = cp.floor_divide(av, safe)
+            if ct.kind == "i":
+                res = cp.where(bv == -1, cp.negative(av), res)
+            res = cp.where(zero, 0, res)
+    elif op in ("left_shift", "right_shift"):
+        # Counts outside 0..bits-1 shift every bit out (C++ leaves them undefined).
+        inside = (bv >= 0) & (bv < 8 * ct.itemsize)
+        shift = cp.left_shift if op == "left_shift" else cp.right_shift
+        res = shift(av, cp.where(inside, bv, 0))
+        fill = cp.where(av < 0, -1, 0) if op == "right_shift" and ct.kind == "i" else 0
+        res = cp.where(inside, res, fill)
+    elif op in _BY_NAME:
+        res = getattr(cp, op)(av, bv)
     else:
         res = _BINARY[op](av, bv)
     _store(out, res)

@@ -14,14 +14,14 @@ from accelkit.capabilities import BackendCapabilities, Features, Limits, Perform
 from accelkit.device import DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
-from accelkit.sdk import BINARY_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
+from accelkit.sdk import BINARY_OPS, COMPOSED_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
 from accelkit_cuda.driver import Attr, DeviceProps, DriverUnavailable, read_devices
 
 __all__ = ["IMPLEMENTED_OPS", "backend_dtypes", "capabilities", "cupy_status", "probe"]
 
 #: TensorOps and KernelOps this backend runs on the GPU (declared exactly: the selector trusts it).
 IMPLEMENTED_OPS: frozenset[str] = frozenset(
-    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS}
+    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS, *COMPOSED_OPS}
     | {
         "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
         "reduce", "softmax", "log_softmax", "layer_norm", "rms_norm", "reshape", "transpose",

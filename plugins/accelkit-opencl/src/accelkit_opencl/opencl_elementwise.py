@@ -46,6 +46,7 @@ UNARY: dict[str, dict[str, str]] = {
         "f": "(0.5{f} * a * (1.0{f} + tanh(0.7978845608028654{f} * (a + 0.044715{f} * a * a * a))))"
     },
     "silu": {"f": "(a / (1.0{f} + exp(-a)))"},
+    "bitwise_not": {"iu": "(T)(~a)", "b": "(!a)"},
 }
 
 #: binary op -> {categories: expression}; comparisons produce 0 or 1.
@@ -64,7 +65,19 @@ BINARY: dict[str, dict[str, str]] = {
     "le": {_ANY: "(a <= b)"},
     "gt": {_ANY: "(a > b)"},
     "ge": {_ANY: "(a >= b)"},
-}
+    "floor_divide": {"f": "ak_ffloordiv(a, b)", "i": "ak_ifloordiv(a, b)",
+                     "u": "(b == 0 ? (T)0 : a / b)"},
+    "fmod": {"f": "fmod(a, b)", "i": "((b == 0 || b == (T)-1) ? (T)0 : a % b)",
+             "u": "(b == 0 ? (T)0 : a % b)"},
+    "bitwise_and": {"iub": "(a & b)"},
+    "bitwise_or": {"iub": "(a | b)"},
+    "bitwise_xor": {"iub": "(a ^ b)"},
+    # OpenCL C masks the count (E2 mod bits), so counts outside 0..bits-1 are handled first;
+    # the left shift runs on the unsigned 64-bit pattern (a signed overflow is undefined).
+    "left_shift": {"iu": "((b < 0 || b >= {bits}) ? (T)0 : (T)(((ulong)a) << b))"},
+    "right_shift": {"i": "((b < 0 || b >= {bits}) ? (a < 0 ? (T)-1 : (T)0) : (T)(a >> b))",
+                    "u": "(b >= {bits} ? (T)0 : (T)(a >> b))"},
+}  # fmt: skip
 
 # Helpers an expression may call (each defined for the compute type T of the kernel).
 _HELPERS = {
@@ -81,6 +94,25 @@ T ak_fmod(T a, T b) {
     T r = fmod(a, b);
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;
+}
+""",
+    "ak_ffloordiv": """
+T ak_ffloordiv(T a, T b) {  /* NumPy's npy_floor_divide: floor of the exact quotient */
+    if (b == 0) return a / b;
+    T m = fmod(a, b);
+    T d = (a - m) / b;
+    if (m != 0) { if ((b < 0) != (m < 0)) d -= 1; }
+    if (d != 0) { T f = floor(d); if (d - f > (T)0.5) f += 1; return f; }
+    return copysign((T)0, a / b);
+}
+""",
+    "ak_ifloordiv": """
+T ak_ifloordiv(T a, T b) {
+    if (b == 0) return 0;
+    if (b == (T)-1) return (T)(0UL - (ulong)a);  /* INT_MIN // -1 wraps, as in NumPy */
+    T q = a / b;
+    if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+    return q;
 }
 """,
     "ak_imod": """
@@ -110,7 +142,7 @@ def _pick(table: dict[str, str], dtype: DType, op: str) -> str:
 
 def _fmt(expr: str, dtype: DType) -> str:
     suffix = "" if load_type(dtype) == "double" else "f"
-    return expr.replace("{f}", suffix)
+    return expr.replace("{f}", suffix).replace("{bits}", str(8 * dtype.itemsize))
 
 
 def unary_expr(op: str, compute: DType) -> str:

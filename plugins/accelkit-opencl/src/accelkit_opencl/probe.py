@@ -14,14 +14,14 @@ from accelkit.capabilities import BackendCapabilities, Features, Limits, Perform
 from accelkit.device import DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
-from accelkit.sdk import BINARY_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
+from accelkit.sdk import BINARY_OPS, COMPOSED_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
 
 __all__ = ["IMPLEMENTED_OPS", "capabilities", "cl_devices", "device_dtypes", "probe"]
 
 #: The TensorOps this backend runs on the device today (declared exactly: the
 #: selector trusts it).
 IMPLEMENTED_OPS: frozenset[str] = frozenset(
-    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS}
+    {*UNARY_OPS, *BINARY_OPS, *REDUCE_OPS, *COMPOSED_OPS}
     | {
         "unary", "binary", "where", "cast", "gemm", "batched_gemm", "matmul", "linear",
         "reduce", "softmax", "log_softmax", "layer_norm", "rms_norm", "reshape", "transpose",

@@ -5,6 +5,8 @@ Dtype rules (every backend follows them):
   (:func:`accelkit.dtype.result_type`; Python scalars are weak);
 - ``div`` is true division: integer operands give F32;
 - comparisons give BOOL;
+- ``floor_divide`` and ``fmod`` take the promoted dtype (integers stay integers, exactly; bool
+  is refused); ``bitwise_and/or/xor/not`` take integers or bools, shifts integers only;
 - transcendental unary ops on integer or bool input give F32; ``relu abs neg floor ceil round``
   keep the dtype (``neg`` of BOOL is refused).
 """
@@ -17,7 +19,7 @@ from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes
 from accelkit._core.validation import check_dtype, check_scalar, check_tensor
 from accelkit.dtype import DType, result_type, scalar_result_type
-from accelkit.errors import InvalidArgumentError
+from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.tensor import Tensor
 
 __all__ = ["BINARY_OPS", "UNARY_OPS", "ElementwiseOps", "Operand", "check_int_scalar"]
@@ -63,6 +65,10 @@ class ElementwiseOps(OpsBase[TensorKernels]):
             dt = DType.F32
         elif dt is DType.BOOL and op in ("neg", "floor", "ceil", "round"):
             raise InvalidArgumentError(f"{op} is not defined for bool tensors; cast first")
+        elif kind == "int":
+            self._check_claimed(op)
+            if dt.is_floating:
+                raise InvalidArgumentError(f"{op} takes integer or bool tensors; got {dt.value}")
         out = self._empty(x._shape, dt)
         self.kernels.unary(op, x, out)
         return out
@@ -121,9 +127,17 @@ class ElementwiseOps(OpsBase[TensorKernels]):
             dt = DType.BOOL
         elif kind == "div" and not dt.is_floating:
             dt = DType.F32
-        elif dt is DType.BOOL and op in ("sub", "pow", "mod"):
+        elif dt is DType.BOOL and (op in ("sub", "pow", "mod") or kind in ("intdiv", "shift")):
             raise InvalidArgumentError(f"{op} is not defined for bool tensors; cast first")
-        elif dt.is_integer:
+        elif kind in ("bitwise", "shift") and dt.is_floating:
+            self._check_claimed(op)
+            what = "integer" if kind == "shift" else "integer or bool"
+            raise InvalidArgumentError(
+                f"{op} takes {what} operands; the result would be {dt.value}"
+            )
+        if kind in ("intdiv", "bitwise", "shift"):
+            self._check_claimed(op)
+        if dt.is_integer:
             check_int_scalar(op, "a", a, dt)
             check_int_scalar(op, "b", b, dt)
         if dt not in backend.supported_dtypes:  # only a promotion can leave the supported set
@@ -167,7 +181,14 @@ class ElementwiseOps(OpsBase[TensorKernels]):
         self.kernels.cast(x, out)
         return out
 
-    # -- kernel hooks (backends implement; arguments are validated, outputs allocated) ------------
+    def _check_claimed(self, op: str) -> None:
+        """Ops added to the elementwise table after the SDK's first release reach a backend's
+        kernels only where its capabilities claim them (an older plugin's kernel would not
+        know the name)."""
+        if op not in self.backend.capabilities.ops:
+            raise UnsupportedOperationError(
+                f"{op}: the {self.backend.name} backend does not claim this op"
+            )
 
     # -- named shortcuts --------------------------------------------------------------------------
     def add(self, a: Operand, b: Operand) -> Tensor:
@@ -194,6 +215,39 @@ class ElementwiseOps(OpsBase[TensorKernels]):
     def mod(self, a: Operand, b: Operand) -> Tensor:
         """Remainder with the sign of the divisor (Python's and NumPy's ``%``)."""
         return self.binary("mod", a, b)
+
+    def floor_divide(self, a: Operand, b: Operand) -> Tensor:
+        """``floor(a / b)`` in the promoted dtype (Python's and NumPy's ``//``): integers stay
+        integers, exactly; ``x // 0`` is 0 for integers."""
+        return self.binary("floor_divide", a, b)
+
+    def fmod(self, a: Operand, b: Operand) -> Tensor:
+        """C's remainder, with the sign of the dividend (``math.fmod``); ``x fmod 0`` is 0 for
+        integers and NaN for floats."""
+        return self.binary("fmod", a, b)
+
+    def bitwise_and(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("bitwise_and", a, b)
+
+    def bitwise_or(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("bitwise_or", a, b)
+
+    def bitwise_xor(self, a: Operand, b: Operand) -> Tensor:
+        return self.binary("bitwise_xor", a, b)
+
+    def bitwise_not(self, x: Tensor) -> Tensor:
+        """``~x`` on integers (two's complement); logical not on bool."""
+        return self.unary("bitwise_not", x)
+
+    def left_shift(self, a: Operand, b: Operand) -> Tensor:
+        """``a << b`` in the promoted integer dtype, wrapping; a count outside
+        ``0 .. bits-1`` gives 0."""
+        return self.binary("left_shift", a, b)
+
+    def right_shift(self, a: Operand, b: Operand) -> Tensor:
+        """``a >> b`` (arithmetic for signed dtypes); a count outside ``0 .. bits-1`` gives 0,
+        or -1 for a negative ``a``."""
+        return self.binary("right_shift", a, b)
 
     def eq(self, a: Operand, b: Operand) -> Tensor:
         return self.binary("eq", a, b)

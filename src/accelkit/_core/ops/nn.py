@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.kernel_validation import check_norm
 from accelkit._core.ops.base import OpsBase
@@ -20,9 +22,23 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit.tensor import Tensor
 
-__all__ = ["NNOps"]
+__all__ = ["NNOps", "padding_sides"]
 
 PairArg = int | tuple[int, int]
+PaddingArg = int | tuple[int, int] | tuple[tuple[int, int], tuple[int, int]]
+
+
+def padding_sides(padding: object, name: str = "padding") -> tuple[tuple[int, int], ...]:
+    """``((top, bottom), (left, right))`` from an int, a pair, or a pair of pairs."""
+    if (
+        isinstance(padding, Sequence)
+        and not isinstance(padding, str)
+        and len(padding) == 2
+        and all(isinstance(v, Sequence) and not isinstance(v, str) for v in padding)
+    ):
+        return tuple(pair(v, f"{name}[{i}]", minimum=0) for i, v in enumerate(padding))
+    ph, pw = pair(padding, name, minimum=0)
+    return ((ph, ph), (pw, pw))
 
 
 class NNOps(OpsBase[TensorKernels]):
@@ -33,12 +49,14 @@ class NNOps(OpsBase[TensorKernels]):
         bias: Tensor | None = None,
         *,
         stride: PairArg = 1,
-        padding: PairArg = 0,
+        padding: PaddingArg = 0,
         dilation: PairArg = 1,
         groups: int = 1,
     ) -> Tensor:
         """2-d cross-correlation, NCHW: ``x`` [N, C, H, W], ``weight`` [O, C/groups, KH, KW],
-        ``bias`` [O]; zero padding. Output [N, O, OH, OW]."""
+        ``bias`` [O]; zero padding: an int, ``(ph, pw)``, or per side ``((top, bottom), (left,
+        right))``. Output [N, O, OH, OW]. ``groups == C`` with ``weight`` [C*m, 1, KH, KW] is
+        the depthwise form."""
         b = self.backend
         check_tensor(b, x)
         check_tensor(b, weight, "weight")
@@ -50,7 +68,9 @@ class NNOps(OpsBase[TensorKernels]):
                 f" {x._shape} and weight {weight._shape}"
             )
         s = pair(stride, "stride", minimum=1)
-        p = pair(padding, "padding", minimum=0)
+        sides = padding_sides(padding)
+        (top, bottom), (left, right) = sides
+        p = (top, left)
         d = pair(dilation, "dilation", minimum=1)
         g = check_int(groups, "groups", minimum=1)
         n, c, h, w = x._shape
@@ -68,7 +88,13 @@ class NNOps(OpsBase[TensorKernels]):
             check_tensor(b, bias, "bias")
             if bias._shape != (o,):
                 raise InvalidArgumentError(f"conv2d: bias must be [{o}]; got {bias._shape}")
-        oh, ow = conv2d_output_hw(h, w, kh, kw, s, p, d)
+        if top == bottom and left == right:
+            oh, ow = conv2d_output_hw(h, w, kh, kw, s, p, d)
+        else:
+            # Asymmetric: the output of the padded input, then the explicit zero padding.
+            oh, ow = conv2d_output_hw(h + top + bottom, w + left + right, kh, kw, s, (0, 0), d)
+            x = self.pad(x, [(0, 0), (0, 0), (top, bottom), (left, right)])  # type: ignore[attr-defined]
+            p = (0, 0)
         out = self._empty((n, o, oh, ow), dt)
         self.kernels.conv2d(x, weight, bias, out, s, p, d, g)
         return out
@@ -172,14 +198,28 @@ class NNOps(OpsBase[TensorKernels]):
         return out
 
     def cross_entropy(
-        self, logits: Tensor, targets: Tensor, reduction: str = "mean"
+        self,
+        logits: Tensor,
+        targets: Tensor,
+        reduction: str = "mean",
+        *,
+        weight: Tensor | None = None,
+        ignore_index: int | None = None,
+        label_smoothing: float = 0.0,
     ) -> tuple[Tensor, Tensor]:
         """Softmax cross-entropy: ``logits`` [N, C], ``targets`` [N] class indices.
 
         Returns ``(loss, probabilities)``: the loss is a 0-d tensor for ``reduction`` "mean" or
-        "sum", [N] for "none"; probabilities are ``softmax(logits)`` [N, C] (the gradient with
-        respect to the logits is ``probabilities - one_hot(targets)``). A target outside
-        ``0..C-1`` is reported when the result is awaited.
+        "sum", [N] for "none"; probabilities are ``softmax(logits)`` [N, C] (without the options
+        below, the gradient with respect to the logits is ``probabilities - one_hot(targets)``).
+        A target outside ``0..C-1`` is reported when the result is awaited.
+
+        PyTorch's options: class ``weight`` [C]; targets equal to ``ignore_index`` count for
+        nothing (``None``, the default, ignores none: unlike PyTorch's -100, so that a stray
+        -100 is an error); ``label_smoothing`` in [0, 1] mixes in the uniform distribution.
+        "mean" divides by the summed weights of the counted targets (their number without
+        weights), which is NaN when every target is ignored, as in PyTorch. With any option the
+        loss is a composition of TensorOps (log_softmax, gather, sums).
         """
         b = self.backend
         check_tensor(b, logits, "logits")
@@ -194,6 +234,15 @@ class NNOps(OpsBase[TensorKernels]):
         if reduction not in ("mean", "sum", "none"):
             raise InvalidArgumentError(
                 f"cross_entropy: reduction must be 'mean', 'sum' or 'none'; got {reduction!r}"
+            )
+        if weight is not None or ignore_index is not None or label_smoothing != 0.0:
+            return self._cross_entropy_composed(  # type: ignore[attr-defined,no-any-return]
+                logits,
+                targets,
+                weight=weight,
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+                reduction=reduction,
             )
         loss = self._empty(() if reduction != "none" else logits._shape[:1], logits._dtype)
         probs = self._empty(logits._shape, logits._dtype)

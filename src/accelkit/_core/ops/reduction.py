@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.op_names import REDUCE_OPS
 from accelkit._core.ops.base import OpsBase
@@ -10,6 +12,9 @@ from accelkit._core.validation import check_axes, check_axis, check_tensor
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.abc.tensor_ops import TensorOps
 
 __all__ = ["REDUCE_OPS", "ReductionOps"]
 
@@ -84,8 +89,42 @@ class ReductionOps(OpsBase[TensorKernels]):
     ) -> Tensor:
         return self.reduce("prod", x, axis, keepdims)
 
-    def argmax(self, x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    def argmax(
+        self, x: Tensor, axis: int | None = None, keepdims: bool = False, *, last: bool = False
+    ) -> Tensor:
+        """Index of the largest element (of the flattened tensor with ``axis=None``): the
+        first of equal ones, or the last with ``last=True``. NaN counts as the largest."""
+        if last is not False:
+            return self._arg_last("argmax", x, axis, keepdims, last)
         return self.reduce("argmax", x, axis, keepdims)
 
-    def argmin(self, x: Tensor, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    def argmin(
+        self, x: Tensor, axis: int | None = None, keepdims: bool = False, *, last: bool = False
+    ) -> Tensor:
+        """Index of the smallest element; ``last`` as in :meth:`argmax`."""
+        if last is not False:
+            return self._arg_last("argmin", x, axis, keepdims, last)
         return self.reduce("argmin", x, axis, keepdims)
+
+    def _arg_last(
+        self, op: str, x: Tensor, axis: int | None, keepdims: bool, last: object
+    ) -> Tensor:
+        """The last occurrence: the first one of ``x`` reversed along the axis (along every
+        axis for ``axis=None``, which reverses the flattened order), counted from the end."""
+        if last is not True:
+            raise InvalidArgumentError(f"{op}: last must be a bool; got {last!r}")
+        check_tensor(self.backend, x)
+        if axis is not None and not isinstance(axis, int):
+            raise InvalidArgumentError(f"{op} takes one axis or None; got {axis!r}")
+        axes = tuple(range(x.ndim)) if axis is None else (check_axis(axis, x.ndim),)
+        if any(x._shape[a] == 0 for a in axes):
+            raise InvalidArgumentError(
+                f"{op} of an empty axis is undefined; x has shape {x._shape}"
+            )
+        n = x._size if axis is None else x._shape[axes[0]]
+        ops = self._ops()
+        first = self.reduce(op, ops.flip(x, None if axis is None else axes[0]), axis, keepdims)
+        return ops.sub(n - 1, first)
+
+    def _ops(self) -> TensorOps:
+        return self  # type: ignore[return-value]  # the final class is TensorOps

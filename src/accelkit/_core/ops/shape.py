@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.ops.elementwise import check_int_scalar
@@ -117,15 +119,29 @@ class ShapeOps(OpsBase[TensorKernels]):
         expanded = [self.reshape(t, (*t._shape[:ax], 1, *t._shape[ax:])) for t in ts]
         return self.concat(expanded, ax)
 
-    def narrow(self, x: Tensor, axis: int, start: int, length: int) -> Tensor:
-        """Elements ``start .. start+length-1`` along ``axis`` (a copy)."""
+    def narrow(self, x: Tensor, axis: int, start: int, length: int, step: int = 1) -> Tensor:
+        """``length`` elements along ``axis`` from ``start`` on, every ``step``-th (a copy):
+        ``start, start+step, ..., start+(length-1)*step``. A negative ``start`` counts from
+        the end; a negative ``step`` walks backwards (``narrow(x, 0, -1, n, -1)`` reverses)."""
         check_tensor(self.backend, x)
         ax = check_axis(axis, x.ndim)
         start = check_int(start, "start")
         length = check_int(length, "length", minimum=0)
+        step = check_int(step, "step")
         dim = x._shape[ax]
         if start < 0:
             start += dim
+        if step != 1:
+            if step == 0:
+                raise InvalidArgumentError("narrow: step must not be 0")
+            last = start + (length - 1) * step
+            if length and not (0 <= start < dim and 0 <= last < dim):
+                raise InvalidArgumentError(
+                    f"narrow: indices {start}, {start + step}, ..., {last} leave axis {ax} of"
+                    f" size {dim}"
+                )
+            index = start + step * np.arange(length, dtype=np.int64)
+            return self._take(x, ax, index)  # type: ignore[attr-defined,no-any-return]
         if not 0 <= start <= dim or start + length > dim:
             raise InvalidArgumentError(
                 f"narrow: [{start}, {start + length}) is outside axis {ax} of size {dim}"

@@ -12,7 +12,9 @@ import numpy as np
 
 from accelkit._core.host_arrays import _LOW, assign, cast_into, up
 
-__all__ = ["assign", "binary", "cast_into", "reduce", "unary", "where"]
+__all__ = [
+    "argsort", "assign", "binary", "cast_into", "cumulative", "reduce", "take", "unary", "where",
+]  # fmt: skip
 
 Array = np.ndarray[Any, Any]
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -64,6 +66,9 @@ _SAME = {"abs": np.abs, "neg": np.negative, "floor": np.floor, "ceil": np.ceil, 
 
 
 def unary(op: str, x: Array, out: Array) -> None:
+    if op == "bitwise_not":
+        np.invert(x, out=out)
+        return
     if op == "relu":
         if x.dtype.kind in "ub":
             out[...] = x
@@ -93,8 +98,13 @@ _BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
     "maximum": np.maximum, "minimum": np.minimum, "mod": np.mod,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-    "gt": np.greater, "ge": np.greater_equal,
+    "gt": np.greater, "ge": np.greater_equal, "floor_divide": np.floor_divide,
+    "fmod": np.fmod, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor, "left_shift": np.left_shift, "right_shift": np.right_shift,
 }  # fmt: skip
+#: Ops whose integer or float forms may divide by zero or overflow: NumPy's results (x // 0 and
+#: x fmod 0 are 0 for integers, INT_MIN // -1 wraps) without its warnings.
+_QUIET = frozenset({"div", "mod", "floor_divide", "fmod"})
 
 
 def _operand(v: Any, dtype: np.dtype[Any]) -> Any:
@@ -117,7 +127,7 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
         with np.errstate(all="ignore"):  # IEEE results (inf, nan), silently, as for F32
             out[...] = fn(_operand(a, np.dtype(np.float32)), _operand(b, np.dtype(np.float32)))
         return
-    if op in ("div", "mod"):
+    if op in _QUIET:
         with np.errstate(all="ignore"):
             fn(_operand(a, out.dtype), _operand(b, out.dtype), out=out)
         return
@@ -179,3 +189,35 @@ def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array)
     else:
         res = (np.max if op == "max" else np.min)(xu, axis=axes, keepdims=keepdims)
     out[...] = res
+
+
+def take(x: Array, axis: int, index: Array, out: Array) -> None:
+    np.take(x, index, axis=axis, out=out)
+
+
+def cumulative(op: str, x: Array, axis: int, exclusive: bool, reverse: bool, out: Array) -> None:
+    """Running sum or product; integers accumulate in out's dtype (wrapping), F16/BF16 in F32."""
+    acc = np.dtype(np.float32) if out.dtype in _LOW else out.dtype
+    xs = np.flip(x, axis) if reverse else x
+    fn = np.cumsum if op == "sum" else np.cumprod
+    with np.errstate(all="ignore"):
+        res = fn(up(xs), axis=axis, dtype=acc)
+    if exclusive and res.shape[axis]:
+        res = np.concatenate(
+            [np.full_like(np.take(res, [0], axis), 0 if op == "sum" else 1),
+             np.take(res, np.arange(res.shape[axis] - 1), axis)],
+            axis,
+        )  # fmt: skip
+    out[...] = np.flip(res, axis) if reverse else res
+
+
+def argsort(x: Array, axis: int, descending: bool, out: Array) -> None:
+    """Stable; NumPy puts NaN last. Descending sorts the reversed axis and maps back, which
+    keeps ties in their original order and puts NaN first."""
+    xu = up(x)
+    if not descending:
+        out[...] = np.argsort(xu, axis=axis, kind="stable")
+        return
+    n = x.shape[axis]
+    rev = np.argsort(np.flip(xu, axis), axis=axis, kind="stable")
+    out[...] = (n - 1) - np.flip(rev, axis)

@@ -130,6 +130,27 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
 
         self._launch(run, out._size, (x,), (out,))
 
+    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any], out: Tensor) -> None:
+        self._launch(lambda: ew.take(x._data, axis, index, out._data), out._size, (x,), (out,))
+
+    def cumulative(
+        self, op: str, x: Tensor, axis: int, exclusive: bool, reverse: bool, out: Tensor
+    ) -> None:
+        self._launch(
+            lambda: ew.cumulative(op, x._data, axis, exclusive, reverse, out._data),
+            out._size,
+            (x,),
+            (out,),
+        )
+
+    def argsort(self, x: Tensor, axis: int, descending: bool, out: Tensor) -> None:
+        self._launch(
+            lambda: ew.argsort(x._data, axis, descending, out._data),
+            out._size * max(1, out._size.bit_length()),
+            (x,),
+            (out,),
+        )
+
     def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         self._launch(
             lambda: nn.gather(x._data, axis, index._data, out._data), out._size, (x, index), (out,)
