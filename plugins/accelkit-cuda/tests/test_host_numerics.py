@@ -89,3 +89,20 @@ def test_bitwise_not() -> None:
     res = np.empty_like(flags)
     cupy_tensor.unary("bitwise_not", flags, res)
     np.testing.assert_array_equal(res, [False, True])
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_put_last_keeps_the_last_duplicate_in_index_order(axis: int) -> None:
+    """The CUDA scatter's rule for duplicate indices, against a loop over the index in order."""
+    rng = np.random.default_rng(0)
+    region = rng.standard_normal((4, 5))
+    idx = rng.integers(0, region.shape[axis], (6, 5) if axis == 0 else (4, 7))
+    values = rng.standard_normal(idx.shape)
+    want = region.copy()
+    for pos in np.ndindex(*idx.shape):
+        dest = list(pos)
+        dest[axis] = idx[pos]
+        want[tuple(dest)] = values[pos]
+    got = region.copy()
+    cupy_tensor.put_last(got, idx, values, axis)
+    np.testing.assert_array_equal(got, want)

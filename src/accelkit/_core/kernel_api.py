@@ -253,10 +253,20 @@ class TensorKernels(_Allocating):
         bitonic network."""
         raise NotImplementedError
 
+    def scatter_reduce(
+        self, op: str, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
+    ) -> None:
+        """Optional: ``out = x`` with every ``src`` value combined by ``op`` (``"add"``,
+        ``"multiply"``, ``"max"``, ``"min"``; NaN-propagating max/min) into the element its
+        index (``-dim..dim-1``, wrapping) names along ``axis``, duplicates combined in index
+        order (deterministic); as :meth:`scatter` for the shapes. An index out of range is an
+        error raised when awaited. Without an override the core composes it."""
+        raise NotImplementedError
+
     def overrides(self, name: str) -> bool:
         """Whether this kernel object overrides the optional kernel ``name`` (one of
         ``"depthwise"``, ``"separable_filter"``, ``"sobel_magnitude"``, ``"grayscale"``,
-        ``"take"``, ``"cumulative"``, ``"argsort"``)."""
+        ``"take"``, ``"cumulative"``, ``"argsort"``, ``"scatter_reduce"``)."""
         if name not in _OPTIONAL_KERNELS:
             raise ValueError(f"{name!r} is not an optional kernel; they are {_OPTIONAL_KERNELS}")
         return getattr(type(self), name) is not getattr(TensorKernels, name)
@@ -269,7 +279,7 @@ class TensorKernels(_Allocating):
 
 _OPTIONAL_KERNELS = (
     "depthwise", "separable_filter", "sobel_magnitude", "grayscale", "take", "cumulative",
-    "argsort",
+    "argsort", "scatter_reduce",
 )  # fmt: skip
 
 

@@ -42,7 +42,7 @@ TENSOR_OPS: frozenset[str] = frozenset(
         "cumsum", "cumprod", "sort", "argsort", "topk", "max_pool2d", "avg_pool2d",
         "adaptive_avg_pool2d", "conv1d", "conv_transpose2d", "batch_norm", "group_norm",
         "instance_norm", "layer_norm_with_stats", "rms_norm_with_stats", "mse_loss",
-        "binary_cross_entropy_with_logits",
+        "binary_cross_entropy_with_logits", "index_add", "gather_nd", "scatter_nd",
     }
 )  # fmt: skip
 
@@ -54,7 +54,8 @@ COMPOSED_OPS: frozenset[str] = frozenset(
         "pad", "broadcast_to", "tile", "flip", "tril", "triu", "one_hot", "cumsum", "cumprod",
         "sort", "argsort", "topk", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "conv1d",
         "conv_transpose2d", "batch_norm", "group_norm", "instance_norm", "layer_norm_with_stats",
-        "rms_norm_with_stats", "mse_loss", "binary_cross_entropy_with_logits",
+        "rms_norm_with_stats", "mse_loss", "binary_cross_entropy_with_logits", "index_add",
+        "gather_nd", "scatter_nd",
     }
 )  # fmt: skip
 

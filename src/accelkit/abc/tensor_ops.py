@@ -20,6 +20,7 @@ from accelkit._core.op_names import BINARY_OPS, REDUCE_OPS, TENSOR_OPS, UNARY_OP
 from accelkit._core.ops.arrange import ArrangeOps
 from accelkit._core.ops.elementwise import ElementwiseOps, Operand
 from accelkit._core.ops.image import ImageOps
+from accelkit._core.ops.indexing import IndexingOps
 from accelkit._core.ops.linalg import LinalgOps
 from accelkit._core.ops.nn import NNOps
 from accelkit._core.ops.norms import NormOps
@@ -37,6 +38,7 @@ class TensorOps(
     ReductionOps,
     ShapeOps,
     ArrangeOps,
+    IndexingOps,
     ScanOps,
     NNOps,
     NormOps,

@@ -129,7 +129,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
                 values = cp.full(index.shape, src, dtype=storage(out).dtype)
             region = self._corner(storage(out), index, axis)
             if index.size:
-                cp.put_along_axis(region, idx, values, axis=axis)
+                ck.put_last(region, idx, values, axis)
             return flag
 
         self._launch_checked(

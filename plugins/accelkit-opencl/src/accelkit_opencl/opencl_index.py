@@ -12,7 +12,7 @@ from typing import Any
 
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
-from accelkit_opencl.opencl_types import STORE_TYPES, pragmas
+from accelkit_opencl.opencl_types import STORE_TYPES, load_type, pragmas
 from accelkit_opencl.programs import enqueue_kernel
 
 __all__ = [
@@ -82,12 +82,27 @@ def gather_source(x: DType, index: DType, nd: int, axis: int) -> str:
     )
 
 
-def scatter_source(x: DType, index: DType, nd: int, axis: int, scalar: str | None) -> str:
+#: scatter's ways to combine the value already there (``a``) with the new one (``b``); floats
+#: take NaN from either side in max and min.
+_COMBINE = {
+    None: "b",
+    "add": "a + b",
+    "multiply": "a * b",
+    "max": "((a > b || isnan(a)) ? a : b)",
+    "min": "((a < b || isnan(a)) ? a : b)",
+}
+_COMBINE_INT = {**_COMBINE, "max": "((a > b) ? a : b)", "min": "((a < b) ? a : b)"}
+
+
+def scatter_source(
+    x: DType, index: DType, nd: int, axis: int, scalar: str | None, reduce: str | None = None
+) -> str:
     """Kernel ``scatter(out, [src | value], index, err, lines, length, dim, index dims, out
     strides, src strides)``: ``out`` already holds a copy of x. One work-item per line of
     ``index`` along ``axis``, walking it in order, so duplicate indices keep the last write (as
-    the CPU backend does). ``scalar`` is the C type of a scalar ``value``, or None for a tensor
-    ``src``."""
+    the CPU backend does), or combine in that order with ``reduce`` (add, multiply, max, min):
+    the same result on every run. ``scalar`` is the C type of a scalar ``value``, or None for
+    a tensor ``src``."""
     t, it = STORE_TYPES[x], STORE_TYPES[index]
     params = [f"__global {t}* out"]
     params.append(f"{scalar} value" if scalar is not None else f"__global const {t}* src")
@@ -109,7 +124,13 @@ def scatter_source(x: DType, index: DType, nd: int, axis: int, scalar: str | Non
     load = _load_index(index, f"index[io + k * is{axis}]", "dim", True)
     body += ["    " + ln.replace("BAD", "continue") for ln in load]
     value = f"({t})value" if scalar is not None else f"src[so + k * ss{axis}]"
-    body.append(f"        out[oo + i * os{axis}] = {value};")
+    if reduce is None:
+        body.append(f"        out[oo + i * os{axis}] = {value};")
+    else:
+        lt = load_type(x)
+        combine = (_COMBINE if x.is_floating else _COMBINE_INT)[reduce]
+        body.append(f"        {lt} a = ({lt})out[oo + i * os{axis}], b = ({lt}){value};")
+        body.append(f"        out[oo + i * os{axis}] = ({t})({combine});")
     body.append("    }")
     return (
         pragmas([t, scalar or t])

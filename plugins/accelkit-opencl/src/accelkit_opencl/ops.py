@@ -278,6 +278,22 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     def scatter(
         self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
     ) -> None:
+        self._scatter(x, axis, index, src, out, None)
+
+    def scatter_reduce(
+        self, op: str, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
+    ) -> None:
+        self._scatter(x, axis, index, src, out, op)
+
+    def _scatter(
+        self,
+        x: Tensor,
+        axis: int,
+        index: Tensor,
+        src: Tensor | int | float,
+        out: Tensor,
+        reduce: str | None,
+    ) -> None:
         from accelkit_opencl.opencl_index import checked_launch, index_error, scatter_source
 
         x_strides = contiguous_strides(x.shape)
@@ -296,7 +312,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         else:
             scalar = load_type(x.dtype)
             value, src_shape = numpy_scalar(scalar, src), index.shape
-        source = scatter_source(x.dtype, index.dtype, x.ndim, axis, scalar)
+        source = scatter_source(x.dtype, index.dtype, x.ndim, axis, scalar, reduce)
         kernel = self.backend._kernel(source, "scatter")
         args: list[Any] = [storage(out), value, storage(index), None, _i64(lines), _i64(length)]
         args.append(_i64(dim))

@@ -197,9 +197,24 @@ class ShapeOps(OpsBase[TensorKernels]):
         self.kernels.gather(x, ax, index, out)
         return out
 
-    def scatter(self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float) -> Tensor:
+    def scatter(
+        self,
+        x: Tensor,
+        axis: int,
+        index: Tensor,
+        src: Tensor | int | float,
+        reduce: str | None = None,
+    ) -> Tensor:
         """A copy of ``x`` with ``out[index[i][j]][j] = src[i][j]`` for axis 0 (PyTorch's
-        out-of-place scatter). Duplicate indices keep the last write."""
+        out-of-place scatter). Duplicate indices keep the last write in index order (the
+        highest position along ``axis``), on every backend.
+
+        ``reduce`` (``"add"``, ``"multiply"``, ``"max"``, ``"min"``) combines instead: each
+        element of the result is ``x``'s value reduced with every ``src`` value that lands on
+        it (PyTorch's ``scatter_reduce`` with ``include_self=True``); NaN propagates through
+        max and min. Bool tensors take no reduction."""
+        if reduce is not None:
+            return self._scatter_reduce(x, axis, index, src, reduce)  # type: ignore[attr-defined,no-any-return]
         check_tensor(self.backend, x)
         check_tensor(self.backend, index, "index")
         check_index(index, "scatter", "index")

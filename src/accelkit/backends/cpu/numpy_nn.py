@@ -303,6 +303,31 @@ def scatter(x: Array, axis: int, index: Array, src: Array | int | float, out: Ar
     np.put_along_axis(out[_corner(index, axis)], idx, values, axis=axis)
 
 
+_UFUNC_AT = {"add": np.add, "multiply": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def scatter_reduce(
+    op: str, x: Array, axis: int, index: Array, src: Array | int | float, out: Array
+) -> None:
+    """``out = x`` with ``src`` combined by ``op`` at ``index`` along ``axis``; NumPy's
+    ``ufunc.at`` visits the entries in index order, so duplicates combine deterministically."""
+    idx = _checked_index(index, x.shape[axis], "scatter")
+    np.copyto(out, x)
+    if isinstance(src, np.ndarray):
+        values = src[tuple(slice(0, d) for d in index.shape)]
+    else:
+        values = np.full(index.shape, src, dtype=out.dtype)
+    where: list[Any] = list(np.indices(index.shape, sparse=True))
+    where[axis] = idx
+    with np.errstate(all="ignore"):
+        if out.dtype in _LOW:  # F16/BF16: combine in F32, round once
+            wide = out.astype(np.float32)
+            _UFUNC_AT[op].at(wide, tuple(where), values.astype(np.float32))
+            out[...] = wide
+        else:
+            _UFUNC_AT[op].at(out, tuple(where), values)
+
+
 def adam_update(
     p: Array,
     g: Array,

@@ -166,6 +166,16 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             (out,),
         )
 
+    def scatter_reduce(
+        self, op: str, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
+    ) -> None:
+        self._launch(
+            lambda: nn.scatter_reduce(op, x._data, axis, index._data, arr(src), out._data),
+            out._size + index._size,
+            (x, index, src),
+            (out,),
+        )
+
     # -- image filters ----------------------------------------------------------------------------
     def depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], out: Tensor) -> None:
         # Fused: edge padding and a shifted-slice correlation per plane, instead of the
