@@ -138,8 +138,15 @@ def attention(
     scale: float | None = None,
     causal: bool = False,
     mask: Tensor | None = None,
+    causal_alignment: str = "bottom_right",
+    window: int | None = None,
+    key_lengths: Tensor | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
-    return backend.tensor_ops.attention(q, k, v, scale=scale, causal=causal, mask=mask)
+    return backend.tensor_ops.attention(
+        q, k, v, scale=scale, causal=causal, mask=mask, causal_alignment=causal_alignment,
+        window=window, key_lengths=key_lengths, softcap=softcap,
+    )  # fmt: skip
 
 
 def paged_attention(

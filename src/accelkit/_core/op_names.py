@@ -43,6 +43,7 @@ TENSOR_OPS: frozenset[str] = frozenset(
         "adaptive_avg_pool2d", "conv1d", "conv_transpose2d", "batch_norm", "group_norm",
         "instance_norm", "layer_norm_with_stats", "rms_norm_with_stats", "mse_loss",
         "binary_cross_entropy_with_logits", "index_add", "gather_nd", "scatter_nd",
+        "apply_rotary",
     }
 )  # fmt: skip
 
@@ -55,7 +56,7 @@ COMPOSED_OPS: frozenset[str] = frozenset(
         "sort", "argsort", "topk", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "conv1d",
         "conv_transpose2d", "batch_norm", "group_norm", "instance_norm", "layer_norm_with_stats",
         "rms_norm_with_stats", "mse_loss", "binary_cross_entropy_with_logits", "index_add",
-        "gather_nd", "scatter_nd",
+        "gather_nd", "scatter_nd", "apply_rotary",
     }
 )  # fmt: skip
 

@@ -235,16 +235,47 @@ class KernelOps(OpsBase[FusedKernels]):
         scale: float | None = None,
         causal: bool = False,
         mask: Tensor | None = None,
+        causal_alignment: str = "bottom_right",
+        window: int | None = None,
+        key_lengths: Tensor | None = None,
+        softcap: float | None = None,
     ) -> Tensor:
         """Scaled dot-product attention with TensorOps.attention's contract (grouped KV heads,
-        ``causal`` aligned to the last key, bool or additive ``mask``)."""
-        # One place for the checks: NNOps.attention's body needs only ``backend``, ``_empty``
-        # and ``kernels.attention``, which FusedKernels declares with TensorKernels's signature.
+        ``causal`` aligned to the last key unless ``causal_alignment="top_left"``, bool or
+        additive ``mask``, a sliding ``window``, ``key_lengths`` for a padded batch, logit
+        ``softcap``). The options have no fused kernel yet: a call using them runs the
+        composition, and its route record says so."""
+        options = {
+            "causal_alignment": causal_alignment, "window": window, "key_lengths": key_lengths,
+            "softcap": softcap,
+        }  # fmt: skip
+
+        def fused() -> Tensor:
+            if causal_alignment != "bottom_right" or any(
+                v is not None for v in (window, key_lengths, softcap)
+            ):
+                used = ", ".join(k for k, v in options.items() if v not in (None, "bottom_right"))
+                raise UnsupportedOperationError(f"no fused attention takes {used}")
+            # One place for the checks: NNOps.attention's body needs only ``backend``,
+            # ``_empty`` and ``kernels.attention``, which FusedKernels declares with
+            # TensorKernels's signature.
+            return NNOps.attention(self, q, k, v, scale=scale, causal=causal, mask=mask)  # type: ignore[call-overload,no-any-return]
+
         return self._run(
             "attention",
-            lambda: NNOps.attention(self, q, k, v, scale=scale, causal=causal, mask=mask),  # type: ignore[arg-type]
+            fused,
             lambda: composite.attention(
-                self.backend, q, k, v, scale=scale, causal=causal, mask=mask
+                self.backend,
+                q,
+                k,
+                v,
+                scale=scale,
+                causal=causal,
+                mask=mask,
+                causal_alignment=causal_alignment,
+                window=window,
+                key_lengths=key_lengths,
+                softcap=softcap,
             ),
         )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from accelkit._core.op_names import BINARY_OPS, REDUCE_OPS, TENSOR_OPS, UNARY_OPS
 from accelkit._core.ops.arrange import ArrangeOps
+from accelkit._core.ops.attention_options import AttentionOptionsOps
 from accelkit._core.ops.elementwise import ElementwiseOps, Operand
 from accelkit._core.ops.image import ImageOps
 from accelkit._core.ops.indexing import IndexingOps
@@ -41,6 +42,7 @@ class TensorOps(
     IndexingOps,
     ScanOps,
     NNOps,
+    AttentionOptionsOps,
     NormOps,
     PoolingOps,
     ImageOps,

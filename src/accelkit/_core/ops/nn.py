@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, overload
 
 from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.kernel_validation import check_norm
+from accelkit._core.ops.attention_options import check_attention_options
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes, conv2d_output_hw
 from accelkit._core.validation import (
@@ -99,6 +101,40 @@ class NNOps(OpsBase[TensorKernels]):
         self.kernels.conv2d(x, weight, bias, out, s, p, d, g)
         return out
 
+    @overload
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float | None = ...,
+        causal: bool = ...,
+        mask: Tensor | None = ...,
+        causal_alignment: str = ...,
+        window: int | None = ...,
+        key_lengths: Tensor | None = ...,
+        softcap: float | None = ...,
+        return_weights: Literal[False] = ...,
+    ) -> Tensor: ...
+
+    @overload
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float | None = ...,
+        causal: bool = ...,
+        mask: Tensor | None = ...,
+        causal_alignment: str = ...,
+        window: int | None = ...,
+        key_lengths: Tensor | None = ...,
+        softcap: float | None = ...,
+        return_weights: Literal[True],
+    ) -> tuple[Tensor, Tensor]: ...
+
     def attention(
         self,
         q: Tensor,
@@ -108,15 +144,28 @@ class NNOps(OpsBase[TensorKernels]):
         scale: float | None = None,
         causal: bool = False,
         mask: Tensor | None = None,
-    ) -> Tensor:
+        causal_alignment: str = "bottom_right",
+        window: int | None = None,
+        key_lengths: Tensor | None = None,
+        softcap: float | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``.
 
         ``q`` [B, H, Sq, D]; ``k`` [B, Hkv, Skv, D] and ``v`` [B, Hkv, Skv, Dv] with ``H`` a
         multiple of ``Hkv`` (grouped KV heads: query head h reads KV head ``h // (H // Hkv)``).
-        ``scale`` defaults to ``1/sqrt(D)``. ``causal`` aligns the last query with the last key
-        (query i sees keys ``j <= i + Skv - Sq``), as a KV cache needs. ``mask`` broadcasts to
-        [B, H, Sq, Skv]: BOOL keeps True positions, a float mask is added to the scores. A query
-        that sees no key gets zeros. Output [B, H, Sq, Dv].
+        ``scale`` defaults to ``1/sqrt(D)``. ``causal`` masks future keys; by default it aligns
+        the last query with the last key (``causal_alignment="bottom_right"``: query i sees keys
+        ``j <= i + Skv - Sq``, as a KV cache needs); ``"top_left"`` lets query i see keys
+        ``j <= i``. ``mask`` broadcasts to [B, H, Sq, Skv]: BOOL keeps True positions, a float
+        mask is added to the scores. A query that sees no key gets zeros. Output [B, H, Sq, Dv].
+
+        Options (each runs a composition of TensorOps instead of the backend's kernel):
+        ``window`` (with ``causal``) lets each query see only the ``window`` most recent keys up
+        to its own position; ``key_lengths`` [B] (integers in ``0..Skv``) hides keys from
+        position ``key_lengths[b]`` on in a padded batch; ``softcap`` bounds the scores to
+        ``softcap * tanh(scores / softcap)`` before masking (Gemma 2); ``return_weights`` returns
+        ``(out, weights)`` with the softmax weights [B, H, Sq, Skv].
         """
         b = self.backend
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -157,8 +206,14 @@ class NNOps(OpsBase[TensorKernels]):
                 raise InvalidArgumentError(
                     f"attention: mask must be bool or floating; got {mask._dtype.value}"
                 )
+        causal = bool(causal)
+        opts = check_attention_options(
+            b, bq, causal, causal_alignment, window, key_lengths, softcap, return_weights
+        )
+        if not opts.default:
+            return self._attention_composed(q, k, v, sc, causal, mask, opts)  # type: ignore[attr-defined,no-any-return]
         out = self._empty((bq, h, sq, dv), dt)
-        self.kernels.attention(q, k, v, mask, out, sc, bool(causal))
+        self.kernels.attention(q, k, v, mask, out, sc, causal)
         return out
 
     def softmax(self, x: Tensor, axis: int = -1) -> Tensor:
