@@ -292,6 +292,7 @@ def _calls(backend: ComputeBackend, g: Any) -> list[Callable[[], Any]]:
     w = f.ones((2, 3, 3, 3))
     q = f.ones((1, 2, 4, 8))
     idx = f.zeros((2, 3), DType.I64)
+    targets = f.zeros((2,), DType.I64)
     return [
         lambda: f.empty(g),
         lambda: f.zeros((2, 2), g),
@@ -338,6 +339,46 @@ def _calls(backend: ComputeBackend, g: Any) -> list[Callable[[], Any]]:
         lambda: ops.binary(g, x, x),
         lambda: ops.pow(x, g),
         lambda: ops.mod(idx, g),
+        # issue 12's ops (tile is left out: a valid list of four 64s is a 100M-element tile)
+        lambda: ops.floor_divide(idx, g),
+        lambda: ops.left_shift(idx, g),
+        lambda: ops.bitwise_and(idx, g),
+        lambda: ops.pad(x, g),
+        lambda: ops.pad(x, 1, g),
+        lambda: ops.pad(x, 1, value=g),
+        lambda: ops.pad(x, [(0, 0), (g, 1)], "reflect"),
+        lambda: ops.broadcast_to(x, g),
+        lambda: ops.flip(x, g),
+        lambda: ops.narrow(x, 1, 2, 2, g),
+        lambda: ops.tril(x, g),
+        lambda: ops.one_hot(idx, g),
+        lambda: f.eye(3, k=g),
+        lambda: ops.cumsum(x, g),
+        lambda: ops.cumprod(x, 1, exclusive=g),
+        lambda: ops.sort(x, g),
+        lambda: ops.argsort(x, descending=g),
+        lambda: ops.topk(x, g),
+        lambda: ops.argmax(x, 1, last=g),
+        lambda: ops.max_pool2d(img, g),
+        lambda: ops.avg_pool2d(img, 2, g),
+        lambda: ops.avg_pool2d(img, 3, padding=g),
+        lambda: ops.adaptive_avg_pool2d(img, g),
+        lambda: ops.conv_transpose2d(img, w, output_padding=g),
+        lambda: ops.conv1d(x, g),
+        lambda: ops.batch_norm(img, training=True, momentum=g),
+        lambda: ops.group_norm(img, g),
+        lambda: ops.cross_entropy(x, g, label_smoothing=0.1),
+        lambda: ops.cross_entropy(x, targets, ignore_index=g),
+        lambda: ops.mse_loss(x, g),
+        lambda: ops.binary_cross_entropy_with_logits(x, x, pos_weight=g),
+        lambda: ops.scatter(x, 0, idx, x, g),
+        lambda: ops.index_add(x, 0, g, x),
+        lambda: ops.gather_nd(x, g),
+        lambda: ops.attention(q, q, q, causal=True, window=g),
+        lambda: ops.attention(q, q, q, key_lengths=g),
+        lambda: ops.attention(q, q, q, softcap=g),
+        lambda: ops.attention(q, q, q, causal_alignment=g),
+        lambda: ops.apply_rotary(q, g, g),
     ]
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase
+from accelkit._core.ops.base import OpsBase, check_result_fits
 from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.shapes import prod
 from accelkit._core.validation import check_axis, check_dtype, check_int, check_scalar, check_tensor
@@ -97,6 +97,7 @@ class ArrangeOps(OpsBase[TensorKernels]):
             raise InvalidArgumentError(
                 f"broadcast_to: shape {x._shape} does not broadcast to {target}"
             )
+        check_result_fits(self.backend, "broadcast_to", target, x._dtype)
         y = self._ops().reshape(x, (1,) * lead + x._shape) if lead else x
         for a, (d, t) in enumerate(zip(y._shape, target, strict=True)):
             if d != t:
@@ -112,7 +113,11 @@ class ArrangeOps(OpsBase[TensorKernels]):
             raise InvalidArgumentError(f"tile: reps {tuple(r)} has a negative count")
         nd = max(len(r), x.ndim)
         r = [1] * (nd - len(r)) + r
-        y = self._ops().reshape(x, (1,) * (nd - x.ndim) + x._shape) if nd > x.ndim else x
+        full = (1,) * (nd - x.ndim) + x._shape
+        check_result_fits(
+            self.backend, "tile", tuple(d * c for d, c in zip(full, r, strict=True)), x._dtype
+        )
+        y = self._ops().reshape(x, full) if nd > x.ndim else x
         for a, count in enumerate(r):
             if count != 1:
                 y = self._take(y, a, np.tile(np.arange(y._shape[a]), count))
@@ -151,6 +156,8 @@ class ArrangeOps(OpsBase[TensorKernels]):
                     raise InvalidArgumentError(
                         f"pad: mode {mode!r} cannot pad axis {a}, which is empty"
                     )
+        padded = tuple(d + b + e for d, (b, e) in zip(x._shape, widths, strict=True))
+        check_result_fits(self.backend, "pad", padded, x._dtype)
         ops, f = self._ops(), self.backend.tensor_factory
         y = x
         for a, (before, after) in enumerate(widths):
@@ -192,6 +199,7 @@ class ArrangeOps(OpsBase[TensorKernels]):
             )
         n = check_int(num_classes, "num_classes", minimum=1)
         dt = check_dtype(self.backend, dtype)
+        check_result_fits(self.backend, "one_hot", (*indices._shape, n), DType.I64)
         ops, f = self._ops(), self.backend.tensor_factory
         classes = f.arange(n, dtype=DType.I64)
         # embedding() of the [n, 1] table of class numbers is each index itself, checked for

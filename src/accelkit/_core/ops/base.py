@@ -13,9 +13,35 @@ if TYPE_CHECKING:
     from accelkit._core.kernel_api import _Allocating
     from accelkit.abc.backend import ComputeBackend
 
-__all__ = ["OpsBase"]
+__all__ = ["OpsBase", "check_result_fits"]
 
 K = TypeVar("K", bound="_Allocating")
+
+
+def check_result_fits(
+    backend: ComputeBackend, op: str, shape: tuple[int, ...], dtype: DType
+) -> tuple[int, ...]:
+    """A composed op's result shape, refused before any work (host index arrays included) when
+    it is absurd or larger than one allocation of the device may be: OutOfMemoryError."""
+    from accelkit._core.validation import check_shape
+    from accelkit.errors import OutOfMemoryError
+
+    dims = check_shape(shape, f"{op}: the result shape")
+    limits = backend.capabilities.limits
+    limit = limits.max_alloc_bytes or limits.memory_bytes
+    size = 1
+    for d in dims:
+        size *= d
+    # The host index of the longest axis (8 bytes an element) must fit as well.
+    need = max(size * dtype.itemsize, 8 * max(dims, default=0))
+    if limit and need > limit:
+        raise OutOfMemoryError(
+            f"{op}: the result {dims} ({dtype.value}) needs {need} bytes; one allocation on"
+            f" {backend.name} holds at most {limit}",
+            requested=need,
+            limit=limit,
+        )
+    return dims
 
 
 class OpsBase(Generic[K]):

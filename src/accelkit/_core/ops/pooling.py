@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase
+from accelkit._core.ops.base import OpsBase, check_result_fits
 from accelkit._core.validation import check_float, check_int, check_same_dtype, check_tensor, pair
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
@@ -144,6 +144,7 @@ class PoolingOps(OpsBase[TensorKernels]):
         else:
             sizes = [check_int(output_size, "output_size", minimum=1)] * 2
         oh, ow = sizes
+        check_result_fits(self.backend, "adaptive_avg_pool2d", (*x._shape[:2], oh, ow), x._dtype)
         if h == 0 or w == 0:
             raise InvalidArgumentError(f"adaptive_avg_pool2d: x {x._shape} has an empty side")
         if h % oh == 0 and w % ow == 0:  # equal windows: one average pooling
@@ -370,7 +371,8 @@ def _divisors(
 ) -> np.ndarray[Any, np.dtype[np.float64]]:
     """avg_pool2d's divisor along one side (PyTorch's: the window clipped to the padded input,
     or to the input itself without ``count_include_pad``)."""
-    start = np.arange(out) * s - p
+    # Python ints first: a stride beyond int64 is valid when one window fits
+    start = np.array([i * s - p for i in range(out)], dtype=np.float64)
     end = np.minimum(start + k, size + p)
     if include_pad:
         return (end - start).astype(np.float64)

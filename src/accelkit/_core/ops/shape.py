@@ -140,7 +140,12 @@ class ShapeOps(OpsBase[TensorKernels]):
                     f"narrow: indices {start}, {start + step}, ..., {last} leave axis {ax} of"
                     f" size {dim}"
                 )
-            index = start + step * np.arange(length, dtype=np.int64)
+            # Only one index can go with a step beyond int64 (the checks above bound the rest).
+            index = (
+                start + step * np.arange(length, dtype=np.int64)
+                if length > 1
+                else np.full(length, start, np.int64)
+            )
             return self._take(x, ax, index)  # type: ignore[attr-defined,no-any-return]
         if not 0 <= start <= dim or start + length > dim:
             raise InvalidArgumentError(
