@@ -138,3 +138,21 @@ def test_sobel_magnitude_and_grayscale_are_their_formulas(dtype: Any) -> None:
         assert np.abs(gray.astype(np.float64) - luma).max() <= 1
     else:
         np.testing.assert_allclose(gray, luma, rtol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_take_slices_evenly_spaced_indexes_and_gathers_the_rest(axis: int) -> None:
+    """The CPU take kernel turns flips, strides and broadcasts into slices; every index form
+    gives np.take's result."""
+    from accelkit.backends.cpu.numpy_elementwise import take
+
+    x = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    n = x.shape[axis]
+    forms = [np.arange(n)[::-1], np.arange(0, n, 2), np.zeros(4, np.int64), [n - 1, 0, 1], [1]]
+    for form in forms:
+        index = np.asarray(form, np.int64)
+        shape = list(x.shape)
+        shape[axis] = len(index)
+        out = np.empty(shape, x.dtype)
+        take(x, axis, index, out)
+        np.testing.assert_array_equal(out, np.take(x, index, axis), err_msg=str(index))

@@ -11,11 +11,11 @@ import pytest
 from accelkit import ComputeBackend, DType
 from accelkit.errors import AccelError, InvalidArgumentError
 
-from .checks import fetch, ids, require_dtype, require_op, sample
+from .checks import ALL_DTYPES, fetch, ids, require_dtype, require_op, sample
 
 pytestmark = pytest.mark.anyio
 
-DTYPES = [DType.F32, DType.F16, DType.I64, DType.U8, DType.BOOL]
+DTYPES = ALL_DTYPES
 
 
 def _x(backend: ComputeBackend, dtype: DType, shape: tuple[int, ...] = (2, 3, 5)) -> Any:

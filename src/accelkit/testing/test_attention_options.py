@@ -13,7 +13,7 @@ import pytest
 from accelkit import ComputeBackend, DType
 from accelkit.errors import AccelError, InvalidArgumentError
 
-from .checks import assert_close, fetch, ids, require_dtype, require_op, sample
+from .checks import FLOATS, assert_close, fetch, ids, require_dtype, require_op, sample
 
 pytestmark = pytest.mark.anyio
 
@@ -62,9 +62,7 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    "dtype", [DType.F32, DType.F64, DType.F16], ids=ids([DType.F32, DType.F64, DType.F16])
-)
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("sq", [4, 7])
 async def test_attention_options(backend: ComputeBackend, dtype: DType, case: int, sq: int) -> None:
@@ -133,9 +131,7 @@ def _rotary(x: Array, cos: Array, sin: Array, interleaved: bool, r: int) -> Arra
     return out
 
 
-@pytest.mark.parametrize(
-    "dtype", [DType.F32, DType.F64, DType.F16], ids=ids([DType.F32, DType.F64, DType.F16])
-)
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
 @pytest.mark.parametrize("rotary_dim", [None, 4, 0])
 async def test_apply_rotary(

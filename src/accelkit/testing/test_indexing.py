@@ -13,7 +13,7 @@ import pytest
 from accelkit import ComputeBackend, DType
 from accelkit.errors import AccelError, InvalidArgumentError
 
-from .checks import assert_close, fetch, ids, require_dtype, require_op, sample
+from .checks import ALL_DTYPES, assert_close, fetch, ids, require_dtype, require_op, sample
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +44,7 @@ def _scatter_loop(x: Array, axis: int, index: Array, src: Any, reduce: str | Non
     return out
 
 
-REDUCE_DTYPES = [DType.F32, DType.F64, DType.I32, DType.I64, DType.U8]
+REDUCE_DTYPES: list[DType] = [d for d in ALL_DTYPES if d is not DType.BOOL]
 
 
 @pytest.mark.parametrize("dtype", REDUCE_DTYPES, ids=ids(REDUCE_DTYPES))
@@ -117,9 +117,7 @@ async def test_index_add(backend: ComputeBackend) -> None:
     assert_close(await fetch(got), want, DType.F32, scale=2.0)
 
 
-@pytest.mark.parametrize(
-    "dtype", [DType.F32, DType.I64, DType.BOOL], ids=ids([DType.F32, DType.I64, DType.BOOL])
-)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=ids(ALL_DTYPES))
 async def test_gather_nd_and_scatter_nd(backend: ComputeBackend, dtype: DType) -> None:
     require_op(backend, "gather_nd", "scatter_nd")
     require_dtype(backend, dtype)

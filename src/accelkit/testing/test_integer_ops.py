@@ -10,12 +10,12 @@ import pytest
 from accelkit import ComputeBackend, DType
 from accelkit.errors import InvalidArgumentError
 
-from .checks import assert_close, fetch, ids, require_dtype, require_op, sample
+from .checks import FLOATS, INTS, assert_close, fetch, ids, require_dtype, require_op, sample
 
 pytestmark = pytest.mark.anyio
 
-INT_DTYPES = [DType.I8, DType.I32, DType.I64, DType.U8, DType.U32]
-FLOAT_DTYPES = [DType.F32, DType.F64, DType.F16]
+INT_DTYPES = INTS
+FLOAT_DTYPES = FLOATS
 
 
 def _wrap(v: int, dtype: DType) -> int:

@@ -18,7 +18,7 @@ from .checks import assert_close, fetch, ids, require_dtype, require_op, sample
 pytestmark = pytest.mark.anyio
 
 Array = np.ndarray[Any, Any]
-FLOATS = [DType.F32, DType.F64, DType.F16]
+FLOATS = [DType.F32, DType.F64, DType.F16, DType.BF16]
 
 
 def _normalise(x: Array, axes: tuple[int, ...], eps: float) -> tuple[Array, Array, Array]:
@@ -187,7 +187,7 @@ async def test_cross_entropy_reports_a_target_out_of_range(backend: ComputeBacke
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("dtype", [DType.F32, DType.F64, DType.F16], ids=ids(FLOATS))
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 async def test_mse_and_bce_with_logits(
     backend: ComputeBackend, reduction: str, dtype: DType
 ) -> None:

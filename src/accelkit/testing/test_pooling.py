@@ -14,11 +14,11 @@ from accelkit._core.ops.pooling import pool_output_size
 from accelkit.errors import AccelError
 
 from . import reference as ref
-from .checks import assert_close, fetch, ids, require_dtype, require_op, sample
+from .checks import ALL_DTYPES, assert_close, fetch, ids, require_dtype, require_op, sample
 
 pytestmark = pytest.mark.anyio
 
-FLOATS = [DType.F32, DType.F64, DType.F16]
+FLOATS = [DType.F32, DType.F64, DType.F16, DType.BF16]
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -51,7 +51,7 @@ MAX_CASES: list[tuple[Any, Any, Any, Any, bool]] = [
     (3, 2, 1, 1, False), (3, 2, 1, 1, True), (2, None, 0, 1, True), (3, 1, 1, 2, False),
     ((2, 3), (2, 1), (1, 1), (2, 1), True),
 ]  # fmt: skip
-MAX_DTYPES = [DType.F32, DType.F16, DType.I32, DType.U8]
+MAX_DTYPES: list[DType] = [d for d in ALL_DTYPES if d is not DType.BOOL]
 
 
 @pytest.mark.parametrize("dtype", MAX_DTYPES, ids=ids(MAX_DTYPES))
@@ -87,7 +87,7 @@ async def test_pooling_keeps_nan_in_its_own_windows(backend: ComputeBackend) -> 
         np.testing.assert_array_equal(np.isnan(await fetch(got)), nan)
 
 
-@pytest.mark.parametrize("dtype", [DType.F32, DType.F64], ids=ids([DType.F32, DType.F64]))
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 async def test_adaptive_avg_pool2d(backend: ComputeBackend, dtype: DType) -> None:
     require_op(backend, "adaptive_avg_pool2d")
     require_dtype(backend, dtype)
@@ -99,7 +99,7 @@ async def test_adaptive_avg_pool2d(backend: ComputeBackend, dtype: DType) -> Non
         assert_close(got, ref.adaptive_avg_pool2d(x_h, oh, ow), dtype, scale=2.0)
 
 
-@pytest.mark.parametrize("dtype", [DType.F32, DType.F64], ids=ids([DType.F32, DType.F64]))
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 async def test_conv1d(backend: ComputeBackend, dtype: DType) -> None:
     require_op(backend, "conv1d")
     require_dtype(backend, dtype)

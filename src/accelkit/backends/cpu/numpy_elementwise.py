@@ -192,6 +192,21 @@ def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array)
 
 
 def take(x: Array, axis: int, index: Array, out: Array) -> None:
+    """``np.take``; an evenly spaced index (flip, a strided narrow, a broadcast) is a slice or
+    a broadcast instead, several times faster than gathering through the index."""
+    n = len(index)
+    if n > 1:
+        step = int(index[1] - index[0])
+        if np.all(np.diff(index) == step):
+            where: list[Any] = [slice(None)] * x.ndim
+            if step == 0:
+                where[axis] = slice(int(index[0]), int(index[0]) + 1)
+                np.copyto(out, x[tuple(where)])  # broadcasts along the axis
+                return
+            stop = int(index[-1]) + (1 if step > 0 else -1)
+            where[axis] = slice(int(index[0]), stop if stop >= 0 else None, step)
+            np.copyto(out, x[tuple(where)])
+            return
     np.take(x, index, axis=axis, out=out)
 
 
