@@ -106,3 +106,42 @@ def test_put_last_keeps_the_last_duplicate_in_index_order(axis: int) -> None:
     got = region.copy()
     cupy_tensor.put_last(got, idx, values, axis)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_argsort_is_stable_with_nan_largest(descending: bool) -> None:
+    x = np.array([[2.0, NAN, 1.0, 2.0, -INF, NAN, 1.0]], np.float32)
+    out = np.empty(x.shape, np.int64)
+    cupy_tensor.argsort(x, 1, descending, out)
+    key = [(1, 0.0) if v != v else (0, float(v)) for v in x[0]]
+    order = sorted(range(7), key=lambda i: key[i], reverse=False)
+    if descending:  # NaN first, larger first, ties in their original order
+        order = sorted(range(7), key=lambda i: (0, 0.0) if x[0, i] != x[0, i] else (1, -x[0, i]))
+    assert out[0].tolist() == order
+
+
+@pytest.mark.parametrize("op", ["sum", "prod"])
+@pytest.mark.parametrize(("exclusive", "reverse"), [(False, False), (True, False), (True, True)])
+def test_cumulative_forms(op: str, exclusive: bool, reverse: bool) -> None:
+    x = np.array([[1, 2, 3, 4], [-1, 5, 0, 2]], np.int32)
+    out = np.empty(x.shape, np.int64)
+    cupy_tensor.cumulative(op, x, 1, exclusive, reverse, out)
+    want = np.empty_like(out)
+    for r in range(2):
+        row = x[r, ::-1] if reverse else x[r]
+        acc, vals = (0 if op == "sum" else 1), []
+        for v in row:
+            if exclusive:
+                vals.append(acc)
+            acc = acc + int(v) if op == "sum" else acc * int(v)
+            if not exclusive:
+                vals.append(acc)
+        want[r] = vals[::-1] if reverse else vals
+    np.testing.assert_array_equal(out, want)
+
+
+def test_take() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = np.empty((3, 3), np.float32)
+    cupy_tensor.take(x, 1, np.array([3, 0, 0]), out)
+    np.testing.assert_array_equal(out, x[:, [3, 0, 0]])

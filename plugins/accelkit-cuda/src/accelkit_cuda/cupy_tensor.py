@@ -16,7 +16,8 @@ import cupyx.scipy.special as cps
 import numpy as np
 
 __all__ = [
-    "adam_update", "attention", "binary", "cast_into", "conv2d", "cross_entropy", "gemm",
+    "adam_update", "argsort", "attention", "binary", "cast_into", "conv2d", "cross_entropy",
+    "cumulative", "gemm", "take",
     "layer_norm", "matmul", "put_last", "range_flag", "reduce", "rms_norm", "softmax", "unary",
     "where",
 ]  # fmt: skip
@@ -410,3 +411,33 @@ def put_last(region: Array, idx: Array, values: Array, axis: int) -> None:
     last = cp.full(region.size, -1, cp.int64)
     _scatter_max(last, flat, cp.arange(flat.size))
     region[tuple(coords)] = values.reshape(-1)[last[flat]].reshape(idx.shape)
+
+
+def take(x: Array, axis: int, index: Any, out: Array) -> None:
+    """``np.take`` with the core's host index (computed from shapes)."""
+    cp.copyto(out, cp.take(x, cp.asarray(index), axis=axis))
+
+
+def cumulative(op: str, x: Array, axis: int, exclusive: bool, reverse: bool, out: Array) -> None:
+    """Running sum or product; integers accumulate in out's dtype (wrapping), F16 in F32."""
+    acc = cp.dtype(cp.float32) if out.dtype == _F16 else out.dtype
+    xs = cp.flip(x, axis) if reverse else x
+    fn = cp.cumsum if op == "sum" else cp.cumprod
+    res = fn(xs, axis=axis, dtype=acc)
+    if exclusive and res.shape[axis]:
+        head = cp.full_like(cp.take(res, cp.arange(1), axis=axis), 0 if op == "sum" else 1)
+        rest = cp.take(res, cp.arange(res.shape[axis] - 1), axis=axis)
+        res = cp.concatenate([head, rest], axis=axis)
+    _store(out, cp.flip(res, axis) if reverse else res)
+
+
+def argsort(x: Array, axis: int, descending: bool, out: Array) -> None:
+    """CuPy's argsort is stable and puts NaN last; descending sorts the reversed axis and maps
+    back, which keeps ties in order and puts NaN first (as the CPU backend does)."""
+    xu = up(x)
+    if not descending:
+        cp.copyto(out, cp.argsort(xu, axis=axis))
+        return
+    n = x.shape[axis]
+    rev = cp.argsort(cp.flip(xu, axis), axis=axis)
+    cp.copyto(out, (n - 1) - cp.flip(rev, axis))

@@ -94,6 +94,25 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
 
         self._launch(run, (x,), (out,), what="narrow")
 
+    def take(self, x: Tensor, axis: int, index: Any, out: Tensor) -> None:
+        self._launch(
+            lambda: ck.take(storage(x), axis, index, storage(out)), (x,), (out,), what="take"
+        )
+
+    def cumulative(
+        self, op: str, x: Tensor, axis: int, exclusive: bool, reverse: bool, out: Tensor
+    ) -> None:
+        self._launch(
+            lambda: ck.cumulative(op, storage(x), axis, exclusive, reverse, storage(out)),
+            (x,), (out,), what=f"cum{op}",
+        )  # fmt: skip
+
+    def argsort(self, x: Tensor, axis: int, descending: bool, out: Tensor) -> None:
+        self._launch(
+            lambda: ck.argsort(storage(x), axis, descending, storage(out)), (x,), (out,),
+            what="argsort",
+        )  # fmt: skip
+
     def _corner(self, t: Any, index: Tensor, axis: int) -> Any:
         return t[
             tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(index.shape))

@@ -17,6 +17,7 @@ from accelkit_opencl.programs import enqueue_kernel
 
 __all__ = [
     "checked_launch", "embedding_source", "gather_source", "index_error", "scatter_source",
+    "take_source",
 ]  # fmt: skip
 
 _REPORT = """
@@ -60,6 +61,25 @@ def _decompose(
         lines += [f"      {off} += c * {pre}{j};" for off, pre in targets]
         lines.append("    }")
     return lines
+
+
+def take_source(x: DType, nd: int, axis: int) -> str:
+    """Kernel ``take(out, x, index, n, out dims, x strides)``: one work-item per output
+    element; ``out = np.take(x, index, axis)`` for an I64 ``index`` the core computed from
+    shapes (every value in range, so nothing is checked)."""
+    t = STORE_TYPES[x]
+    params = [f"__global {t}* out", f"__global const {t}* x", "__global const long* index"]
+    params += ["long n"] + [f"long d{j}" for j in range(nd)] + [f"long xs{j}" for j in range(nd)]
+    body = ["    long gid = get_global_id(0);", "    if (gid >= n) return;", "    long xo = 0;"]
+    body.append("    long r = gid;")
+    for j in range(nd - 1, -1, -1):
+        body.append(f"    {{ long c = r % d{j}; r /= d{j};")
+        position = "index[c]" if j == axis else "c"
+        body.append(f"      xo += {position} * xs{j}; }}")
+    body.append("    out[gid] = x[xo];")
+    return (
+        pragmas([t]) + f"__kernel void take({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"
+    )
 
 
 def gather_source(x: DType, index: DType, nd: int, axis: int) -> str:

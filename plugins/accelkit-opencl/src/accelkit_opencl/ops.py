@@ -255,6 +255,27 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         strides = contiguous_strides(x.shape)
         self._copy(out, x, out.shape, strides, start * strides[axis])
 
+    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any], out: Tensor) -> None:
+        """An evenly spaced index (flip, strided narrow, broadcast) is a strided copy; any
+        other (pad's mirrors, tile) goes through the take kernel with the index uploaded."""
+        from accelkit_opencl.opencl_index import take_source
+
+        n = out.size
+        if n == 0:
+            self._skip([out])
+            return
+        strides = contiguous_strides(x.shape)
+        if len(index) == 1 or bool(np.all(np.diff(index) == index[1] - index[0])):
+            step = int(index[1] - index[0]) if len(index) > 1 else 0
+            view = tuple(s * step if a == axis else s for a, s in enumerate(strides))
+            self._copy(out, x, out.shape, view, int(index[0]) * strides[axis])
+            return
+        table = self.backend.tensor_factory.from_host(index, dtype=DType.I64)
+        kernel = self.backend._kernel(take_source(x.dtype, x.ndim, axis), "take")
+        args: list[Any] = [storage(out), storage(x), storage(table), _i64(n)]
+        args += [_i64(d) for d in out.shape] + [_i64(s) for s in strides]
+        self._enqueue(launch(kernel, args, (n,), None), [x, table], [out])
+
     def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         from accelkit_opencl.opencl_index import checked_launch, gather_source, index_error
 
