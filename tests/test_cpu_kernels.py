@@ -148,11 +148,19 @@ def test_take_slices_evenly_spaced_indexes_and_gathers_the_rest(axis: int) -> No
 
     x = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
     n = x.shape[axis]
-    forms = [np.arange(n)[::-1], np.arange(0, n, 2), np.zeros(4, np.int64), [n - 1, 0, 1], [1]]
+    forms: list[Any] = [np.arange(n)[::-1], np.arange(0, n, 2), np.zeros(4, np.int64),
+                        [n - 1, 0, 1], [1]]  # fmt: skip
+    forms += [
+        range(n - 1, -1, -1),
+        range(n - 1, -1, -2),
+        range(1, n, 2),
+        range(2, 2 + 2**70, 2**70),
+    ]
     for form in forms:
-        index = np.asarray(form, np.int64)
+        index = form if isinstance(form, range) else np.asarray(form, np.int64)
         shape = list(x.shape)
         shape[axis] = len(index)
         out = np.empty(shape, x.dtype)
         take(x, axis, index, out)
-        np.testing.assert_array_equal(out, np.take(x, index, axis), err_msg=str(index))
+        want = np.take(x, np.asarray(index, np.int64), axis)
+        np.testing.assert_array_equal(out, want, err_msg=str(index))

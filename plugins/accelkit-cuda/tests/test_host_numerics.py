@@ -145,3 +145,5 @@ def test_take() -> None:
     out = np.empty((3, 3), np.float32)
     cupy_tensor.take(x, 1, np.array([3, 0, 0]), out)
     np.testing.assert_array_equal(out, x[:, [3, 0, 0]])
+    cupy_tensor.take(x, 1, range(3, -1, -2), out[:, :2])
+    np.testing.assert_array_equal(out[:, :2], x[:, [3, 1]])

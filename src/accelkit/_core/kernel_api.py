@@ -229,11 +229,13 @@ class TensorKernels(_Allocating):
         dtype, rounded and clipped as :meth:`separable_filter` does for an integer ``out``."""
         raise NotImplementedError
 
-    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any], out: Tensor) -> None:
-        """Optional: ``out = np.take(x, index, axis)`` for the 1-d I64 host ``index`` (every
-        value in ``0..x.shape[axis]-1``; it is computed from shapes, never from data). flip,
-        pad, tile, broadcast_to and strided narrow run through it; without an override the
-        core runs ``gather`` with the index broadcast on the device."""
+    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any] | range, out: Tensor) -> None:
+        """Optional: ``out = np.take(x, index, axis)`` for the 1-d host ``index``: an I64
+        array, or a ``range`` where it is evenly spaced (flip, strided narrow), which a kernel
+        may run as a strided copy (``np.asarray(index)`` gives the array). Every value lies in
+        ``0..x.shape[axis]-1``; it is computed from shapes, never from data. flip, pad, tile,
+        broadcast_to and strided narrow run through it; without an override the core runs
+        ``gather`` with the index broadcast on the device."""
         raise NotImplementedError
 
     def cumulative(

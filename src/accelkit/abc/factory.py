@@ -106,7 +106,7 @@ class TensorFactory(OpsBase[FactoryKernels]):
         """``[n, m]`` with ones on diagonal ``k`` (0 the main one, positive above it)."""
         n = check_int(n, "n", minimum=0)
         m = n if m is None else check_int(m, "m", minimum=0)
-        k = check_int(k, "k")
+        k = max(-n - 1, min(check_int(k, "k"), m + 1))  # beyond the matrix: all zeros
         out = self.empty((n, m), dtype)
         self.kernels.generate(out, lambda: np.eye(n, m, k))
         return out

@@ -414,7 +414,12 @@ def put_last(region: Array, idx: Array, values: Array, axis: int) -> None:
 
 
 def take(x: Array, axis: int, index: Any, out: Array) -> None:
-    """``np.take`` with the core's host index (computed from shapes)."""
+    """``np.take`` with the core's host index (computed from shapes); a ``range`` is a slice."""
+    if isinstance(index, range):
+        where: list[Any] = [slice(None)] * x.ndim
+        where[axis] = slice(index.start, index.stop if index.stop >= 0 else None, index.step)
+        cp.copyto(out, x[tuple(where)])
+        return
     cp.copyto(out, cp.take(x, cp.asarray(index), axis=axis))
 
 

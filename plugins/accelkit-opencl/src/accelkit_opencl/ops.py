@@ -255,7 +255,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         strides = contiguous_strides(x.shape)
         self._copy(out, x, out.shape, strides, start * strides[axis])
 
-    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any], out: Tensor) -> None:
+    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any] | range, out: Tensor) -> None:
         """An evenly spaced index (flip, strided narrow, broadcast) is a strided copy; any
         other (pad's mirrors, tile) goes through the take kernel with the index uploaded."""
         from accelkit_opencl.opencl_index import take_source
@@ -265,6 +265,10 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
             self._skip([out])
             return
         strides = contiguous_strides(x.shape)
+        if isinstance(index, range):
+            view = tuple(s * index.step if a == axis else s for a, s in enumerate(strides))
+            self._copy(out, x, out.shape, view, index.start * strides[axis])
+            return
         if len(index) == 1 or bool(np.all(np.diff(index) == index[1] - index[0])):
             step = int(index[1] - index[0]) if len(index) > 1 else 0
             view = tuple(s * step if a == axis else s for a, s in enumerate(strides))

@@ -49,16 +49,18 @@ class ArrangeOps(OpsBase[TensorKernels]):
         return self  # type: ignore[return-value]  # the final class is TensorOps
 
     # -- the one primitive ------------------------------------------------------------------------
-    def _take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any]) -> Tensor:
-        """``np.take(x, index, axis)`` for a host index (1-d, every value in range)."""
+    def _take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any] | range) -> Tensor:
+        """``np.take(x, index, axis)`` for a host index (1-d, every value in range; a ``range``
+        for an evenly spaced one, which a kernel may turn into a strided copy)."""
         shape = list(x._shape)
         shape[axis] = len(index)
         out_shape = tuple(shape)
-        idx = np.ascontiguousarray(index, dtype=np.int64)
         if self.kernels.overrides("take"):
             out = self._empty(out_shape, x._dtype)
-            self.kernels.take(x, axis, idx, out)
+            given = index if isinstance(index, range) else np.ascontiguousarray(index, np.int64)
+            self.kernels.take(x, axis, given, out)
             return out
+        idx = np.asarray(index, dtype=np.int64)
         ops = self._ops()
         f = self.backend.tensor_factory
         if prod(out_shape) == 0:
@@ -83,7 +85,7 @@ class ArrangeOps(OpsBase[TensorKernels]):
                 raise InvalidArgumentError(f"flip: axis {axis!r} repeats an axis")
         y = x
         for a in axes:
-            y = self._take(y, a, np.arange(x._shape[a] - 1, -1, -1))
+            y = self._take(y, a, range(x._shape[a] - 1, -1, -1))
         return y if y is not x else self._ops().where(self._true(), x, x)
 
     def broadcast_to(self, x: Tensor, shape: Sequence[int]) -> Tensor:
@@ -247,6 +249,7 @@ class ArrangeOps(OpsBase[TensorKernels]):
             raise InvalidArgumentError(f"{op} needs at least 2 dimensions; got {x._shape}")
         k = check_int(diagonal, "diagonal")
         rows, cols = x._shape[-2:]
+        k = max(-rows - 1, min(k, cols + 1))  # beyond the matrix every offset is the same
         keep = (
             np.tri(rows, cols, k, dtype=bool) if lower else ~np.tri(rows, cols, k - 1, dtype=bool)
         )

@@ -144,8 +144,8 @@ class AttentionOptionsOps(OpsBase[TensorKernels]):
             pos = np.arange(sq)[:, None] + offset
             keys = np.arange(sk)[None, :]
             allowed = keys <= pos
-            if opts.window is not None:
-                allowed &= keys > pos - opts.window
+            if opts.window is not None:  # a window longer than both sequences hides nothing
+                allowed &= keys > pos - min(opts.window, sq + sk + 1)
             visible = f.from_host(allowed, DType.BOOL)
         if opts.key_lengths is not None:
             lengths = opts.key_lengths

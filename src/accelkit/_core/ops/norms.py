@@ -259,6 +259,8 @@ class NormOps(OpsBase[TensorKernels]):
                     f"cross_entropy: weight must be [{c}]; got {weight._shape}"
                 )
         ignore = None if ignore_index is None else check_int(ignore_index, "ignore_index")
+        if ignore is not None and not -(2**63) <= ignore < 2**63:
+            ignore = None  # no I64 target can equal it
         eps = check_float_param(label_smoothing, "label_smoothing")
         if not 0.0 <= eps <= 1.0:
             raise InvalidArgumentError(

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.ops.base import OpsBase
 from accelkit._core.ops.elementwise import check_int_scalar
@@ -140,12 +138,7 @@ class ShapeOps(OpsBase[TensorKernels]):
                     f"narrow: indices {start}, {start + step}, ..., {last} leave axis {ax} of"
                     f" size {dim}"
                 )
-            # Only one index can go with a step beyond int64 (the checks above bound the rest).
-            index = (
-                start + step * np.arange(length, dtype=np.int64)
-                if length > 1
-                else np.full(length, start, np.int64)
-            )
+            index = range(start, start + length * step, step)
             return self._take(x, ax, index)  # type: ignore[attr-defined,no-any-return]
         if not 0 <= start <= dim or start + length > dim:
             raise InvalidArgumentError(

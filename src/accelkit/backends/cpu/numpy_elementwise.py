@@ -191,9 +191,15 @@ def reduce(op: str, x: Array, axes: tuple[int, ...], keepdims: bool, out: Array)
     out[...] = res
 
 
-def take(x: Array, axis: int, index: Array, out: Array) -> None:
+def take(x: Array, axis: int, index: Array | range, out: Array) -> None:
     """``np.take``; an evenly spaced index (flip, a strided narrow, a broadcast) is a slice or
     a broadcast instead, several times faster than gathering through the index."""
+    if isinstance(index, range):
+        where_r: list[Any] = [slice(None)] * x.ndim
+        stop: int | None = index.stop if index.stop >= 0 else None
+        where_r[axis] = slice(index.start, stop, index.step)
+        np.copyto(out, x[tuple(where_r)])
+        return
     n = len(index)
     if n > 1:
         step = int(index[1] - index[0])

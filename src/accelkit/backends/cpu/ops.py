@@ -130,7 +130,7 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
 
         self._launch(run, out._size, (x,), (out,))
 
-    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any], out: Tensor) -> None:
+    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any] | range, out: Tensor) -> None:
         self._launch(lambda: ew.take(x._data, axis, index, out._data), out._size, (x,), (out,))
 
     def cumulative(
