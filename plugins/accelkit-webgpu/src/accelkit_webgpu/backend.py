@@ -1,0 +1,176 @@
+"""``WebGPUBackend``: one WebGPU adapter's device, its queue, and host-threaded streams.
+
+Imported only when a user creates a ``webgpu`` backend; wgpu is imported here. Each accelkit
+stream has a worker thread that records and submits the stream's commands to the device's one
+queue (WebGPU has a single queue per device), so the event loop's thread never calls wgpu.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+
+from accelkit.capabilities import BackendCapabilities, LifecycleState
+from accelkit.device import Device
+from accelkit.errors import DeviceError
+from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk import HostStream, StreamBackend
+from accelkit_webgpu import __version__
+from accelkit_webgpu.gpu import GPU
+from accelkit_webgpu.probe import adapters, capabilities
+
+__all__ = ["WebGPUBackend"]
+
+log = logging.getLogger("accelkit.webgpu")
+
+#: Limits asked of the device: as much of each as the adapter has (WebGPU's defaults are lower).
+_WANTED_LIMITS = (
+    "max-buffer-size",
+    "max-storage-buffer-binding-size",
+    "max-storage-buffers-per-shader-stage",
+    "max-compute-workgroup-storage-size",
+    "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-size-x",
+    "max-compute-workgroup-size-y",
+    "max-compute-workgroup-size-z",
+    "max-compute-workgroups-per-dimension",
+)
+
+
+class WebGPUBackend(StreamBackend):
+    """A WebGPU adapter (``webgpu:N``, in the order wgpu-py enumerates them)."""
+
+    name = "webgpu"
+    version = __version__
+    device_kinds = frozenset({"webgpu"})
+
+    def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
+        super().__init__(pool_config)
+        self._gpu: GPU | None = None
+        #: When the device was recovered (monotonic seconds), for the failure rule of recover().
+        self._recoveries: list[float] = []
+
+    def _device_count(self) -> int:
+        return len(adapters())
+
+    def _device_capabilities(self, index: int) -> BackendCapabilities:
+        return capabilities(adapters()[index], index)
+
+    @property
+    def gpu(self) -> GPU:
+        gpu = self._gpu
+        if gpu is None:
+            self._require_ready()
+            raise DeviceError("the WebGPU device is not open")
+        return gpu
+
+    # -- a lost device ----------------------------------------------------------------------------
+    @property
+    def poisoned(self) -> bool:
+        """Whether the device was lost (every call raises ContextPoisonedError until
+        :meth:`recover`)."""
+        return self._gpu is not None and self._gpu.lost is not None
+
+    async def recover(self) -> None:
+        """Open a new device after the old one was lost.
+
+        Every tensor, buffer and kernel handle from before becomes stale (StaleHandleError: their
+        memory went with the device); streams, the pool and the kernels are built anew. More than
+        three recoveries within ten minutes mark the backend failed (DeviceError): a device that
+        keeps getting lost needs a person.
+        """
+        self._require_ready()
+        gpu = self._gpu
+        if gpu is None or gpu.lost is None:
+            return
+        now = time.monotonic()
+        self._recoveries = [t for t in self._recoveries if now - t < 600.0] + [now]
+        if len(self._recoveries) > 3:
+            self._state = LifecycleState.FAILED
+            raise DeviceError(
+                f"{self._device} was lost {len(self._recoveries)} times in ten minutes; the"
+                " backend is marked failed: shut it down"
+            )
+        device = self._device
+        assert device is not None
+        old_pool = self._pool
+        # Work queued on the old device is abandoned: its results went with it.
+        for stream in self._streams:
+            await anyio.to_thread.run_sync(stream.close)
+        if old_pool is not None:
+            old_pool.invalidate_all(close=True)
+        gpu.close()
+        await self._open(device)
+        if old_pool is not None:
+            # a new pool continues the old one's generations, so no old handle can look live
+            self.pool.generation = old_pool.generation + 1
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def _initialize(self, device: Device) -> None:
+        self._recoveries = []
+        await self._open(device)
+
+    async def _open(self, device: Device) -> None:
+        from accelkit_webgpu.executor import WebGPUKernelExecutor
+        from accelkit_webgpu.factory import WebGPUFactoryKernels
+        from accelkit_webgpu.memory import WebGPUMemoryManager
+        from accelkit_webgpu.ops import WebGPUTensorKernels
+
+        adapter = adapters()[device.index]
+        caps = capabilities(adapter, device.index)
+        limits = dict(adapter.limits)
+        wanted = {k: limits[k] for k in _WANTED_LIMITS if k in limits}
+
+        def open_device() -> Any:
+            return adapter.request_device_sync(label=f"accelkit {device}", required_limits=wanted)
+
+        try:
+            wdevice = await anyio.to_thread.run_sync(open_device)
+        except Exception as exc:
+            raise DeviceError(f"cannot open a WebGPU device on {device}: {exc}") from None
+        gpu = GPU(adapter, wdevice, str(device))
+        self._gpu = gpu
+        self._caps = caps
+        self.supported_dtypes = caps.dtypes
+        self._streams = []
+        self._add_stream(HostStream(device, f"{device}/default"))
+        self._memory_manager = WebGPUMemoryManager(
+            self, device, gpu, caps.limits.memory_bytes, self._pool_config
+        )
+        self._pool = self._memory_manager.pool
+        self._kernel_executor = WebGPUKernelExecutor(self)
+        self.install_kernels(WebGPUTensorKernels(self), WebGPUFactoryKernels(self))
+
+    async def _shutdown(self) -> None:
+        gpu = self._gpu
+        try:
+            # Let queued work finish (shielded: a cancelled shutdown still releases everything).
+            with anyio.CancelScope(shield=True):
+                for stream in list(self._streams):
+                    await stream.wait_for_quietly(stream.submitted)
+                    await anyio.to_thread.run_sync(stream.close)
+                if gpu is not None and gpu.lost is None:
+                    await anyio.to_thread.run_sync(gpu.wait_idle)
+        finally:
+            self.pool.invalidate_all(close=True)
+            self._streams = []
+            self._gpu = None
+            if gpu is not None:
+                gpu.close()
+
+    # -- streams ----------------------------------------------------------------------------------
+    def create_stream(self) -> HostStream:
+        self._require_ready()
+        device = self.default_stream.device
+        stream = HostStream(device, f"{device}/stream{len(self._streams)}")
+        self._add_stream(stream)
+        return stream
+
+    async def _synchronize(self) -> None:
+        await super()._synchronize()
+        gpu = self._gpu
+        if gpu is not None:
+            await anyio.to_thread.run_sync(gpu.wait_idle)

@@ -1,0 +1,310 @@
+"""One WebGPU device: its queue, the lock around every wgpu call, pipelines and dispatches.
+
+wgpu-py's objects are used from the stream workers' threads and from transfer threads, never from
+the event loop's thread (the GL backend runs a compute pass inside ``queue.submit``, which may take
+milliseconds). wgpu-native is internally synchronised, but wgpu-py keeps some state of its own
+(a shared staging buffer for reads), so every call goes through :attr:`GPU.lock`.
+
+Memory blocks are :class:`Block` objects whose ``wgpu.GPUBuffer`` is created on first use, on the
+thread that uses it: the pool hands out blocks from the event loop's thread without touching wgpu.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from accelkit.errors import AccelError, ContextPoisonedError, DeviceError, KernelCompileError
+
+__all__ = ["GPU", "Block", "groups_for"]
+
+#: The most workgroups along one dispatch dimension (WebGPU's default limit).
+MAX_GROUPS = 65535
+
+
+class Block:
+    """A pool block: ``size`` bytes of device memory, created lazily on a worker thread.
+
+    The ``wgpu.GPUBuffer`` is also held in its GPU's registry, never only here. A pool block can
+    be part of a garbage cycle that Python's collector finalizes and then resurrects (the
+    ``DeviceBuffer`` finalizer puts its buffer back in the pool's release queue): finalizing a
+    GPUBuffer releases its native handle, and the block would come back from the pool with a
+    dead buffer (binding it aborts the process inside wgpu-native). Held by the registry, the
+    buffer is always reachable, so it is never finalized while its block may still be used.
+    """
+
+    __slots__ = ("_buffer", "gpu", "size")
+
+    def __init__(self, gpu: GPU, size: int) -> None:
+        self.gpu = gpu
+        self.size = size
+        self._buffer: Any = None
+
+    def buffer(self) -> Any:
+        """The ``wgpu.GPUBuffer`` (call with :attr:`GPU.lock` held)."""
+        buf = self._buffer
+        if buf is None:
+            buf = self._buffer = self.gpu.create_buffer(self.size)
+            self.gpu.live_buffers[id(self)] = buf
+        return buf
+
+    def release(self) -> None:
+        buf, self._buffer = self._buffer, None
+        if buf is not None:
+            with self.gpu.lock:
+                self.gpu.live_buffers.pop(id(self), None)
+                buf.destroy()
+
+    def __repr__(self) -> str:
+        return f"Block({self.size} bytes)"
+
+
+def groups_for(units: int, per_group: int) -> tuple[int, int]:
+    """(x, y) workgroup counts covering ``units`` work items, ``per_group`` per workgroup."""
+    groups = max(1, -(-units // per_group))
+    if groups <= MAX_GROUPS:
+        return groups, 1
+    return MAX_GROUPS, -(-groups // MAX_GROUPS)
+
+
+class GPU:
+    """A ``wgpu.GPUDevice`` with the lock, caches and helpers the backend's kernels use."""
+
+    def __init__(self, adapter: Any, device: Any, label: str) -> None:
+        import wgpu
+
+        self.wgpu = wgpu
+        self.adapter = adapter
+        self.device = device
+        self.queue = device.queue
+        self.label = label
+        self.lock = threading.RLock()
+        self.limits = dict(device.limits)
+        self.max_binding = int(self.limits.get("max-storage-buffer-binding-size", 1 << 27))
+        self.max_buffer = int(self.limits.get("max-buffer-size", 1 << 28))
+        self.max_storage_buffers = int(self.limits.get("max-storage-buffers-per-shader-stage", 8))
+        self.max_invocations = int(self.limits.get("max-compute-invocations-per-workgroup", 256))
+        self.max_wg_size = (
+            int(self.limits.get("max-compute-workgroup-size-x", 256)),
+            int(self.limits.get("max-compute-workgroup-size-y", 256)),
+            int(self.limits.get("max-compute-workgroup-size-z", 64)),
+        )
+        self.max_groups = int(self.limits.get("max-compute-workgroups-per-dimension", MAX_GROUPS))
+        self._usage = (
+            wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        )
+        self._pipelines: dict[tuple[str, str], Any] = {}
+        self._layouts: dict[tuple[bool, ...], tuple[Any, Any]] = {}
+        #: Set (with the reason) when the device was lost: every later call raises.
+        self.lost: str | None = None
+        self.compiles = 0
+        self._fence: Any = None
+        #: Every block's GPUBuffer, by ``id(block)`` (see :class:`Block`).
+        self.live_buffers: dict[int, Any] = {}
+
+    # -- health -----------------------------------------------------------------------------------
+    def check(self) -> None:
+        if self.lost is not None:
+            raise ContextPoisonedError(
+                f"the WebGPU device {self.label} was lost ({self.lost}); call recover()"
+            )
+
+    def mark_lost(self, reason: str) -> None:
+        if self.lost is None:
+            self.lost = reason or "device lost"
+
+    def failed(self, what: str, exc: BaseException) -> DeviceError:
+        """The accelkit error for a wgpu call that raised: ContextPoisonedError (and the device
+        marked lost) when wgpu says the device is lost, DeviceError with wgpu's message
+        otherwise."""
+        text = str(exc)
+        if "lost" in text.lower():
+            self.mark_lost(text.strip().splitlines()[-1].strip() or "device lost")
+            return ContextPoisonedError(
+                f"the WebGPU device {self.label} was lost during {what} ({self.lost});"
+                " call recover()"
+            )
+        return DeviceError(f"{what} failed on {self.label}: {text}")
+
+    def close(self) -> None:
+        """Drop the caches and destroy the device (its buffers go with it)."""
+        with self.lock:
+            self._pipelines.clear()
+            self._layouts.clear()
+            self.live_buffers.clear()
+            device, self.device = self.device, None
+            self.lost = self.lost or "the backend was shut down"
+            if device is not None:
+                with contextlib.suppress(Exception):  # already gone: nothing to release
+                    device.destroy()
+
+    # -- memory ------------------------------------------------------------------------------------
+    def create_buffer(self, size: int) -> Any:
+        self.check()
+        try:
+            return self.device.create_buffer(size=max(4, size), usage=self._usage)
+        except Exception as exc:
+            raise DeviceError(
+                f"cannot create a {size}-byte buffer on {self.label}: {exc}"
+            ) from None
+
+    def write(self, block: Block, data: np.ndarray[Any, Any], offset: int = 0) -> None:
+        """Copy ``data``'s bytes to ``block`` at ``offset`` (a multiple of 4)."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if raw.size == 0:
+            return
+        if raw.size % 4:
+            raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
+        with self.lock:
+            self.check()
+            try:
+                self.queue.write_buffer(block.buffer(), offset, raw)
+            except Exception as exc:
+                raise self.failed("a write", exc) from None
+
+    def read(self, block: Block, nbytes: int) -> np.ndarray[Any, Any]:
+        """``nbytes`` of ``block`` as ``uint8`` (waits for the work submitted before)."""
+        if nbytes == 0:
+            return np.empty(0, np.uint8)
+        size = -(-nbytes // 4) * 4
+        with self.lock:
+            self.check()
+            try:
+                data = self.queue.read_buffer(block.buffer(), 0, size)
+            except Exception as exc:
+                raise self.failed("a read", exc) from None
+        return np.frombuffer(data, np.uint8, count=nbytes)
+
+    def copy(self, dst: Block, src: Block, nbytes: int) -> None:
+        size = -(-nbytes // 4) * 4
+        if size == 0:
+            return
+        with self.lock:
+            self.check()
+            try:
+                enc = self.device.create_command_encoder()
+                enc.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, size)
+                self.queue.submit([enc.finish()])
+            except Exception as exc:
+                raise self.failed("a copy", exc) from None
+
+    def wait_idle(self) -> None:
+        """Block until every submitted command has run."""
+        with self.lock:
+            self.check()
+            # Mapping a buffer waits for the commands submitted before it (wgpu-py's
+            # on_submitted_work_done is broken in some releases; a 4-byte read is as good).
+            if self._fence is None:
+                self._fence = self.create_buffer(4)
+            try:
+                self.queue.read_buffer(self._fence, 0, 4)
+            except Exception as exc:
+                raise self.failed("waiting for the queue", exc) from None
+
+    # -- pipelines ----------------------------------------------------------------------------------
+    def _layout(self, writable: tuple[bool, ...]) -> tuple[Any, Any]:
+        """The bind group layout and pipeline layout of bindings 0..n (True: read-write)."""
+        found = self._layouts.get(writable)
+        if found is None:
+            wgpu = self.wgpu
+            entries = [
+                {
+                    "binding": i,
+                    "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {
+                        "type": wgpu.BufferBindingType.storage
+                        if rw
+                        else wgpu.BufferBindingType.read_only_storage
+                    },
+                }
+                for i, rw in enumerate(writable)
+            ]
+            bgl = self.device.create_bind_group_layout(entries=entries)
+            found = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
+            self._layouts[writable] = found
+        return found
+
+    def pipeline(self, source: str, writable: tuple[bool, ...], entry: str = "main") -> Any:
+        """The compute pipeline of ``source`` (cached by source), with explicit bindings
+        ``writable`` (binding 0 first). A WGSL error raises KernelCompileError with wgpu's
+        message, which names the line and column."""
+        key = (source, entry)
+        found = self._pipelines.get(key)
+        if found is not None:
+            return found
+        with self.lock:
+            self.check()
+            _, layout = self._layout(writable)
+            try:
+                module = self.device.create_shader_module(code=source)
+                found = self.device.create_compute_pipeline(
+                    layout=layout, compute={"module": module, "entry_point": entry}
+                )
+            except Exception as exc:
+                raise KernelCompileError(
+                    f"WGSL compilation failed on {self.label}:\n{exc}"
+                ) from None
+            self.compiles += 1
+            self._pipelines[key] = found
+        return found
+
+    def dispatch(
+        self,
+        source: str,
+        params: Sequence[int] | np.ndarray[Any, Any],
+        inputs: Sequence[tuple[Block, int]],
+        outputs: Sequence[tuple[Block, int]],
+        groups: tuple[int, int] | tuple[int, int, int],
+    ) -> None:
+        """Run ``source``'s ``main`` over ``groups`` workgroups with binding 0 the parameter
+        words, then ``inputs`` (read-only) and ``outputs`` (read-write), each (block, bytes)."""
+        writable = (False,) + (False,) * len(inputs) + (True,) * len(outputs)
+        pipe = self.pipeline(source, writable)
+        words = np.asarray(params, dtype=np.int64).astype(np.uint32) if len(params) else None
+        if words is None or words.size == 0:
+            words = np.zeros(1, np.uint32)
+        with self.lock:
+            self.check()
+            try:
+                self._record(pipe, words, inputs, outputs, writable, groups)
+            except AccelError:
+                raise
+            except Exception as exc:
+                raise self.failed("a dispatch", exc) from None
+
+    def _record(
+        self,
+        pipe: Any,
+        words: np.ndarray[Any, Any],
+        inputs: Sequence[tuple[Block, int]],
+        outputs: Sequence[tuple[Block, int]],
+        writable: tuple[bool, ...],
+        groups: tuple[int, int] | tuple[int, int, int],
+    ) -> None:
+        wgpu = self.wgpu
+        pbuf = self.device.create_buffer_with_data(data=words, usage=wgpu.BufferUsage.STORAGE)
+        entries = [{"binding": 0, "resource": {"buffer": pbuf, "offset": 0, "size": pbuf.size}}]
+        for i, (block, nbytes) in enumerate([*inputs, *outputs], start=1):
+            entries.append(
+                {
+                    "binding": i,
+                    "resource": {
+                        "buffer": block.buffer(),
+                        "offset": 0,
+                        "size": max(4, -(-nbytes // 4) * 4),
+                    },
+                }
+            )
+        bgl, _ = self._layout(writable)
+        group = self.device.create_bind_group(layout=bgl, entries=entries)
+        enc = self.device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        cpass.set_pipeline(pipe)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(*groups)
+        cpass.end()
+        self.queue.submit([enc.finish()])
