@@ -1,0 +1,115 @@
+"""Limits and refusals of the backend itself: oversized buffers, dtypes WGSL lacks, device loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from accelkit_webgpu.backend import WebGPUBackend
+
+from accelkit.dtype import DType
+from accelkit.errors import (
+    ContextPoisonedError,
+    InvalidArgumentError,
+    StaleHandleError,
+    UnsupportedOperationError,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_tensor_over_the_binding_limit_is_refused(backend: WebGPUBackend) -> None:
+    f, mm = backend.tensor_factory, backend.memory_manager
+    limit = backend.gpu.max_binding
+    small = f.ones((4,))
+    used = mm.memory_info().used
+    n = limit // 4 + 1  # one F32 element more than one binding holds
+    with pytest.raises(InvalidArgumentError, match="maxStorageBufferBindingSize"):
+        f.zeros((n,))
+    with pytest.raises(InvalidArgumentError, match=str(limit)):
+        f.empty((n,), DType.F32)
+    assert mm.memory_info().used == used
+    np.testing.assert_array_equal(await small.to_host(), np.ones(4, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [DType.F64], ids=str)
+async def test_a_dtype_wgsl_lacks_is_refused_naming_it(
+    backend: WebGPUBackend, dtype: DType
+) -> None:
+    # (I64 and U64 are emulated: the conformance suite checks them like every claimed dtype)
+    assert dtype not in backend.capabilities.dtypes
+    f, mm = backend.tensor_factory, backend.memory_manager
+    used = mm.memory_info().used
+    with pytest.raises(UnsupportedOperationError) as info:
+        f.zeros((3,), dtype)
+    message = str(info.value)
+    assert dtype.value in message
+    assert "webgpu" in message
+    with pytest.raises(UnsupportedOperationError, match=dtype.value):
+        f.from_host(np.zeros(3, dtype.to_numpy()))
+    assert mm.memory_info().used == used
+
+
+async def test_a_block_in_a_collected_cycle_comes_back_usable(backend: WebGPUBackend) -> None:
+    """Regression: a tensor that died in a reference cycle was finalized by the collector with
+    its GPUBuffer (whose native handle wgpu-py then released), while the DeviceBuffer finalizer
+    put the block back in the pool; binding the dead buffer aborted the process inside
+    wgpu-native. The GPU's registry keeps every block's buffer reachable."""
+    import gc
+
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    for round_ in range(20):
+
+        class Node:
+            pass
+
+        node = Node()
+        node.t = ops.add(f.ones((4, 4)), float(round_))  # type: ignore[attr-defined]
+        node.self = node  # type: ignore[attr-defined]
+        await node.t.to_host()  # type: ignore[attr-defined]
+        del node
+        gc.collect()
+        # the freed 64-byte block is taken again at once, and must still be a live buffer
+        got = await ops.mul(f.full((4, 4), 2.0), 3.0).to_host()
+        np.testing.assert_array_equal(got, np.full((4, 4), 6.0, np.float32))
+
+
+async def test_device_loss_poisons_every_later_operation(backend: WebGPUBackend) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.from_host(np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(await x.to_host(), np.arange(6, dtype=np.float32))
+    backend.gpu.mark_lost("test")
+    # Each op raises ContextPoisonedError, at the call or (a submission) when awaited.
+    for make in (lambda: ops.add(x, 1.0), lambda: f.zeros((3,)), lambda: x):
+        with pytest.raises(ContextPoisonedError, match="test"):
+            await make().to_host()
+    with pytest.raises(ContextPoisonedError):
+        await backend.kernel_executor.load_kernel(
+            "@compute @workgroup_size(1) fn main() {}", "main", language="wgsl"
+        )
+    # A lost device stays lost: the error repeats and names the reason.
+    with pytest.raises(ContextPoisonedError, match="test"):
+        backend.gpu.check()
+
+
+async def test_recover_after_device_loss(backend: WebGPUBackend) -> None:
+    recover = getattr(backend, "recover", None)
+    if recover is None:
+        pytest.skip("WebGPUBackend has no recover() yet: a lost device needs a new backend")
+    source = "@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n"
+    source += "@compute @workgroup_size(1) fn main() { y[0] = 5.0; }\n"
+    old_handle = await backend.kernel_executor.load_kernel(source, "main", language="wgsl")
+    old = backend.tensor_factory.ones((3,))
+    backend.gpu.mark_lost("test")
+    await recover()
+    assert not backend.poisoned
+    f = backend.tensor_factory
+    np.testing.assert_array_equal(await f.ones((3,)).to_host(), np.ones(3, np.float32))
+    with pytest.raises(StaleHandleError):
+        await old.to_host()
+    ex = backend.kernel_executor
+    with pytest.raises(StaleHandleError):
+        ex.execute_kernel(old_handle, (1,), (1,), [f.zeros((1,))])
+    handle = await ex.load_kernel(source, "main", language="wgsl")
+    y = f.zeros((1,))
+    ex.execute_kernel(handle, (1,), (1,), [y])
+    np.testing.assert_array_equal(await y.to_host(), [5.0])
