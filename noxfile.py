@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The core test suite, the conformance suite on every installed backend (the CPU backend,
-    the OpenCL backend on PoCL's CPU device, the CUDA backend where a GPU is present), and each
+    the OpenCL backend on PoCL's CPU device, the WebGPU backend on Mesa's llvmpipe, the CUDA
+    backend where a GPU is present), and each
     device plugin's own tests (the CUDA plugin's GPU-free ones everywhere: the probe, the
     capabilities, NVRTC compilation; its GPU tests skip with the reason elsewhere).
 
@@ -56,6 +57,9 @@ def tests(session: nox.Session) -> None:
         "./plugins/accelkit-opencl[pocl]",
         "-e",
         "./plugins/accelkit-cuda[cuda12]",
+        # WebGPU: wgpu-py finds Mesa's llvmpipe through OpenGL on a machine without a GPU
+        "-e",
+        "./plugins/accelkit-webgpu",
         # the example backend (docs/plugins.md), written only against accelkit.sdk: the
         # conformance suite runs against it as against every installed backend
         "./tests/plugins/accelkit-example",
@@ -100,7 +104,7 @@ def tests(session: nox.Session) -> None:
 #: conformance part with cold compiler caches, takes about 8 minutes on a 2-core machine.
 PART_TIMEOUT_S = 1800.0
 #: The device plugins the tests session installs, whose tests/ it runs as parts of their own.
-DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda")
+DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda", "accelkit-webgpu")
 #: pytest options that take a value (so that the value is not taken for a test path).
 _VALUE_OPTIONS = {"-k", "-m", "-p", "-o", "-c", "-W", "-r", "--basetemp", "--rootdir", "--tb"}
 
@@ -199,17 +203,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the core, the two device plugins, the example backend and the tests (CuPy
+    """mypy --strict on the core, the three device plugins, the example backend and the tests (CuPy
     has no type information: its imports are Any)."""
     # [test,testing]: what the tests import (pytest, hypothesis, the service test's web stack).
     session.install(
         "-e", ".[test,testing]", "-e", "./plugins/accelkit-opencl", "-e", "./plugins/accelkit-cuda",
-        "-e", "./tests/plugins/accelkit-example",
+        "-e", "./plugins/accelkit-webgpu", "-e", "./tests/plugins/accelkit-example",
     )  # fmt: skip
     session.install("mypy>=1.10")
     session.run(
         "mypy", "--strict", "src/accelkit", "plugins/accelkit-opencl/src/accelkit_opencl",
-        "plugins/accelkit-cuda/src/accelkit_cuda",
+        "plugins/accelkit-cuda/src/accelkit_cuda", "plugins/accelkit-webgpu/src/accelkit_webgpu",
         # tests/ holds the example backend, tests/plugins/accelkit-example/src/accelkit_example
         # (naming it too would make mypy see the module twice), and the other test plugins
         "tests",
@@ -224,7 +228,8 @@ def fuzz(session: nox.Session) -> None:
     ``ACCELKIT_FUZZ_PROFILE`` overrides the profile; arguments after ``--`` go to pytest."""
     session.install(
         "-e", ".[test]", "-e", "./plugins/accelkit-opencl[pocl]", "-e",
-        "./plugins/accelkit-cuda[cuda12]", "./tests/plugins/accelkit-example",
+        "./plugins/accelkit-cuda[cuda12]", "-e", "./plugins/accelkit-webgpu",
+        "./tests/plugins/accelkit-example",
     )  # fmt: skip
     parts = _load_parts()
     env = _session_env(session)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from accelkit.abc.backend import ComputeBackend
 from accelkit.dtype import DType
 from accelkit.errors import UnsupportedOperationError
 from accelkit.testing.fixtures import anyio_backend, backend_fixture, isolate_compiler_caches
@@ -50,12 +51,24 @@ def unclaimed_dtype(backend: Any, exc: BaseException) -> str | None:
     return dtype.value
 
 
+def _backend_of(funcargs: dict[str, Any]) -> ComputeBackend | None:
+    """The backend a test runs on: its ``backend`` argument, or the ``backend`` of a fixture
+    object that carries one (the KernelOps tests' ``env``)."""
+    for value in funcargs.values():
+        if isinstance(value, ComputeBackend):
+            return value
+        inner = getattr(value, "backend", None)
+        if isinstance(inner, ComputeBackend):
+            return inner
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     try:
         return (yield)
     except UnsupportedOperationError as exc:
-        backend_obj = getattr(item, "funcargs", {}).get("backend")
+        backend_obj = _backend_of(getattr(item, "funcargs", {}))
         missing = unclaimed_dtype(backend_obj, exc) if backend_obj is not None else None
         if missing is None:
             raise

@@ -45,6 +45,7 @@ def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
         ("POCL_CACHE_DIR", "pocl"),
         ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
         ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
+        ("ACCELKIT_WEBGPU_CACHE", "accelkit-webgpu"),
         ("ACCELKIT_OPENCL_VARIANTS_FILE", "accelkit-opencl-variants.json"),
     ):
         os.environ.setdefault(var, os.path.join(caches, sub))
