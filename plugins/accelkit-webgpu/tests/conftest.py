@@ -32,9 +32,12 @@ if not HAVE_ADAPTER:
 
 @pytest.fixture(autouse=True)
 def kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test gets its own ACCELKIT_CACHE_DIR (the executor's disk cache lives under it)."""
+    """Each test gets its own ACCELKIT_CACHE_DIR (the executor's disk cache lives under it,
+    unless ACCELKIT_WEBGPU_CACHE names another folder: a test run's cache isolation sets that,
+    so it is cleared here)."""
     cache = tmp_path / "accelkit-cache"
     monkeypatch.setenv("ACCELKIT_CACHE_DIR", str(cache))
+    monkeypatch.delenv("ACCELKIT_WEBGPU_CACHE", raising=False)
     return cache
 
 

@@ -37,10 +37,23 @@ fn ak_isinf(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f8000
 fn ak_nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
 fn ak_inf() -> f32 { return bitcast<f32>(0x7f800000u); }
 fn ak_log(a: f32) -> f32 {
-    if (ak_isnan(a) || a < 0.0) { return ak_nan(); }
-    if (a == 0.0) { return -ak_inf(); }
+    let bits = bitcast<u32>(a);
+    if (ak_isnan(a) || (bits & 0x80000000u) != 0u && (bits & 0x7fffffffu) != 0u) {
+        return ak_nan();
+    }
+    if ((bits & 0x7fffffffu) == 0u) { return -ak_inf(); }
     if (ak_isinf(a)) { return a; }
+    if ((bits & 0x7f800000u) == 0u) {
+        // a subnormal (which a device may flush to zero): m * 2^-149, from the bits
+        return log(f32(bits & 0x7fffffu)) - 103.27892990343184;
+    }
     return log(a);
+}
+fn ak_log2_pos(m: f32) -> f32 {
+    // log2 of a positive finite m, subnormals included (a device may flush them to zero)
+    let bits = bitcast<u32>(m);
+    if ((bits & 0x7f800000u) == 0u) { return log2(f32(bits & 0x7fffffu)) - 149.0; }
+    return log2(m);
 }
 fn ak_sqrt(a: f32) -> f32 {
     if (ak_isnan(a) || a < 0.0) { return ak_nan(); }
@@ -56,7 +69,11 @@ fn ak_exp(a: f32) -> f32 {
 fn ak_tanh(a: f32) -> f32 {
     if (ak_isnan(a)) { return a; }
     let c = clamp(a, -10.0, 10.0);
-    if (abs(c) < 0.0005) { return c; }
+    if (abs(c) < 0.1) {
+        // the series: (e - 1) / (e + 1) cancels for small |x|
+        let c2 = c * c;
+        return c * (1.0 + c2 * (-0.3333333333 + c2 * (0.1333333333 + c2 * -0.0539682540)));
+    }
     let e = exp(2.0 * c);
     return (e - 1.0) / (e + 1.0);
 }
@@ -70,6 +87,12 @@ fn ak_erf(x: f32) -> f32 {
     // Numerical Recipes' erfc (fractional error < 1.2e-7 everywhere), in f32
     if (ak_isnan(x)) { return x; }
     let z = abs(x);
+    if (z < 0.5) {
+        // Maclaurin series: 1 - erfc loses the relative precision near 0
+        let x2 = x * x;
+        return 1.1283791670955126 * x * (1.0 + x2 * (-0.3333333333 + x2 * (0.1 + x2 * (
+            -0.0238095238 + x2 * (0.0046296296 + x2 * -0.0007575758)))));
+    }
     let t = 1.0 / (1.0 + 0.5 * z);
     let r = t * ak_exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
         + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
@@ -80,11 +103,11 @@ fn ak_erf(x: f32) -> f32 {
 fn ak_trig_ok(a: f32) -> bool { return !(ak_isnan(a) || ak_isinf(a)); }
 fn ak_maxf(a: f32, b: f32) -> f32 {
     if (ak_isnan(a) || ak_isnan(b)) { return ak_nan(); }
-    return select(b, a, a > b);
+    return select(b, a, a >= b);
 }
 fn ak_minf(a: f32, b: f32) -> f32 {
     if (ak_isnan(a) || ak_isnan(b)) { return ak_nan(); }
-    return select(b, a, a < b);
+    return select(b, a, a <= b);
 }
 fn ak_is_int(b: f32) -> bool { return !ak_isinf(b) && floor(b) == b; }
 fn ak_is_odd(b: f32) -> bool {
@@ -105,12 +128,13 @@ fn ak_powf(a: f32, b: f32) -> f32 {
         if ((m > 1.0) == (b > 0.0)) { return ak_inf(); }
         return 0.0;
     }
+    // (a negative base with a non-integer exponent is NaN, -inf included, as NumPy's power)
     if (a < 0.0 && !ak_is_int(b)) { return ak_nan(); }
     var r: f32;
     if (ak_isinf(m)) {
         r = select(0.0, ak_inf(), b > 0.0);
     } else {
-        let l = b * log2(m);
+        let l = b * ak_log2_pos(m);
         if (l >= 128.0) { r = ak_inf(); } else if (l < -150.0) { r = 0.0; } else { r = exp2(l); }
         // exact small integer powers, as NumPy gets them
         if (ak_is_int(b) && abs(b) <= 64.0) {
@@ -180,7 +204,8 @@ fn ak_modf(a: f32, b: f32) -> f32 {
     // Python's and NumPy's %: the remainder of the floored quotient, with b's sign
     if (ak_isnan(a) || ak_isnan(b) || ak_isinf(a) || b == 0.0) { return ak_nan(); }
     if (ak_isinf(b)) {
-        if (a == 0.0 || (a < 0.0) == (b < 0.0)) { return a; }
+        if (a == 0.0) { return select(0.0, -0.0, b < 0.0); }
+        if ((a < 0.0) == (b < 0.0)) { return a; }
         return b;
     }
     var r = ak_fmodf(a, b);
@@ -189,6 +214,7 @@ fn ak_modf(a: f32, b: f32) -> f32 {
     return r;
 }
 fn ak_neg_zero(x: f32) -> bool { return bitcast<u32>(x) == 0x80000000u; }
+fn ak_signbit(x: f32) -> bool { return (bitcast<u32>(x) & 0x80000000u) != 0u; }
 fn ak_ffloordiv(a: f32, b: f32) -> f32 {
     // NumPy's npy_floor_divide: the floor of the exact quotient
     if (ak_isnan(a) || ak_isnan(b)) { return ak_nan(); }
@@ -199,7 +225,9 @@ fn ak_ffloordiv(a: f32, b: f32) -> f32 {
     }
     if (ak_isinf(a)) { return ak_nan(); }
     if (ak_isinf(b)) {
-        if (a == 0.0 || (a < 0.0) == (b < 0.0)) { return select(0.0, -0.0, (a < 0.0) != (b < 0.0)); }
+        if (a == 0.0 || (a < 0.0) == (b < 0.0)) {
+            return select(0.0, -0.0, ak_signbit(a) != ak_signbit(b));
+        }
         return -1.0;
     }
     let m = ak_fmodf(a, b);
@@ -210,7 +238,7 @@ fn ak_ffloordiv(a: f32, b: f32) -> f32 {
         if (d - f > 0.5) { f = f + 1.0; }
         return f;
     }
-    return select(0.0, -0.0, (a < 0.0) != (b < 0.0));
+    return select(0.0, -0.0, ak_signbit(a) != ak_signbit(b));  // copysign(0, a / b)
 }
 fn ak_ifloordiv(a: i32, b: i32) -> i32 {
     if (b == 0) { return 0; }

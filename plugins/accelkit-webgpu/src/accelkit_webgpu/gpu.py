@@ -53,11 +53,12 @@ class Block:
         return buf
 
     def release(self) -> None:
+        """Give the buffer back (the pool's ``raw_free``). The pool calls this on any thread,
+        the event loop's included, so it only queues the buffer: a worker destroys it under the
+        lock at its next call (no wait on the lock, which a long read may hold, here)."""
         buf, self._buffer = self._buffer, None
         if buf is not None:
-            with self.gpu.lock:
-                self.gpu.live_buffers.pop(id(self), None)
-                buf.destroy()
+            self.gpu.graveyard.append((id(self), buf))  # list.append: atomic in CPython
 
     def __repr__(self) -> str:
         return f"Block({self.size} bytes)"
@@ -105,9 +106,22 @@ class GPU:
         self._fence: Any = None
         #: Every block's GPUBuffer, by ``id(block)`` (see :class:`Block`).
         self.live_buffers: dict[int, Any] = {}
+        #: Released blocks' buffers, destroyed by the next call that holds the lock.
+        self.graveyard: list[tuple[int, Any]] = []
 
     # -- health -----------------------------------------------------------------------------------
+    def bury(self) -> None:
+        """Destroy the buffers of released blocks (call with the lock held)."""
+        while self.graveyard:
+            key, buf = self.graveyard.pop()
+            if self.live_buffers.get(key) is buf:
+                del self.live_buffers[key]
+            with contextlib.suppress(Exception):  # a lost device: nothing left to free
+                buf.destroy()
+
     def check(self) -> None:
+        if self.graveyard and self.lock._is_owned():  # type: ignore[attr-defined]
+            self.bury()
         if self.lost is not None:
             raise ContextPoisonedError(
                 f"the WebGPU device {self.label} was lost ({self.lost}); call recover()"
@@ -136,6 +150,7 @@ class GPU:
             self._pipelines.clear()
             self._layouts.clear()
             self.live_buffers.clear()
+            self.graveyard.clear()
             device, self.device = self.device, None
             self.lost = self.lost or "the backend was shut down"
             if device is not None:

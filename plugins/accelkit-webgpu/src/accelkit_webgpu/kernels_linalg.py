@@ -528,6 +528,8 @@ class LinalgKernels(WebGPUComponent):
         beta: float,
         conv: list[int] | None = None,
     ) -> None:
+        # (checked on the real K, measured: K = 70,000 ran right on llvmpipe, 200,000 did not)
+        self.check_loop("a matrix product", "an inner dimension of", mnk[2], 65536)
         """``out[batch, i, j] = alpha * sum_k A(i, k) B(k, j) + beta * C(i, j)`` with ``out``
         contiguous; ``strides`` = (a row, a k, b k, b col, c row, c col) in elements; ``batch``:
         per batch dim (size, a stride, b stride, c stride)."""
@@ -665,6 +667,8 @@ class LinalgKernels(WebGPUComponent):
         oh, ow = out.shape[2], out.shape[3]
         og = o // groups
         if og < 4:
+            # measured: C*KH*KW = 18,432 ran right on llvmpipe, 73,728 did not
+            self.check_loop("conv2d", "C/groups*KH*KW =", cg * kh * kw, 32768)
             binds = [Binding("x", x.dtype), Binding("w", weight.dtype)]
             inputs = [x, weight]
             bias_code = ""
@@ -698,6 +702,9 @@ class LinalgKernels(WebGPUComponent):
             return
         b, h, sq, d = q.shape
         hk, skv, dv = k.shape[1], k.shape[2], v.shape[3]
+        # each invocation loops about 2 * (D + DV) times per key (measured: D = DV = 64 ran
+        # right up to 384 keys on llvmpipe, not at 512)
+        self.check_loop("attention", "keys * (D + DV) =", skv * (d + dv), 49152)
         gpu = self.gpu
         local = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
         bk = min(32, (local // 2) // ((max(d, 1) + max(dv, 1)) * 4))

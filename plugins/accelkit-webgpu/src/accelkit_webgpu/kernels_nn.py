@@ -261,6 +261,11 @@ class NNKernels(WebGPUComponent):
         n = out.size
         if n == 0:
             return
+        if isinstance(src, Tensor) and src.dtype is not x.dtype:
+            # values of another dtype are converted first (as the CPU backend's assignment does)
+            converted = self.empty(src.shape, x.dtype)
+            self.cast(src, converted)  # type: ignore[attr-defined]
+            src = converted
         gpu = self.gpu
         dim = x.shape[axis]
         is_tensor = isinstance(src, Tensor)

@@ -807,6 +807,8 @@ class ReduceKernels(WebGPUComponent):
     ) -> None:
         n, c = logits.shape
         self._rd_check_row("cross_entropy", c)
+        # one workgroup sums the row losses, n / RWG trips per invocation
+        self.check_loop("cross_entropy", "rows", n, RWG * 60000)
         epw = elements_per_word(probs.dtype)
         packed = c % epw == 0
         p_target = probs if packed else self.empty(probs.shape, DType.F32)

@@ -80,7 +80,7 @@ fn value(e: u32) -> {ct} {{
     let nd = P[1];
     let axis = P[2];
     let n = i32(P[3]);
-    var k = i32(ld_idx(e));
+    var k = idx_at(e);
     if (k < 0) {{ k = k + n; }}
     k = clamp(k, 0, n - 1);
     var r = e;
@@ -101,7 +101,7 @@ fn value(e: u32) -> {ct} {{
 _EMBED = """
 fn value(e: u32) -> {ct} {{
     let w = P[1];
-    var k = i32(ld_idx(e / w));
+    var k = idx_at(e / w);
     let n = i32(P[2]);
     if (k < 0) {{ k = k + n; }}
     k = clamp(k, 0, n - 1);
@@ -111,23 +111,57 @@ fn value(e: u32) -> {ct} {{
 
 
 # Index check: P[0] = count, P[1] = the axis length, P[2] = 1 where negative indices count from
-# the end; the first word of t_err becomes 1 and the next two the offending index (low, high).
+# the end. The first bad index found (atomically: one invocation wins) sets t_err[0] and writes
+# its raw words (low, high) to t_err[1..2].
 _CHECK = """
+@group(0) @binding(2) var<storage, read_write> t_err: array<atomic<u32>>;
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
     let i = (wid.y * nwg.x + wid.x) * {wg}u + lid;
     if (i >= P[0]) {{ return; }}
-    let k = {load};
+    let k = idx_at(i);
     let n = i32(P[1]);
     let low = select(0, -n, P[2] == 1u);
-    if (k < low || k >= n) {{ t_err[0] = 1u; t_err[1] = {lo}; t_err[2] = {hi}; }}
+    if (k < low || k >= n) {{
+        if (atomicAdd(&t_err[0], 1u) == 0u) {{
+            atomicStore(&t_err[1], {lo});
+            atomicStore(&t_err[2], {hi});
+        }}
+    }}
 }}
 """
 
 
+def index_reader(dtype: DType) -> str:
+    """``fn idx_at(i: u32) -> i32``: index ``i`` of binding ``t_idx`` as an i32; values past
+    i32's range saturate (to its minimum or maximum), which every range check refuses."""
+    if dtype is DType.U64:
+        body = (
+            "let v = ld64_idx(i);\n"
+            "    return select(2147483647, i32(v.x), v.y == 0u && v.x < 0x80000000u);"
+        )
+    elif dtype.is_integer and not dtype.is_signed and dtype.itemsize <= 4:
+        body = "return i32(min(ld_idx(i), 0x7fffffffu));"
+    elif dtype is DType.BOOL:
+        body = "return i32(ld_idx(i));"
+    else:  # signed: i32 already (I64 through its index view)
+        body = "return ld_idx(i);"
+    return f"fn idx_at(i: u32) -> i32 {{\n    {body}\n}}\n"
+
+
+def _raw_words(dtype: DType) -> tuple[str, str]:
+    """WGSL expressions of the raw (low, high) words of index ``i`` (for the error message)."""
+    if dtype.itemsize == 8:
+        return "ld64_idx(i).x", "ld64_idx(i).y"
+    if dtype.is_signed:
+        return "bitcast<u32>(ld_idx(i))", "select(0u, 0xffffffffu, ld_idx(i) < 0)"
+    return "u32(ld_idx(i))", "0u"
+
+
 def _src(template: str, inputs: list[Binding], out: DType) -> str:
-    return map_kernel(inputs, out, template.format(ct=compute_type(out)))
+    extra = "".join(index_reader(b.dtype) for b in inputs if b.name == "idx")
+    return map_kernel(inputs, out, extra + template.format(ct=compute_type(out)))
 
 
 class ShapeKernels(WebGPUComponent):
@@ -188,12 +222,10 @@ class ShapeKernels(WebGPUComponent):
         if out.size == 0:
             return
         gpu = self.gpu
-        check = header([Binding("idx", index.dtype)], None, [Binding("err", DType.U32)])
-        if index.dtype.itemsize == 8:
-            words = ("ld64_idx(i).x", "ld64_idx(i).y")
-        else:
-            words = ("bitcast<u32>(k)", "select(0u, 0xffffffffu, k < 0)")
-        check += _CHECK.format(wg=WG, load="i32(ld_idx(i))", lo=words[0], hi=words[1])
+        check = header([Binding("idx", index.dtype)], None) + index_reader(index.dtype)
+        lo_word, hi_word = _raw_words(index.dtype)
+        check += _CHECK.format(wg=WG, lo=lo_word, hi=hi_word)
+        signed = index.dtype.is_signed
         err = Block(gpu, 12)
         zero = np.zeros(3, np.uint32)
         negative = int(negative_ok)
@@ -202,16 +234,20 @@ class ShapeKernels(WebGPUComponent):
         count = index.size
 
         def run() -> None:
-            gpu.write(err, zero)
-            gpu.dispatch(
-                check, [count, n, negative], [(block(index), nbytes(index))], [(err, 12)],
-                groups_for(count, WG),
-            )  # fmt: skip
-            gpu.dispatch(source, params, ins, [(block(out), nbytes(out))], groups)
-            flag, lo, hi = (int(w) for w in gpu.read(err, 12).view(np.uint32))
-            err.release()
+            try:
+                gpu.write(err, zero)
+                gpu.dispatch(
+                    check, [count, n, negative], [(block(index), nbytes(index))], [(err, 12)],
+                    groups_for(count, WG),
+                )  # fmt: skip
+                gpu.dispatch(source, params, ins, [(block(out), nbytes(out))], groups)
+                flag, lo, hi = (int(w) for w in gpu.read(err, 12).view(np.uint32))
+            finally:
+                err.release()
             if flag:
-                value = int(np.array([lo | (hi << 32)], np.uint64).view(np.int64)[0])
+                value = lo | (hi << 32)
+                if signed and value >= 1 << 63:
+                    value -= 1 << 64
                 valid = f"{-n}..{n - 1}" if negative_ok else f"0..{n - 1}"
                 raise InvalidArgumentError(f"{op}: index {value} is out of range (valid: {valid})")
 

@@ -9,6 +9,8 @@ neural-network kernels in :mod:`accelkit_webgpu.kernels_shape`, ``kernels_reduce
 
 from __future__ import annotations
 
+import operator
+
 from accelkit import Tensor
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.sdk import Operand, TensorKernels
@@ -20,6 +22,33 @@ from accelkit_webgpu.kernels_shape import ShapeKernels, broadcast_strides
 from accelkit_webgpu.submit import WebGPUComponent, scalar_words
 
 __all__ = ["WebGPUTensorKernels"]
+
+
+_COMPARE = {
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+    "gt": operator.gt, "ge": operator.ge,
+}  # fmt: skip
+
+
+def _int_range(dtype: DType) -> tuple[int, int]:
+    bits = 8 * dtype.itemsize
+    if dtype.is_signed:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def constant_comparison(op: str, a: Operand, b: Operand, compute: DType) -> bool | None:
+    """The result of comparing a tensor with a Python int outside ``compute``'s range (NumPy
+    compares the exact values: ``u8 < -1`` is all False), which is the same for every element;
+    None when no operand is such an int (the kernel compares)."""
+    if not compute.is_integer:
+        return None
+    lo, hi = _int_range(compute)
+    for scalar, tensor_first in ((b, True), (a, False)):
+        if type(scalar) is int and not lo <= scalar <= hi:
+            cmp = _COMPARE[op]
+            return bool(cmp(lo, scalar) if tensor_first else cmp(scalar, lo))
+    return None
 
 
 def _dtype_of(x: Operand, other: Operand) -> DType:
@@ -71,6 +100,11 @@ class WebGPUTensorKernels(
         # Comparisons compute in the promoted dtype; everything else in the result's.
         promoted = result_type(da, db) if da is not db else da
         compute = promoted if op in ew.COMPARE else out.dtype
+        if op in ew.COMPARE:
+            constant = constant_comparison(op, a, b, promoted)
+            if constant is not None:
+                self.backend.tensor_factory.kernels.fill(out, constant)
+                return
         ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
         # A scalar operand is declared in the compute dtype (it was promoted weakly).
         sa = da if ta else compute

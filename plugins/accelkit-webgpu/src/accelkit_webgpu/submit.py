@@ -71,8 +71,8 @@ class WebGPUComponent:
         backend.gpu.check()
         if dtype not in backend.supported_dtypes:
             raise UnsupportedOperationError(
-                f"webgpu on {backend.device} does not support dtype {dtype.value}: WGSL has no"
-                " 64-bit types; supported: "
+                f"webgpu on {backend.device} does not support dtype {dtype.value} (WGSL has no"
+                " f64, and the backend does not emulate it); supported: "
                 + ", ".join(sorted(d.value for d in backend.supported_dtypes))
             )
         size = prod(shape) * dtype.itemsize
@@ -87,6 +87,18 @@ class WebGPUComponent:
         buf = backend.pool.allocate(size)
         stream = backend.current_stream
         return new_tensor(backend, buf, buf.handle, shape, dtype, stream.device, stream)
+
+    def check_loop(self, op: str, what: str, trips: int, limit: int) -> None:
+        """Refuse work whose invocations would loop more than ``limit`` times on a software
+        adapter: Mesa's llvmpipe ends an invocation's loops after 65,535 iterations in all,
+        silently, so the result would be wrong. A real GPU has no such limit."""
+        if trips > limit and self._backend.capabilities.extra.get("software"):
+            raise UnsupportedOperationError(
+                f"webgpu: {op} with {what} {trips} is more than the software adapter"
+                f" {self._backend.device} runs correctly (at most {limit}: llvmpipe stops an"
+                " invocation's loops after 65,535 iterations); use a GPU adapter or another"
+                " backend"
+            )
 
     def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         return view_of(x, shape)
