@@ -144,6 +144,32 @@ class GPU:
             )
         return DeviceError(f"{what} failed on {self.label}: {text}")
 
+    def warm_up(self) -> None:
+        """Run each kind of wgpu call once (a write, a one-word kernel, a copy, a read).
+
+        wgpu-py builds its C structures through cffi, which parses each type string the first
+        time it meets it, in Python, holding the GIL for tens of milliseconds. Done here, on a
+        worker thread at initialize, that cost never lands on a user's first op, where it would
+        keep the event loop's thread from running (40-50 ms late, measured)."""
+        src = (
+            "@group(0) @binding(0) var<storage, read> P: array<u32>;\n"
+            "@group(0) @binding(1) var<storage, read> t_x: array<u32>;\n"
+            "@group(0) @binding(2) var<storage, read_write> t_out: array<u32>;\n"
+            "@compute @workgroup_size(1) fn main() { t_out[0] = t_x[0] + P[0]; }\n"
+        )
+        a, b = Block(self, 4), Block(self, 4)
+        try:
+            self.write(a, np.array([41], np.uint32))
+            self.dispatch(src, [1], [(a, 4)], [(b, 4)], (1, 1))
+            self.copy(a, b, 4)
+            value = int(self.read(a, 4).view(np.uint32)[0])
+            self.wait_idle()
+        finally:
+            a.release()
+            b.release()
+        if value != 42:
+            raise DeviceError(f"{self.label} failed its first kernel (41 + 1 gave {value})")
+
     def close(self) -> None:
         """Drop the caches and destroy the device (its buffers go with it)."""
         with self.lock:

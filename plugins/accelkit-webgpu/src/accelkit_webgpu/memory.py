@@ -105,13 +105,14 @@ class WebGPUMemoryManager(PooledMemoryManager):
             await stream.wait_for(seq)
         gpu, handle, n = self._gpu, block(tensor), nbytes(tensor)
         # Mapping waits for the device: always on a worker thread, never on the loop's.
+        # (wgpu-py's read_buffer returns a fresh copy of the mapped range: no second copy)
         raw = await anyio.to_thread.run_sync(lambda: gpu.read(handle, n))
-        return self._typed(tensor, np.array(raw, copy=True))
+        return self._typed(tensor, raw)
 
     def read_tensor_blocking(self, tensor: Tensor) -> Any:
         for stream, seq in self._pending(tensor):
             stream.wait_for_blocking(seq)
-        return self._typed(tensor, np.array(self._gpu.read(block(tensor), nbytes(tensor))))
+        return self._typed(tensor, self._gpu.read(block(tensor), nbytes(tensor)))
 
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
         raise UnsupportedOperationError(
