@@ -116,6 +116,7 @@ class WebGPUBackend(StreamBackend):
     async def _open(self, device: Device) -> None:
         from accelkit_webgpu.executor import WebGPUKernelExecutor
         from accelkit_webgpu.factory import WebGPUFactoryKernels
+        from accelkit_webgpu.kernel_ops import WebGPUFusedKernels
         from accelkit_webgpu.memory import WebGPUMemoryManager
         from accelkit_webgpu.ops import WebGPUTensorKernels
 
@@ -132,6 +133,8 @@ class WebGPUBackend(StreamBackend):
         except Exception as exc:
             raise DeviceError(f"cannot open a WebGPU device on {device}: {exc}") from None
         gpu = GPU(adapter, wdevice, str(device))
+        # wgpu-py's first calls parse C types holding the GIL: pay that here, off the loop
+        await anyio.to_thread.run_sync(gpu.warm_up)
         self._gpu = gpu
         self._caps = caps
         self.supported_dtypes = caps.dtypes
@@ -142,7 +145,9 @@ class WebGPUBackend(StreamBackend):
         )
         self._pool = self._memory_manager.pool
         self._kernel_executor = WebGPUKernelExecutor(self)
-        self.install_kernels(WebGPUTensorKernels(self), WebGPUFactoryKernels(self))
+        self.install_kernels(
+            WebGPUTensorKernels(self), WebGPUFactoryKernels(self), WebGPUFusedKernels(self)
+        )
 
     async def _shutdown(self) -> None:
         gpu = self._gpu

@@ -24,6 +24,7 @@ from accelkit_webgpu import kernels_linalg as _linalg
 from accelkit_webgpu import kernels_nn as _nn
 from accelkit_webgpu import kernels_reduce as _reduce
 from accelkit_webgpu import kernels_shape as _shape
+from accelkit_webgpu.kernel_ops import FUSED
 
 __all__ = [
     "DTYPES",
@@ -124,7 +125,7 @@ def capabilities(adapter: Any, index: int) -> BackendCapabilities:
         device=f"webgpu:{index}",
         dtypes=dtypes,
         ops=IMPLEMENTED_OPS,
-        fused_ops=frozenset(),
+        fused_ops=FUSED,
         # SPIR-V only where the adapter's API takes it (wgpu passes it through on Vulkan)
         kernel_languages=frozenset(
             {"wgsl", "spirv"} if str(info.get("backend_type", "")) == "Vulkan" else {"wgsl"}
