@@ -113,3 +113,51 @@ async def test_recover_after_device_loss(backend: WebGPUBackend) -> None:
     y = f.zeros((1,))
     ex.execute_kernel(handle, (1,), (1,), [y])
     np.testing.assert_array_equal(await y.to_host(), [5.0])
+
+
+@pytest.mark.parametrize("fault", ["wrong results", "build error"])
+async def test_an_unverified_gemm_tile_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """The large GEMM tile is chosen from the device's reported limits only after a run proves
+    it right: a tile that builds but computes wrong values (as a wider one did on llvmpipe),
+    or that does not build, leaves the medium tile in use, and products stay right."""
+    import dataclasses
+
+    from accelkit_webgpu import kernels_linalg as kl
+
+    original = kl._gemm_source
+
+    def faulty(spec: kl._GemmSpec) -> str:
+        if spec.rm != kl._TILE_LARGE[2] or spec.wy != kl._TILE_LARGE[1]:
+            return original(spec)
+        if fault == "build error":
+            return "this is not WGSL"
+        # the medium tile's kernel dispatched as the large one: half the rows never written
+        return original(dataclasses.replace(spec, rm=kl._TILE_MEDIUM[2]))
+
+    monkeypatch.setattr(kl, "_gemm_source", faulty)
+    backend = WebGPUBackend()
+    await backend.initialize("webgpu:0")
+    try:
+        assert backend.kernel_variants["gemm_tile"].startswith("medium")
+        assert ("Error" if fault == "build error" else "wrong results") in (
+            backend.kernel_variants["gemm_tile"]
+        )
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        rng = np.random.default_rng(1)
+        a_h = rng.standard_normal((256, 48)).astype(np.float32)
+        b_h = rng.standard_normal((48, 128)).astype(np.float32)
+        got = await ops.matmul(f.from_host(a_h), f.from_host(b_h)).to_host()
+        np.testing.assert_allclose(got, a_h @ b_h, rtol=1e-4, atol=1e-4)
+    finally:
+        await backend.shutdown()
+
+
+async def test_the_large_gemm_tile_is_verified_before_use(backend: WebGPUBackend) -> None:
+    # by the time initialize returns there is a verdict, with its reason (on llvmpipe here:
+    # the large tile passes; another device may give the medium one, saying why)
+    verdict = backend.kernel_variants["gemm_tile"]
+    assert verdict == "large (verified)" or (
+        verdict.startswith("medium (") and "not verified" not in verdict
+    )

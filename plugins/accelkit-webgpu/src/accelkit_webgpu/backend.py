@@ -67,6 +67,26 @@ class WebGPUBackend(StreamBackend):
             raise DeviceError("the WebGPU device is not open")
         return gpu
 
+    async def initialize(self, device: Device | str | None = None) -> None:
+        await super().initialize(device)
+        await self._verify_variants()
+
+    async def _verify_variants(self) -> None:
+        """Device-dependent kernel choices are verified by a run before they are used (the
+        medium GEMM tile runs until then); the run's memory does not count in the peak."""
+        kernels = self.tensor_ops.kernels
+        await kernels.verify_large_tiles()  # type: ignore[attr-defined]
+        self.memory_manager.reset_peak()
+
+    @property
+    def kernel_variants(self) -> dict[str, str]:
+        """What each device-dependent choice runs, and why."""
+        kernels = self.tensor_ops.kernels
+        if kernels.large_tiles:  # type: ignore[attr-defined]
+            return {"gemm_tile": "large (verified)"}
+        reason = kernels.large_tiles_reason or "not verified yet"  # type: ignore[attr-defined]
+        return {"gemm_tile": f"medium ({reason})"}
+
     # -- a lost device ----------------------------------------------------------------------------
     @property
     def poisoned(self) -> bool:
@@ -107,6 +127,7 @@ class WebGPUBackend(StreamBackend):
         if old_pool is not None:
             # a new pool continues the old one's generations, so no old handle can look live
             self.pool.generation = old_pool.generation + 1
+        await self._verify_variants()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:

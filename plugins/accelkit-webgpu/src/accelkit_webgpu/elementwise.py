@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from accelkit.dtype import DType
-from accelkit_webgpu.wgsl import Binding, category, compute_type, map_kernel
+from accelkit_webgpu.wgsl import Binding, category, compute_type, map_kernel, param_value
 
 COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
@@ -456,12 +456,7 @@ def _operand_loads(
             binds.append(Binding(name, dt))
             raw = f"ldv_{name}({'e' if flat else f'i_{name}'})"
         else:
-            ct = compute_type(dt)
-            if ct == "vec2<u32>":
-                raw = f"vec2<u32>(P[{1 + k}], P[{1 + k + 3}])"  # high words at P[4 + k]
-            else:
-                raw = {"f32": "bitcast<f32>", "i32": "bitcast<i32>", "u32": ""}[ct]
-                raw = f"{raw}(P[{1 + k}])"
+            raw = param_value(dt, 1 + k, 4 + k)  # high words at P[4 + k]
         if name == "c":
             lines.append(f"let {name} = {raw};")
         else:

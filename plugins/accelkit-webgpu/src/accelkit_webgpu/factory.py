@@ -11,7 +11,7 @@ from accelkit import Tensor
 from accelkit.sdk import FactoryKernels
 from accelkit.sdk import host as h
 from accelkit_webgpu.submit import WebGPUComponent, block, scalar_words
-from accelkit_webgpu.wgsl import compute_type, map_kernel
+from accelkit_webgpu.wgsl import compute_type, map_kernel, param_value
 
 
 class WebGPUFactoryKernels(WebGPUComponent, FactoryKernels):
@@ -19,10 +19,7 @@ class WebGPUFactoryKernels(WebGPUComponent, FactoryKernels):
         # The value travels as a parameter word (one pipeline per dtype, not per value).
         ct = compute_type(out.dtype)
         lo, hi = scalar_words(value, out.dtype)
-        load = {
-            "f32": "bitcast<f32>(P[1])", "i32": "bitcast<i32>(P[1])", "u32": "P[1]",
-            "vec2<u32>": "vec2<u32>(P[1], P[2])",
-        }[ct]  # fmt: skip
+        load = param_value(out.dtype, 1, 2)
         src = map_kernel([], out.dtype, f"fn value(e: u32) -> {ct} {{ return {load}; }}\n")
         self.run_map(src, [out.size, lo, hi], [], out)
 

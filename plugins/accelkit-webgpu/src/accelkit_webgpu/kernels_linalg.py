@@ -29,11 +29,14 @@ only ``-inf`` scores) is zeros and a row with a NaN or ``+inf`` score is NaN.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+import numpy as np
 
 from accelkit import Tensor
 from accelkit.dtype import DType
-from accelkit.errors import UnsupportedOperationError
+from accelkit.errors import AccelError, UnsupportedOperationError
 from accelkit.sdk import broadcast_shapes, prod
 from accelkit_webgpu.elementwise import _FTOI as FTOI
 from accelkit_webgpu.elementwise import HELPERS, cast_source, convert
@@ -41,6 +44,8 @@ from accelkit_webgpu.gpu import MAX_GROUPS
 from accelkit_webgpu.kernels_shape import broadcast_strides
 from accelkit_webgpu.submit import WebGPUComponent, block, f32_bits, nbytes
 from accelkit_webgpu.wgsl import Binding, compute_type, header, map_kernel, storer
+
+log = logging.getLogger("accelkit.webgpu")
 
 __all__ = ["CLAIMS", "LinalgKernels"]
 
@@ -507,13 +512,44 @@ def _integral(x: float) -> bool:
 
 
 class LinalgKernels(WebGPUComponent):
+    #: Whether the large GEMM tile runs: None until verified on this device (the medium tile
+    #: runs meanwhile), then the verdict of :meth:`verify_large_tiles`.
+    large_tiles: bool | None = None
+    #: Why the large tile is not used, once verified (None: it is).
+    large_tiles_reason: str | None = None
+
     # -- the tiled GEMM ---------------------------------------------------------------------------
     def _large_tiles_fit(self) -> bool:
+        """What the device reports: enough workgroup memory and invocations for the tile."""
         limits = self.gpu.limits
         return (
             int(limits.get("max-compute-workgroup-storage-size", 16384)) >= 16384
             and int(limits.get("max-compute-invocations-per-workgroup", 256)) >= 256
         )
+
+    async def verify_large_tiles(self) -> None:
+        """Decide the large tile from a run, not from the report: a 128x64x40 product through
+        it, compared with NumPy. A build error or a wrong result keeps the medium tile (a
+        report is a claim: a wider tile of this kernel has given wrong results on llvmpipe)."""
+        if not self._large_tiles_fit():
+            self.large_tiles, self.large_tiles_reason = False, "the reported limits are too low"
+            return
+        rng = np.random.default_rng(0)
+        a_h = rng.standard_normal((128, 40)).astype(np.float32)
+        b_h = rng.standard_normal((40, 64)).astype(np.float32)
+        f = self.backend.tensor_factory
+        self.large_tiles = True
+        try:
+            got = await self.backend.tensor_ops.matmul(f.from_host(a_h), f.from_host(b_h)).to_host()
+        except AccelError as exc:
+            reason: str | None = f"{type(exc).__name__}: {exc}"
+        else:
+            want = a_h.astype(np.float64) @ b_h.astype(np.float64)
+            err = float(np.max(np.abs(got - want)))
+            reason = None if err <= 1e-3 else f"wrong results (max error {err:.3g})"
+        self.large_tiles, self.large_tiles_reason = reason is None, reason
+        if reason is not None:
+            log.warning("accelkit-webgpu: the large GEMM tile is not used: %s", reason)
 
     def _gemm_run(
         self,
@@ -528,11 +564,11 @@ class LinalgKernels(WebGPUComponent):
         beta: float,
         conv: list[int] | None = None,
     ) -> None:
-        # (checked on the real K, measured: K = 70,000 ran right on llvmpipe, 200,000 did not)
-        self.check_loop("a matrix product", "an inner dimension of", mnk[2], 65536)
         """``out[batch, i, j] = alpha * sum_k A(i, k) B(k, j) + beta * C(i, j)`` with ``out``
         contiguous; ``strides`` = (a row, a k, b k, b col, c row, c col) in elements; ``batch``:
         per batch dim (size, a stride, b stride, c stride)."""
+        # (checked on the real K, measured: K = 70,000 ran right on llvmpipe, 200,000 did not)
+        self.check_loop("a matrix product", "an inner dimension of", mnk[2], 65536)
         if out.size == 0:
             return
         m, n, k = mnk
@@ -550,7 +586,7 @@ class LinalgKernels(WebGPUComponent):
         else:
             if m <= 16:
                 wx, wy, rm, rn = _TILE_ROWS
-            elif m >= 128 and n >= 64 and self._large_tiles_fit():
+            elif m >= 128 and n >= 64 and self.large_tiles:
                 wx, wy, rm, rn = _TILE_LARGE
             else:
                 wx, wy, rm, rn = _TILE_MEDIUM

@@ -30,8 +30,8 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit_webgpu.gpu import groups_for
 from accelkit_webgpu.int64 import INT64
-from accelkit_webgpu.kernels_shape import contiguous_strides
-from accelkit_webgpu.submit import WebGPUComponent, block, f32_bits, nbytes
+from accelkit_webgpu.kernels_shape import contiguous_strides, index_reader
+from accelkit_webgpu.submit import WebGPUComponent, block, f32_bits, nbytes, scalar_words
 from accelkit_webgpu.wgsl import (
     WG,
     Binding,
@@ -40,6 +40,7 @@ from accelkit_webgpu.wgsl import (
     header,
     loader,
     map_kernel,
+    param_value,
     storer,
 )
 
@@ -61,14 +62,6 @@ fn value(e: u32) -> i32 {
 """
 
 
-def _index_value(dtype: DType) -> str:
-    """The WGSL expression of index entry ``p`` as i32 (u32 values past i32's range saturate,
-    so that they read as out of range; 64-bit loaders give their i32 index view)."""
-    if compute_type(dtype) == "u32":
-        return "i32(min(ld_idx(p), 2147483647u))"
-    return "ld_idx(p)"
-
-
 def _winner_source(index_dtype: DType) -> str:
     """Pass 2. P[0] = index size, P[1] = nd, P[2] = axis, P[3] = x's length along it,
     P[4:4+nd] = index dims, P[4+nd:4+2nd] = out's strides."""
@@ -78,6 +71,7 @@ def _winner_source(index_dtype: DType) -> str:
         "@group(0) @binding(2) var<storage, read_write> W: array<atomic<i32>>;\n"
         + (INT64 if index_dtype.itemsize == 8 else "")
         + loader("idx", index_dtype)
+        + index_reader(index_dtype)
         + f"""
 var<workgroup> wlo: atomic<i32>;
 var<workgroup> whi: atomic<i32>;
@@ -96,7 +90,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let nd = P[1];
         let axis = P[2];
         let dim = i32(P[3]);
-        var k: i32 = {_index_value(index_dtype)};
+        var k: i32 = idx_at(p);
         atomicMin(&wlo, k);
         atomicMax(&whi, k);
         if (k < 0) {{ k = k + dim; }}
@@ -157,13 +151,6 @@ fn value(e: u32) -> {ct} {{
 }}
 """
 
-_SCALAR_LOAD = {
-    "f32": "bitcast<f32>(P[1])",
-    "i32": "bitcast<i32>(P[1])",
-    "u32": "P[1]",
-    "vec2<u32>": "vec2<u32>(P[1], P[2])",
-}
-
 
 def scatter_sources(x: DType, index: DType, src_is_tensor: bool) -> tuple[str, str, str]:
     """The three shaders of a scatter of ``x``'s dtype with an ``index`` of that dtype."""
@@ -175,18 +162,8 @@ def scatter_sources(x: DType, index: DType, src_is_tensor: bool) -> tuple[str, s
         binds.append(Binding("src", x))
         pick = map_kernel(binds, x, _PICK_TENSOR.format(ct=ct))
     else:
-        pick = map_kernel(binds, x, _PICK_SCALAR.format(ct=ct, scalar=_SCALAR_LOAD[ct]))
+        pick = map_kernel(binds, x, _PICK_SCALAR.format(ct=ct, scalar=param_value(x, 1, 2)))
     return init, winner, pick
-
-
-def _scalar_words(value: int | float | bool, dtype: DType) -> tuple[int, int]:
-    """``value`` as (low, high) parameter words of ``dtype``'s compute type."""
-    if dtype is DType.BOOL:
-        return int(bool(value)), 0
-    if compute_type(dtype) == "f32":
-        return f32_bits(float(value)), 0
-    v = int(value) & 0xFFFFFFFFFFFFFFFF
-    return v & 0xFFFFFFFF, v >> 32
 
 
 def adam_source(dtype: DType) -> str:
@@ -280,7 +257,7 @@ class NNKernels(WebGPUComponent):
             pick_params += contiguous_strides(src.shape)
             ins.append((block(src), nbytes(src)))
         else:
-            pick_params[1], pick_params[2] = _scalar_words(src, out.dtype)
+            pick_params[1], pick_params[2] = scalar_words(src, out.dtype)
         win_io = (block(win), nbytes(win))
         idx_io = (block(index), nbytes(index))
         out_io = (block(out), nbytes(out))

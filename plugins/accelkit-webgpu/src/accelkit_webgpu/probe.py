@@ -29,7 +29,6 @@ from accelkit_webgpu.kernel_ops import FUSED
 __all__ = [
     "DTYPES",
     "IMPLEMENTED_OPS",
-    "adapter_dtypes",
     "adapters",
     "capabilities",
     "is_software",
@@ -100,12 +99,6 @@ def is_software(info: dict[str, Any]) -> bool:
     )
 
 
-def adapter_dtypes(features: frozenset[str]) -> frozenset[DType]:
-    """The dtypes the backend runs on an adapter with ``features`` (the same everywhere today:
-    F16 is emulated where ``shader-f16`` is absent)."""
-    return DTYPES
-
-
 def capabilities(adapter: Any, index: int) -> BackendCapabilities:
     """What the backend does on ``adapter``, from its reported info, limits and features."""
     info = _info(adapter)
@@ -118,7 +111,7 @@ def capabilities(adapter: Any, index: int) -> BackendCapabilities:
     # WebGPU does not report device memory. A discrete GPU's is unknown here: the selector
     # gets the largest binding times 32 as a floor estimate; a software adapter uses host RAM.
     memory = max(max_buffer, max_binding) * (4 if software else 32)
-    dtypes = adapter_dtypes(features)
+    dtypes = DTYPES  # the same on every adapter: F16 is always emulated (shader-f16 unused)
     peak = {DType.F32: 2.0 if software else 2000.0}
     return BackendCapabilities(
         backend="webgpu",

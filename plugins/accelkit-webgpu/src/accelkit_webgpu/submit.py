@@ -19,7 +19,7 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.sdk import HostStream, last_writer, mark_written, new_tensor, prod, storage, view_of
 from accelkit_webgpu.gpu import GPU, Block, groups_for
-from accelkit_webgpu.wgsl import WG, Binding, elements_per_word
+from accelkit_webgpu.wgsl import WG, elements_per_word
 
 if TYPE_CHECKING:
     from accelkit_webgpu.backend import WebGPUBackend
@@ -155,7 +155,3 @@ class WebGPUComponent:
             [*inputs, *extra],
             (out,),
         )
-
-
-def bindings(named: Sequence[tuple[str, Tensor]]) -> list[Binding]:
-    return [Binding(name, t.dtype) for name, t in named]

@@ -38,13 +38,12 @@ from accelkit_webgpu.int64 import INT64
 __all__ = [
     "WG",
     "Binding",
-    "words_per_element",
     "category",
     "compute_type",
     "elements_per_word",
-    "literal",
     "loader",
     "map_kernel",
+    "param_value",
     "storer",
 ]
 
@@ -80,27 +79,13 @@ def elements_per_word(dtype: DType) -> int:
     return max(1, 4 // dtype.itemsize)
 
 
-def words_per_element(dtype: DType) -> int:
-    return max(1, dtype.itemsize // 4)
-
-
-def literal(value: float | int | bool, dtype: DType) -> str:
-    """``value`` as a WGSL literal of ``dtype``'s compute type."""
+def param_value(dtype: DType, lo: int, hi: int) -> str:
+    """A scalar of ``dtype``'s compute type held in the parameter words ``P[lo]`` (and, for a
+    64-bit dtype, ``P[hi]``), as :func:`accelkit_webgpu.submit.scalar_words` writes it."""
     ct = _COMPUTE[dtype]
-    if ct == "f32":
-        v = float(value)
-        if v != v:
-            return "bitcast<f32>(0x7fc00000u)"
-        if v in (float("inf"), float("-inf")):
-            return "bitcast<f32>(0x7f800000u)" if v > 0 else "bitcast<f32>(0xff800000u)"
-        return f"f32({v!r})"
     if ct == "vec2<u32>":
-        v = int(value) & 0xFFFFFFFFFFFFFFFF
-        return f"vec2<u32>({v & 0xFFFFFFFF}u, {v >> 32}u)"
-    if ct == "i32":
-        v = int(value)
-        return f"i32({v})" if v != -(2**31) else "i32(-2147483647 - 1)"
-    return f"{int(value)}u"
+        return f"vec2<u32>(P[{lo}], P[{hi}])"
+    return {"f32": f"bitcast<f32>(P[{lo}])", "i32": f"bitcast<i32>(P[{lo}])", "u32": f"P[{lo}]"}[ct]
 
 
 def loader(name: str, dtype: DType) -> str:
