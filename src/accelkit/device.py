@@ -13,18 +13,23 @@ from accelkit.errors import InvalidArgumentError
 __all__ = ["Device", "DeviceInfo"]
 
 _DEVICE_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([0-9]+))?$")
+#: ``kind://address``: a device reached at an address (a Dask scheduler, ``dask://host:8786``).
+_ADDRESS_RE = re.compile(r"^([a-z][a-z0-9_]*)://(\S+)$")
 
 
 class Device:
-    """A device: a kind (``"cpu"``, ``"cuda"``, ``"opencl"``...) and an index.
+    """A device: a kind (``"cpu"``, ``"cuda"``, ``"opencl"``...) and an index, or a kind and the
+    address it is reached at.
 
     ``Device.parse("cuda:1")`` and ``str(Device("cuda", 1)) == "cuda:1"``; ``"cpu"`` means
-    ``cpu:0``. Devices are immutable, hashable and compare equal to their string form.
+    ``cpu:0``. A device on another machine is named by its address:
+    ``Device.parse("dask://10.0.0.5:8786")`` is ``Device("dask", address="10.0.0.5:8786")``
+    (index 0). Devices are immutable, hashable and compare equal to their string form.
     """
 
-    __slots__ = ("_index", "_kind")
+    __slots__ = ("_address", "_index", "_kind")
 
-    def __init__(self, kind: str, index: int = 0) -> None:
+    def __init__(self, kind: str, index: int = 0, *, address: str | None = None) -> None:
         if not isinstance(kind, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", kind):
             raise InvalidArgumentError(
                 f"device kind must be a lower-case name like 'cpu' or 'cuda'; got {kind!r}"
@@ -33,23 +38,36 @@ class Device:
             raise InvalidArgumentError(
                 f"device index must be a non-negative int; got {index!r} for kind {kind!r}"
             )
+        if address is not None and (
+            not isinstance(address, str) or not address or any(c.isspace() for c in address)
+        ):
+            raise InvalidArgumentError(
+                f"device address must be a non-empty string without spaces, like"
+                f" '10.0.0.5:8786'; got {address!r} for kind {kind!r}"
+            )
         self._kind = kind
         self._index = index
+        self._address = address
 
     @classmethod
     def parse(cls, value: str | Device) -> Device:
-        """Parse ``"kind"`` or ``"kind:index"`` (``"cpu"``, ``"cuda:0"``, ``"opencl:1"``)."""
+        """Parse ``"kind"``, ``"kind:index"`` (``"cpu"``, ``"cuda:0"``, ``"opencl:1"``) or
+        ``"kind://address"`` (``"dask://10.0.0.5:8786"``)."""
         if isinstance(value, Device):
             return value
         if not isinstance(value, str):
             raise InvalidArgumentError(
                 f"expected a device string like 'cpu' or 'cuda:0'; got {type(value).__name__}"
             )
-        m = _DEVICE_RE.match(value.strip().lower())
+        text = value.strip()
+        a = _ADDRESS_RE.match(text)
+        if a is not None and a.group(1) == a.group(1).lower():
+            return cls(a.group(1), 0, address=a.group(2))
+        m = _DEVICE_RE.match(text.lower())
         if m is None:
             raise InvalidArgumentError(
-                f"malformed device {value!r}; expected 'kind' or 'kind:index' with a non-negative"
-                " index, e.g. 'cpu', 'cuda:0', 'opencl:1'"
+                f"malformed device {value!r}; expected 'kind', 'kind:index' with a non-negative"
+                " index or 'kind://address', e.g. 'cpu', 'cuda:0', 'dask://10.0.0.5:8786'"
             )
         return cls(m.group(1), int(m.group(2)) if m.group(2) is not None else 0)
 
@@ -61,15 +79,28 @@ class Device:
     def index(self) -> int:
         return self._index
 
+    @property
+    def address(self) -> str | None:
+        """Where a remote device is reached (``"10.0.0.5:8786"``); None for a local one."""
+        return self._address
+
     def __str__(self) -> str:
+        if self._address is not None:
+            return f"{self._kind}://{self._address}"
         return f"{self._kind}:{self._index}"
 
     def __repr__(self) -> str:
+        if self._address is not None:
+            return f"Device(kind={self._kind!r}, address={self._address!r})"
         return f"Device(kind={self._kind!r}, index={self._index})"
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Device):
-            return self._kind == other._kind and self._index == other._index
+            return (
+                self._kind == other._kind
+                and self._index == other._index
+                and self._address == other._address
+            )
         if isinstance(other, str):
             try:
                 return self == Device.parse(other)
@@ -78,10 +109,17 @@ class Device:
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self._kind, self._index))
+        return hash((self._kind, self._index, self._address))
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self._address is not None:
+            return (_addressed, (self._kind, self._address))
         return (Device, (self._kind, self._index))
+
+
+def _addressed(kind: str, address: str) -> Device:
+    """Unpickle a device named by its address."""
+    return Device(kind, 0, address=address)
 
 
 class DeviceInfo(BaseModel):
@@ -89,7 +127,7 @@ class DeviceInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    device: str = Field(description="the device as 'kind:index'")
+    device: str = Field(description="the device as 'kind:index' (or 'kind://address')")
     backend: str = Field(description="the backend that can drive it")
     name: str = Field(description="human-readable device name")
     vendor: str = ""

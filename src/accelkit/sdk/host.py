@@ -1,6 +1,12 @@
 """NumPy bodies of the TensorKernels kernels, on host arrays: for backends whose storage the host
 can read (a host-memory device, a backend that stages through the host, a test double).
 
+The optional kernels' bodies are here too (``take``, ``cumulative``, ``argsort``,
+``scatter_reduce`` and the image kernels ``depthwise``, ``separable_filter``,
+``sobel_magnitude``, ``grayscale``), with the signatures of their TensorKernels methods, and
+the fused KernelOps bodies (``rms_norm_residual``, ``rotary_embedding``, ``paged_attention``,
+``silu_mul``, ``quantized_linear``, ``sample_token``) with those of FusedKernels.
+
 Each function reads its inputs and writes ``out`` (an array of the result's shape and dtype, which
 the core has already worked out), with exactly the semantics the conformance suite checks:
 promotion with weak Python scalars, true division, integer overflow wrapping, F16/BF16 computed
@@ -26,7 +32,31 @@ from accelkit._core.host_memory import (
     free_in_stream_order,
     release_block,
 )
-from accelkit.backends.cpu.numpy_elementwise import binary, reduce, unary, where
+from accelkit.backends.cpu.numpy_elementwise import (
+    argsort,
+    binary,
+    cumulative,
+    reduce,
+    take,
+    unary,
+    where,
+)
+from accelkit.backends.cpu.numpy_fused import (
+    paged_attention,
+    quantized_linear,
+    rms_norm_residual,
+    rotary_embedding,
+    sample_token,
+    silu_mul,
+)
+from accelkit.backends.cpu.numpy_image import (
+    depthwise_replicate as depthwise,
+)
+from accelkit.backends.cpu.numpy_image import (
+    grayscale,
+    separable_filter,
+    sobel_magnitude,
+)
 from accelkit.backends.cpu.numpy_nn import (
     adam_update,
     attention,
@@ -40,13 +70,16 @@ from accelkit.backends.cpu.numpy_nn import (
     matmul,
     rms_norm,
     scatter,
+    scatter_reduce,
     softmax,
 )
 
 __all__ = [
-    "OFF_LOOP_COPY_BYTES", "adam_update", "aligned_allocator", "assign", "attention", "binary",
-    "cast_into", "conv2d", "copy_into", "copy_to_host",
-    "cross_entropy", "embedding", "export_dlpack", "free_in_stream_order", "gather", "gemm",
-    "layer_norm", "linear", "matmul", "reduce", "release_block", "rms_norm", "scatter",
-    "softmax", "unary", "where",
+    "OFF_LOOP_COPY_BYTES", "adam_update", "aligned_allocator", "argsort", "assign", "attention",
+    "binary", "cast_into", "conv2d", "copy_into", "copy_to_host", "cross_entropy", "cumulative",
+    "depthwise", "embedding", "export_dlpack", "free_in_stream_order", "gather", "gemm",
+    "grayscale", "layer_norm", "linear", "matmul", "paged_attention", "quantized_linear",
+    "reduce", "release_block", "rms_norm", "rms_norm_residual", "rotary_embedding",
+    "sample_token", "scatter", "scatter_reduce", "separable_filter", "silu_mul",
+    "sobel_magnitude", "softmax", "take", "unary", "where",
 ]  # fmt: skip
