@@ -249,3 +249,33 @@ def test_split_runs_each_test_once_between_the_core_and_the_per_backend_parts(
     assert core.counts == Counts(passed=3, skipped=1)  # test_backend_free and test_passing.py
     assert backends.counts == Counts(passed=2)  # test_on_each_backend[a] and [b]
     assert "2 deselected" in live
+
+
+def test_a_part_alongside_runs_while_the_next_ones_do_and_shows_its_output_after(
+    project: Path,
+) -> None:
+    # The background part waits for a file the foreground part writes: it can only pass if
+    # both run at the same time.
+    flag = project / "flag"
+    (project / "test_waits.py").write_text(
+        "import pathlib, time\n\n"
+        "def test_waits_for_the_other_part():\n"
+        f"    flag = pathlib.Path({str(flag)!r})\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not flag.exists():\n"
+        "        assert time.monotonic() < deadline, 'the parts did not run at the same time'\n"
+        "        time.sleep(0.05)\n"
+    )
+    (project / "test_writes.py").write_text(
+        "import pathlib, time\n\n"
+        "def test_writes_the_flag():\n"
+        f"    time.sleep(1)\n    pathlib.Path({str(flag)!r}).write_text('x')\n"
+    )
+    results, live = run(
+        project,
+        Part("waits", ("test_waits.py",), alongside=True),
+        Part("writes", ("test_writes.py",)),
+    )
+    assert [(r.name, r.outcome) for r in results] == [("waits", "passed"), ("writes", "passed")]
+    # the background part's output comes after the foreground part's, not inside it
+    assert live.index("=== part writes: passed") < live.index("=== part waits: passed")

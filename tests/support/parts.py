@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -70,12 +71,17 @@ class Part:
     """One pytest process: ``args`` (paths and options), extra environment ``env``.
 
     A part with a ``skip_reason`` is not run: it shows in the summary as ``no tests`` with the
-    reason (a backend installed without a device, whose conformance suite cannot run here)."""
+    reason (a backend installed without a device, whose conformance suite cannot run here).
+
+    A part run ``alongside`` runs in the background while the parts after it run, its output
+    shown once they end: for a part that mostly waits (on a cluster's scheduler, say) rather
+    than computes."""
 
     name: str
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     skip_reason: str = ""
+    alongside: bool = False
 
 
 @dataclass
@@ -533,21 +539,43 @@ def run_parts(
     timeout: float | None = None,
     empty_ok: bool = False,
 ) -> list[PartResult]:
-    """Run every part in turn, whatever the earlier ones did."""
-    return [
-        run_part(
+    """Run every part in turn, whatever the earlier ones did (those ``alongside`` in the
+    background, their output shown at the end); the results in the parts' order."""
+    shown = out or sys.stdout
+    results: dict[int, PartResult] = {}
+    background: list[tuple[threading.Thread, io.StringIO]] = []
+
+    def run(i: int, part: Part, to: TextIO) -> None:
+        results[i] = run_part(
             part,
             python=python,
             cwd=cwd,
             env=env,
             log_dir=log_dir,
             extra_args=extra_args,
-            out=out,
+            out=to,
             timeout=timeout,
             empty_ok=empty_ok,
         )
-        for part in parts
-    ]
+
+    for i, part in enumerate(parts):
+        if part.alongside and not part.skip_reason:
+            buffer = io.StringIO()
+            thread = threading.Thread(target=run, args=(i, part, buffer), daemon=True)
+            thread.start()
+            background.append((thread, buffer))
+            print(
+                f"\n=== part {part.name}: runs alongside the next parts; its output follows",
+                file=shown,
+                flush=True,
+            )
+            continue
+        run(i, part, shown)
+    for thread, buffer in background:
+        thread.join()
+        shown.write(buffer.getvalue())
+        shown.flush()
+    return [results[i] for i in sorted(results)]
 
 
 # -- the verdict -----------------------------------------------------------------------------------
