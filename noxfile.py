@@ -6,12 +6,16 @@ Sessions use the interpreter that runs nox (CI has exactly one), through uv when
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,9 @@ def tests(session: nox.Session) -> None:
         # WebGPU: wgpu-py finds Mesa's llvmpipe through OpenGL on a machine without a GPU
         "-e",
         "./plugins/accelkit-webgpu",
+        # Dask: its conformance part runs on a local cluster of two worker processes
+        "-e",
+        "./plugins/accelkit-dask",
         # the example backend (docs/plugins.md), written only against accelkit.sdk: the
         # conformance suite runs against it as against every installed backend
         "./tests/plugins/accelkit-example",
@@ -82,29 +89,80 @@ def tests(session: nox.Session) -> None:
     else:
         plan = _test_parts(parts, python, env)
         extra_args, empty_ok = posargs, bool(posargs)
-    results = parts.run_parts(
-        plan,
-        python=python,
-        cwd=ROOT,
-        env=env,
-        log_dir=Path(session.virtualenv.location) / "tmp" / "test-parts",
-        extra_args=extra_args,
-        empty_ok=empty_ok,
-        # A part that hangs ends as "timed out" (naming the test that was running) instead of
-        # holding the session until CI's own limit.
-        timeout=float(os.environ.get("ACCELKIT_PART_TIMEOUT_S", PART_TIMEOUT_S)),
-    )
+    with _dask_cluster(python, env, plan):
+        results = _run(parts, plan, python, env, session, "test-parts", extra_args, empty_ok)
     print("\n" + parts.format_summary(results), flush=True)
     failures = parts.session_failures(results, empty_ok=empty_ok)
     if failures:
         session.error("; ".join(failures))
 
 
+def _run(
+    parts: Any,
+    plan: list[Any],
+    python: str,
+    env: dict[str, str],
+    session: nox.Session,
+    logs: str,
+    extra_args: list[str],
+    empty_ok: bool,
+) -> list[Any]:
+    return parts.run_parts(  # type: ignore[no-any-return]
+        plan,
+        python=python,
+        cwd=ROOT,
+        env=env,
+        log_dir=Path(session.virtualenv.location) / "tmp" / logs,
+        extra_args=extra_args,
+        empty_ok=empty_ok,
+        # A part that hangs ends as "timed out" (naming the test that was running) instead of
+        # holding the session until CI's own limit.
+        timeout=float(os.environ.get("ACCELKIT_PART_TIMEOUT_S", PART_TIMEOUT_S)),
+    )
+
+
+@contextlib.contextmanager
+def _dask_cluster(python: str, env: dict[str, str], plan: list[Any]) -> Iterator[None]:
+    """For a part that tests the Dask backend: one local cluster of two worker processes
+    (``python -m accelkit_dask.serve``) that its thousands of tests share, named to them by
+    ``ACCELKIT_DASK_SCHEDULER``, and stopped at the end."""
+    wanted = [p for p in plan if p.env.get("ACCELKIT_TEST_BACKEND") == "dask" and not p.skip_reason]
+    if not wanted or env.get("ACCELKIT_DASK_SCHEDULER"):
+        yield
+        return
+    folder = Path(tempfile.mkdtemp(prefix="accelkit-dask-"))
+    address_file = folder / "address"
+    proc = subprocess.Popen(
+        [python, "-m", "accelkit_dask.serve", "--workers", "2", "--address-file",
+         str(address_file), "--until-stdin-closes"],
+        cwd=ROOT, env=env, stdin=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not address_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("python -m accelkit_dask.serve did not start a cluster")
+            time.sleep(0.1)
+        address = address_file.read_text().strip()
+        print(f"a local Dask cluster of two worker processes at {address}", flush=True)
+        for part in wanted:
+            part.env["ACCELKIT_DASK_SCHEDULER"] = address
+        yield
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 #: Seconds one part may run (``ACCELKIT_PART_TIMEOUT_S`` overrides): the largest, the OpenCL
 #: conformance part with cold compiler caches, takes about 8 minutes on a 2-core machine.
 PART_TIMEOUT_S = 1800.0
 #: The device plugins the tests session installs, whose tests/ it runs as parts of their own.
-DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda", "accelkit-webgpu")
+DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda", "accelkit-webgpu", "accelkit-dask")
 #: pytest options that take a value (so that the value is not taken for a test path).
 _VALUE_OPTIONS = {"-k", "-m", "-p", "-o", "-c", "-W", "-r", "--basetemp", "--rootdir", "--tb"}
 
@@ -181,14 +239,16 @@ def _test_parts(parts: Any, python: str, env: dict[str, str]) -> list[Any]:
         plan = [parts.Part("core", ("tests",), env=parts.split(paths, fixtures, "other"))]
         for backend in listed["backends"]:
             name = backend["name"]
-            plan.append(
-                parts.Part(
-                    f"conformance[{name}]",
-                    paths,
-                    env={"ACCELKIT_TEST_BACKEND": name, **parts.split(paths, fixtures, "backend")},
-                    skip_reason="" if backend["devices"] else f"no device: {backend['reason']}",
-                )
+            part = parts.Part(
+                f"conformance[{name}]",
+                paths,
+                env={"ACCELKIT_TEST_BACKEND": name, **parts.split(paths, fixtures, "backend")},
+                skip_reason="" if backend["devices"] else f"no device: {backend['reason']}",
+                # Dask's tests mostly wait on the cluster's scheduler: they run first, alongside
+                # the others, on a local cluster they share (_dask_cluster)
+                alongside=name == "dask",
             )
+            plan.insert(0, part) if part.alongside else plan.append(part)
     for dist in DEVICE_PLUGINS:
         plan.append(parts.Part(f"plugin {dist}", (f"plugins/{dist}/tests",)))
     return plan
@@ -208,12 +268,14 @@ def typecheck(session: nox.Session) -> None:
     # [test,testing]: what the tests import (pytest, hypothesis, the service test's web stack).
     session.install(
         "-e", ".[test,testing]", "-e", "./plugins/accelkit-opencl", "-e", "./plugins/accelkit-cuda",
-        "-e", "./plugins/accelkit-webgpu", "-e", "./tests/plugins/accelkit-example",
+        "-e", "./plugins/accelkit-webgpu", "-e", "./plugins/accelkit-dask",
+        "-e", "./tests/plugins/accelkit-example",
     )  # fmt: skip
     session.install("mypy>=1.10")
     session.run(
         "mypy", "--strict", "src/accelkit", "plugins/accelkit-opencl/src/accelkit_opencl",
         "plugins/accelkit-cuda/src/accelkit_cuda", "plugins/accelkit-webgpu/src/accelkit_webgpu",
+        "plugins/accelkit-dask/src/accelkit_dask",
         # tests/ holds the example backend, tests/plugins/accelkit-example/src/accelkit_example
         # (naming it too would make mypy see the module twice), and the other test plugins
         "tests",
@@ -229,7 +291,7 @@ def fuzz(session: nox.Session) -> None:
     session.install(
         "-e", ".[test]", "-e", "./plugins/accelkit-opencl[pocl]", "-e",
         "./plugins/accelkit-cuda[cuda12]", "-e", "./plugins/accelkit-webgpu",
-        "./tests/plugins/accelkit-example",
+        "-e", "./plugins/accelkit-dask", "./tests/plugins/accelkit-example",
     )  # fmt: skip
     parts = _load_parts()
     env = _session_env(session)
@@ -245,16 +307,10 @@ def fuzz(session: nox.Session) -> None:
         for part in _test_parts(parts, python, env)
         if part.name.startswith("conformance[")
     ]
-    results = parts.run_parts(
-        plan,
-        python=python,
-        cwd=ROOT,
-        env=env,
-        log_dir=Path(session.virtualenv.location) / "tmp" / "fuzz-parts",
-        extra_args=list(session.posargs),
-        empty_ok=False,
-        timeout=float(os.environ.get("ACCELKIT_PART_TIMEOUT_S", PART_TIMEOUT_S)),
-    )
+    with _dask_cluster(python, env, plan):
+        results = _run(
+            parts, plan, python, env, session, "fuzz-parts", list(session.posargs), False
+        )
     print("\n" + parts.format_summary(results), flush=True)
     failures = parts.session_failures(results, empty_ok=False)
     if failures:

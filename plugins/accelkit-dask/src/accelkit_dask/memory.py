@@ -1,0 +1,207 @@
+"""The Dask backend's memory manager: a pool of :class:`~accelkit_dask.submit.Slot` blocks whose
+size is the cluster's memory. A block holds a dask array (its chunks on the workers); transfers
+go through the client, on a stream's worker thread or awaited without blocking the loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import numpy as np
+
+from accelkit import Tensor
+from accelkit.device import Device
+from accelkit.memory import MemoryPoolConfig
+from accelkit.sdk import (
+    CachingPool,
+    DeviceBuffer,
+    HostStream,
+    PooledMemoryManager,
+    check_tensor,
+    pending_writes,
+)
+from accelkit.sdk import host as h
+from accelkit_dask.submit import (
+    Array,
+    DaskComponent,
+    Slot,
+    first_error,
+    map_error,
+    release,
+    wait_futures,
+)
+
+if TYPE_CHECKING:
+    from accelkit_dask.backend import DaskBackend
+
+
+class DaskMemoryManager(PooledMemoryManager):
+    def __init__(
+        self, backend: DaskBackend, device: Device, total: int, config: MemoryPoolConfig
+    ) -> None:
+        super().__init__(backend, CachingPool(device, lambda n: Slot(), release, total, config))
+        self._dask = backend
+
+    def _stream(self) -> HostStream:
+        return self._dask.current_stream  # type: ignore[return-value]
+
+    def free(self, buffer: DeviceBuffer | Tensor) -> None:
+        # Stream-ordered: the block (and its chunks on the cluster) go after the work submitted so
+        # far, which may still read it.
+        h.free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), self._stream())
+
+    # -- host transfers ---------------------------------------------------------------------------
+    async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
+        buf, view = self._host_source(dst, src)
+        data = await h.copy_to_host(np.frombuffer(view, np.uint8))  # a snapshot, off-loop if large
+        factory = self._dask.tensor_factory.kernels
+        if isinstance(dst, Tensor):
+            typed = data[: dst.nbytes].view(dst.dtype.to_numpy()).reshape(dst.shape)
+            factory.put(dst, typed)  # type: ignore[attr-defined]
+        else:
+            graphs = self._dask.graphs
+
+            def run() -> None:
+                graphs.upload(buf, data, ((data.size,),))
+
+            factory.run_heavy(run)  # type: ignore[attr-defined]
+        await self._stream().synchronize()
+
+    async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
+        buf = self._host_destination(dst, src)
+        if isinstance(src, Tensor):
+            data = await self.read_tensor(src)
+        else:
+            data = await self._read_slot(buf.handle)
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)[: dst.nbytes]
+        dst.reshape(-1).view(np.uint8)[: raw.size] = raw
+
+    def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
+        d, s = self._device_pair(dst, src)
+        kernels: DaskComponent = self._dask.tensor_factory.kernels  # type: ignore[assignment]
+        if isinstance(dst, Tensor) and isinstance(src, Tensor) and dst.dtype == src.dtype:
+            kernels.launch(lambda: kernels.arr(src).reshape(dst.shape), (src,), (dst,))
+            return
+        # A raw copy: the destination holds the source's array (dask arrays are immutable, so
+        # sharing it is a copy); a typed read reinterprets its bytes.
+        graphs = self._dask.graphs
+
+        def run() -> None:
+            slot: Slot = s.handle
+            if slot.array is not None:
+                graphs.store(d, slot.array) if not slot.lazy else graphs.write(d, slot.array)
+
+        kernels.run_heavy(run, [dst] if isinstance(dst, Tensor) else [])
+
+    # -- reading ----------------------------------------------------------------------------------
+    def _pending(self, tensor: Tensor) -> list[tuple[HostStream, int]]:
+        check_tensor(self._dask, tensor, "tensor")
+        return pending_writes(tensor)  # type: ignore[return-value]
+
+    async def read_tensor(self, tensor: Tensor) -> Array:
+        for stream, seq in self._pending(tensor):
+            await stream.wait_for(seq)
+        if tensor.size == 0:
+            return np.empty(tensor.shape, tensor.dtype.to_numpy())
+        kernels = self._dask.tensor_factory.kernels
+        return await self._compute(lambda: kernels.arr(tensor), f"reading {tensor!r}")  # type: ignore[attr-defined]
+
+    async def _read_slot(self, slot: Slot) -> Array:
+        if slot.array is None:
+            return np.zeros(0, np.uint8)
+        return await self._compute(lambda: slot.array, "reading a buffer")
+
+    async def _compute(self, array: Any, what: str) -> Array:
+        """Flush pending graphs, then compute ``array()`` and bring it to the host, awaited
+        without blocking the loop; cancelling the wait cancels its futures."""
+        from distributed import futures_of
+
+        graphs = self._dask.graphs
+        box: dict[str, Any] = {}
+
+        def submit() -> None:
+            # One persist for the pending graphs and the array read (one message to the
+            # scheduler), then its chunks are gathered here and assembled.
+            graphs.flush(array())
+            box["array"] = graphs.extra
+            box["parts"] = futures_of(graphs.extra)
+
+        stream = self._stream()
+        await stream.wait_for(stream.submit(submit, True))
+        parts = box["parts"]
+
+        def cancel() -> None:
+            graphs.client.cancel([f for f in parts if not f.done()])
+
+        await wait_futures(parts, cancel)
+        error = first_error(parts, what)
+        if error is not None:
+            failed = next((f for f in parts if f.status == "error"), None)
+            graphs.reported(error, failed.exception() if failed is not None else None)
+            try:
+                raise error
+            finally:
+                # Break the cycle error -> traceback -> this frame -> error, which would keep
+                # the tensor read (and its memory) alive until a gc pass.
+                del error, array
+        arr = box["array"]
+        try:
+            chunks = await anyio.to_thread.run_sync(graphs.client.gather, parts)
+        except Exception as exc:
+            raise map_error(exc, what) from None
+        return assemble(arr, dict(zip([f.key for f in parts], chunks, strict=True)))
+
+    def read_tensor_blocking(self, tensor: Tensor) -> Array:
+        for stream, seq in self._pending(tensor):
+            stream.wait_for_blocking(seq)
+        if tensor.size == 0:
+            return np.empty(tensor.shape, tensor.dtype.to_numpy())
+        graphs = self._dask.graphs
+        stream = self._stream()
+        box: dict[str, Any] = {}
+        kernels = self._dask.tensor_factory.kernels
+
+        def submit() -> None:
+            graphs.flush(kernels.arr(tensor))  # type: ignore[attr-defined]
+            box["array"] = graphs.extra
+
+        stream.wait_for_blocking(stream.submit(submit, True))
+        from distributed import futures_of
+
+        try:
+            parts = futures_of(box["array"])
+            chunks = graphs.client.gather(parts)
+            return assemble(box["array"], dict(zip([f.key for f in parts], chunks, strict=True)))
+        except Exception as exc:
+            raise map_error(exc, f"reading {tensor!r}") from None
+
+    def dlpack_device(self, tensor: Tensor) -> tuple[int, int]:
+        return (1, 0)  # exported as a host copy
+
+    def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
+        # The tensor lives on the cluster: DLPack gets a host copy of it.
+        return self.read_tensor_blocking(tensor).__dlpack__(**kwargs)
+
+
+def assemble(array: Any, chunks: dict[Any, Array]) -> Array:
+    """A persisted dask array's chunks (by key) as one host array."""
+    from dask.array.core import concatenate3
+    from distributed import Future
+
+    graph = dict(array.__dask_graph__())
+
+    def chunk(key: Any) -> Array:
+        value = graph.get(key)
+        # a persisted array's graph maps each block to its future, whose key may differ (the
+        # blocks of a scattered array are keyed by their content)
+        return chunks[value.key if isinstance(value, Future) else key]
+
+    def build(keys: Any) -> Any:
+        if isinstance(keys, list):
+            return [build(k) for k in keys]
+        return chunk(keys)
+
+    keys = array.__dask_keys__()
+    if array.ndim == 0:
+        return np.asarray(chunk(keys[0] if isinstance(keys, list) else keys))
+    return np.asarray(concatenate3(build(keys)))

@@ -1,0 +1,64 @@
+"""``python -m accelkit_dask.serve``: run a local Dask cluster for other processes to share.
+
+Starts a ``LocalCluster`` of worker processes, prints its scheduler address (and writes it to
+``--address-file``), and runs until interrupted or, with ``--until-stdin-closes``, until its
+standard input closes (so a parent that dies takes it along). Point backends at it with
+``ACCELKIT_DASK_SCHEDULER=<address>`` or the device ``dask://<address>``; the conformance suite's
+CI run uses it so that thousands of tests share one cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m accelkit_dask.serve", description=__doc__)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
+    parser.add_argument("--threads", type=int, default=1, help="threads per worker (1)")
+    parser.add_argument("--memory", default="auto", help="memory limit per worker (auto)")
+    parser.add_argument("--address-file", help="write the scheduler address here")
+    parser.add_argument("--until-stdin-closes", action="store_true")
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.threads < 1:
+        parser.error("--workers and --threads must be positive")
+
+    from distributed import LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=args.workers,
+        threads_per_worker=args.threads,
+        memory_limit=args.memory,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=logging.ERROR,
+    )
+    address = cluster.scheduler_address
+    print(address, flush=True)
+    if args.address_file:
+        tmp = args.address_file + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(address + "\n")
+        os.replace(tmp, args.address_file)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    if args.until_stdin_closes:
+
+        def watch() -> None:
+            sys.stdin.read()
+            done.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+    done.wait()
+    cluster.close(timeout=20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Faults: a worker killed in the middle of a GEMM (Dask recomputes what it lost and the result is
+still right), and the remote path on the real ``dask scheduler`` and ``dask worker`` commands,
+including a scheduler that disappears (ContextPoisonedError, then ``recover()``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from accelkit_dask.backend import DaskBackend
+from numpy.testing import assert_allclose as assert_close
+
+from accelkit.errors import ContextPoisonedError, DeviceError, StaleHandleError
+from conftest import free_port, serve_cluster
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_worker_killed_mid_gemm_is_survived(tmp_path: Path, anyio_backend: str) -> None:
+    served = serve_cluster(tmp_path)  # its own cluster: this test kills a worker of it
+    backend = DaskBackend(chunk_bytes=256 << 10)
+    try:
+        await backend.initialize("dask://" + served.address.removeprefix("tcp://"))
+        rng = np.random.default_rng(0)
+        a_h = rng.standard_normal((1024, 1024), dtype=np.float32)
+        b_h = rng.standard_normal((1024, 1024), dtype=np.float32)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a, b = f.from_host(a_h), f.from_host(b_h)
+        await backend.synchronize()  # the inputs are on the workers
+        y = ops.matmul(ops.matmul(a, b), b)  # dozens of block tasks
+        pids = await anyio.to_thread.run_sync(lambda: backend.client.run(os.getpid))
+        result: dict[str, Any] = {}
+
+        async def read() -> None:
+            result["y"] = await y.to_host()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.sleep(0.3)  # in the middle of it
+            assert "y" not in result, "the GEMM ended before a worker could be killed"
+            victim = sorted(pids.values())[0]
+            os.kill(victim, signal.SIGKILL)
+        want = (a_h.astype(np.float64) @ b_h) @ b_h
+        assert_close(result["y"], want, rtol=1e-3, atol=1e-2)
+        # The nanny restarted the worker: the cluster is whole again.
+        for _ in range(300):
+            if len(await backend.workers()) == 2:
+                break
+            await anyio.sleep(0.2)
+        assert len(await backend.workers()) == 2
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.shutdown()
+        served.stop()
+
+
+def _dask_command() -> list[str]:
+    exe = Path(sys.executable).with_name("dask")
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-m", "dask"]
+
+
+class Remote:
+    """``dask scheduler`` and ``dask worker`` processes, as an operator starts them."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port = port
+        self.log = log
+        self.scheduler: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def start_scheduler(self) -> None:
+        out = open(self.log, "ab")  # noqa: SIM115 - the process writes it until it ends
+        self.scheduler = subprocess.Popen(
+            [
+                *_dask_command(),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-dashboard",
+            ],
+            stdout=out,
+            stderr=out,
+        )
+
+    def start_worker(self) -> None:
+        out = open(self.log, "ab")  # noqa: SIM115
+        self.workers.append(
+            subprocess.Popen(
+                [
+                    *_dask_command(),
+                    "worker",
+                    self.address,
+                    "--nthreads",
+                    "1",
+                    "--no-dashboard",
+                    "--memory-limit",
+                    "1GiB",
+                ],
+                stdout=out,
+                stderr=out,
+            )
+        )
+
+    def wait_for_workers(self, n: int, timeout: float = 90) -> None:
+        from distributed import Client
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with Client(self.address, timeout=5, set_as_default=False) as c:
+                    c.wait_for_workers(n, timeout=max(1.0, deadline - time.monotonic()))
+                    return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(self.log.read_text()[-3000:]) from None
+                time.sleep(0.5)
+
+    def kill_scheduler(self) -> None:
+        assert self.scheduler is not None
+        self.scheduler.kill()
+        self.scheduler.wait()
+
+    def stop(self) -> None:
+        for p in [*self.workers, self.scheduler]:
+            if p is not None and p.poll() is None:
+                p.terminate()
+        for p in [*self.workers, self.scheduler]:
+            if p is not None:
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[Remote]:
+    r = Remote(free_port(), tmp_path / "dask.log")
+    try:
+        r.start_scheduler()
+        r.start_worker()
+        r.start_worker()
+        r.wait_for_workers(2)
+        yield r
+    finally:
+        r.stop()
+
+
+async def test_the_real_dask_commands_and_a_lost_scheduler(
+    remote: Remote, anyio_backend: str
+) -> None:
+    backend = DaskBackend(chunk_bytes=4096)
+    await backend.initialize(f"dask://127.0.0.1:{remote.port}")
+    try:
+        assert len(await backend.workers()) == 2
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x_h = np.random.default_rng(3).standard_normal((64, 64), dtype=np.float32)
+        x = f.from_host(x_h)
+        assert_close(await ops.matmul(x, x).to_host(), x_h @ x_h, rtol=1e-4, atol=1e-4)
+
+        remote.kill_scheduler()
+        error: DeviceError | None = None
+        for _ in range(600):  # the client notices the closed connection within moments
+            try:
+                await ops.add(x, 1.0).to_host()
+            except DeviceError as exc:
+                error = exc
+                break
+            await anyio.sleep(0.2)
+        assert error is not None, "the lost scheduler went unnoticed"
+        assert "scheduler" in str(error)
+        assert backend.poisoned
+        with pytest.raises(ContextPoisonedError, match="recover"):
+            ops.add(x, 1.0)
+
+        remote.start_scheduler()
+        remote.start_worker()
+        await anyio.to_thread.run_sync(lambda: remote.wait_for_workers(1))
+        await backend.recover()
+        assert not backend.poisoned
+        with pytest.raises(StaleHandleError):
+            ops.add(x, 1.0)  # its chunks went with the old scheduler
+        y = f.from_host(x_h)
+        assert_close(await ops.mul(y, 2.0).to_host(), x_h * 2, rtol=1e-6, atol=0)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.shutdown()

@@ -1,0 +1,133 @@
+"""The backend's lifecycle on a local cluster it owns and on an external one; awaiting results
+without blocking the loop; cancelling a read cancels its futures; worker errors as accelkit
+errors. Every test runs under asyncio and trio."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+from accelkit_dask.backend import DaskBackend
+from accelkit_dask.cluster import LocalSize
+
+from accelkit.errors import DeviceError, InvalidArgumentError, NotInitializedError
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_local_cluster_is_started_owned_and_closed(anyio_backend: str) -> None:
+    from distributed import Client
+
+    backend = DaskBackend(local_size=LocalSize(2, 1, 1 << 30))
+    await backend.initialize("dask:0")
+    try:
+        assert backend.owns_cluster
+        workers = await backend.workers()
+        assert len(workers) == 2
+        assert all(w.threads == 1 for w in workers)
+        pids = await anyio.to_thread.run_sync(lambda: backend.client.run(os.getpid))
+        assert len(set(pids.values())) == 2  # two processes,
+        assert os.getpid() not in pids.values()  # neither of them this one
+        memory = await backend.cluster_memory()
+        assert memory["total"] == 2 << 30
+        assert memory["workers"] == 2
+        assert backend.memory_manager.memory_info().total == 2 << 30
+        x = backend.tensor_factory.from_host(np.arange(10.0, dtype=np.float32))
+        np.testing.assert_array_equal(
+            await backend.tensor_ops.mul(x, x).to_host(), np.arange(10.0) ** 2
+        )
+        address = backend.cluster_address
+    finally:
+        await backend.shutdown()
+    # Shut down: the cluster the backend started is gone.
+    with pytest.raises(OSError, match="connect"):
+        await anyio.to_thread.run_sync(lambda: Client(address, timeout=2, set_as_default=False))
+    with pytest.raises(NotInitializedError):
+        backend.tensor_factory  # noqa: B018
+
+
+async def test_an_external_cluster_keeps_running_after_shutdown(
+    shared_cluster: Any, anyio_backend: str
+) -> None:
+    device = "dask://" + shared_cluster.address.removeprefix("tcp://")
+    for _ in range(2):  # the second backend reuses the pooled connection
+        backend = DaskBackend()
+        await backend.initialize(device)
+        assert not backend.owns_cluster
+        x = backend.tensor_factory.from_host(np.ones((4, 4), np.float32))
+        assert float(await backend.tensor_ops.sum(x).to_host()) == 16.0
+        await backend.shutdown()
+    assert shared_cluster.proc.poll() is None
+    backend = DaskBackend()
+    await backend.initialize(device)
+    assert len(await backend.workers()) == 2
+    await backend.shutdown()
+
+
+async def test_worker_errors_arrive_as_accelkit_errors(backend: Any) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    y = ops.embedding(f.from_host(np.array([0, 12], np.int64)), f.ones((5, 3)))
+    with pytest.raises(InvalidArgumentError, match="12") as info:
+        await y.to_host()
+    assert info.value.__cause__ is None
+    assert "Traceback" not in str(info.value)
+    z = ops.add(y, 1.0)  # downstream of the failed task: the same error, at synchronize
+    del z
+    await backend.synchronize()  # reported once: nothing left to raise
+
+
+async def test_cancelling_a_read_cancels_its_futures(
+    anyio_backend: str, shared_cluster: Any
+) -> None:
+    from distributed import futures_of
+
+    backend = DaskBackend(chunk_bytes=1 << 20)
+    await backend.initialize("dask://" + shared_cluster.address.removeprefix("tcp://"))
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(np.random.default_rng(0).standard_normal((1536, 1536), dtype=np.float32))
+        y = a
+        for _ in range(6):  # seconds of GEMMs on two single-threaded workers
+            y = ops.matmul(y, a)
+        with anyio.move_on_after(0.3) as scope:
+            await y.to_host()
+        assert scope.cancelled_caught
+        slot = backend.tensor_ops.kernels.arr(y)
+        futures = futures_of(slot)
+        assert futures
+
+        def all_cancelled() -> bool:
+            return all(fut.status in ("cancelled", "lost") for fut in futures)
+
+        for _ in range(600):
+            if all_cancelled():
+                break
+            await anyio.sleep(0.05)
+        assert all_cancelled()
+        with pytest.raises(DeviceError, match="cancel"):
+            await y.to_host()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.shutdown()
+
+
+async def test_awaiting_a_result_leaves_the_loop_running(backend: Any) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    a = f.from_host(np.random.default_rng(1).standard_normal((512, 512), dtype=np.float32))
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        await ops.matmul(a, a).to_host()
+        tg.cancel_scope.cancel()
+    assert ticks > 10  # the loop ran other tasks while the cluster computed
