@@ -193,3 +193,13 @@ async def test_long_chains_are_flushed_without_a_read(backend: Any) -> None:
     await backend.default_stream.synchronize()  # the graphs were built (no flush of its own)
     assert graphs.flushes > before  # sent on their own, every FLUSH_EVERY writes
     np.testing.assert_array_equal(await ys[-1].to_host(), np.full((16, 16), 299.0, np.float32))
+
+
+async def test_batched_gemm_keeps_the_batch_as_a_blockwise_index(backend: Any) -> None:
+    a_h = rng(28).standard_normal((6, 30, 40), dtype=np.float32)
+    b_h = rng(29).standard_normal((6, 30, 20), dtype=np.float32)
+    f = backend.tensor_factory
+    a, b = f.from_host(a_h), f.from_host(b_h)
+    assert blocks_of(backend, a) > 1
+    got = await backend.tensor_ops.batched_gemm(a, b, trans_a=True, alpha=2.0).to_host()
+    assert_close(got, 2.0 * np.swapaxes(a_h, 1, 2) @ b_h, rtol=1e-4, atol=1e-4)

@@ -27,6 +27,19 @@ from accelkit_dask.cluster import Cluster, LocalSize, WorkerInfo, device_address
 from accelkit_dask.probe import capabilities, local_info, remote_info
 from accelkit_dask.submit import Graphs, first_error, wait_futures
 
+#: (scheduler, worker) pairs whose worker has run warm_up for this process.
+_WARM: set[tuple[str, str]] = set()
+
+
+def warm_up() -> None:
+    """Run on every worker at initialize: import what the tasks run (dask.array looks for
+    CuPy and sparse chunk types on import: seconds, cold)."""
+    import dask.array
+    import dask.order  # noqa: F401
+
+    import accelkit_dask.blocks  # noqa: F401
+
+
 #: Bytes per chunk of a new tensor (``ACCELKIT_DASK_CHUNK_BYTES`` or ``chunk_bytes=``).
 DEFAULT_CHUNK_BYTES = 64 << 20
 
@@ -196,6 +209,12 @@ class DaskBackend(StreamBackend):
                     lambda: cluster.client.register_plugin(plugin(target))
                 )
             workers = await anyio.to_thread.run_sync(cluster.workers)
+            # Each worker imports what the tasks run now, in parallel (seconds each, cold),
+            # rather than inside the first task that needs it (once per worker and process).
+            cold = [w.address for w in workers if (cluster.address, w.address) not in _WARM]
+            if cold:
+                await anyio.to_thread.run_sync(lambda: cluster.client.run(warm_up, workers=cold))
+                _WARM.update((cluster.address, a) for a in cold)
         except BaseException:
             await anyio.to_thread.run_sync(cluster.close)
             raise

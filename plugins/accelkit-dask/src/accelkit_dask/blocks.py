@@ -174,12 +174,11 @@ def gemm(
 ) -> Array:
     """One output block from a row panel of A and a column panel of B (the reduction over K)."""
     params = {"trans_a": trans_a, "trans_b": trans_b, "alpha": alpha, "beta": beta}
-    done = worker.offload("gemm", [a, b, c], params)
-    if done is not None:
+    if a.ndim == 2 and (done := worker.offload("gemm", [a, b, c], params)) is not None:
         return done.astype(rt, copy=False)
-    m = a.shape[1] if trans_a else a.shape[0]
-    n = b.shape[0] if trans_b else b.shape[1]
-    out = np.empty((m, n), rt)
+    m = a.shape[-1] if trans_a else a.shape[-2]
+    n = b.shape[-2] if trans_b else b.shape[-1]
+    out = np.empty((*a.shape[:-2], m, n), rt)  # [batch, m, n] for a batched GEMM
     h.gemm(a, b, c, out, trans_a, trans_b, alpha, beta)
     return out
 
@@ -360,28 +359,36 @@ def image(x: Array, kind: str, rt: Any, *taps: Array) -> Array:
 def run_graph(blob: bytes, *deps: Any) -> tuple[tuple[bool, Any], ...]:
     """A whole graph in one task: ``blob`` pickles the graph, the keys to return and the keys
     it reads from the cluster, whose values are ``deps`` (keys travel pickled: as arguments,
-    the scheduler would take them for references). Run with dask's synchronous scheduler, so
-    that a chain of small ops costs one trip through the scheduler instead of one per op.
+    the scheduler would take them for references). A chain of small ops then costs one trip
+    through the scheduler instead of one per op.
 
-    Each key is computed on its own, so that one failing op fails only the results that
-    depend on it: the result is ``(True, value)`` or ``(False, exception)`` per key."""
+    The tasks run in dask's order, each once. The result is ``(True, value)`` or
+    ``(False, exception)`` per key: a task that raises fails only the results downstream of it.
+    """
     import pickle
 
-    from dask._task_spec import DataNode
-    from dask.local import get_sync
+    from dask._task_spec import DataNode, convert_legacy_graph
+    from dask.order import order
 
     tasks, out_keys, dep_keys = pickle.loads(blob)
     graph = dict(tasks)
     for key, value in zip(dep_keys, deps, strict=True):
         graph[key] = DataNode(key, value)
-    results: list[tuple[bool, Any]] = []
+    graph = convert_legacy_graph(graph)  # literal values as nodes
+    priorities = order(graph)
+    cache: dict[Any, Any] = {}
+    failed: dict[Any, BaseException] = {}
     with np.errstate(all="ignore"):
-        for key in out_keys:
+        for key, node in sorted(graph.items(), key=lambda item: priorities[item[0]]):
+            cause = next((failed[d] for d in node.dependencies if d in failed), None)
+            if cause is not None:
+                failed[key] = cause
+                continue
             try:
-                results.append((True, get_sync(graph, key)))
+                cache[key] = node(cache)
             except Exception as exc:
-                results.append((False, exc))
-    return tuple(results)
+                failed[key] = exc
+    return tuple((False, failed[k]) if k in failed else (True, cache[k]) for k in out_keys)
 
 
 def pick(results: tuple[tuple[bool, Any], ...], i: int) -> Any:

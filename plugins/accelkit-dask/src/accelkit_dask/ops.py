@@ -121,23 +121,29 @@ class DaskTensorKernels(DaskComponent, TensorKernels):
         dt = out.dtype.to_numpy()
 
         def build() -> Any:
-            # Output block (i, k) reads row panel i of ad and column panel k of bd: the reduction
-            # over kd happens inside the task, on the concatenated panels.
+            # Output block (i, k) reads row panel i of A and column panel k of B: the reduction
+            # over K happens inside the task, on the concatenated panels. A batched GEMM has
+            # the batch as a leading blockwise index.
             ad, bd = self.arr(a), self.arr(b)
-            i_chunks = ad.chunks[1] if trans_a else ad.chunks[0]
-            k_chunks = bd.chunks[0] if trans_b else bd.chunks[1]
+            lead = "z" if out.ndim == 3 else ""
+            if lead:
+                bc = ad.chunks[0]
+                ad = conform(ad, a.shape, (bc, *ad.chunks[1:]))
+                bd = conform(bd, b.shape, (bc, *bd.chunks[1:]))
+            i_chunks = ad.chunks[-1] if trans_a else ad.chunks[-2]
+            k_chunks = bd.chunks[-2] if trans_b else bd.chunks[-1]
             cd: Any = None
             if c is not None:
-                cd = conform(self.arr(c), out.shape, (i_chunks, k_chunks))
+                cd = conform(self.arr(c), out.shape, (*ad.chunks[:-2], i_chunks, k_chunks))
             return da.blockwise(
                 blocks.gemm,
-                "ik",
+                lead + "ik",
                 ad,
-                "ji" if trans_a else "ij",
+                lead + ("ji" if trans_a else "ij"),
                 bd,
-                "kj" if trans_b else "jk",
+                lead + ("kj" if trans_b else "jk"),
                 cd,
-                "ik" if cd is not None else None,
+                lead + "ik" if cd is not None else None,
                 trans_a,
                 None,
                 trans_b,
@@ -149,7 +155,7 @@ class DaskTensorKernels(DaskComponent, TensorKernels):
                 dt,
                 None,
                 dtype=dt,
-                meta=meta(dt, 2),
+                meta=meta(dt, out.ndim),
                 name=unique("gemm"),
                 concatenate=True,
             )
