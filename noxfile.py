@@ -161,6 +161,9 @@ def _dask_cluster(python: str, env: dict[str, str], plan: list[Any]) -> Iterator
 #: Seconds one part may run (``ACCELKIT_PART_TIMEOUT_S`` overrides): the largest, the OpenCL
 #: conformance part with cold compiler caches, takes about 8 minutes on a 2-core machine.
 PART_TIMEOUT_S = 1800.0
+#: Seconds the Dask conformance part may run: alongside the other parts, it shares the cores
+#: with them (about 17 minutes alone, 30 beside the OpenCL part on a 2-core machine).
+DASK_PART_TIMEOUT_S = 3600.0
 #: The device plugins the tests session installs, whose tests/ it runs as parts of their own.
 DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda", "accelkit-webgpu", "accelkit-dask")
 #: pytest options that take a value (so that the value is not taken for a test path).
@@ -245,8 +248,10 @@ def _test_parts(parts: Any, python: str, env: dict[str, str]) -> list[Any]:
                 env={"ACCELKIT_TEST_BACKEND": name, **parts.split(paths, fixtures, "backend")},
                 skip_reason="" if backend["devices"] else f"no device: {backend['reason']}",
                 # Dask's tests mostly wait on the cluster's scheduler: they run first, alongside
-                # the others, on a local cluster they share (_dask_cluster)
+                # the others, on a local cluster they share (_dask_cluster), and may take as
+                # long as the others together
                 alongside=name == "dask",
+                timeout=DASK_PART_TIMEOUT_S if name == "dask" else None,
             )
             plan.insert(0, part) if part.alongside else plan.append(part)
     for dist in DEVICE_PLUGINS:

@@ -279,3 +279,14 @@ def test_a_part_alongside_runs_while_the_next_ones_do_and_shows_its_output_after
     assert [(r.name, r.outcome) for r in results] == [("waits", "passed"), ("writes", "passed")]
     # the background part's output comes after the foreground part's, not inside it
     assert live.index("=== part writes: passed") < live.index("=== part waits: passed")
+
+
+def test_a_part_may_have_a_timeout_of_its_own(project: Path) -> None:
+    (project / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(3)\n")
+    results, _ = run(
+        project,
+        Part("own", ("test_slow.py",), timeout=1.0),
+        Part("runner's", ("test_slow.py",)),
+        timeout=30.0,
+    )
+    assert [r.outcome for r in results] == ["timed out", "passed"]

@@ -75,13 +75,15 @@ class Part:
 
     A part run ``alongside`` runs in the background while the parts after it run, its output
     shown once they end: for a part that mostly waits (on a cluster's scheduler, say) rather
-    than computes."""
+    than computes. ``timeout`` (seconds) replaces the runner's for this part.
+    """
 
     name: str
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     skip_reason: str = ""
     alongside: bool = False
+    timeout: float | None = None
 
 
 @dataclass
@@ -391,6 +393,8 @@ def run_part(
     out = out or sys.stdout
     if part.skip_reason:
         return PartResult(part.name, "no tests", detail=part.skip_reason)
+    if part.timeout is not None:
+        timeout = part.timeout
     folder = Path(log_dir)
     folder.mkdir(parents=True, exist_ok=True)
     slug = _slug(part.name)
