@@ -191,14 +191,24 @@ class Graphs:
         self._lazy: dict[int, Slot] = {}
         self._inflight: list[Any] = []
         self.writes = 0
+        self._flushed_at = 0
         self.flushes = 0
         #: A flush is due (set by a write, taken by the next launch).
         self.due = False
         #: Causes of failures a read reported since the last synchronize.
         self.reported_causes: set[str] = set()
-        #: The persisted array of the last flush's ``extra``.
-        self.extra: Any = None
+        # The persisted array of the last flush's ``extra``, per thread (streams flush at once).
+        self._local = threading.local()
         self.lost: str | None = None
+
+    @property
+    def extra(self) -> Any:
+        """The persisted array of the ``extra`` of this thread's last :meth:`flush`."""
+        return getattr(self._local, "extra", None)
+
+    @extra.setter
+    def extra(self, value: Any) -> None:
+        self._local.extra = value
 
     def check(self) -> None:
         """ContextPoisonedError once the scheduler is gone (until ``recover``)."""
@@ -223,7 +233,9 @@ class Graphs:
         with self._lock:
             self._lazy[id(slot)] = slot
             self.writes += 1
-            return len(self._lazy) >= FLUSH_EVERY
+            # Counted in writes, not pending blocks: the pool recycles blocks, and a chain of
+            # ops through a few of them would otherwise grow one graph without end.
+            return self.writes - self._flushed_at >= FLUSH_EVERY
 
     def store(self, buf: DeviceBuffer, array: da.Array) -> None:
         """Store an array that is already on the cluster (persisted or scattered)."""
@@ -245,6 +257,7 @@ class Graphs:
         with self._lock:
             slots = list(self._lazy.values())
             self._lazy.clear()
+            self._flushed_at = self.writes
         live: list[tuple[Slot | None, Any]] = []
         for s in slots:
             owner = s.owner() if s.owner is not None else None
