@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Awaitable, Callable
 
 import anyio
 import numpy as np
@@ -32,37 +31,7 @@ from accelkit.workloads import (
     transformer_block_numpy,
     upload_weights,
 )
-
-
-class Heartbeat:
-    """A 1 ms sleeper on the event loop recording how late it wakes while accelkit's work runs
-    (``active``); the NumPy peers block the loop by design, so their turns do not count."""
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self.running = True
-        self.active = False
-        self.turn = 0
-
-    async def run(self) -> None:
-        while self.running:
-            turn, was_active = self.turn, self.active
-            t0 = time.perf_counter()
-            await anyio.sleep(0.001)
-            if was_active and self.active and turn == self.turn:
-                self.worst = max(self.worst, time.perf_counter() - t0 - 0.001)
-
-    def wrap(self, subject: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[None]]:
-        async def measured() -> None:
-            self.turn += 1
-            self.active = True
-            try:
-                await subject()
-            finally:
-                self.active = False
-                self.turn += 1
-
-        return measured
+from bench_webgpu import Heartbeat  # the same 1 ms heartbeat, beside this script
 
 
 def scaling_table(n: int, itemsize: int = 4) -> list[str]:

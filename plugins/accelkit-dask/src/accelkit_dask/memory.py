@@ -24,6 +24,7 @@ from accelkit.sdk import host as h
 from accelkit_dask.submit import (
     Array,
     DaskComponent,
+    Graphs,
     Slot,
     first_error,
     map_error,
@@ -146,10 +147,10 @@ class DaskMemoryManager(PooledMemoryManager):
                 del error, array
         arr = box["array"]
         try:
-            chunks = await anyio.to_thread.run_sync(graphs.client.gather, parts)
+            # Gathering and joining the chunks (a copy of the whole tensor) run off the loop.
+            return await anyio.to_thread.run_sync(fetch, graphs, arr)
         except Exception as exc:
             raise map_error(exc, what) from None
-        return assemble(arr, dict(zip([f.key for f in parts], chunks, strict=True)))
 
     def read_tensor_blocking(self, tensor: Tensor) -> Array:
         for stream, seq in self._pending(tensor):
@@ -166,12 +167,8 @@ class DaskMemoryManager(PooledMemoryManager):
             box["array"] = graphs.extra
 
         stream.wait_for_blocking(stream.submit(submit, True))
-        from distributed import futures_of
-
         try:
-            parts = futures_of(box["array"])
-            chunks = graphs.client.gather(parts)
-            return assemble(box["array"], dict(zip([f.key for f in parts], chunks, strict=True)))
+            return fetch(graphs, box["array"])
         except Exception as exc:
             raise map_error(exc, f"reading {tensor!r}") from None
 
@@ -181,6 +178,15 @@ class DaskMemoryManager(PooledMemoryManager):
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
         # The tensor lives on the cluster: DLPack gets a host copy of it.
         return self.read_tensor_blocking(tensor).__dlpack__(**kwargs)
+
+
+def fetch(graphs: Graphs, array: Any) -> Array:
+    """A persisted dask array's chunks gathered here and joined (blocking)."""
+    from distributed import futures_of
+
+    parts = futures_of(array)
+    chunks = graphs.client.gather(parts)
+    return assemble(array, dict(zip([f.key for f in parts], chunks, strict=True)))
 
 
 def assemble(array: Any, chunks: dict[Any, Array]) -> Array:

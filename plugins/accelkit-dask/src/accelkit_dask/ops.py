@@ -362,44 +362,10 @@ class DaskTensorKernels(DaskComponent, TensorKernels):
     def cumulative(
         self, op: str, x: Tensor, axis: int, exclusive: bool, reverse: bool, out: Tensor
     ) -> None:
-        import dask.array as da
-
-        dt = out.dtype.to_numpy()
-        self.launch(
-            lambda: da.map_blocks(
-                blocks.cumulative,
-                whole(self.arr(x), (axis,)),
-                op,
-                axis,
-                exclusive,
-                reverse,
-                dt,
-                dtype=dt,
-                meta=meta(dt, out.ndim),
-                name=unique(f"cum{op}"),
-            ),
-            (x,),
-            (out,),
-        )
+        self._along(blocks.cumulative, f"cum{op}", x, axis, out, op, axis, exclusive, reverse)
 
     def argsort(self, x: Tensor, axis: int, descending: bool, out: Tensor) -> None:
-        import dask.array as da
-
-        dt = out.dtype.to_numpy()
-        self.launch(
-            lambda: da.map_blocks(
-                blocks.argsort,
-                whole(self.arr(x), (axis,)),
-                axis,
-                descending,
-                dt,
-                dtype=dt,
-                meta=meta(dt, out.ndim),
-                name=unique("argsort"),
-            ),
-            (x,),
-            (out,),
-        )
+        self._along(blocks.argsort, "argsort", x, axis, out, axis, descending)
 
     def scatter_reduce(
         self, op: str, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
@@ -567,24 +533,27 @@ class DaskTensorKernels(DaskComponent, TensorKernels):
         self.launch(build, (q, k, v, mask), (out,))
 
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
+        self._along(blocks.softmax, "softmax", x, axis, out, axis, log)
+
+    def _along(self, fn: Any, op: str, x: Tensor, axis: int, out: Tensor, *params: Any) -> None:
+        """``fn(block, *params, result dtype)`` per block, ``axis`` whole in every block (an
+        op along one axis: softmax, scans, sorts); out has x's shape."""
         import dask.array as da
 
         dt = out.dtype.to_numpy()
-
-        def build() -> Any:
-            xd = whole(self.arr(x), (axis,))
-            return da.map_blocks(
-                blocks.softmax,
-                xd,
-                axis,
-                log,
+        self.launch(
+            lambda: da.map_blocks(
+                fn,
+                whole(self.arr(x), (axis,)),
+                *params,
                 dt,
                 dtype=dt,
                 meta=meta(dt, out.ndim),
-                name=unique("softmax"),
-            )
-
-        self.launch(build, (x,), (out,))
+                name=unique(op),
+            ),
+            (x,),
+            (out,),
+        )
 
     def _rowwise(self, fn: Any, op: str, x: Tensor, params: list[Any], out: Tensor) -> Any:
         """``fn`` per block of rows, the last axis whole; 1-d ``params`` tensors along it."""

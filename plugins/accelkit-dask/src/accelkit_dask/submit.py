@@ -97,6 +97,12 @@ def _owner_died(slot: Slot) -> Callable[[weakref.ref[DeviceBuffer]], None]:
     return died
 
 
+def _own(slot: Slot, buf: DeviceBuffer) -> None:
+    """Record ``buf`` as the slot's owner: its chunks are dropped when the buffer dies."""
+    if slot.owner is None or slot.owner() is not buf:
+        slot.owner = weakref.ref(buf, _owner_died(slot))
+
+
 def map_error(exc: BaseException, what: str) -> AccelError:
     """The accelkit error for a task that failed on the cluster: the worker's accelkit error as
     itself (without the remote traceback), anything else as a DeviceError saying what failed."""
@@ -228,8 +234,7 @@ class Graphs:
         slot: Slot = buf.handle
         slot.array = array
         slot.lazy = True
-        if slot.owner is None or slot.owner() is not buf:
-            slot.owner = weakref.ref(buf, _owner_died(slot))
+        _own(slot, buf)
         with self._lock:
             self._lazy[id(slot)] = slot
             self.writes += 1
@@ -242,8 +247,7 @@ class Graphs:
         slot: Slot = buf.handle
         slot.array = array
         slot.lazy = False
-        if slot.owner is None or slot.owner() is not buf:
-            slot.owner = weakref.ref(buf, _owner_died(slot))
+        _own(slot, buf)
         with self._lock:
             self._lazy.pop(id(slot), None)
 
