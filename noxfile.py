@@ -132,19 +132,27 @@ def _dask_cluster(python: str, env: dict[str, str], plan: list[Any]) -> Iterator
         return
     folder = Path(tempfile.mkdtemp(prefix="accelkit-dask-"))
     address_file = folder / "address"
+    # The cluster's own log (the workers log every task that raised, and the conformance suite
+    # raises thousands on purpose) goes to a file, not between the parts' output.
+    log_path = folder / "cluster.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [python, "-m", "accelkit_dask.serve", "--workers", "2", "--address-file",
          str(address_file), "--until-stdin-closes"],
-        cwd=ROOT, env=env, stdin=subprocess.PIPE,
+        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
         while not address_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("python -m accelkit_dask.serve did not start a cluster")
+                tail = log_path.read_text(errors="replace")[-4000:]
+                raise RuntimeError(
+                    f"python -m accelkit_dask.serve did not start a cluster; its log ends:\n{tail}"
+                )
             time.sleep(0.1)
         address = address_file.read_text().strip()
-        print(f"a local Dask cluster of two worker processes at {address}", flush=True)
+        print(f"a local Dask cluster of two worker processes at {address} (log: {log_path})",
+              flush=True)  # fmt: skip
         for part in wanted:
             part.env["ACCELKIT_DASK_SCHEDULER"] = address
         yield
@@ -155,6 +163,7 @@ def _dask_cluster(python: str, env: dict[str, str], plan: list[Any]) -> Iterator
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 

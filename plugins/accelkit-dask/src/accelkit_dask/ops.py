@@ -73,9 +73,18 @@ class DaskTensorKernels(DaskComponent, TensorKernels):
         arrays = [self.operand(o) for o in operands]
         ref = next((a for a in arrays if isinstance(a, da.Array) and a.shape == out.shape), None)
         chunks = ref.chunks if ref is not None else self.chunks(out.shape, dt)
-        args = [conform(a, out.shape, chunks) if isinstance(a, da.Array) else a for a in arrays]
-        return da.map_blocks(
-            fn, *args, *params, dtype=dt, meta=meta(dt, out.ndim), chunks=chunks, name=unique(op)
+        index = LETTERS[: out.ndim]
+        args: list[Any] = []
+        for a in arrays:
+            if isinstance(a, da.Array):
+                args += [conform(a, out.shape, chunks), index]
+            else:
+                args += [a, None]
+        for p in params:
+            args += [p, None]
+        # blockwise, not map_blocks: the same graph without inspecting fn's signature per op
+        return da.blockwise(
+            fn, index, *args, dtype=dt, meta=meta(dt, out.ndim), name=unique(op), concatenate=True
         )
 
     def _gathered(self, op: str, reason: str) -> None:

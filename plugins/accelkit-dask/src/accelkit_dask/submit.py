@@ -15,6 +15,7 @@ graph); flushes and host transfers run on the stream's worker thread, never on t
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import uuid
 import weakref
@@ -61,11 +62,22 @@ GRAPH_BYTES = 32 << 20
 SCATTER_BYTES = 1 << 20
 
 _ids = itertools.count()
+#: This process's part of every key (keys are unique across the clients of a scheduler; one
+#: random prefix per process, not a uuid per op: that costs a system call each).
+_PROCESS = uuid.uuid4().hex[:12]
+
+
+def _forked() -> None:
+    global _PROCESS
+    _PROCESS = uuid.uuid4().hex[:12]
+
+
+os.register_at_fork(after_in_child=_forked)  # a forked child is another process
 
 
 def unique(op: str) -> str:
     """A fresh key prefix for one op's output (explicit names spare dask hashing the inputs)."""
-    return f"accelkit-{op}-{uuid.uuid4().hex[:12]}-{next(_ids)}"
+    return f"accelkit-{op}-{_PROCESS}-{next(_ids)}"
 
 
 class Slot:
