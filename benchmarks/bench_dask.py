@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import anyio
 import numpy as np
@@ -55,21 +56,33 @@ while not done.is_set():
 
 
 class AttributedHeartbeat(Heartbeat):
-    """The heartbeat, recording when accelkit's turns ran (monotonic clock) and the longest
-    garbage-collector pause of this process inside them, beside a separate process's sleeper:
-    lateness that the idle process shared came from the operating system, not the loop."""
+    """The heartbeat, per phase of the benchmark, beside what its lateness is made of: the same
+    sleeper in a separate idle process over the same turns of accelkit's work (lateness that
+    process shared came from the operating system: a busy core, a stalled virtual CPU) and the
+    longest garbage-collector pause of this process inside them."""
 
     def __init__(self) -> None:
         self._active = False
         self.turns: list[list[float]] = []
-        super().__init__()
-        self.gc_worst = 0.0
+        #: per phase: name, first turn, the loop's worst lateness, the longest GC pause
+        self.phases: list[list[Any]] = []
         self._gc_start = 0.0
+        super().__init__()
         gc.callbacks.append(self._gc)
         self._peer = subprocess.Popen(
             [sys.executable, "-c", SLEEPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True,
         )  # fmt: skip
+
+    def phase(self, name: str) -> None:
+        """Turns from now on belong to ``name``."""
+        self._close_phase()
+        self.phases.append([name, len(self.turns), 0.0, 0.0])
+        self.worst = 0.0
+
+    def _close_phase(self) -> None:
+        if self.phases:
+            self.phases[-1][2] = max(self.phases[-1][2], self.worst)
 
     @property
     def active(self) -> bool:
@@ -86,19 +99,28 @@ class AttributedHeartbeat(Heartbeat):
     def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._gc_start = time.perf_counter()
-        elif self._active:
-            self.gc_worst = max(self.gc_worst, time.perf_counter() - self._gc_start)
+        elif self._active and self.phases:
+            self.phases[-1][3] = max(self.phases[-1][3], time.perf_counter() - self._gc_start)
 
-    def floor(self) -> float:
-        """The separate process's worst lateness inside accelkit's turns (stops it)."""
+    def report(self) -> list[str]:
+        """Per phase: the loop's worst lateness, the idle process's, the longest GC pause
+        (stops the separate process)."""
+        self._close_phase()
         out, _ = self._peer.communicate("")
         gc.callbacks.remove(self._gc)
-        worst = 0.0
-        for line in out.splitlines():
-            t, late = map(float, line.split())
-            if any(start <= t - late and t <= end for start, end in self.turns):
-                worst = max(worst, late)
-        return worst
+        late = [tuple(map(float, line.split())) for line in out.splitlines()]
+        bounds = [p[1] for p in self.phases] + [len(self.turns)]
+        rows = []
+        for i, (name, _, loop, pause) in enumerate(self.phases):
+            turns = self.turns[bounds[i] : bounds[i + 1]]
+            floor = max(
+                (d for t, d in late if any(a <= t - d and t <= b for a, b in turns)), default=0.0
+            )
+            rows.append(
+                f"{name:<28} event loop {loop * 1e3:6.1f} ms   idle process {floor * 1e3:6.1f} ms"
+                f"   GC pause {pause * 1e3:5.1f} ms"
+            )
+        return rows
 
 
 def scaling_table(n: int, itemsize: int = 4) -> list[str]:
@@ -145,6 +167,7 @@ async def main(quick: bool) -> None:
 
             n = 2048 if quick else 8192
             print(f"[1/4] f32 GEMM {n} ...", flush=True)
+            beat.phase(f"GEMM {n}")
             a_h = rng.standard_normal((n, n), dtype=np.float32)
             b_h = rng.standard_normal((n, n), dtype=np.float32)
             t0 = time.perf_counter()
@@ -170,6 +193,7 @@ async def main(quick: bool) -> None:
             cfg = BlockConfig(batch=64, seq=64 if quick else 128, width=256, heads=4)
             print(f"[2/4] transformer block, batch {cfg.batch} x seq {cfg.seq} x width"
                   f" {cfg.width} ...", flush=True)  # fmt: skip
+            beat.phase("transformer block")
             w_h = block_weights(cfg)
             x_h = rng.standard_normal((cfg.batch, cfg.seq, cfg.width), dtype=np.float32)
             w = upload_weights(backend, w_h)
@@ -188,6 +212,7 @@ async def main(quick: bool) -> None:
             backend.chunk_bytes = 64 << 20
 
             print("[3/4] per-op overhead of a small op (64x64 f32 add) ...", flush=True)
+            beat.phase("small ops, alone")
             s_h = rng.standard_normal((64, 64), dtype=np.float32)
             s = f.from_host(s_h)
             await s.to_host()
@@ -200,6 +225,7 @@ async def main(quick: bool) -> None:
                 lone.append(time.perf_counter() - t0)
                 beat.active = False
                 beat.turn += 1
+            beat.phase("small ops, chained")
             beat.active = True
             beat.turn += 1
             t0 = time.perf_counter()
@@ -221,10 +247,11 @@ async def main(quick: bool) -> None:
 
             print("[4/4] event loop lateness and scaling on paper ...", flush=True)
             beat.running = False
-            print(f"      worst lateness of a 1 ms heartbeat while accelkit ran:"
-                  f" {beat.worst * 1e3:.1f} ms (target <= 5); in the same turns, the same"
-                  f" heartbeat in an idle separate process: {beat.floor() * 1e3:.1f} ms; the"
-                  f" longest garbage-collector pause here: {beat.gc_worst * 1e3:.1f} ms")  # fmt: skip
+            print("      worst lateness of a 1 ms heartbeat while accelkit ran [<= 5 ms], beside"
+                  " the same sleeper's in an idle separate process over the same turns, and the"
+                  " longest garbage-collector pause here:")  # fmt: skip
+            for line in beat.report():
+                print("      " + line)
             for line in scaling_table(8192):
                 print("      " + line)
     finally:

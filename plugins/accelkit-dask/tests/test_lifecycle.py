@@ -5,6 +5,8 @@ errors. Every test runs under asyncio and trio."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -13,15 +15,21 @@ import numpy as np
 import pytest
 from accelkit_dask.backend import DaskBackend
 from accelkit_dask.cluster import LocalSize
+from accelkit_dask.priority import lower_priority
 
 from accelkit.errors import DeviceError, InvalidArgumentError, NotInitializedError
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_local_cluster_is_started_owned_and_closed(anyio_backend: str) -> None:
+async def test_a_local_cluster_is_started_owned_and_closed(
+    monkeypatch: pytest.MonkeyPatch, anyio_backend: str
+) -> None:
     from distributed import Client
 
+    monkeypatch.setenv("ACCELKIT_DASK_WORKER_NICE", "10")
+
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0) if sys.platform == "linux" else 0
     backend = DaskBackend(local_size=LocalSize(2, 1, 1 << 30))
     await backend.initialize("dask:0")
     try:
@@ -32,6 +40,24 @@ async def test_a_local_cluster_is_started_owned_and_closed(anyio_backend: str) -
         pids = await anyio.to_thread.run_sync(lambda: backend.client.run(os.getpid))
         assert len(set(pids.values())) == 2  # two processes,
         assert os.getpid() not in pids.values()  # neither of them this one
+        # and the scheduler runs in a process of its own, not on this one's interpreter
+        scheduler = await anyio.to_thread.run_sync(
+            lambda: backend.client.run_on_scheduler(os.getpid)
+        )
+        assert scheduler != os.getpid()
+        assert scheduler not in pids.values()
+        if sys.platform == "linux":
+            # The workers yield the cores to this process: every thread of theirs runs at a
+            # lower priority, a worker the nanny restarts too; this process is left as it was.
+            nices = await anyio.to_thread.run_sync(lambda: backend.client.run(lower_priority, 0))
+            assert all(n >= 10 for each in nices.values() for n in each)
+            assert all(len(each) > 1 for each in nices.values())
+            assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice
+            first = next(iter(pids))
+            await anyio.to_thread.run_sync(lambda: backend.client.restart_workers([first]))
+            nices = await anyio.to_thread.run_sync(lambda: backend.client.run(lower_priority, 0))
+            assert len(nices) == 2
+            assert all(n >= 10 for each in nices.values() for n in each)
         memory = await backend.cluster_memory()
         assert memory["total"] == 2 << 30
         assert memory["workers"] == 2
@@ -131,3 +157,18 @@ async def test_awaiting_a_result_leaves_the_loop_running(backend: Any) -> None:
         await ops.matmul(a, a).to_host()
         tg.cancel_scope.cancel()
     assert ticks > 10  # the loop ran other tasks while the cluster computed
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell script stands in for Python")
+async def test_a_local_cluster_that_cannot_start_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str
+) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'no module named accelkit_dask.serve' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    backend = DaskBackend(local_size=LocalSize(1, 1, 1 << 30))
+    with pytest.raises(
+        DeviceError, match=r"(?s)cannot start a local Dask cluster .*no module named"
+    ):
+        await backend.initialize("dask:0")

@@ -50,6 +50,21 @@ def test_worker_counts_from_the_environment_are_checked(monkeypatch: pytest.Monk
         local_size()
 
 
+def test_the_workers_nice_value_from_the_environment_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accelkit_dask.cluster import Cluster
+    from accelkit_dask.priority import WORKER_NICE, worker_nice
+
+    assert worker_nice() == WORKER_NICE == 0  # off unless asked for
+    monkeypatch.setenv("ACCELKIT_DASK_WORKER_NICE", "10")
+    assert worker_nice() == 10
+    for bad in ("-5", "20", "low"):
+        monkeypatch.setenv("ACCELKIT_DASK_WORKER_NICE", bad)
+        with pytest.raises(InvalidArgumentError, match="ACCELKIT_DASK_WORKER_NICE"):
+            Cluster.start_local()  # refused before a process starts
+
+
 def test_an_unreachable_scheduler_is_listed_with_the_reason(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +120,64 @@ def _quiet_large_graphs() -> None:
     dask.config.set({"distributed.admin.large-graph-warning-threshold": "128MB"})
 
 
+#: Seconds a local cluster may take to start (processes, imports) and to close.
+START_TIMEOUT_S = 120.0
+CLOSE_TIMEOUT_S = 30.0
+
+
+class Served:
+    """A local cluster in a process of its own (``python -m accelkit_dask.serve``), which ends
+    when its standard input closes: at :meth:`close`, or when this process dies."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], folder: str, address: str) -> None:
+        self.proc = proc
+        self.folder = folder
+        self.address = address
+
+    @classmethod
+    def start(cls, size: LocalSize, nice: int) -> Served:
+        folder = tempfile.mkdtemp(prefix="accelkit-dask-")
+        address_file = os.path.join(folder, "address")
+        log_path = os.path.join(folder, "cluster.log")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "accelkit_dask.serve",
+                    "--workers", str(size.workers), "--threads", str(size.threads_per_worker),
+                    "--memory", str(size.memory_per_worker), "--nice", str(nice),
+                    "--local-directory", os.path.join(tempfile.gettempdir(), "accelkit-dask"),
+                    "--address-file", address_file, "--until-stdin-closes",
+                ],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        served = cls(proc, folder, "")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not os.path.exists(address_file):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                with open(log_path, "rb") as fh:
+                    tail = fh.read().decode(errors="replace")[-2000:].strip()
+                served.close()
+                why = "it exited" if proc.returncode is not None else "it timed out"
+                raise DeviceError(
+                    f"cannot start a local Dask cluster ({why}); its log ends:\n{tail}"
+                )
+            time.sleep(0.05)
+        with open(address_file, encoding="utf-8") as fh:
+            served.address = fh.read().strip()
+        return served
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # already gone
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class Cluster:
     """A connected client, and the local cluster behind it when the backend started one."""
 
@@ -133,28 +194,21 @@ class Cluster:
 
     @classmethod
     def start_local(cls, size: LocalSize | None = None) -> Cluster:
-        from distributed import Client, LocalCluster
+        """Start a local cluster in a process of its own (``python -m accelkit_dask.serve``:
+        its scheduler's work stays out of this process) and connect to it."""
+        from distributed import Client
+
+        from accelkit_dask.priority import worker_nice
 
         size = size or local_size()
+        nice = worker_nice()  # a bad setting is refused before any process starts
+        served = Served.start(size, nice)
         try:
-            local = LocalCluster(
-                n_workers=size.workers,
-                threads_per_worker=size.threads_per_worker,
-                memory_limit=size.memory_per_worker,
-                processes=True,
-                dashboard_address=None,
-                worker_dashboard_address=None,
-                silence_logs=logging.ERROR,
-                local_directory=os.path.join(tempfile.gettempdir(), "accelkit-dask"),
-            )
+            client = Client(served.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
         except Exception as exc:
-            raise DeviceError(f"cannot start a local Dask cluster: {exc}") from None
-        try:
-            client = Client(local, set_as_default=False)
-        except Exception as exc:
-            local.close()
+            served.close()
             raise DeviceError(f"cannot connect to the local Dask cluster: {exc}") from None
-        return cls(client, local, local.scheduler_address)
+        return cls(client, served, served.address)
 
     @classmethod
     def connect(cls, address: str, timeout: float = CONNECT_TIMEOUT_S) -> Cluster:
@@ -209,5 +263,4 @@ class Cluster:
             return
         with contextlib.suppress(Exception):
             self.client.close(timeout=10)
-        with contextlib.suppress(Exception):  # the processes may already be gone
-            self.local.close(timeout=20)
+        self.local.close()
