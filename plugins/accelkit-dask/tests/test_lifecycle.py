@@ -17,7 +17,12 @@ from accelkit_dask.backend import DaskBackend
 from accelkit_dask.cluster import LocalSize
 from accelkit_dask.priority import lower_priority
 
-from accelkit.errors import DeviceError, InvalidArgumentError, NotInitializedError
+from accelkit.errors import (
+    ContextPoisonedError,
+    DeviceError,
+    InvalidArgumentError,
+    NotInitializedError,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -134,8 +139,10 @@ async def test_cancelling_a_read_cancels_its_futures(
                 break
             await anyio.sleep(0.05)
         assert all_cancelled()
-        with pytest.raises(DeviceError, match="cancel"):
+        with pytest.raises(DeviceError, match="its read was cancelled") as info:
             await y.to_host()
+        assert not isinstance(info.value, ContextPoisonedError)  # a cancel is not a lost scheduler
+        assert not backend.poisoned
     finally:
         with anyio.CancelScope(shield=True):
             await backend.shutdown()
@@ -172,3 +179,48 @@ async def test_a_local_cluster_that_cannot_start_says_why(
         DeviceError, match=r"(?s)cannot start a local Dask cluster .*no module named"
     ):
         await backend.initialize("dask:0")
+
+
+class _Future:
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+
+class _Graphs:
+    """A client that notices the lost scheduler after ``after`` checks (or never)."""
+
+    def __init__(self, after: int | None) -> None:
+        self.after = after
+        self.checks = 0
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.after is not None and self.checks > self.after:
+            raise ContextPoisonedError("the Dask scheduler at tcp://x:1 is gone; call recover")
+
+
+async def test_futures_cancelled_by_a_lost_scheduler_poison_the_backend(
+    monkeypatch: pytest.MonkeyPatch, anyio_backend: str
+) -> None:
+    """The client cancels a read's futures (without a reason) a moment before its status says
+    the scheduler is gone: the read waits for that and reports the lost scheduler."""
+    from accelkit_dask import submit
+
+    monkeypatch.setattr(submit, "LOST_GRACE_S", 0.5)
+    cancelled = DeviceError("reading x was cancelled (cancelled for reason: unknown.)")
+    graphs: Any = _Graphs(after=2)
+    got = await submit.lost_or(cancelled, [_Future("cancelled")], graphs)
+    assert isinstance(got, ContextPoisonedError)
+    assert "scheduler" in str(got)
+    # a client that stays connected: the cancellation as it was, after the grace period
+    graphs = _Graphs(after=None)
+    assert await submit.lost_or(cancelled, [_Future("cancelled")], graphs) is cancelled
+    assert graphs.checks > 1
+    # cancelled by a cancelled read, or not cancelled at all: no waiting, no check
+    for error, status in (
+        (DeviceError(f"reading x was cancelled ({submit.CANCELLED_HERE})"), "cancelled"),
+        (DeviceError("reading x failed on the cluster: ValueError: bad"), "error"),
+    ):
+        graphs = _Graphs(after=0)
+        assert await submit.lost_or(error, [_Future(status)], graphs) is error
+        assert graphs.checks == 0

@@ -25,7 +25,7 @@ from accelkit.sdk import HostStream, StreamBackend, env_str
 from accelkit_dask import __version__
 from accelkit_dask.cluster import Cluster, LocalSize, WorkerInfo, device_address
 from accelkit_dask.probe import capabilities, local_info, remote_info
-from accelkit_dask.submit import Graphs, first_error, wait_futures
+from accelkit_dask.submit import Graphs, first_error, lost_or, wait_futures
 
 #: (scheduler, worker) pairs whose worker has run warm_up for this process.
 _WARM: set[tuple[str, str]] = set()
@@ -245,8 +245,10 @@ class DaskBackend(StreamBackend):
         stream = self._default
         box: list[Any] = []
         await stream.wait_for(stream.submit(lambda: box.extend(graphs.flush()), True))
-        await wait_futures(box, lambda: graphs.client.cancel([f for f in box if not f.done()]))
+        await wait_futures(box, lambda: graphs.cancel(box))
         error = first_error(box, "an operation", graphs.reported_causes)
+        if error is not None:
+            error = await lost_or(error, box, graphs)
         graphs.settle(box)
         graphs.reported_causes.clear()
         if error is not None:

@@ -27,6 +27,7 @@ from accelkit_dask.submit import (
     Graphs,
     Slot,
     first_error,
+    lost_or,
     map_error,
     release,
     wait_futures,
@@ -132,11 +133,12 @@ class DaskMemoryManager(PooledMemoryManager):
         parts = box["parts"]
 
         def cancel() -> None:
-            graphs.client.cancel([f for f in parts if not f.done()])
+            graphs.cancel(parts)
 
         await wait_futures(parts, cancel)
         error = first_error(parts, what)
         if error is not None:
+            error = await lost_or(error, parts, graphs)
             failed = next((f for f in parts if f.status == "error"), None)
             graphs.reported(error, failed.exception() if failed is not None else None)
             try:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
 from accelkit import Tensor
@@ -182,6 +184,35 @@ def first_error(
                 reason = str(exc)
             return map_error(_Cancelled(reason or status), what)
     return None
+
+
+#: The reason given when a cancelled read cancels its futures.
+CANCELLED_HERE = "its read was cancelled"
+#: Seconds a read that found its futures cancelled waits for the client to say whether it lost
+#: the scheduler (it cancels the futures first and changes its status moments later).
+LOST_GRACE_S = 2.0
+
+
+async def lost_or(error: AccelError, futures: Sequence[Any], graphs: Graphs) -> AccelError:
+    """``error``, unless the futures were cancelled because the scheduler went away: then the
+    ContextPoisonedError that says so (and poisons the backend). Nothing here cancelled them (a
+    cancelled read gives :data:`CANCELLED_HERE`), so another cancellation is most likely the
+    connection dropping; the client's status is waited for up to :data:`LOST_GRACE_S`."""
+    if (
+        isinstance(error, ContextPoisonedError)
+        or CANCELLED_HERE in str(error)
+        or not any(f.status in ("cancelled", "lost") for f in futures)
+    ):
+        return error
+    deadline = time.monotonic() + LOST_GRACE_S
+    while True:
+        try:
+            graphs.check()
+        except ContextPoisonedError as poisoned:
+            return poisoned
+        if time.monotonic() >= deadline:
+            return error
+        await anyio.sleep(0.05)
 
 
 def _single_key(keys: Any) -> Any:
@@ -355,6 +386,10 @@ class Graphs:
         with self._lock:
             self._inflight.append(fused)  # held until its parts have taken their results
         return results
+
+    def cancel(self, futures: Iterable[Any]) -> None:
+        """Cancel the unfinished ``futures`` (an awaited read was cancelled), saying so."""
+        self.client.cancel([f for f in futures if not f.done()], reason=CANCELLED_HERE)
 
     def settle(self, futures: Iterable[Any]) -> None:
         """Forget finished futures (their errors were reported)."""
