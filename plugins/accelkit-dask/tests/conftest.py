@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from accelkit.testing.fixtures import anyio_backend
+
+if TYPE_CHECKING:
+    from accelkit_dask.cluster import Served
 
 __all__ = ["anyio_backend", "backend", "free_port", "serve_cluster", "shared_cluster"]
 
@@ -31,53 +30,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Served:
-    """A cluster in another process: its scheduler address and the process."""
+def serve_cluster(workers: int = 2) -> Served:
+    """``python -m accelkit_dask.serve``: a LocalCluster of ``workers`` single-threaded
+    processes, started and stopped (``close``) the way the ``dask`` device does it."""
+    from accelkit_dask.cluster import LocalSize, Served, system_memory
 
-    def __init__(self, proc: subprocess.Popen[bytes], address: str) -> None:
-        self.proc = proc
-        self.address = address
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()  # --until-stdin-closes
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def serve_cluster(tmp: Path, workers: int = 2) -> Served:
-    """``python -m accelkit_dask.serve``: a LocalCluster of ``workers`` processes."""
-    address_file = tmp / f"dask-address-{time.monotonic_ns()}"
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "accelkit_dask.serve", "--workers", str(workers),
-            "--address-file", str(address_file), "--until-stdin-closes",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not address_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("python -m accelkit_dask.serve did not start a cluster")
-        time.sleep(0.05)
-    return Served(proc, address_file.read_text().strip())
+    return Served.start(LocalSize(workers, 1, system_memory() // (2 * workers)), nice=0)
 
 
 @pytest.fixture(scope="session")
-def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def shared_cluster() -> Iterator[Served]:
     from accelkit_dask.cluster import close_connections
 
-    served = serve_cluster(tmp_path_factory.mktemp("dask"))
+    served = serve_cluster()
     yield served
     close_connections()  # before the scheduler goes: no reconnection attempts at exit
-    served.stop()
+    served.close()
 
 
 @pytest.fixture

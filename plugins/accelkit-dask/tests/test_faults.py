@@ -25,8 +25,8 @@ from conftest import free_port, serve_cluster
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_worker_killed_mid_gemm_is_survived(tmp_path: Path, anyio_backend: str) -> None:
-    served = serve_cluster(tmp_path)  # its own cluster: this test kills a worker of it
+async def test_a_worker_killed_mid_gemm_is_survived(anyio_backend: str) -> None:
+    served = serve_cluster()  # its own cluster: this test kills a worker of it
     backend = DaskBackend(chunk_bytes=256 << 10)
     try:
         await backend.initialize("dask://" + served.address.removeprefix("tcp://"))
@@ -67,7 +67,7 @@ async def test_a_worker_killed_mid_gemm_is_survived(tmp_path: Path, anyio_backen
     finally:
         with anyio.CancelScope(shield=True):
             await backend.shutdown()
-        served.stop()
+        served.close()
 
 
 def _dask_command() -> list[str]:
