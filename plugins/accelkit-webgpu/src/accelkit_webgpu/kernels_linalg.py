@@ -393,13 +393,32 @@ fn value(e: u32) -> f32 {{
 
 # -- attention ------------------------------------------------------------------------------------
 # P: 0 heads, 1 group (H / Hkv), 2 Sq, 3 Skv, 4 scale, 5 first batch*head of this dispatch,
-# 6..9 mask strides over [B, H, Sq, Skv]
+# 6..9 mask strides over [B, H, Sq, Skv]; split kernels: 10 first key of this dispatch, 11 the
+# key it stops before, 12 flags (1: the first range, the state starts empty; 2: the last range,
+# the output is written)
 _BQ = 64
+#: Keys times (D + DV) one invocation may walk on a software adapter in one dispatch (measured:
+#: D = DV = 64 ran right up to 384 keys on llvmpipe, not 512; each key costs an invocation about
+#: 2 * (D + DV) loop iterations and llvmpipe stops at 65,535). Longer key ranges are split over
+#: dispatches that carry the online softmax's state in a scratch buffer.
+ATTENTION_KEY_TRIPS = 49152
 
 
 def _attention_source(
-    q: DType, k: DType, v: DType, mask: DType | None, d: int, dv: int, bk: int, causal: bool
+    q: DType,
+    k: DType,
+    v: DType,
+    mask: DType | None,
+    d: int,
+    dv: int,
+    bk: int,
+    causal: bool,
+    split: bool = False,
 ) -> str:
+    """Flash-style attention: one invocation per query row, keys in tiles of ``bk`` through
+    workgroup memory, an online softmax. ``split``: the kernel covers the keys P[10]..P[11] and
+    carries (running max, running sum, NaN flag, accumulator) per query row in ``t_st`` between
+    dispatches (DV + 3 words a row)."""
     inputs = [Binding("q", q), Binding("k", k), Binding("v", v)]
     if mask is not None:
         inputs.append(Binding("mask", mask))
@@ -411,16 +430,34 @@ def _attention_source(
     else:
         mask_code = f"s = s + {convert('ld_mask(mrow + j * P[9])', mask, DType.F32)};"
     if causal:
-        kend = (
-            "let kend = u32(clamp(i32(min(wid.x * BQ + BQ, sq)) + i32(skv) - i32(sq), 0,"
-            " i32(skv)));"
-        )
+        kend = "u32(clamp(i32(min(wid.x * BQ + BQ, sq)) + i32(skv) - i32(sq), 0, i32(skv)))"
         nrow = "let n = u32(clamp(i32(i + skv) - i32(sq) + 1 - i32(j0), 0, i32(tn)));"
     else:
-        kend = "let kend = skv;"
+        kend = "skv"
         nrow = "let n = tn;"
+    if split:
+        kend = f"let kend = min({kend}, P[11]);\n    let jb = P[10];"
+        load = """let srow = (bh * sq + iq) * (DV + 3u);
+    if ((P[12] & 1u) == 0u) {
+        run_max = bitcast<f32>(t_st[srow]);
+        run_sum = bitcast<f32>(t_st[srow + 1u]);
+        bad = t_st[srow + 2u] != 0u;
+        for (var c = 0u; c < DV; c = c + 1u) { acc[c] = bitcast<f32>(t_st[srow + 3u + c]); }
+    }"""
+        keep = """if ((P[12] & 2u) == 0u) {
+        t_st[srow] = bitcast<u32>(run_max);
+        t_st[srow + 1u] = bitcast<u32>(run_sum);
+        t_st[srow + 2u] = select(0u, 1u, bad);
+        for (var c = 0u; c < DV; c = c + 1u) { t_st[srow + 3u + c] = bitcast<u32>(acc[c]); }
+        return;
+    }"""
+        rw = [Binding("st", DType.F32)]
+    else:
+        kend = f"let kend = {kend};\n    let jb = 0u;"
+        load = keep = ""
+        rw = None
     return (
-        header(inputs, DType.F32)
+        header(inputs, DType.F32, rw)
         + HELPERS
         + f"""
 fn ak_ninf() -> f32 {{ return bitcast<f32>(0xff800000u); }}
@@ -454,10 +491,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var run_max = ak_ninf();
     var run_sum = 0.0;
     var bad = false;
+    {load}
     let mrow = {"bi * P[6] + hi * P[7] + iq * P[8]" if mask is not None else "0u"};
     let kb = kvh * skv * D;
     let vb = kvh * skv * DV;
-    for (var j0 = 0u; j0 < kend; j0 = j0 + BK) {{
+    for (var j0 = jb; j0 < kend; j0 = j0 + BK) {{
         let tn = min(BK, kend - j0);
         workgroupBarrier();
         for (var e = li; e < tn * D; e = e + BQ) {{ kt[e] = ld_k(kb + j0 * D + e); }}
@@ -496,6 +534,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }}
     }}
     if (!live) {{ return; }}
+    {keep}
     var inv = 0.0;
     if (run_sum > 0.0) {{ inv = 1.0 / run_sum; }}
     let o = (bh * sq + i) * DV;
@@ -738,9 +777,12 @@ class LinalgKernels(WebGPUComponent):
             return
         b, h, sq, d = q.shape
         hk, skv, dv = k.shape[1], k.shape[2], v.shape[3]
-        # each invocation loops about 2 * (D + DV) times per key (measured: D = DV = 64 ran
-        # right up to 384 keys on llvmpipe, not at 512)
-        self.check_loop("attention", "keys * (D + DV) =", skv * (d + dv), 49152)
+        # A software adapter's invocations may walk ATTENTION_KEY_TRIPS // (D + DV) keys per
+        # dispatch; more keys are split over dispatches (a real GPU takes them in one).
+        per = skv
+        if self.backend.capabilities.extra.get("software"):
+            per = max(1, ATTENTION_KEY_TRIPS // max(1, d + dv))
+        split = per < skv
         gpu = self.gpu
         local = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
         bk = min(32, (local // 2) // ((max(d, 1) + max(dv, 1)) * 4))
@@ -750,22 +792,34 @@ class LinalgKernels(WebGPUComponent):
                 f" device's {local} bytes of workgroup memory"
             )
         src = _attention_source(
-            q.dtype, k.dtype, v.dtype, None if mask is None else mask.dtype, d, dv, bk, causal
-        )
+            q.dtype, k.dtype, v.dtype, None if mask is None else mask.dtype, d, dv, bk, causal,
+            split,
+        )  # fmt: skip
         target = out if out.dtype is DType.F32 else self.empty(out.shape, DType.F32)
         ms = broadcast_strides(mask.shape, (b, h, sq, skv)) if mask is not None else [0, 0, 0, 0]
         params = [h, h // hk, sq, skv, f32_bits(scale), 0, *ms]
         inputs = [q, k, v] if mask is None else [q, k, v, mask]
         ins = [(block(t), nbytes(t)) for t in inputs]
         outs = [(block(target), nbytes(target))]
+        keep: list[Tensor] = []
+        ranges = [(0, skv)]
+        if split:  # the online softmax's state between dispatches: DV + 3 words a query row
+            state = self.empty((b * h * sq, dv + 3), DType.F32)
+            keep.append(state)
+            outs.insert(0, (block(state), nbytes(state)))
+            ranges = [(j, min(skv, j + per)) for j in range(0, skv, per)]
         qblocks = -(-sq // _BQ)
         launches: list[tuple[list[int], tuple[int, int]]] = []
         for y0 in range(0, b * h, MAX_GROUPS):
-            p = list(params)
-            p[5] = y0
-            launches.append((p, (qblocks, min(MAX_GROUPS, b * h - y0))))
+            for j0, j1 in ranges:
+                p = list(params)
+                p[5] = y0
+                if split:
+                    p += [j0, j1, int(j0 == 0) | int(j1 == skv) << 1]
+                launches.append((p, (qblocks, min(MAX_GROUPS, b * h - y0))))
 
         def run() -> None:
+            _ = keep  # the scratch state stays alive (out of the pool) until this has run
             for p, g in launches:
                 gpu.dispatch(src, p, ins, outs, g)
 
