@@ -397,6 +397,9 @@ fn value(e: u32) -> f32 {{
 # key it stops before, 12 flags (1: the first range, the state starts empty; 2: the last range,
 # the output is written)
 _BQ = 64
+#: The longest inner dimension a GEMM (or an implicit-GEMM convolution) runs on a software
+#: adapter: longer ones are refused (see _gemm_run).
+GEMM_MAX_K_SOFTWARE = 32768
 #: Keys times (D + DV) one invocation may walk on a software adapter in one dispatch (measured:
 #: D = DV = 64 ran right up to 384 keys on llvmpipe, not 512; each key costs an invocation about
 #: 2 * (D + DV) loop iterations and llvmpipe stops at 65,535). Longer key ranges are split over
@@ -606,8 +609,11 @@ class LinalgKernels(WebGPUComponent):
         """``out[batch, i, j] = alpha * sum_k A(i, k) B(k, j) + beta * C(i, j)`` with ``out``
         contiguous; ``strides`` = (a row, a k, b k, b col, c row, c col) in elements; ``batch``:
         per batch dim (size, a stride, b stride, c stride)."""
-        # (checked on the real K, measured: K = 70,000 ran right on llvmpipe, 200,000 did not)
-        self.check_loop("a matrix product", "an inner dimension of", mnk[2], 65536)
+        # Checked on the real K. Measured with every tile: through OpenGL, llvmpipe ran K =
+        # 70,000 right and 200,000 not; through Vulkan (lavapipe: SPIR-V rather than GLSL, so
+        # other loops) the row tile stopped at K = 41,938 and the medium one at 47,662, silently.
+        # 32,768 leaves a margin under both.
+        self.check_loop("a matrix product", "an inner dimension of", mnk[2], GEMM_MAX_K_SOFTWARE)
         if out.size == 0:
             return
         m, n, k = mnk
