@@ -328,7 +328,9 @@ BINARY: dict[str, dict[str, str]] = {
     "pow": {"f": "ak_powf(a, b)", "i": "ak_ipow_i(a, b)", "u": "ak_ipow_u(a, b)"},
     "mod": {"f": "ak_modf(a, b)", "i": "ak_imod(a, b)", "u": "select(a % b, 0u, b == 0u)"},
     "eq": {"fiub": "a == b"},
-    "ne": {"fiub": "a != b"},
+    # NaN != anything, tested on the bits: lavapipe (Vulkan) compiled a float `a != b` to an
+    # ordered compare, false for NaN; the OpenGL path did not
+    "ne": {"f": "(a != b || ak_isnan(a) || ak_isnan(b))", "iub": "a != b"},
     "lt": {"fiub": "a < b"},
     "le": {"fiub": "a <= b"},
     "gt": {"fiub": "a > b"},
@@ -395,7 +397,9 @@ def convert(expr: str, src: DType, dst: DType) -> str:
     if dst is DType.BOOL:
         if s == wide:
             return f"select(1u, 0u, w_is_zero({expr}))"
-        zero = {"f32": "0.0", "i32": "0", "u32": "0u"}[s]
+        if s == "f32":  # NaN is true; tested on the bits (see "ne" in BINARY)
+            return f"select(0u, 1u, (bitcast<u32>({expr}) & 0x7fffffffu) != 0u)"
+        zero = {"i32": "0", "u32": "0u"}[s]
         return f"select(0u, 1u, ({expr}) != {zero})"
     if s == wide:
         if d == "f32":
