@@ -195,6 +195,35 @@ async def test_long_chains_are_flushed_without_a_read(backend: Any) -> None:
     np.testing.assert_array_equal(await ys[-1].to_host(), np.full((16, 16), 299.0, np.float32))
 
 
+async def test_reading_a_lone_small_op_runs_one_task(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read of one small pending op sends one task: the op's own pending array and the
+    array read are the same keys, persisted once (as two arrays they cost the fused path a
+    task per array to pick its result out, a trip through the scheduler each)."""
+    from accelkit_dask import blocks
+
+    client = backend.graphs.client
+    sent: list[str] = []
+    submit = client.submit
+
+    def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(fn.__name__)
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(client, "submit", counted)
+    x_h = rng(30).standard_normal((8, 8), dtype=np.float32)
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.from_host(x_h)  # a literal (in the graphs that read it)
+    np.testing.assert_array_equal(await ops.mul(ops.add(x, 1.0), 3.0).to_host(), (x_h + 1) * 3)
+    assert sent == [blocks.run_graph_one.__name__]
+    sent.clear()
+    y, z = ops.add(x, 2.0), ops.mul(x, 4.0)  # two pending results, then one read: the fused
+    np.testing.assert_array_equal(await z.to_host(), x_h * 4)  # task, and a pick for each
+    assert sent.count(blocks.pick.__name__) == 2
+    np.testing.assert_array_equal(await y.to_host(), x_h + 2)
+
+
 async def test_batched_gemm_keeps_the_batch_as_a_blockwise_index(backend: Any) -> None:
     a_h = rng(28).standard_normal((6, 30, 40), dtype=np.float32)
     b_h = rng(29).standard_normal((6, 30, 20), dtype=np.float32)

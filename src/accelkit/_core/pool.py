@@ -239,6 +239,15 @@ class CachingPool:
             self._reserved -= block
 
     # -- maintenance ------------------------------------------------------------------------------
+    def reclaim(self) -> None:
+        """Take back now the blocks of buffers that died since the last allocation (the next
+        allocation would): afterwards a dead buffer is gone, and a weak reference to it is dead.
+        A backend that keeps per-block work pending (the Dask backend's lazy graphs) calls it
+        before deciding which blocks are still wanted."""
+        if self._released:
+            with self._lock:
+                self._drain_locked()
+
     def trim(self) -> int:
         with self._lock:
             self._drain_locked()

@@ -227,7 +227,7 @@ class DaskBackend(StreamBackend):
         }
         caps = capabilities(str(device), threads, memory, extra)
         self._cluster = cluster
-        self._graphs = Graphs(cluster, self.chunk_bytes)
+        self._graphs = Graphs(cluster, self.chunk_bytes, lambda: self.pool.reclaim())
         self._caps = caps
         self.supported_dtypes = caps.dtypes
         self._streams = []

@@ -391,6 +391,16 @@ def run_graph(blob: bytes, *deps: Any) -> tuple[tuple[bool, Any], ...]:
     return tuple((False, failed[k]) if k in failed else (True, cache[k]) for k in out_keys)
 
 
+def run_graph_one(blob: bytes, *deps: Any) -> Any:
+    """:func:`run_graph` for a graph read for one result: that value (or its exception,
+    raised), so that the result is this task's and reading it needs no :func:`pick` task (a
+    second trip through the scheduler)."""
+    ok, value = run_graph(blob, *deps)[0]
+    if not ok:
+        raise value
+    return value
+
+
 def pick(results: tuple[tuple[bool, Any], ...], i: int) -> Any:
     """Result ``i`` of :func:`run_graph`, or its exception raised."""
     ok, value = results[i]

@@ -232,7 +232,12 @@ class Graphs:
     """The graphs of one backend's tensors: pending (lazy) writes, flushes and what is in flight
     on the cluster."""
 
-    def __init__(self, cluster: Cluster, chunk_bytes: int) -> None:
+    def __init__(
+        self, cluster: Cluster, chunk_bytes: int, reclaim: Callable[[], None] | None = None
+    ) -> None:
+        #: The pool's ``reclaim``: called before a flush, so that the blocks of tensors that
+        #: died meanwhile are not sent as results of their own.
+        self._reclaim = reclaim
         self.cluster = cluster
         self.chunk_bytes = chunk_bytes
         self.client = cluster.client
@@ -301,6 +306,8 @@ class Graphs:
         from distributed import futures_of
 
         self.check()
+        if self._reclaim is not None:
+            self._reclaim()  # dead intermediates' slots are cleared (their owners die here)
         with self._lock:
             slots = list(self._lazy.values())
             self._lazy.clear()
@@ -311,18 +318,27 @@ class Graphs:
             if s.lazy and s.array is not None and owner is not None and owner.is_alive:
                 live.append((s, s.array))
         self.extra = None
-        if (extra is not None and not futures_of(extra)) or (
-            extra is not None and (len(extra.dask) != extra.npartitions)
+        # Where the array read is a pending block's own array (a read of an op's output), it
+        # is persisted once, as that block's: as a second array of the same keys it would cost
+        # the fused path a task of its own to pick it out.
+        same = -1
+        if extra is not None:
+            same = next((i for i, (_, a) in enumerate(live) if a.name == extra.name), -1)
+        if same < 0 and (
+            (extra is not None and not futures_of(extra))
+            or (extra is not None and (len(extra.dask) != extra.npartitions))
         ):
             live.append((None, extra))
-        elif extra is not None:
+        elif same < 0 and extra is not None:
             self.extra = extra
         if live:
             arrays = [a for _, a in live]
             persisted = self._fused(arrays)
             if persisted is None:
                 persisted = self.client.persist(arrays)
-            if live[-1][0] is None:
+            if same >= 0:
+                self.extra = persisted[same]
+            elif live[-1][0] is None:
                 self.extra = persisted[-1]
                 live, persisted = live[:-1], persisted[:-1]
             with self._lock:
@@ -370,12 +386,17 @@ class Graphs:
             return None  # nothing to fuse
         out_keys = [a.__dask_keys__() for a in arrays]
         flat = [_single_key(k) for k in out_keys]
+        blob = cloudpickle.dumps((tasks, flat, list(inputs)))
+        if len(arrays) == 1:  # one result (a read of a single pending op): the task's own
+            a = arrays[0]
+            name = unique("part")
+            key = (name,) + (0,) * a.ndim
+            one = self.client.submit(
+                blocks.run_graph_one, blob, *inputs.values(), key=key, pure=False
+            )
+            return [da.Array({key: one}, name, chunks=a.chunks, meta=a._meta)]
         fused = self.client.submit(
-            blocks.run_graph,
-            cloudpickle.dumps((tasks, flat, list(inputs))),
-            *inputs.values(),
-            key=unique("fused"),
-            pure=False,
+            blocks.run_graph, blob, *inputs.values(), key=unique("fused"), pure=False
         )
         results = []
         for i, a in enumerate(arrays):
