@@ -1,10 +1,14 @@
 """The event loop's thread asks Linux for a short time slice at ``initialize`` (so that it wakes
 on time while compute keeps every core busy), threads started later keep the default slice, and
-``ACCELKIT_LOOP_SLICE_US`` sets or disables it, a bad value refused before anything opens."""
+``ACCELKIT_LOOP_SLICE_US`` sets or disables it, a bad value refused before anything opens. The
+interpreter's switch interval is lowered from Python's default the same way
+(``ACCELKIT_SWITCH_INTERVAL_US``), an application's own kept."""
 
 from __future__ import annotations
 
+import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -86,5 +90,60 @@ async def test_a_bad_slice_setting_is_refused_before_the_backend_opens(
     monkeypatch.setenv("ACCELKIT_LOOP_SLICE_US", value)
     backend = ak.create_backend("cpu")
     with pytest.raises(InvalidArgumentError, match="ACCELKIT_LOOP_SLICE_US"):
+        await backend.initialize()
+    assert backend.status.state is LifecycleState.CREATED
+
+
+@pytest.fixture
+def python_switch_interval() -> Iterator[None]:
+    """The interpreter's switch interval at Python's default for the test, restored after."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("python_switch_interval")
+async def test_initialize_lowers_the_interpreters_switch_interval_from_pythons_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backend's worker thread running Python code (a Dask flush, wgpu-py) would keep a woken
+    loop waiting up to 5 ms for the GIL; initialize makes that 1 ms."""
+    monkeypatch.delenv("ACCELKIT_SWITCH_INTERVAL_US", raising=False)
+    async with ak.open_backend("cpu") as backend:
+        assert backend.interpreter_switch_interval == f"{sched.DEFAULT_SWITCH_US} us"
+        assert sys.getswitchinterval() == pytest.approx(sched.DEFAULT_SWITCH_US / 1e6)
+    monkeypatch.setenv("ACCELKIT_SWITCH_INTERVAL_US", "2000")
+    sys.setswitchinterval(0.005)
+    async with ak.open_backend("cpu") as backend:
+        assert backend.interpreter_switch_interval == "2000 us"
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+
+
+@pytest.mark.usefixtures("python_switch_interval")
+async def test_an_applications_own_switch_interval_is_kept_and_zero_leaves_it_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ACCELKIT_SWITCH_INTERVAL_US", raising=False)
+    sys.setswitchinterval(0.0002)  # the application's choice
+    async with ak.open_backend("cpu") as backend:
+        assert backend.interpreter_switch_interval == "left at the application's 200 us"
+        assert sys.getswitchinterval() == pytest.approx(0.0002)
+    sys.setswitchinterval(0.005)
+    monkeypatch.setenv("ACCELKIT_SWITCH_INTERVAL_US", "0")
+    async with ak.open_backend("cpu") as backend:
+        assert backend.interpreter_switch_interval == "left alone (ACCELKIT_SWITCH_INTERVAL_US=0)"
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("value", ["-1", "soon"])
+async def test_a_bad_switch_interval_setting_is_refused_before_the_backend_opens(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("ACCELKIT_SWITCH_INTERVAL_US", value)
+    backend = ak.create_backend("cpu")
+    with pytest.raises(InvalidArgumentError, match="ACCELKIT_SWITCH_INTERVAL_US"):
         await backend.initialize()
     assert backend.status.state is LifecycleState.CREATED

@@ -14,6 +14,13 @@ It changes nothing else: not the thread's priority or share of the CPU, nor any 
 ``ACCELKIT_LOOP_SLICE_US`` sets the slice (microseconds; default 100, ``0`` leaves the thread as
 it is). Elsewhere (not Linux, older kernels, an architecture without the call) it does nothing
 and says why.
+
+The interpreter has a scheduler of its own: a thread running Python code keeps the GIL for up to
+``sys.getswitchinterval()`` (5 ms by default) while another thread waits for it. A backend's
+worker thread that builds task graphs or drives a device API in Python (a Dask flush, wgpu-py's
+calls) then keeps a woken event loop waiting that long. :func:`request_switch_interval` lowers
+the interval to 1 ms (``ACCELKIT_SWITCH_INTERVAL_US``; ``0`` leaves it alone), and only while it
+is still Python's default: an application that chose its own keeps it.
 """
 
 from __future__ import annotations
@@ -26,10 +33,16 @@ import threading
 
 from accelkit.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_SLICE_US", "loop_slice_us", "read_slice_ns", "request_loop_slice"]
+__all__ = [
+    "DEFAULT_SLICE_US", "DEFAULT_SWITCH_US", "loop_slice_us", "read_slice_ns",
+    "request_loop_slice", "request_switch_interval", "switch_interval_us",
+]  # fmt: skip
 
 DEFAULT_SLICE_US = 100
+DEFAULT_SWITCH_US = 1000
 _ENV = "ACCELKIT_LOOP_SLICE_US"
+_SWITCH_ENV = "ACCELKIT_SWITCH_INTERVAL_US"
+_PYTHON_SWITCH_S = 0.005  # CPython's default sys.getswitchinterval()
 # sched_setattr / sched_getattr syscall numbers (there is no libc wrapper in glibc < 2.41).
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275), "arm64": (274, 275)}
 _SCHED_FLAG_RESET_ON_FORK = 0x01
@@ -52,20 +65,46 @@ class _SchedAttr(ctypes.Structure):
     ]
 
 
-def loop_slice_us() -> int:
-    """The slice ``ACCELKIT_LOOP_SLICE_US`` asks for (0: leave the loop's thread alone)."""
-    raw = os.environ.get(_ENV, "").strip()
+def _env_us(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_SLICE_US
+        return default
     try:
         value = int(raw)
     except ValueError:
         value = -1
     if value < 0:
         raise InvalidArgumentError(
-            f"{_ENV}={raw!r} is not a whole number of microseconds >= 0 (0 turns it off)"
+            f"{name}={raw!r} is not a whole number of microseconds >= 0 (0 turns it off)"
         )
     return value
+
+
+def loop_slice_us() -> int:
+    """The slice ``ACCELKIT_LOOP_SLICE_US`` asks for (0: leave the loop's thread alone)."""
+    return _env_us(_ENV, DEFAULT_SLICE_US)
+
+
+def switch_interval_us() -> int:
+    """The interpreter's switch interval ``ACCELKIT_SWITCH_INTERVAL_US`` asks for (0: leave it
+    alone)."""
+    return _env_us(_SWITCH_ENV, DEFAULT_SWITCH_US)
+
+
+def request_switch_interval() -> str:
+    """Lower the interpreter's thread switch interval to the configured one while it is still
+    Python's default (see the module docstring); returns what happened, in words."""
+    want_us = switch_interval_us()
+    if want_us == 0:
+        return f"left alone ({_SWITCH_ENV}=0)"
+    with _lock:
+        current = sys.getswitchinterval()
+        if abs(current - want_us / 1e6) < 1e-9:
+            return f"{want_us} us"
+        if abs(current - _PYTHON_SWITCH_S) > 1e-9:
+            return f"left at the application's {round(current * 1e6)} us"
+        sys.setswitchinterval(want_us / 1e6)
+    return f"{want_us} us"
 
 
 def _syscalls() -> tuple[int, int] | str:

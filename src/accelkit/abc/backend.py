@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, ClassVar
 
-from accelkit._core.sched import request_loop_slice
+from accelkit._core.sched import request_loop_slice, request_switch_interval
 from accelkit.capabilities import BackendCapabilities, BackendStatus, LifecycleState
 from accelkit.device import Device
 from accelkit.dtype import DType
@@ -71,6 +71,8 @@ class ComputeBackend(ABC):
         #: What ``initialize`` did to the scheduling of the event loop's thread, in words
         #: (``"slice 100 us"``, or why it left the thread alone); None before ``initialize``.
         self.loop_thread_scheduling: str | None = None
+        #: What ``initialize`` did to the interpreter's thread switch interval, in words.
+        self.interpreter_switch_interval: str | None = None
 
     # -- identity ---------------------------------------------------------------------------------
     @property
@@ -141,6 +143,9 @@ class ComputeBackend(ABC):
         # device work keeps every core busy (accelkit._core.sched; ACCELKIT_LOOP_SLICE_US=0
         # turns it off).
         self.loop_thread_scheduling = request_loop_slice()
+        # ... and the interpreter hands the GIL to a waiting thread within 1 ms rather than 5
+        # (ACCELKIT_SWITCH_INTERVAL_US; an application's own setting is kept).
+        self.interpreter_switch_interval = request_switch_interval()
         try:
             await self._initialize(dev)
         except BaseException as exc:
