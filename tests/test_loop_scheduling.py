@@ -83,13 +83,18 @@ async def test_the_slice_can_be_set_or_turned_off(monkeypatch: pytest.MonkeyPatc
         assert seen == ["slice 250 us", 250_000]
 
 
-@pytest.mark.parametrize("value", ["-5", "fast", "1.5"])
-async def test_a_bad_slice_setting_is_refused_before_the_backend_opens(
-    monkeypatch: pytest.MonkeyPatch, value: str
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("ACCELKIT_LOOP_SLICE_US", "-5"), ("ACCELKIT_LOOP_SLICE_US", "fast"),
+     ("ACCELKIT_LOOP_SLICE_US", "1.5"), ("ACCELKIT_SWITCH_INTERVAL_US", "-1"),
+     ("ACCELKIT_SWITCH_INTERVAL_US", "soon")],
+)  # fmt: skip
+async def test_a_bad_scheduling_setting_is_refused_before_the_backend_opens(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
 ) -> None:
-    monkeypatch.setenv("ACCELKIT_LOOP_SLICE_US", value)
+    monkeypatch.setenv(name, value)
     backend = ak.create_backend("cpu")
-    with pytest.raises(InvalidArgumentError, match="ACCELKIT_LOOP_SLICE_US"):
+    with pytest.raises(InvalidArgumentError, match=name):
         await backend.initialize()
     assert backend.status.state is LifecycleState.CREATED
 
@@ -136,14 +141,3 @@ async def test_an_applications_own_switch_interval_is_kept_and_zero_leaves_it_al
     async with ak.open_backend("cpu") as backend:
         assert backend.interpreter_switch_interval == "left alone (ACCELKIT_SWITCH_INTERVAL_US=0)"
         assert sys.getswitchinterval() == pytest.approx(0.005)
-
-
-@pytest.mark.parametrize("value", ["-1", "soon"])
-async def test_a_bad_switch_interval_setting_is_refused_before_the_backend_opens(
-    monkeypatch: pytest.MonkeyPatch, value: str
-) -> None:
-    monkeypatch.setenv("ACCELKIT_SWITCH_INTERVAL_US", value)
-    backend = ak.create_backend("cpu")
-    with pytest.raises(InvalidArgumentError, match="ACCELKIT_SWITCH_INTERVAL_US"):
-        await backend.initialize()
-    assert backend.status.state is LifecycleState.CREATED

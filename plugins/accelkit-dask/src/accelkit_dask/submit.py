@@ -324,13 +324,10 @@ class Graphs:
         same = -1
         if extra is not None:
             same = next((i for i, (_, a) in enumerate(live) if a.name == extra.name), -1)
-        if same < 0 and (
-            (extra is not None and not futures_of(extra))
-            or (extra is not None and (len(extra.dask) != extra.npartitions))
-        ):
-            live.append((None, extra))
-        elif same < 0 and extra is not None:
-            self.extra = extra
+            if same < 0 and (not futures_of(extra) or len(extra.dask) != extra.npartitions):
+                live.append((None, extra))  # not on the cluster yet, or not only its futures
+            elif same < 0:
+                self.extra = extra  # already persisted: read as it is
         if live:
             arrays = [a for _, a in live]
             persisted = self._fused(arrays)

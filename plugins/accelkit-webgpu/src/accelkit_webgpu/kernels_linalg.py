@@ -786,7 +786,7 @@ class LinalgKernels(WebGPUComponent):
         # A software adapter's invocations may walk ATTENTION_KEY_TRIPS // (D + DV) keys per
         # dispatch; more keys are split over dispatches (a real GPU takes them in one).
         per = skv
-        if self.backend.capabilities.extra.get("software"):
+        if self.loops_capped:
             per = max(1, ATTENTION_KEY_TRIPS // max(1, d + dv))
         split = per < skv
         gpu = self.gpu

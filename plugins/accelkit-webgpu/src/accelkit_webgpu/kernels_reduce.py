@@ -698,7 +698,7 @@ class ReduceKernels(WebGPUComponent):
         """Refuse rows longer than one workgroup's invocations can loop over on a software
         adapter (llvmpipe ends an invocation's loops after 65535 iterations in all; the row
         kernels loop about 3 * length / RWG times)."""
-        if length > RWG * _ROW_TRIPS and self.backend.capabilities.extra.get("software"):
+        if length > RWG * _ROW_TRIPS and self.loops_capped:
             raise UnsupportedOperationError(
                 f"webgpu: {op} over rows of {length} elements is more than the software adapter"
                 f" {self.backend.device} runs in one workgroup (at most {RWG * _ROW_TRIPS})"

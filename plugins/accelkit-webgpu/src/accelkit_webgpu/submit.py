@@ -88,11 +88,16 @@ class WebGPUComponent:
         stream = backend.current_stream
         return new_tensor(backend, buf, buf.handle, shape, dtype, stream.device, stream)
 
+    @property
+    def loops_capped(self) -> bool:
+        """A software adapter: Mesa's llvmpipe ends an invocation's loops after 65,535
+        iterations in all, silently. A real GPU has no such limit."""
+        return bool(self._backend.capabilities.extra.get("software"))
+
     def check_loop(self, op: str, what: str, trips: int, limit: int) -> None:
-        """Refuse work whose invocations would loop more than ``limit`` times on a software
-        adapter: Mesa's llvmpipe ends an invocation's loops after 65,535 iterations in all,
-        silently, so the result would be wrong. A real GPU has no such limit."""
-        if trips > limit and self._backend.capabilities.extra.get("software"):
+        """Refuse work whose invocations would loop more than ``limit`` times where loops are
+        capped (:attr:`loops_capped`): the result would be wrong."""
+        if trips > limit and self.loops_capped:
             raise UnsupportedOperationError(
                 f"webgpu: {op} with {what} {trips} is more than the software adapter"
                 f" {self._backend.device} runs correctly (at most {limit}: llvmpipe stops an"
