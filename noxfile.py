@@ -56,7 +56,7 @@ def tests(session: nox.Session) -> None:
     """
     session.install(
         "-e",
-        ".[test]",
+        ".[test,jit]",
         "-e",
         "./plugins/accelkit-opencl[pocl]",
         "-e",
@@ -78,6 +78,9 @@ def tests(session: nox.Session) -> None:
         "./tests/plugins/accelkit-testplug-subset",
         "./tests/plugins/accelkit-testplug-crash",
     )
+    # The CPU backend's JIT kernels compile on first use rather than in the background, so that
+    # every float32 call the suite makes after the first goes through them.
+    session.env.setdefault("ACCELKIT_CPU_JIT", "eager")
     parts = _load_parts()
     env = _session_env(session)
     python = os.path.join(session.bin, "python")
@@ -303,10 +306,11 @@ def fuzz(session: nox.Session) -> None:
     ``nox -s tests`` runs the same properties with the short, derandomized CI profile.
     ``ACCELKIT_FUZZ_PROFILE`` overrides the profile; arguments after ``--`` go to pytest."""
     session.install(
-        "-e", ".[test]", "-e", "./plugins/accelkit-opencl[pocl]", "-e",
+        "-e", ".[test,jit]", "-e", "./plugins/accelkit-opencl[pocl]", "-e",
         "./plugins/accelkit-cuda[cuda12]", "-e", "./plugins/accelkit-webgpu",
         "-e", "./plugins/accelkit-dask", "./tests/plugins/accelkit-example",
     )  # fmt: skip
+    session.env.setdefault("ACCELKIT_CPU_JIT", "eager")  # as in the tests session
     parts = _load_parts()
     env = _session_env(session)
     env.setdefault("ACCELKIT_FUZZ_PROFILE", "accelkit-fuzz")
@@ -339,6 +343,6 @@ def bench(session: nox.Session) -> None:
     pip rather than uv: pip finds the CPU build of PyTorch this machine keeps on disk, where uv
     would download a CUDA build of several GB.
     """
-    session.install("-e", ".", "torch==2.13.0", "matplotlib")
+    session.install("-e", ".[jit]", "torch==2.13.0", "matplotlib")
     session.run("python", "benchmarks/bench_startup.py")
     session.run("python", "benchmarks/bench_core.py", *session.posargs)

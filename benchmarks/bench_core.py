@@ -9,7 +9,9 @@ benchmarks/bench_core.py [--quick] [--json PATH]``. Each figure names its peer:
   matmuls run on the backend, vs the same NumPy call made on the loop, and vs the same loop left
   idle for as long (what the machine itself costs: on a shared VM, several ms at worst);
 - transformer block (batch 4, seq 256, width 512, 8 heads, causal, 4x tanh-GELU MLP) vs PyTorch
-  CPU and vs plain NumPy;
+  CPU, vs plain NumPy, and vs itself on NumPy's kernels (the CPU JIT kernels off, interleaved);
+- the block's ops that the JIT kernels serve (layer_norm, causal attention, tanh-GELU), each
+  alone: with the JIT kernels, with NumPy's, and PyTorch's;
 - the demo's image pipeline (8 RGB u8 256x256 images: grayscale, Gaussian blur, Sobel, threshold)
   vs plain NumPy and vs the same filters in SciPy's ndimage;
 - memory: reserved bytes over 10,000 allocate/free cycles of mixed sizes, and ``used`` after
@@ -33,6 +35,7 @@ import anyio
 import numpy as np
 
 import accelkit as ak
+from accelkit.backends.cpu import jit
 from accelkit.cli.bench import interleaved
 from accelkit.workloads import (
     BlockConfig,
@@ -203,7 +206,90 @@ async def block(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int
         t_ak = statistics.median(times)
         entry["accelkit_ms"] = 1e3 * t_ak
         entry.update(torch_ms=1e3 * t_t, vs_torch=t_t / t_ak, torch_threads=torch.get_num_threads())
+
+    async def run_without_jit() -> None:
+        with jit.disabled():
+            await run()
+
+    # The same block on NumPy's kernels (what a plain `pip install .` runs), interleaved.
+    t_jit, t_nojit = await interleaved(run, run_without_jit, repeats)
+    entry.update(
+        jit_ms=1e3 * t_jit, numpy_kernels_ms=1e3 * t_nojit, vs_numpy_kernels=t_nojit / t_jit
+    )
     report["transformer_block"] = entry
+
+
+async def block_parts(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int) -> None:
+    """The block's ops that the JIT kernels serve, each timed alone: accelkit with them, with
+    NumPy's kernels, and PyTorch."""
+    cfg = BlockConfig()
+    b, s, d, h, hd = cfg.batch, cfg.seq, cfg.width, cfg.heads, cfg.head_dim
+    rng = np.random.default_rng(4)
+    x_h = rng.standard_normal((b, s, d)).astype(np.float32)
+    m_h = rng.standard_normal((b, s, 4 * d)).astype(np.float32)
+    q_h = rng.standard_normal((b, h, s, hd)).astype(np.float32)
+    g_h, bias_h = rng.standard_normal((2, d)).astype(np.float32)
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x, m, q, g, bias = (f.from_host(a) for a in (x_h, m_h, q_h, g_h, bias_h))
+    cases: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]] = [
+        (
+            f"layer_norm [{b},{s},{d}]",
+            lambda: ops.layer_norm(x, g, bias, cfg.eps),
+            lambda t: t.nn.functional.layer_norm(t.x, (d,), t.g, t.b, cfg.eps),
+        ),
+        (
+            f"causal attention [{b},{h},{s},{hd}]",
+            lambda: ops.attention(q, q, q, causal=True),
+            lambda t: t.nn.functional.scaled_dot_product_attention(t.q, t.q, t.q, is_causal=True),
+        ),
+        (
+            f"tanh-GELU [{b},{s},{4 * d}]",
+            lambda: ops.gelu(m, approximate="tanh"),
+            lambda t: t.nn.functional.gelu(t.m, approximate="tanh"),
+        ),
+    ]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    rows = []
+    for name, ak_op, torch_op in cases:
+
+        async def with_jit(op: Callable[[], Any] = ak_op) -> None:
+            await op().to_host()
+
+        async def without_jit(op: Callable[[], Any] = ak_op) -> None:
+            with jit.disabled():
+                await op().to_host()
+
+        row: dict[str, Any] = {"op": name}
+        if torch is not None:
+            # PyTorch first, after a pause: OpenBLAS's threads spin for a while after a GEMM,
+            # and PyTorch's after its calls; each side gets the cores to itself.
+            await anyio.sleep(0.5)
+            t = _TorchArgs(torch, x_h, m_h, q_h, g_h, bias_h)
+            with torch.inference_mode():
+                for _ in range(3):
+                    torch_op(t)
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    torch_op(t)
+                    times.append(time.perf_counter() - t0)
+            row["torch_ms"] = 1e3 * statistics.median(times)
+            await anyio.sleep(0.5)
+        await with_jit()
+        await without_jit()
+        t_jit, t_np = await interleaved(with_jit, without_jit, repeats)
+        row.update(jit_ms=1e3 * t_jit, numpy_kernels_ms=1e3 * t_np)
+        rows.append(row)
+    report["block_parts"] = rows
+
+
+class _TorchArgs:
+    def __init__(self, torch: Any, *arrays: np.ndarray[Any, Any]) -> None:
+        self.nn = torch.nn
+        self.x, self.m, self.q, self.g, self.b = (torch.from_numpy(a) for a in arrays)
 
 
 def _torch_block(torch: Any, x: Any, w: dict[str, Any], cfg: BlockConfig) -> Any:
@@ -355,12 +441,16 @@ async def memory(report: dict[str, Any], cycles: int) -> None:
 async def main(quick: bool) -> dict[str, Any]:
     report: dict[str, Any] = {"numpy": np.__version__, "accelkit": ak.__version__}
     repeats = 3 if quick else 11
+    # The CPU backend's JIT kernels, compiled before anything is timed (seconds on a cold cache).
+    print("compiling the CPU JIT kernels ...", flush=True)
+    report["cpu_jit"] = {**jit.describe(), "kernels": jit.wait()}
     async with ak.open_backend("cpu") as backend:
         steps = [
             ("small-op overhead", small_op(backend, report)),
             ("2048 GEMM", gemm(backend, report, 1024 if quick else 2048, repeats)),
             ("event-loop heartbeat", heartbeat(backend, report, 2048 if quick else 4096)),
             ("transformer block", block(backend, report, repeats)),
+            ("the block's JIT-served ops", block_parts(backend, report, repeats)),
             ("image pipeline", images(backend, report, repeats)),
             ("per-op cost against size", per_op_curve(backend, report, quick)),
         ]
@@ -375,6 +465,13 @@ async def main(quick: bool) -> dict[str, Any]:
 def show(r: dict[str, Any]) -> None:
     s, g, h, t, m = r["small_op"], r["gemm"], r["heartbeat"], r["transformer_block"], r["memory"]
     print()
+    jit_info = r["cpu_jit"]
+    ready = sum(v == "ready" for v in jit_info["kernels"].values())
+    print(
+        f"CPU JIT kernels: Numba {jit_info['numba']}, {ready} of {len(jit_info['kernels'])} ready"
+        if jit_info["numba"]
+        else "CPU JIT kernels: Numba not installed (pip install 'accelkit[jit]')"
+    )
     print(f"{'benchmark':<34}{'accelkit':>14}{'peer':>14}   result")
     print(
         f"{'64x64 f32 add (median/call)':<34}{s['accelkit_us']:>12.2f}us{s['numpy_us']:>12.2f}us"
@@ -404,6 +501,20 @@ def show(r: dict[str, Any]) -> None:
         f"{'transformer block':<34}{t['accelkit_ms']:>12.1f}ms{t['numpy_ms']:>12.1f}ms"
         f"   {t['vs_numpy']:.2f}x faster than plain NumPy"
     )
+    print(
+        f"{'transformer block':<34}{t['jit_ms']:>12.1f}ms{t['numpy_kernels_ms']:>12.1f}ms"
+        f"   {t['vs_numpy_kernels']:.2f}x faster than on NumPy's kernels (JIT off)"
+    )
+    for p in r["block_parts"]:
+        torch_part = (
+            f"; {p['jit_ms'] / p['torch_ms']:.2f}x PyTorch's time ({p['torch_ms']:.2f} ms)"
+            if "torch_ms" in p
+            else ""
+        )
+        print(
+            f"{'  ' + p['op']:<34}{p['jit_ms']:>12.2f}ms{p['numpy_kernels_ms']:>12.2f}ms"
+            f"   {p['numpy_kernels_ms'] / p['jit_ms']:.2f}x NumPy's kernels' speed{torch_part}"
+        )
     im = r["image_pipeline"]
     print(
         f"{'image pipeline (8x256x256 RGB)':<34}{im['accelkit_ms']:>12.1f}ms{im['numpy_ms']:>12.1f}ms"

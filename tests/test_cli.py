@@ -132,6 +132,7 @@ def test_info_table(capsys: pytest.CaptureFixture[str]) -> None:
     cpu_row = next(line.split() for line in plugins.splitlines() if line.split()[0] == "cpu")
     assert cpu_row[:5] == ["cpu", "ok", __version__, "accelkit", "1"]
     assert "cpu:0" in out.split("devices\n", 1)[1]
+    assert "CPU JIT kernels: Numba " in out
 
 
 def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,8 +150,12 @@ def test_info_json(capsys: pytest.CaptureFixture[str]) -> None:
         "calibrated_devices",
         "plugins",
         "devices",
+        "cpu_jit",
     } <= set(data)
     assert data["accelkit"] == __version__
+    from importlib.metadata import version
+
+    assert data["cpu_jit"]["numba"] == version("numba")  # the tests session installs [jit]
     assert data["plugin_api"] == PLUGIN_API_VERSION
     cpu = next(p for p in data["plugins"] if p["name"] == "cpu")
     assert cpu["status"] == "ok"

@@ -355,7 +355,7 @@ def test_markers_are_well_formed() -> None:
 def test_readme_setup_commands_are_what_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     shell = [b.code.strip() for b in ALL_BLOCKS if b.doc.name == "README.md" and b.lang == "bash"]
-    assert shell == ["pip install . && accelkit demo", "pip install nox uv && nox"], shell
+    assert shell == ['pip install ".[jit]" && accelkit demo', "pip install nox uv && nox"], shell
     assert "two commands" in readme
 
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
@@ -365,6 +365,7 @@ def test_readme_setup_commands_are_what_ci_runs() -> None:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["scripts"]["accelkit"] == "accelkit.__main__:main"
+    assert any(dep.startswith("numba") for dep in project["optional-dependencies"]["jit"])
     from accelkit.cli import build_parser
 
     assert "demo" in build_parser().format_help()

@@ -14,6 +14,7 @@ finishes in seconds, not minutes), and ``--full`` (the largest sizes and every r
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -78,8 +79,8 @@ async def interleaved(
     budget_s: float | None = None,
     min_rounds: int = MIN_ROUNDS,
 ) -> tuple[float, float]:
-    """Median seconds of ``await subject()`` and ``peer()``, run alternately so that both see
-    the same machine (on a shared machine, a block of one then a block of the other measures
+    """Median seconds of ``await subject()`` and ``peer()`` (awaited too where it returns an
+    awaitable), run alternately so that both see the same machine (on a shared machine, a block of one then a block of the other measures
     the neighbours as much as the code). The benchmarks under ``benchmarks/`` use it too.
 
     With ``budget_s``, no new round starts once the rounds so far took that long, provided at
@@ -94,7 +95,9 @@ async def interleaved(
         await subject()
         ts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        peer()
+        result = peer()
+        if inspect.isawaitable(result):
+            await result
         tp.append(time.perf_counter() - t0)
     return statistics.median(ts), statistics.median(tp)
 

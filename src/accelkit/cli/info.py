@@ -13,6 +13,7 @@ __all__ = ["run"]
 
 def run(args: argparse.Namespace) -> int:
     from accelkit import __version__, calibration, registry
+    from accelkit.backends.cpu import jit
     from accelkit.plugins import PLUGIN_API_VERSION
 
     statuses = registry.statuses()
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
                 "cache_dir": cache,
                 "calibration_file": calibration.calibration_path(),
                 "calibrated_devices": sorted(measured),
+                "cpu_jit": jit.describe(),
                 "plugins": statuses,
                 "devices": devices,
             }
@@ -39,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         f" {platform.python_version()}, {platform.system()} {platform.machine()}"
     )
     print(f"cache: {cache} ({len(measured)} device(s) calibrated)")
+    print(f"CPU JIT kernels: {_jit_line(jit.describe())}")
     print()
     print("plugins")
     rows = [[s.name, s.status, s.version, s.distribution, s.devices, s.reason] for s in statuses]
@@ -50,3 +53,11 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("run 'accelkit doctor' for why the quarantined plugins failed")
     return 0
+
+
+def _jit_line(jit: dict[str, str | None]) -> str:
+    if jit["mode"] == "off":
+        return "off (ACCELKIT_CPU_JIT=0)"
+    if jit["numba"] is None:
+        return "not installed: NumPy kernels (pip install 'accelkit[jit]')"
+    return f"Numba {jit['numba']}, compiled {'on first use' if jit['mode'] == 'eager' else 'in the background'}"

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from accelkit._core.host_arrays import _LOW, assign, cast_into, up
+from accelkit.backends.cpu import jit
 
 __all__ = [
     "argsort", "assign", "binary", "cast_into", "cumulative", "reduce", "take", "unary", "where",
@@ -27,6 +28,13 @@ def _erf(x: Array) -> Array:
 
 
 def _unary_float(op: str, x: Array, out: Array) -> None:
+    """x and out are F32 or F64 arrays of the same dtype: the JIT kernel where there is one
+    (float32, :mod:`accelkit.backends.cpu.jit`), else NumPy's."""
+    if not jit.unary(op, x, out):
+        _unary_numpy(op, x, out)
+
+
+def _unary_numpy(op: str, x: Array, out: Array) -> None:
     """x and out are F32 or F64 arrays of the same dtype.
 
     Everything runs as in-place passes of NumPy's SIMD loops: on AVX-512 CPUs NumPy's exp and

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from accelkit._core.host_arrays import up
+from accelkit.backends.cpu import jit
 from accelkit.errors import InvalidArgumentError
 
 __all__ = [
@@ -121,6 +122,14 @@ def conv2d(
 
 
 def softmax_rows(s: Array, log: bool = False, empty_rows: str = "zero") -> Array:
+    """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64): the JIT kernel
+    where there is one (float32 softmax), else :func:`_softmax_rows_numpy`."""
+    if not log and jit.softmax_rows(s, s, empty_nan=empty_rows == "nan"):
+        return s
+    return _softmax_rows_numpy(s, log, empty_rows)
+
+
+def _softmax_rows_numpy(s: Array, log: bool = False, empty_rows: str = "zero") -> Array:
     """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64).
 
     Special values (docs/operations.md): a row holding a NaN or +inf is NaN throughout. A row
@@ -153,6 +162,8 @@ def softmax_rows(s: Array, log: bool = False, empty_rows: str = "zero") -> Array
 
 
 def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
+    if not log and axis in (-1, x.ndim - 1) and jit.softmax_rows(x, out, empty_nan=True):
+        return
     ct = _compute_dtype(x) if x.dtype.kind == "f" else np.dtype(np.float32)
     s = np.moveaxis(x, axis, -1).astype(ct, copy=True)
     with np.errstate(all="ignore"):
@@ -163,7 +174,24 @@ def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
 def attention(
     q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool
 ) -> None:
-    """Grouped-KV attention, chunked over query rows so scores stay bounded in memory."""
+    """Grouped-KV attention: the JIT kernel where there is one (float32, no mask), else
+    :func:`_attention_chunked`."""
+    if not jit.attention(q, k, v, mask, out, scale, causal):
+        _attention_chunked(q, k, v, mask, out, scale, causal)
+
+
+def _attention_chunked(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    out: Array,
+    scale: float,
+    causal: bool,
+    jit_softmax: bool = True,
+) -> None:
+    """Grouped-KV attention, chunked over query rows so scores stay bounded in memory; the
+    scores' softmax through the JIT kernel where there is one, unless ``jit_softmax`` is False."""
     ct = _compute_dtype(q)
     b, h, sq, d = q.shape
     hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -200,15 +228,31 @@ def attention(
                     s = np.where(mc, s, -np.inf)
                 else:
                     s += up(mc)
-            if causal:
-                np.copyto(s, -np.inf, where=hidden[r0:r1, :kend])
             # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
-            np.matmul(softmax_rows(s), vg[..., :kend, :], out=res[:, :, :, r0:r1])
+            # The JIT kernel takes the causal mask as each row's last visible key; NumPy's
+            # softmax takes it as -inf scores.
+            if not (
+                jit_softmax
+                and jit.softmax_rows(
+                    s, s, empty_nan=False, period=(r1 - r0) if causal else 0, base=r0 + offset
+                )
+            ):
+                if causal:
+                    np.copyto(s, -np.inf, where=hidden[r0:r1, :kend])
+                _softmax_rows_numpy(s)
+            np.matmul(s, vg[..., :kend, :], out=res[:, :, :, r0:r1])
     if not direct:
         _store(out, res.reshape(b, h, sq, dv))
 
 
 def layer_norm(x: Array, w: Array | None, bias: Array | None, eps: float, out: Array) -> None:
+    if not jit.layer_norm(x, w, bias, eps, out):
+        _layer_norm_numpy(x, w, bias, eps, out)
+
+
+def _layer_norm_numpy(
+    x: Array, w: Array | None, bias: Array | None, eps: float, out: Array
+) -> None:
     # Two-pass (mean, then the centred sum of squares: stable), written in place into the
     # output where its dtype allows: about half the passes and none of the temporaries of the
     # textbook expression.
@@ -230,6 +274,11 @@ def layer_norm(x: Array, w: Array | None, bias: Array | None, eps: float, out: A
 
 
 def rms_norm(x: Array, w: Array | None, eps: float, out: Array) -> None:
+    if not jit.rms_norm(x, w, eps, out):
+        _rms_norm_numpy(x, w, eps, out)
+
+
+def _rms_norm_numpy(x: Array, w: Array | None, eps: float, out: Array) -> None:
     ct = _compute_dtype(x)
     xf = x.astype(ct, copy=False)
     d = x.shape[-1]
