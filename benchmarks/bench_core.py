@@ -31,10 +31,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+# accelkit before NumPy, as an application that imports it first: it sets OpenBLAS's thread
+# timeout before NumPy loads OpenBLAS (docs/backends/cpu.md).
+import accelkit as ak
+
+# isort: split
 import anyio
 import numpy as np
 
-import accelkit as ak
 from accelkit.backends.cpu import jit
 from accelkit.cli.bench import interleaved
 from accelkit.workloads import (
@@ -444,6 +448,7 @@ async def main(quick: bool) -> dict[str, Any]:
     # The CPU backend's JIT kernels, compiled before anything is timed (seconds on a cold cache).
     print("compiling the CPU JIT kernels ...", flush=True)
     report["cpu_jit"] = {**jit.describe(), "kernels": jit.wait()}
+    report["openblas_thread_timeout"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     async with ak.open_backend("cpu") as backend:
         steps = [
             ("small-op overhead", small_op(backend, report)),
@@ -472,6 +477,8 @@ def show(r: dict[str, Any]) -> None:
         if jit_info["numba"]
         else "CPU JIT kernels: Numba not installed (pip install 'accelkit[jit]')"
     )
+    timeout = r["openblas_thread_timeout"] or "unset (OpenBLAS's default spin)"
+    print(f"OPENBLAS_THREAD_TIMEOUT: {timeout}")
     print(f"{'benchmark':<34}{'accelkit':>14}{'peer':>14}   result")
     print(
         f"{'64x64 f32 add (median/call)':<34}{s['accelkit_us']:>12.2f}us{s['numpy_us']:>12.2f}us"

@@ -2,10 +2,13 @@
 on time while compute keeps every core busy), threads started later keep the default slice, and
 ``ACCELKIT_LOOP_SLICE_US`` sets or disables it, a bad value refused before anything opens. The
 interpreter's switch interval is lowered from Python's default the same way
-(``ACCELKIT_SWITCH_INTERVAL_US``), an application's own kept."""
+(``ACCELKIT_SWITCH_INTERVAL_US``), an application's own kept. OpenBLAS's idle threads are told to
+stop spinning soon where accelkit is imported before NumPy."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -141,3 +144,25 @@ async def test_an_applications_own_switch_interval_is_kept_and_zero_leaves_it_al
     async with ak.open_backend("cpu") as backend:
         assert backend.interpreter_switch_interval == "left alone (ACCELKIT_SWITCH_INTERVAL_US=0)"
         assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize(
+    ("before", "want"),
+    [
+        ("import accelkit, numpy", "14"),  # accelkit first: the short spin
+        ("import numpy, accelkit", None),  # too late for OpenBLAS: left alone
+        ("import os; os.environ['OPENBLAS_THREAD_TIMEOUT'] = '28'; import accelkit", "28"),
+    ],
+)
+def test_openblas_threads_stop_spinning_soon_where_accelkit_comes_first(
+    before: str, want: str | None
+) -> None:
+    """OpenBLAS's idle workers spin for tens of ms after a GEMM unless told otherwise before
+    it loads; accelkit tells it, when it is imported before NumPy and nobody else has."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    script = f"{before}; import os; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(want)

@@ -17,9 +17,21 @@ neither NumPy nor any backend, so a broken or slow driver can never break it.
 from __future__ import annotations
 
 import importlib
+import os as _os
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
+
+#: OpenBLAS's worker threads spin for up to 2**28 cycles (tens of ms) after each GEMM before they
+#: sleep, holding a core that the CPU backend's next kernel wants: its JIT kernels split between
+#: the cores, and the event loop wants one too. In the transformer block this cost 8 ms in 60
+#: (docs/backends/cpu.md). 2**14 cycles (a few us) still spans back-to-back calls. OpenBLAS reads
+#: the setting when it loads, with NumPy: it takes effect only where accelkit is imported first,
+#: and a value already set is left alone (OPENBLAS_THREAD_TIMEOUT=28 keeps OpenBLAS's own).
+_OPENBLAS_THREAD_TIMEOUT = "14"
+if "numpy" not in _sys.modules:
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", _OPENBLAS_THREAD_TIMEOUT)
 
 #: public name -> module that defines it
 _LAZY: dict[str, str] = {
