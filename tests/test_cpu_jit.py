@@ -9,7 +9,7 @@ import multiprocessing
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -91,10 +91,11 @@ def assert_close_f32(got: Array, want: Array, rtol: float = 2e-6, atol: float = 
 def _gelu_tanh(x: Array) -> Array:
     """0.5 x (1 + tanh(u)) as x / (1 + exp(-2u)): the same function, without float64's
     cancellation in 1 + tanh(u) for u below -19."""
-    return x / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    out: Array = x / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    return out
 
 
-REFERENCE = {
+REFERENCE: dict[str, Callable[[Array], Array]] = {
     "exp": np.exp,
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "silu": lambda x: x / (1 + np.exp(-x)),
@@ -210,7 +211,8 @@ def norm_reference(x: Array, w: Array | None, b: Array | None, eps: float, rms: 
         y = y * w
     if b is not None:
         y = y + b
-    return y
+    out: Array = y
+    return out
 
 
 @pytest.mark.usefixtures("fresh_jit", "eager")
@@ -290,6 +292,7 @@ def test_attention_kernels_agree_with_float64(
         visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
     visible = np.broadcast_to(visible, s.shape)
     if mask == "bool":
+        assert m is not None
         visible = visible & np.broadcast_to(m, s.shape)
     elif m is not None:
         s = s + m
