@@ -19,6 +19,7 @@ import accelkit as ak
 from accelkit.backends.cpu import jit
 from accelkit.backends.cpu import numpy_elementwise as ew
 from accelkit.backends.cpu import numpy_nn as nn
+from accelkit.testing import reference
 
 Array = np.ndarray[Any, Any]
 
@@ -203,16 +204,7 @@ def test_causal_softmax_kernel_sees_only_its_keys(
 
 def norm_reference(x: Array, w: Array | None, b: Array | None, eps: float, rms: bool) -> Array:
     x64 = x.astype(np.float64)
-    if rms:
-        y = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + eps)
-    else:
-        y = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * w
-    if b is not None:
-        y = y + b
-    out: Array = y
-    return out
+    return reference.rms_norm(x64, w, eps) if rms else reference.layer_norm(x64, w, b, eps)
 
 
 @pytest.mark.usefixtures("fresh_jit", "eager")
@@ -350,29 +342,36 @@ async def test_backend_ops_take_the_jit_path(
 
 
 @pytest.mark.usefixtures("fresh_jit", "eager")
-def test_a_wrong_kernel_is_refused_and_numpy_runs(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("fault", ["wrong results", "no compile"])
+def test_a_faulty_kernel_is_refused_and_numpy_runs(
+    fault: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The check against the NumPy kernel refuses a kernel that compiles but computes wrongly
-    (here: one ulp too much on every other element), logs why, and NumPy's kernel runs."""
+    """The check refuses a kernel that compiles but computes wrongly (1e-5 too much on every
+    other element), or that the compiler cannot build for this CPU; it logs why, and NumPy's
+    kernel runs."""
     import accelkit.backends.cpu._numba_kernels as real
 
-    def off_by_a_little(x: Array, out: Array) -> None:
+    def faulty(x: Array, out: Array) -> None:
+        if fault == "no compile":
+            raise RuntimeError("LLVM ERROR: Cannot select (as on a CPU the compiler mistook)")
         real.gelu_tanh(x, out)
         out[::2] = np.nextafter(out[::2], np.float32(np.inf)) * np.float32(1 + 1e-5)
 
     class Fake:
         def __getattr__(self, name: str) -> Any:
-            return off_by_a_little if name == "gelu_tanh" else getattr(real, name)
+            return faulty if name == "gelu_tanh" else getattr(real, name)
 
     jit._module = Fake()
     x = inputs(1000)
     out = np.empty_like(x)
     with caplog.at_level("WARNING", logger="accelkit.cpu.jit"):
         ew.unary("gelu_tanh", x, out)
-    assert jit.status()["gelu_tanh"].startswith("not used: AssertionError")
+    error = "AssertionError" if fault == "wrong results" else "RuntimeError: LLVM ERROR"
+    assert jit.status()["gelu_tanh"].startswith(f"not used: {error}")
     assert "gelu_tanh JIT kernel is not used" in caplog.text
     np.testing.assert_array_equal(out, numpy_unary("gelu_tanh", x))
+    assert jit.unary("exp", x, out)  # the other kernels are not affected
+    assert jit.status()["exp"] == "ready"
 
 
 @pytest.mark.usefixtures("fresh_jit")

@@ -104,6 +104,26 @@ def gelu_tanh(x: Any, out: Any) -> None:
         out[i] = v / (F(1.0) + _exp((v * v * k1 + k2) * v))
 
 
+@numba.njit(**_INLINE)
+def _weights(s: Any, lim: int) -> float:
+    """The softmax of ``s[:lim]``, unnormalised, in place: returns 1 / the sum (the weights'
+    scale), 0 for a row that sees no key or only -inf, NaN for a row that sees NaN or +inf."""
+    m = F(-np.inf)
+    for j in range(lim):
+        m = s[j] if s[j] > m else m
+    if m == F(-np.inf):
+        for j in range(lim):
+            if s[j] != s[j]:
+                return F(np.nan)
+        return F(0.0)
+    total = F(0.0)
+    for j in range(lim):
+        e = _exp(s[j] - m)
+        s[j] = e
+        total += e
+    return F(1.0) / total  # NaN where total is
+
+
 @numba.njit(**_OPTS)
 def softmax_rows(s: Any, out: Any, period: int, base: int, empty_nan: bool) -> None:
     """Softmax of each row of ``s`` (2-D) into ``out`` (which may be ``s``).
@@ -112,40 +132,26 @@ def softmax_rows(s: Any, out: Any, period: int, base: int, empty_nan: bool) -> N
     the keys past them come out 0. A row with a NaN or +inf among the keys it sees is NaN; a
     row that sees only -inf (or nothing) is NaN with ``empty_nan`` and zeros otherwise.
 
-    The exponentials go through a scratch row: with ``out`` being ``s``, LLVM's run-time
-    overlap check would send a loop that reads one and writes the other to its scalar version.
+    Each row goes through a scratch row: with ``out`` being ``s``, LLVM's run-time overlap
+    check would send a loop that reads one and writes the other to its scalar version.
     """
     n, k = s.shape
     row = np.empty(k, np.float32)
+    empty = F(np.nan) if empty_nan else F(0.0)
     for i in range(n):
         lim = k
         if period > 0:
             lim = min(k, max(0, i % period + base + 1))
-        m = F(-np.inf)
         for j in range(lim):
-            v = s[i, j]
-            m = v if v > m else m  # NaN never compares greater: found below through the sum
-        if m == F(-np.inf):
-            bad = empty_nan
-            for j in range(lim):
-                if s[i, j] != s[i, j]:
-                    bad = True
-            fill = F(np.nan) if bad else F(0.0)
+            row[j] = s[i, j]
+        w = _weights(row, lim)
+        if w != w or w == F(0.0):
+            fill = empty if w == F(0.0) else w
             for j in range(k):
                 out[i, j] = fill
             continue
-        total = F(0.0)
         for j in range(lim):
-            e = _exp(s[i, j] - m)  # NaN where s is NaN, and where s and m are both +inf
-            row[j] = e
-            total += e
-        if total != total:
-            for j in range(k):
-                out[i, j] = F(np.nan)
-            continue
-        r = F(1.0) / total
-        for j in range(lim):
-            out[i, j] = row[j] * r
+            out[i, j] = row[j] * w
         for j in range(lim, k):
             out[i, j] = F(0.0)
 
@@ -278,26 +284,6 @@ def attention(
             _finish(s0, lim0, both, w0, v, bk, acc0, out, bh, i)
             if two:
                 _finish(s1, lim1, both, w1, v, bk, acc1, out, bh, i + 1)
-
-
-@numba.njit(**_INLINE)
-def _weights(s: Any, lim: int) -> float:
-    """The softmax of ``s[:lim]``, unnormalised, in place: returns 1 / the sum (the weights'
-    scale), 0 for a row that sees no key or only -inf, NaN for a row that sees NaN or +inf."""
-    m = F(-np.inf)
-    for j in range(lim):
-        m = s[j] if s[j] > m else m
-    if m == F(-np.inf):
-        for j in range(lim):
-            if s[j] != s[j]:
-                return F(np.nan)
-        return F(0.0)
-    total = F(0.0)
-    for j in range(lim):
-        e = _exp(s[j] - m)
-        s[j] = e
-        total += e
-    return F(1.0) / total  # NaN where total is
 
 
 @numba.njit(**_INLINE)

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "ENV", "KERNELS", "attention", "describe", "disabled", "layer_norm", "rms_norm", "softmax_rows", "status", "unary",
-    "wait",
+    "ENV", "KERNELS", "attention", "describe", "disabled", "layer_norm", "rms_norm",
+    "softmax_rows", "status", "unary", "wait",
 ]  # fmt: skip
 
 log = logging.getLogger("accelkit.cpu.jit")
@@ -383,20 +383,22 @@ def _probe_values() -> Array:
     )
 
 
-def _same(got: Array, want: Array, what: str) -> None:
+def _same_nans(got: Array, want: Array, what: str) -> None:
     if got.shape != want.shape:
         raise AssertionError(f"{what}: shape {got.shape}, expected {want.shape}")
-    nan_got, nan_want = np.isnan(got), np.isnan(want)
-    if (nan_got != nan_want).any():
+    if (np.isnan(got) != np.isnan(want)).any():
         raise AssertionError(f"{what}: NaN at different places from the NumPy kernel")
-    ok = ~nan_want
-    g = got[ok].astype(np.float64)
-    w = want[ok].astype(np.float64)
-    with np.errstate(invalid="ignore"):  # inf - inf: equal infinities are no error
-        err = (np.abs(g - w) > 2e-6 * np.abs(w) + 1e-30) & (g != w)
-    if err.any():
-        i = int(np.flatnonzero(err)[0])
-        raise AssertionError(f"{what}: {g[i]!r} where the NumPy kernel gives {w[i]!r}")
+
+
+def _same(got: Array, want: Array, what: str, rtol: float = 2e-6, atol: float = 1e-30) -> None:
+    """NaN at the same places, equal infinities, and the rest within the tolerances. The norms
+    take a looser one: their JIT kernels sum in float64, NumPy's in float32."""
+    _same_nans(got, want, what)
+    ok = ~np.isnan(want)
+    close = np.isclose(got[ok], want[ok], rtol=rtol, atol=atol)
+    if not close.all():
+        i = int(np.flatnonzero(~close)[0])
+        raise AssertionError(f"{what}: {got[ok][i]!r} where the NumPy kernel gives {want[ok][i]!r}")
 
 
 #: Each unary op in float64 from its textbook formula, and the argument of its exponential:
@@ -427,9 +429,9 @@ def _check_unary(op: str) -> Callable[[Callable[..., None]], None]:
         with np.errstate(all="ignore"):
             _unary_numpy(op, x, want)
             x64 = x.astype(np.float64)
-            truth, scale = truth_of(x64), np.abs(truth_of(x64)) * (1 + np.abs(arg_of(x64)))
-        if (np.isnan(got) != np.isnan(want)).any():
-            raise AssertionError(f"{op}: NaN at different places from the NumPy kernel")
+            truth = truth_of(x64)
+            scale = np.abs(truth) * (1 + np.abs(arg_of(x64)))
+        _same_nans(got, want, op)
         if (np.isinf(got) != np.isinf(want)).any() or (
             got[np.isinf(got)] != want[np.isinf(got)]
         ).any():
@@ -492,7 +494,7 @@ def _check_layer_norm(fn: Callable[..., None]) -> None:
         fn(x, _vector(wv, 64), _vector(bv, 64), 1e-5, got)
         with np.errstate(all="ignore"):
             _layer_norm_numpy(x, wv, bv, 1e-5, want)
-        _same_loose(got, want, "layer_norm")
+        _same(got, want, "layer_norm", rtol=1e-4, atol=1e-4)
 
 
 def _check_rms_norm(fn: Callable[..., None]) -> None:
@@ -505,18 +507,7 @@ def _check_rms_norm(fn: Callable[..., None]) -> None:
         fn(x, _vector(wv, 64), 1e-5, got)
         with np.errstate(all="ignore"):
             _rms_norm_numpy(x, wv, 1e-5, want)
-        _same_loose(got, want, "rms_norm")
-
-
-def _same_loose(got: Array, want: Array, what: str) -> None:
-    """Norms: the JIT kernels sum in float64, NumPy's in float32, so they differ by the float32
-    sum's rounding: compare with a tolerance on the row's scale."""
-    nan_got, nan_want = np.isnan(got), np.isnan(want)
-    if (nan_got != nan_want).any():
-        raise AssertionError(f"{what}: NaN at different places from the NumPy kernel")
-    ok = ~nan_want
-    if not np.allclose(got[ok], want[ok], rtol=1e-4, atol=1e-4):
-        raise AssertionError(f"{what}: differs from the NumPy kernel")
+        _same(got, want, "rms_norm", rtol=1e-4, atol=1e-4)
 
 
 def _check_attention(fn: Callable[..., None]) -> None:
@@ -536,7 +527,8 @@ def _check_attention(fn: Callable[..., None]) -> None:
            0.3, causal, h, hk, 0, b * h)  # fmt: skip
         with np.errstate(all="ignore"):
             _attention_chunked(q, k, v, None, want, 0.3, causal, jit_softmax=False)
-        _same_loose(got, want, f"attention ({'causal' if causal else 'full'}, Sq {sq}, Sk {sk})")
+        what = f"attention ({'causal' if causal else 'full'}, Sq {sq}, Sk {sk})"
+        _same(got, want, what, rtol=1e-4, atol=1e-4)
 
 
 _CHECKS: dict[str, Callable[[Callable[..., None]], None]] = {
