@@ -24,6 +24,7 @@ import pytest
 from accelkit import registry
 from accelkit.__main__ import main
 from accelkit._core import hardware, selftest
+from accelkit.cli import doctor
 from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
 
 detect_hardware = hardware.detect_hardware  # the real one; the fixture below stubs it out
@@ -227,12 +228,63 @@ def test_every_way_a_backend_breaks_is_reported(
     fragment: str,
 ) -> None:
     monkeypatch.setenv("ACCELKIT_TESTPLUG_CRASH", mode)
+    if mode == "hang":
+        # Each step before the hanging matmul must finish within the 5 s; in eager mode the
+        # exp check would also import Numba and compile its kernel, which is not under test here.
+        monkeypatch.setenv("ACCELKIT_CPU_JIT", "0")
     status, out, _ = run(capsys, "doctor", "--selftest-timeout", "5")
     assert status == 1
     row = next(r for r in section(out, "self-test").splitlines() if r.split()[:1] == ["crash"])
     assert fragment in row
     if mode == "hang":
         assert "try --selftest-timeout 10" in out
+
+
+def test_the_timeout_is_per_step_so_a_slow_run_is_no_hang(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, crash_plugin: str
+) -> None:
+    """Each of the two matmul checks sleeps 1.5 s (a slow first compile, say): the whole
+    self-test runs longer than the 3 s timeout, yet no step does, so it is no hang (it once
+    timed out in CI because a Numba compile made the whole run longer than its timeout)."""
+    monkeypatch.setenv("ACCELKIT_TESTPLUG_CRASH", "slow")
+    monkeypatch.setenv("ACCELKIT_CPU_JIT", "0")  # steps of milliseconds, but for the sleeps
+    events: list[dict[str, Any]] = []
+    report = selftest.run_selftest("crash", "crash:0", timeout=3.0, on_event=events.append)
+    assert report.verdict == "ok", report.reason
+    assert report.seconds > 3.0
+    matmuls = [c for c in report.checks if c.name.startswith("matmul")]
+    assert len(matmuls) == 2
+    assert all(c.seconds >= 1.5 for c in matmuls)
+    assert events[-1] == {"event": "done"}
+
+
+def test_the_stderr_excerpt_folds_the_stacks_of_other_threads() -> None:
+    """faulthandler dumps every thread; an idle helper's stack (the CPU JIT's warm-up thread,
+    say) must not push the crash's own lines out of the 40 shown."""
+    helper = [f'  File "/lib/threading.py", line {n} in run' for n in range(60)]
+    stderr = [
+        "accelkit selftest: crash:0: [7/15] matmul 128x128 f32 ...",
+        "LLVM ERROR: Cannot select: fma",
+        "Fatal Python error: Aborted",
+        "",
+        "Thread 0x00007f01 (most recent call first):",
+        *helper,
+        "",
+        "Current thread 0x00007f02 (most recent call first):",
+        '  File "/x/backend.py", line 43 in matmul',
+        "",
+        "Extension modules: numpy (total: 1)",
+    ]
+    report = selftest.SelfTestReport(
+        "crash", "crash:0", "broken", "x", stderr_tail="\n".join(stderr)
+    )
+    excerpt = doctor._stderr_excerpt(report).splitlines()
+    assert excerpt[0] == "self-test stderr (last 10 lines):"
+    assert excerpt[1:] == [
+        *stderr[:4],
+        "Thread 0x00007f01: another thread (60 frame(s) not shown)",
+        *stderr[-5:],
+    ]
 
 
 def test_a_well_behaved_crash_plugin_is_healthy(

@@ -11,7 +11,8 @@ is reported and never takes the caller down::
 
 The child prints its progress on stderr (one line per check, readable) and, for the parent, one
 line per event on stdout: ``ACCELKIT_SELFTEST {json}``. :func:`run_selftest` starts the child,
-with a timeout, and turns what it saw into a :class:`SelfTestReport`: ``ok`` with the checks that
+with a timeout on each step (start-up, then each check: a slow machine or a first compile makes
+the whole run long, but only a step that stops making progress is a hang), and turns what it saw into a :class:`SelfTestReport`: ``ok`` with the checks that
 passed, or ``broken`` with the reason (the signal that killed it and the check it was running,
 with the last meaningful line of its stderr; a timeout; an exception; a wrong result).
 
@@ -187,6 +188,10 @@ def run_selftest(
 ) -> SelfTestReport:
     """Self-test ``backend`` on ``device`` in a child process (see the module docstring).
 
+    ``timeout`` bounds each step: the child's start-up until its first event, then each check
+    (from one event to the next), then its exit. A step that takes longer is reported as
+    ``timed out after <timeout> s during <check>`` and the child's process group is killed.
+
     ``on_event`` is called (from a reader thread) with each protocol event as it arrives:
     ``{"event": "plan", "checks": [...]}``, ``{"event": "start", "check": ...}``,
     ``{"event": "check", ...}`` (a :class:`CheckResult` as a dict), ``{"event": "done"}``.
@@ -208,6 +213,7 @@ def run_selftest(
         )
     events: list[dict[str, Any]] = []
     tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
+    progress = [start]  # when the child last reported an event: each step gets ``timeout``
 
     def read_stdout() -> None:
         assert proc.stdout is not None
@@ -221,6 +227,7 @@ def run_selftest(
                 continue
             if isinstance(event, dict):
                 events.append(event)
+                progress[0] = time.monotonic()
                 if on_event is not None:
                     on_event(event)
 
@@ -234,11 +241,18 @@ def run_selftest(
         t.start()
     timed_out = False
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        proc.wait()
+        while True:
+            left = progress[0] + timeout - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                _kill_group(proc)
+                proc.wait()
+                break
+            try:
+                proc.wait(timeout=left)
+                break
+            except subprocess.TimeoutExpired:
+                continue  # the child may have reported progress meanwhile
     except BaseException:  # Ctrl-C in the parent: never leave the child behind
         _kill_group(proc)
         proc.wait()

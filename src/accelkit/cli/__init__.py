@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=120.0,
         metavar="S",
-        help="give each backend's self-test at most S seconds (default 120)",
+        help="give each step of a backend's self-test (start-up, each check) at most S seconds:"
+        " one that takes longer is a hang (default 120)",
     )
 
     calibrate = add("calibrate", [progress])

@@ -162,11 +162,31 @@ def _run_selftests(
 
 
 def _stderr_excerpt(report: selftest.SelfTestReport, lines: int = 40) -> str:
-    """The end of the child's stderr (what ``--verbose`` shows under a broken self-test)."""
-    tail = report.stderr_tail.rstrip().splitlines()[-lines:]
+    """The end of the child's stderr (what ``--verbose`` shows under a broken self-test), with
+    the stacks faulthandler dumps for threads other than the crashing one folded into a line
+    each: idle helper threads would otherwise push the crash's own lines out of the excerpt."""
+    tail = _fold_other_threads(report.stderr_tail.rstrip().splitlines())[-lines:]
     if not tail:
         return ""
     return f"self-test stderr (last {len(tail)} lines):\n" + "\n".join(tail)
+
+
+def _fold_other_threads(lines: list[str]) -> list[str]:
+    folded: list[str] = []
+    frames = 0
+    header = ""
+    for line in lines:
+        if frames and line.startswith(("  File ", "  <no Python frame>", "  ...")):
+            frames += 1
+            folded[-1] = f"{header} ({frames - 1} frame(s) not shown)"
+            continue
+        frames = 0
+        if line.startswith("Thread 0x") and line.endswith("(most recent call first):"):
+            header = line.removesuffix(" (most recent call first):") + ": another thread"
+            frames = 1
+            line = header
+        folded.append(line)
+    return folded
 
 
 def _check_plugin_settings(findings: list[Finding]) -> bool:

@@ -43,6 +43,8 @@ class CrashTensorKernels(CPUTensorKernels):
             os.abort()
         if mode == "hang":
             time.sleep(3600)
+        if mode == "slow":
+            time.sleep(1.5)
         if mode == "raise":
             raise DeviceError("the crash device lost its context (on purpose)")
         if mode == "exit":
