@@ -395,3 +395,35 @@ async def test_shutdown_waits_for_queued_work_and_releases_memory() -> None:
     assert not y.is_alive
     assert not bad.is_alive
     assert b.status.pending_operations == 0
+
+
+async def test_queued_work_keeps_the_tensors_it_uses_out_of_the_pool(
+    backend: ComputeBackend,
+) -> None:
+    """Tensors dropped while an op on them waits in a stream's queue keep their blocks until it
+    has run: another stream must not be handed the block of an input (and overwrite it before
+    the op reads it) or of an output (and see the op write into its data). The ufunc fast path
+    once held only the arrays, and ``a + b`` came out as ``100 + b``."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    s1, s2 = backend.create_stream(), backend.create_stream()
+    n = 1 << 16
+    a, b = f.full((n,), 1.0), f.full((n,), 2.0)
+    p, q = f.full((n,), 3.0), f.full((n,), 4.0)
+    await backend.synchronize()
+    gate = threading.Event()
+    s1.submit(gate.wait, True)  # type: ignore[attr-defined]  # HostStream: s1 waits for the gate
+    try:
+        with backend.use_stream(s1):
+            c = ops.add(a, b)  # the fast path (one ufunc)
+            e = ops.add(p, 5)  # the general path
+            dropped_out = ops.mul(p, q)
+            del a, p, dropped_out
+        with backend.use_stream(s2):
+            others = [f.full((n,), 100.0) for _ in range(3)]
+            await s2.synchronize()
+    finally:
+        gate.set()
+    np.testing.assert_array_equal(await c.to_host(), np.full(n, 3.0, np.float32))
+    np.testing.assert_array_equal(await e.to_host(), np.full(n, 8.0, np.float32))
+    for x in others:
+        np.testing.assert_array_equal(await x.to_host(), np.full(n, 100.0, np.float32))

@@ -43,7 +43,7 @@ class HostStream(Stream):
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._blocked = 0
-        self._queue: deque[tuple[int, Callable[[], None]]] = deque()
+        self._queue: deque[tuple[int, Callable[[], None], object]] = deque()
         self.submitted = 0
         self.completed = 0
         self._waiters: list[tuple[int, int, Callable[[], None]]] = []
@@ -67,10 +67,14 @@ class HostStream(Stream):
         fn: Callable[[], None],
         heavy: bool,
         deps: Sequence[tuple[HostStream, int]] = (),
+        hold: object = None,
     ) -> int:
         """Run ``fn`` after everything submitted before it; returns its sequence number.
 
         ``deps`` are (stream, seq) positions on other streams that must complete first.
+        ``hold`` is kept alive until ``fn`` has run: the tensors it reads and writes, whose
+        buffers would otherwise go back to the pool, and to work on another stream, while
+        ``fn`` still waits in the queue with only their arrays.
         """
         with self._lock:
             if self._closed:
@@ -95,7 +99,7 @@ class HostStream(Stream):
                 return seq
             if deps:
                 fn = _after(deps, fn)
-            self._queue.append((seq, fn))
+            self._queue.append((seq, fn, hold))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._work, name=f"accelkit-{self.name}", daemon=True
@@ -122,14 +126,14 @@ class HostStream(Stream):
                     self._wait_locked()
                 if not self._queue:
                     return
-                seq, fn = self._queue.popleft()
+                seq, fn, hold = self._queue.popleft()
                 while self.completed < seq - 1:
                     self._wait_locked()
             try:
                 fn()
             except BaseException as exc:
                 self._errors.append((seq, exc))
-            del fn  # drop the closure (and the buffers it holds) before marking completion
+            del fn, hold  # drop the closure and the buffers held before marking completion
             self._finish(seq)
 
     def _finish(self, seq: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -41,8 +42,9 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             and a._dtype is b._dtype is out._dtype
         ):
             # The fast path of the commonest ops: no dtype juggling, and (when the inputs were
-            # written on this stream, or are done) no dependency bookkeeping.
-            x, y, z = a._data, b._data, out._data
+            # written on this stream, or are done) no dependency bookkeeping. The ufunc runs
+            # through a partial: no Python frame of our own.
+            run = partial(ufunc, a._data, b._data, out=out._data)
             backend = self.backend
             stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
             sa: HostStream = a._stream  # type: ignore[assignment]
@@ -50,12 +52,12 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             if (sa is stream or sa.completed >= a._seq) and (
                 sb is stream or sb.completed >= b._seq
             ):
-                seq = stream.submit(lambda: ufunc(x, y, out=z), out._size > INLINE_MAX_COST)
+                seq = stream.submit(run, out._size > INLINE_MAX_COST, (), (a, b, out))
                 out._stream = stream
                 out._seq = seq
                 out._buffer.last_write = (stream, seq)
                 return
-            self._launch(lambda: ufunc(x, y, out=z), out._size, (a, b), (out,))
+            self._launch(run, out._size, (a, b), (out,))
             return
         self._launch(lambda: ew.binary(op, arr(a), arr(b), out._data), out._size, (a, b), (out,))
 

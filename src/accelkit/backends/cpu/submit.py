@@ -73,8 +73,8 @@ class CPUComponent:
     ) -> None:
         """Submit ``fn`` to the current stream after the inputs' writers on other streams.
 
-        ``fn`` must reach the tensors it uses through its closure, so that their buffers stay
-        alive (and out of the pool) until it has run.
+        The stream holds ``inputs`` and ``outputs`` until ``fn`` has run, so that their
+        buffers stay out of the pool meanwhile (``fn`` may reach only their arrays).
         """
         backend = self.backend
         stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
@@ -86,7 +86,7 @@ class CPUComponent:
                     if deps is None:
                         deps = []
                     deps.append((s, t._seq))
-        seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or ())  # type: ignore[arg-type]
+        seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or (), (inputs, outputs))  # type: ignore[arg-type]
         write = (stream, seq)
         for o in outputs:
             o._stream = stream
