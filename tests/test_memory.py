@@ -102,6 +102,44 @@ async def test_tensor_memory_is_reused(backend: ComputeBackend) -> None:
     assert info.reserved == size_class(128 * 128 * 4)
 
 
+async def test_a_dropped_buffer_is_accounted_for_at_the_next_allocation(
+    backend: ComputeBackend,
+) -> None:
+    """A buffer that dies (no ``free``) is queued and taken back at the next allocation: its
+    block reused at once for the same size class, cached for another, still cached when that
+    allocation is refused, and given back to the device when the cache is off."""
+    mm = backend.memory_manager
+    small, big = size_class(1000), size_class(5000)
+    dropped = mm.allocate(1000)
+    address = dropped.handle.ctypes.data
+    del dropped
+    again = mm.allocate(990)  # same class: the dropped block itself
+    assert again.handle.ctypes.data == address
+    assert (_info(backend).used, _info(backend).reserved) == (990, small)
+    del again
+    bigger = mm.allocate(5000)  # another class: the dropped block goes to the cache
+    info = _info(backend)
+    assert (info.used, info.active_allocations, info.reserved) == (5000, 1, big + small)
+    reused = mm.allocate(1000)  # from the cache
+    assert reused.handle.ctypes.data == address
+    mm.configure_pool(MemoryPoolConfig(limit_bytes=6000))
+    del reused
+    with pytest.raises(accelkit.OutOfMemoryError):
+        mm.allocate(1024)  # its class, but over the limit: the dropped block must not be lost
+    info = _info(backend)
+    assert (info.used, info.active_allocations, info.reserved) == (5000, 1, big + small)
+    kept = mm.allocate(1000)
+    assert kept.handle.ctypes.data == address
+    mm.configure_pool(MemoryPoolConfig(limit_bytes=None, enabled=False))
+    del kept
+    other = mm.allocate(3000)  # no cache: the dropped block is given back, not reused
+    info = _info(backend)
+    assert (info.used, info.active_allocations) == (8000, 2)
+    assert info.reserved == big + size_class(3000)
+    mm.free(other)
+    mm.free(bigger)
+
+
 async def test_size_classes_waste_at_most_an_eighth() -> None:
     for n in [*range(0, 2000, 7), 4097, 65_537, 10**6 + 3, 3 * 2**30 + 1]:
         c = size_class(n)

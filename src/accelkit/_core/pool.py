@@ -102,6 +102,7 @@ class CachingPool:
         limit = cfg.limit_bytes
         self._total = min(limit, self._device_total) if limit else self._device_total
         self._max_cached = cfg.max_cached_bytes if cfg.max_cached_bytes is not None else 1 << 62
+        self._caching = cfg.enabled
 
     # -- allocation -------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> DeviceBuffer:
@@ -117,10 +118,28 @@ class CachingPool:
                 raise NotInitializedError(
                     f"the memory pool of {self.device} is closed: its backend was shut down"
                 )
-            if self._released:
-                self._drain_locked()
+            handle = None
+            released = self._released
+            if released:
+                if len(released) == 1 and self._caching:
+                    # The commonest case, inlined: one buffer died since the last allocation
+                    # (the previous op's result). A block of the same class is reused at once,
+                    # as the cache would hand it back; another goes to the cache.
+                    buf = released.popleft()
+                    if buf._pool is self and buf._gen == self.generation:
+                        self._used -= buf.nbytes
+                        self._active -= 1
+                        if buf.block_size == block:
+                            handle = buf.handle
+                        else:
+                            self._recycle_locked(buf.handle, buf.block_size)
+                    buf._pool = None
+                else:
+                    self._drain_locked()
             used = self._used + nbytes
             if used > self._total:
+                if handle is not None:  # the block swapped in above goes to the cache
+                    self._recycle_locked(handle, block)
                 total = self._total
                 raise OutOfMemoryError(
                     f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
@@ -130,12 +149,13 @@ class CachingPool:
                     used=self._used,
                     limit=total,
                 )
-            free_list = self._cache.get(block)
-            if free_list:
-                handle = free_list.pop()
-                self._cached -= block
-            else:
-                handle = self._fresh_locked(nbytes, block)
+            if handle is None:
+                free_list = self._cache.get(block)
+                if free_list:
+                    handle = free_list.pop()
+                    self._cached -= block
+                else:
+                    handle = self._fresh_locked(nbytes, block)
             self._used = used
             self._active += 1
             if used > self._peak:
