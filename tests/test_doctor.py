@@ -92,7 +92,8 @@ async def test_every_check_passes_on_the_cpu_backend(anyio_backend: str) -> None
         "kernel_ops silu_mul f32 [64x256]",
     ):
         assert wanted in names
-    assert all(r.max_error is not None and r.max_error < 1e-5 for r in results[1:-1])
+    assert names[1] == selftest.CPU_JIT  # compiled and checked before the op checks
+    assert all(r.max_error is not None and r.max_error < 1e-5 for r in results[2:-1])
     assert events[0] == {"event": "plan", "checks": names}
     starts = [e["check"] for e in events if e["event"] == "start"]
     assert starts == names
@@ -120,8 +121,67 @@ def test_the_child_self_test_of_the_cpu_backend_is_ok(loop: str) -> None:
     assert seen[0]["event"] == "plan"
     assert seen[-1] == {"event": "done"}
     # progress, one line per check, on the child's stderr
-    assert "accelkit selftest: cpu:0: [7/15] matmul 128x128 f32 ..." in report.stderr_tail
+    assert "accelkit selftest: cpu:0: [8/16] matmul 128x128 f32 ..." in report.stderr_tail
     assert "-X faulthandler -m accelkit._core.selftest --backend cpu" in report.command
+
+
+def _jit_step(report: selftest.SelfTestReport) -> selftest.CheckResult:
+    return next(c for c in report.checks if c.name == selftest.CPU_JIT)
+
+
+def test_the_cpu_self_test_compiles_and_checks_the_jit_kernels_first() -> None:
+    """In the child, before the checks (which then run on them), whatever the mode: a kernel
+    that crashed the process would do it there."""
+    pytest.importorskip("numba")
+    from accelkit.backends.cpu import jit
+
+    seen: list[dict[str, Any]] = []
+    report = selftest.run_selftest("cpu", "cpu:0", on_event=seen.append)
+    assert report.verdict == "ok", report.reason
+    n = len(jit.KERNELS)
+    assert _jit_step(report).detail == f"{n} of {n} ready"
+    assert [c.name for c in report.checks][:2] == [selftest.INITIALIZE, selftest.CPU_JIT]
+    assert selftest.CPU_JIT not in report.passed  # a preparation, not one of the op checks
+
+
+def test_the_jit_step_says_why_kernels_are_not_used(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACCELKIT_CPU_JIT", "0")
+    report = selftest.run_selftest("cpu", "cpu:0")
+    assert _jit_step(report).detail == "off (ACCELKIT_CPU_JIT=0)"
+    status, out, _ = run(capsys, "doctor")
+    assert "CPU JIT kernels" not in out  # off on purpose: nothing to say
+
+    # Numba that cannot be imported, in the child: the backend is healthy, and a note says why
+    # the kernels are not used and how to get them.
+    (tmp_path / "numba").mkdir()
+    (tmp_path / "numba" / "__init__.py").write_text('raise ImportError("no Numba here")\n')
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.setenv("ACCELKIT_CPU_JIT", "eager")
+    status, out, _ = run(capsys, "doctor")
+    assert status == 0
+    assert out.startswith("accelkit doctor: healthy")
+    notes = out.split("\nnotes\n", 1)[1]
+    assert (
+        "[selftest] cpu: CPU JIT kernels: none used: Numba is not installed (no Numba here):"
+        " pip install 'accelkit[jit]'" in notes
+    )
+
+
+def test_a_jit_kernel_left_out_is_a_note_not_a_problem(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    detail = "7 of 8 ready; exp: not used: AssertionError: exp differs from NumPy's kernel"
+
+    def fake(backend: str, device: str, **_: Any) -> selftest.SelfTestReport:
+        checks = [selftest.CheckResult(selftest.CPU_JIT, "ok", detail, None, 1.0)]
+        return selftest.SelfTestReport(backend, device, "ok", "", checks)
+
+    monkeypatch.setattr(selftest, "run_selftest", fake)
+    status, out, _ = run(capsys, "doctor")
+    assert status == 0
+    assert f"[selftest] cpu: CPU JIT kernels: {detail}" in out.split("\nnotes\n", 1)[1]
 
 
 def test_doctor_self_tests_the_cpu_backend(capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,7 +232,7 @@ def test_a_backend_whose_matmul_aborts_the_process_is_broken(
     status, out, _ = run(capsys, "doctor", "--verbose")
     assert status == 1
     assert "self-test stderr (last" in out
-    assert "accelkit selftest: crash:0: [7/15] matmul 128x128 f32 ..." in out
+    assert "accelkit selftest: crash:0: [8/16] matmul 128x128 f32 ..." in out
 
     status, out, _ = run(capsys, "doctor", "--json")
     data = json.loads(out)
@@ -263,7 +323,7 @@ def test_the_stderr_excerpt_folds_the_stacks_of_other_threads() -> None:
     say) must not push the crash's own lines out of the 40 shown."""
     helper = [f'  File "/lib/threading.py", line {n} in run' for n in range(60)]
     stderr = [
-        "accelkit selftest: crash:0: [7/15] matmul 128x128 f32 ...",
+        "accelkit selftest: crash:0: [8/16] matmul 128x128 f32 ...",
         "LLVM ERROR: Cannot select: fma",
         "Fatal Python error: Aborted",
         "",
@@ -309,7 +369,7 @@ def test_selftest_timeout_must_be_a_positive_number(capsys: pytest.CaptureFixtur
 
 def test_crash_line_picks_the_fatal_error_not_the_noise() -> None:
     stderr = (
-        "accelkit selftest: opencl:0: [7/15] matmul 128x128 f32 ...\n"
+        "accelkit selftest: opencl:0: [8/16] matmul 128x128 f32 ...\n"
         "warning: /tmp/x.cl:34:15: AVX vector return of type 'float16' changes the ABI\n"
         "104 warnings generated.\n"
         "/venv/pyopencl/__init__.py:570: CompilerWarning: Non-empty compiler output encountered.\n"

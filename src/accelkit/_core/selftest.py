@@ -61,6 +61,8 @@ TOLERANCE = 1e-3
 #: Checks whose progress step names the backend's initialization and shutdown.
 INITIALIZE = "initialize"
 SHUTDOWN = "shutdown"
+#: The step that compiles and checks the CPU backend's JIT kernels (skipped on other backends).
+CPU_JIT = "CPU JIT kernels"
 _STDERR_TAIL = 400
 
 CheckStatus = Literal["ok", "error", "wrong", "skipped"]
@@ -92,13 +94,15 @@ class SelfTestReport:
     @property
     def passed(self) -> list[str]:
         return [
-            c.name for c in self.checks if c.status == "ok" and c.name not in (INITIALIZE, SHUTDOWN)
+            c.name
+            for c in self.checks
+            if c.status == "ok" and c.name not in (INITIALIZE, CPU_JIT, SHUTDOWN)
         ]
 
     def summary(self) -> str:
         """One line: ``ok (11 checks, 1.2 s)`` or ``broken: <reason>``."""
         if self.verdict == "ok":
-            skipped = sum(c.status == "skipped" for c in self.checks)
+            skipped = sum(c.status == "skipped" and c.name != CPU_JIT for c in self.checks)
             extra = f", {skipped} not applicable" if skipped else ""
             return f"ok ({len(self.passed)} checks{extra}, {self.seconds:.1f} s)"
         return f"broken: {self.reason}"
@@ -501,7 +505,8 @@ async def run_checks(
         results.append(result)
         send({"event": "check", **asdict(result)})
 
-    send({"event": "plan", "checks": [INITIALIZE, *[n for n, _, _ in checks], SHUTDOWN]})
+    plan = [INITIALIZE, CPU_JIT, *[n for n, _, _ in checks], SHUTDOWN]
+    send({"event": "plan", "checks": plan})
     send({"event": "start", "check": INITIALIZE})
     t0 = time.perf_counter()
     try:
@@ -512,6 +517,7 @@ async def run_checks(
         return results
     record(CheckResult(INITIALIZE, "ok", f"{backend.name} {backend.version}", None, 0.0))
     try:
+        await _prepare_cpu_jit(backend, send, record)
         rng = np.random.default_rng(seed)
         for name, group, fn in checks:
             if group is not None and group not in backend.kernel_ops.ops:
@@ -543,8 +549,44 @@ async def run_checks(
     return results
 
 
+async def _prepare_cpu_jit(
+    backend: ComputeBackend,
+    send: Callable[[dict[str, Any]], None],
+    record: Callable[[CheckResult], None],
+) -> None:
+    """On the CPU backend (and backends built on it), compile and check its JIT kernels now, in
+    this child: a kernel that crashes the process does it here, where it is reported, and the
+    checks after this one run on the kernels a user's program gets (in the default mode they
+    would still be compiling in the background). A kernel that is not used is no fault of the
+    backend (NumPy's kernel runs instead): the step is ``ok`` and its detail says why."""
+    import anyio
+
+    from accelkit.backends.cpu.backend import CPUBackend
+
+    if not isinstance(backend, CPUBackend):
+        record(CheckResult(CPU_JIT, "skipped", "not a CPU backend"))
+        return
+    from accelkit.backends.cpu import jit
+
+    send({"event": "start", "check": CPU_JIT})
+    t0 = time.perf_counter()
+    states = await anyio.to_thread.run_sync(jit.wait)
+    ready = [name for name, state in states.items() if state == "ready"]
+    unused = {name: state for name, state in states.items() if state != "ready"}
+    reasons = sorted(set(unused.values()))
+    if not ready and reasons == ["off"]:
+        detail = f"off ({jit.ENV}=0)"
+    elif not ready and len(reasons) == 1:  # Numba missing: one reason for all
+        detail = f"none used: {reasons[0].removeprefix('not used: ')}"
+    else:
+        detail = f"{len(ready)} of {len(states)} ready" + "".join(
+            f"; {name}: {state}" for name, state in unused.items()
+        )
+    record(CheckResult(CPU_JIT, "ok", detail, None, time.perf_counter() - t0))
+
+
 def _child_emit(device: str, events: bool) -> Callable[[dict[str, Any]], None]:
-    total = len(_checks()) + 2
+    total = len(_checks()) + 3
     index = {"n": 0}
 
     def emit(event: dict[str, Any]) -> None:
