@@ -118,24 +118,9 @@ class CachingPool:
                 raise NotInitializedError(
                     f"the memory pool of {self.device} is closed: its backend was shut down"
                 )
-            handle = None
-            released = self._released
-            if released:
-                if len(released) == 1 and self._caching:
-                    # The commonest case, inlined: one buffer died since the last allocation
-                    # (the previous op's result). A block of the same class is reused at once,
-                    # as the cache would hand it back; another goes to the cache.
-                    buf = released.popleft()
-                    if buf._pool is self and buf._gen == self.generation:
-                        self._used -= buf.nbytes
-                        self._active -= 1
-                        if buf.block_size == block:
-                            handle = buf.handle
-                        else:
-                            self._recycle_locked(buf.handle, buf.block_size)
-                    buf._pool = None
-                else:
-                    self._drain_locked()
+            # A block of this class that died since the last allocation (the previous result
+            # of a loop) is taken straight back, without a round trip through the cache.
+            handle = self._drain_locked(block) if self._released else None
             used = self._used + nbytes
             if used > self._total:
                 if handle is not None:  # the block swapped in above goes to the cache
@@ -223,17 +208,22 @@ class CachingPool:
 
         recycle_later(recycle)
 
-    def _drain_locked(self) -> None:
-        # The hot path of every allocation after a tensor died: kept to one tight loop.
+    def _drain_locked(self, want: int = 0) -> Any:
+        """Account for the buffers released since the last drain, and cache (or free) their
+        blocks; returns the handle of one of block size ``want`` instead, when caching is on,
+        or None. The hot path of every allocation after a tensor died: one tight loop."""
         released, gen, cache = self._released, self.generation, self._cache
-        caching, max_cached = self._config.enabled, self._max_cached
+        caching, max_cached = self._caching, self._max_cached
+        taken = None
         while released:
             buf = released.popleft()
             if buf._gen == gen and buf._pool is self:
                 block = buf.block_size
                 self._used -= buf.nbytes
                 self._active -= 1
-                if caching and self._cached + block <= max_cached:
+                if caching and block == want and taken is None:
+                    taken = buf.handle
+                elif caching and self._cached + block <= max_cached:
                     free_list = cache.get(block)
                     if free_list is None:
                         cache[block] = [buf.handle]
@@ -244,6 +234,7 @@ class CachingPool:
                     self._raw_free(buf.handle)
                     self._reserved -= block
             buf._pool = None
+        return taken
 
     def _return_locked(self, buf: DeviceBuffer) -> None:
         self._used -= buf.nbytes
