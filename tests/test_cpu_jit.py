@@ -5,7 +5,9 @@ ACCELKIT_CPU_JIT=0, and while a kernel compiles."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import textwrap
@@ -372,6 +374,132 @@ def test_a_faulty_kernel_is_refused_and_numpy_runs(
     np.testing.assert_array_equal(out, numpy_unary("gelu_tanh", x))
     assert jit.unary("exp", x, out)  # the other kernels are not affected
     assert jit.status()["exp"] == "ready"
+
+
+# A stand-in for the verifying child that fails on gelu_tanh the way a kernel compiled for
+# features the CPU lacks does (SIGILL), or hangs; every other kernel is checked for real.
+FAULTY_CHILD = """
+import os, signal, sys, time
+from accelkit.backends.cpu import jit, jit_verify
+
+def crash(fn):
+    os.kill(os.getpid(), signal.SIGILL)
+
+def hang(fn):
+    time.sleep(120)
+
+jit._CHECKS["gelu_tanh"] = {"crash": crash, "hang": hang}[os.environ["ACCELKIT_TEST_FAULT"]]
+sys.exit(jit_verify.main())
+"""
+
+
+@pytest.fixture
+def verdicts(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A verdict file of the test's own, and no verdicts remembered by this process."""
+    from accelkit.backends.cpu import jit_verify
+
+    path = tmp_path / "verdicts.json"
+    monkeypatch.setenv(jit_verify.STORE_ENV, str(path))
+    monkeypatch.delenv(jit_verify.ENV, raising=False)
+    monkeypatch.setattr(jit_verify, "_memo", None)
+    return path
+
+
+def faulty_child(fault: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelkit.backends.cpu import jit_verify
+
+    (tmp_path / "faulty_jit_child.py").write_text(FAULTY_CHILD)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.setenv("ACCELKIT_TEST_FAULT", fault)
+    monkeypatch.setattr(jit_verify, "CHILD_MODULE", "faulty_jit_child")
+
+
+def child_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelkit.backends.cpu import jit_verify
+
+    def forbidden(names: Any) -> Any:
+        raise AssertionError(f"a child process was started for {names}")
+
+    monkeypatch.setattr(jit_verify, "_run_child", forbidden)
+
+
+@pytest.mark.usefixtures("fresh_jit", "eager")
+@pytest.mark.parametrize("fault", ["crash", "hang"])
+def test_a_kernel_that_kills_its_checking_process_is_never_used(
+    fault: str, verdicts: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kernels are first compiled and checked in a child process: the one the child dies or
+    hangs on is refused, the rest are checked by a second child and used; the verdicts are
+    stored, so the next process runs no child and refuses the same kernel."""
+    from accelkit.backends.cpu import jit_verify
+
+    faulty_child(fault, tmp_path, monkeypatch)
+    monkeypatch.setattr(jit_verify, "TIMEOUT", 4.0)
+    status = jit.wait()
+    why = status.pop("gelu_tanh")
+    if fault == "crash":
+        assert why.startswith("not used: crashed the process (SIGILL)"), why
+    else:
+        assert why.startswith("not used: hung: no result in 4 s"), why
+    assert "in a child process checking it on this machine" in why
+    assert set(status.values()) == {"ready"}, status
+    x = inputs(1000)
+    out = np.empty_like(x)
+    assert not jit.unary("gelu_tanh", x, out)  # the caller runs NumPy's kernel
+    assert jit.unary("silu", x, out)
+
+    stored = json.loads(verdicts.read_text())["machines"][jit_verify.machine_key()]
+    assert stored["gelu_tanh"]["ok"] is False
+    assert {k for k, v in stored.items() if v["ok"]} == set(jit.KERNELS) - {"gelu_tanh"}
+
+    # A later process: the stored verdicts, and no child.
+    jit._ready.clear()
+    jit._failed.clear()
+    monkeypatch.setattr(jit_verify, "_memo", None)
+    child_forbidden(monkeypatch)
+    again = jit.wait()
+    assert again["gelu_tanh"] == f"not used: {stored['gelu_tanh']['reason']}"
+    assert {k for k, v in again.items() if v == "ready"} == set(jit.KERNELS) - {"gelu_tanh"}
+
+
+@pytest.mark.usefixtures("fresh_jit", "eager")
+def test_verdicts_of_another_machine_or_numba_are_not_used(
+    verdicts: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verdict is keyed by what decides the machine code: one recorded under another key
+    (another CPU, Numba or kernel source) does not refuse the kernel here; a child checks it."""
+    from accelkit.backends.cpu import jit_verify
+
+    other = "numba 0.1, llvmlite 0.1, python 3.0, cpu other, features 0, kernels 0"
+    assert jit_verify.machine_key() != other
+    failed = {"ok": False, "reason": "crashed the process (SIGILL)"}
+    verdicts.write_text(json.dumps({"machines": {other: {"gelu_tanh": failed}}}))
+    assert jit.wait(["gelu_tanh"])["gelu_tanh"] == "ready"
+    machines = json.loads(verdicts.read_text())["machines"]
+    assert machines[other] == {"gelu_tanh": failed}  # kept
+    assert machines[jit_verify.machine_key()]["gelu_tanh"] == {"ok": True}
+
+
+@pytest.mark.usefixtures("fresh_jit", "eager")
+def test_without_a_child_the_kernels_are_checked_here(
+    verdicts: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child that cannot run the check (here: its module is missing) stores nothing and
+    says so; the kernels are still checked in this process and used. With
+    ACCELKIT_CPU_JIT_VERIFY=0 no child is started at all."""
+    from accelkit.backends.cpu import jit_verify
+
+    monkeypatch.setattr(jit_verify, "CHILD_MODULE", "accelkit_no_such_module")
+    with caplog.at_level("WARNING", logger="accelkit.cpu.jit"):
+        assert jit.wait(["exp"])["exp"] == "ready"
+    assert "ended before checking any" in caplog.text
+    assert "No module named accelkit_no_such_module" in caplog.text
+    assert not verdicts.exists()
+
+    jit._ready.clear()
+    monkeypatch.setenv(jit_verify.ENV, "0")
+    child_forbidden(monkeypatch)
+    assert jit.wait(["exp"])["exp"] == "ready"
 
 
 @pytest.mark.usefixtures("fresh_jit")

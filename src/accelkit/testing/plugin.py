@@ -37,9 +37,9 @@ def pytest_configure(config: Any) -> None:
 
 def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
     """Point the compiler caches of device backends (PyOpenCL, PoCL, accelkit's program caches
-    and OpenCL variant verdicts, Numba's for the CPU backend's JIT kernels) at a new temporary
-    folder, unless already set; call it before any plugin's probe imports its driver. Returns
-    the folder."""
+    and OpenCL variant verdicts, Numba's for the CPU backend's JIT kernels, and their verdicts)
+    at a new temporary folder, unless already set; call it before any plugin's probe imports its
+    driver. Returns the folder."""
     caches = tempfile.mkdtemp(prefix=prefix)
     for var, sub in (
         ("PYOPENCL_CACHE_DIR", "pyopencl"),
@@ -49,6 +49,7 @@ def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
         ("ACCELKIT_WEBGPU_CACHE", "accelkit-webgpu"),
         ("ACCELKIT_OPENCL_VARIANTS_FILE", "accelkit-opencl-variants.json"),
         ("NUMBA_CACHE_DIR", "numba"),
+        ("ACCELKIT_CPU_JIT_VERDICTS", "accelkit-cpu-jit-verdicts.json"),
     ):
         os.environ.setdefault(var, os.path.join(caches, sub))
     return caches

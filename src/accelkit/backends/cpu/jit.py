@@ -132,8 +132,13 @@ def _warm_loop(q: queue.SimpleQueue[str]) -> None:
         _prepare(q.get())
 
 
+class _Refused(Exception):
+    """A kernel that failed in a child process on this machine (:mod:`.jit_verify`)."""
+
+
 def _prepare(name: str) -> None:
-    """Import Numba, compile ``name`` and check it against its NumPy kernel (once)."""
+    """Import Numba, have ``name`` compiled and checked in a child process once per machine
+    (:mod:`.jit_verify`), then compile it here (from Numba's cache) and check it again."""
     global _module
     with _compile_lock:
         if name in _ready or name in _failed:
@@ -150,11 +155,19 @@ def _prepare(name: str) -> None:
                 _module = _numba_kernels
             if _module is False:
                 raise ImportError(_import_error[0])
+            from accelkit.backends.cpu import jit_verify
+
+            refused = jit_verify.refusal(name, list(KERNELS))
+            if refused is not None:
+                raise _Refused(refused)
             fn = getattr(_module, name)
             _CHECKS[name](fn)
         except ImportError:
             _failed[name] = _import_error[0]
             log.debug("the %s JIT kernel is not used: %s", name, _failed[name])
+        except _Refused as e:  # the verdict of a child process (jit_verify)
+            _failed[name] = str(e)
+            log.warning("the %s JIT kernel is not used: %s", name, _failed[name])
         except Exception as e:  # a compiler error or a wrong result: never use this kernel
             _failed[name] = f"{type(e).__name__}: {e}"
             log.warning("the %s JIT kernel is not used: %s", name, _failed[name])

@@ -1,0 +1,275 @@
+"""The CPU JIT kernels, compiled and checked in a child process once per machine.
+
+Numba compiles for the CPU it finds (LLVM's name and feature list for the host). A feature that
+the CPU reports but does not have (a virtual machine that passes AVX-512 through wrongly, say)
+gives machine code that kills the process with SIGILL, or a compiler that aborts, rather than a
+wrong number that :mod:`accelkit.backends.cpu.jit`'s check could catch. So before a process uses
+a kernel for the first time on a machine, a child process (``python -m
+accelkit.backends.cpu.jit_verify NAME...``) compiles and checks every kernel not yet judged, one
+at a time, saying on its stdout which one it is on: a crash or a hang costs the child, and the
+kernel it was on is recorded as failed; a later child goes on with the rest.
+
+Verdicts are kept in a JSON file (:func:`store_path`: ``$ACCELKIT_CPU_JIT_VERDICTS``, else
+``cpu-jit-verdicts.json`` in :func:`accelkit.calibration.cache_dir`), keyed by what decides the
+machine code: Numba's and llvmlite's versions, Python's, the CPU name and features LLVM sees
+(or ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``) and the kernels' source. A failed kernel is not
+tried again under the same key; delete the file to try again. The child also fills Numba's disk
+cache, so the process that asked loads the kernels from it instead of compiling them again.
+
+``ACCELKIT_CPU_JIT_VERIFY=0`` skips the child (the in-process check still runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV", "main", "refusal", "store_path"]
+
+log = logging.getLogger("accelkit.cpu.jit")
+
+ENV = "ACCELKIT_CPU_JIT_VERIFY"
+STORE_ENV = "ACCELKIT_CPU_JIT_VERDICTS"
+#: Seconds one kernel may take in the child (compiling included) before it counts as hung.
+TIMEOUT = 180.0
+#: The module the child runs (a test points it at a wrapper that crashes on purpose).
+CHILD_MODULE = "accelkit.backends.cpu.jit_verify"
+
+_key: str | None = None
+_memo: dict[str, dict[str, Any]] | None = None  # this process's view of its machine's verdicts
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def store_path() -> Path:
+    override = os.environ.get(STORE_ENV, "").strip()
+    if override:
+        return Path(override)
+    from accelkit.calibration import cache_dir
+
+    return cache_dir() / "cpu-jit-verdicts.json"
+
+
+def machine_key() -> str:
+    """What decides the kernels' machine code (see the module docstring); imports llvmlite."""
+    global _key
+    if _key is None:
+        import llvmlite
+        import llvmlite.binding as llvm
+        import numba
+
+        from accelkit.backends.cpu import _numba_kernels, jit
+
+        cpu = os.environ.get("NUMBA_CPU_NAME") or llvm.get_host_cpu_name()
+        features = os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()
+        source = hashlib.sha256()
+        for module in (_numba_kernels, jit):
+            source.update(Path(module.__file__ or "").read_bytes())
+        _key = (
+            f"numba {numba.__version__}, llvmlite {llvmlite.__version__},"
+            f" python {sys.version_info[0]}.{sys.version_info[1]}, cpu {cpu},"
+            f" features {hashlib.sha256(features.encode()).hexdigest()[:16]},"
+            f" kernels {source.hexdigest()[:16]}"
+        )
+    return _key
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("ignoring the JIT verdicts in %s: %s", path, e)
+        return {}
+    machines = data.get("machines") if isinstance(data, dict) else None
+    return machines if isinstance(machines, dict) else {}
+
+
+def _write(path: Path, key: str, kernels: dict[str, Any]) -> None:
+    """Merge ``kernels`` into the file's entry for ``key`` (atomically: a reader sees the old
+    file or the new one)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        machines = _read(path)
+        entry = machines.setdefault(key, {})
+        entry.update(kernels)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu-jit-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"machines": machines}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not record the JIT verdicts in %s: %s", path, e)
+
+
+def refusal(name: str, names: Sequence[str]) -> str | None:
+    """Why kernel ``name`` must not be used on this machine, or None when it may (verified in
+    a child, or verification off or impossible). Verifies ``names`` not yet judged first, in
+    one child; called by jit.py with its compile lock held."""
+    global _memo
+    if not enabled():
+        return None
+    key = machine_key()
+    if _memo is None:
+        _memo = _read(store_path()).get(key, {})
+    if name not in _memo:
+        todo = [n for n in names if n not in _memo]
+        if name not in todo:
+            todo.append(name)
+        found = _verify(todo)
+        if found:
+            _memo.update(found)
+            _write(store_path(), key, found)
+    verdict = _memo.get(name)
+    if verdict is None or verdict.get("ok"):
+        return None
+    return str(verdict.get("reason") or "failed in a child process")
+
+
+def _verify(names: list[str]) -> dict[str, dict[str, Any]]:
+    """Children over ``names`` until each has a verdict; a kernel a child never reached (the
+    child could not start or import) gets none, and the caller trusts the in-process check."""
+    found: dict[str, dict[str, Any]] = {}
+    left = list(names)
+    log.info(
+        "checking %d CPU JIT kernel(s) in a child process first (once on this machine): %s",
+        len(left),
+        ", ".join(left),
+    )
+    while left:
+        got = _run_child(left)
+        if not got:
+            break
+        found.update(got)
+        left = [n for n in left if n not in found]
+    return found
+
+
+def _run_child(names: list[str]) -> dict[str, dict[str, Any]]:
+    env = dict(os.environ)
+    env["PYTHONFAULTHANDLER"] = "1"
+    env[ENV] = "0"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", CHILD_MODULE, *names],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+    except OSError as e:
+        log.warning("could not start a process to check the JIT kernels in (%s)", e)
+        return {}
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    hung = threading.Event()
+
+    def kill() -> None:
+        hung.set()
+        with contextlib.suppress(OSError):
+            proc.kill()
+
+    found: dict[str, dict[str, Any]] = {}
+    current: str | None = None
+    timer: threading.Timer | None = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if timer is not None:
+                timer.cancel()
+            if msg.get("start") in names:
+                current = msg["start"]
+                timer = threading.Timer(TIMEOUT, kill)
+                timer.daemon = True
+                timer.start()
+            elif msg.get("done") in names:
+                verdict: dict[str, Any] = {"ok": bool(msg.get("ok"))}
+                if not verdict["ok"]:
+                    verdict["reason"] = str(msg.get("reason", ""))
+                found[msg["done"]] = verdict
+                log.info(
+                    "CPU JIT kernel %s: %s (%.1f s, in a child process)",
+                    msg["done"],
+                    "ok" if msg.get("ok") else f"not used: {msg.get('reason')}",
+                    float(msg.get("seconds", 0.0)),
+                )
+                current = None
+        proc.wait()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        with contextlib.suppress(OSError):
+            proc.kill()
+        proc.wait()
+        reader.join(5)
+    if current is not None:
+        if hung.is_set():
+            reason = f"hung: no result in {TIMEOUT:.0f} s while compiling or checking it"
+        else:
+            reason = _death(proc.returncode, "".join(stderr))
+        reason = f"{reason} (in a child process checking it on this machine)"
+        found[current] = {"ok": False, "reason": reason}
+        log.info("CPU JIT kernel %s: not used: %s", current, reason)
+    elif not found:
+        tail = "".join(stderr).strip().splitlines()[-3:]
+        log.warning(
+            "the process checking the JIT kernels ended before checking any (status %s%s);"
+            " checking them in this process only",
+            proc.returncode,
+            f": {' / '.join(tail)}" if tail else "",
+        )
+    return found
+
+
+def _death(code: int | None, stderr: str) -> str:
+    from accelkit._core.selftest import signal_name
+
+    what = (
+        f"crashed the process ({signal_name(code)})"
+        if code is not None and code < 0
+        else f"ended the process (status {code})"
+    )
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    telling = next((ln for ln in lines if "LLVM ERROR" in ln or "Fatal Python error" in ln), "")
+    return f"{what}: {telling}"[:300] if telling else what
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The child: compile and check each kernel named, one JSON line before and after each."""
+    from accelkit.backends.cpu import _numba_kernels, jit
+
+    for name in argv if argv is not None else sys.argv[1:]:
+        print(json.dumps({"start": name}), flush=True)
+        t0 = time.perf_counter()
+        try:
+            jit._CHECKS[name](getattr(_numba_kernels, name))
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"[:500]
+            print(json.dumps({"done": name, "ok": False, "reason": reason}), flush=True)
+        else:
+            seconds = round(time.perf_counter() - t0, 2)
+            print(json.dumps({"done": name, "ok": True, "seconds": seconds}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
