@@ -248,6 +248,8 @@ def test_norm_kernels_agree_with_float64(
         (None, False, (2, 4, 2, 200, 230, 16)),
         (None, True, (2, 4, 2, 230, 200, 16)),  # more queries than keys: 30 rows see none
         (None, True, (8, 8, 4, 128, 128, 32)),  # split between threads
+        (None, True, (2, 3, 1, 37, 41, 13)),  # head dim not a multiple of 4, odd lengths
+        (None, False, (1, 2, 2, 5, 3, 2)),
         ("bool", True, (2, 4, 2, 200, 230, 16)),  # NumPy's chunks with the JIT softmax
         ("float", True, (2, 4, 2, 200, 230, 16)),
     ],
@@ -270,7 +272,8 @@ def test_attention_kernels_agree_with_float64(
     q = rng.standard_normal((b, h, sq, d)).astype(np.float32)
     k = rng.standard_normal((b, hk, sk, d)).astype(np.float32)
     v = rng.standard_normal((b, hk, sk, d)).astype(np.float32)
-    k[0, 1, 100] = np.nan  # seen by batch 0's heads of KV group 1, from query 100 - (Sk - Sq)
+    # seen by batch 0's heads of KV group 1 (or the last), from query 100 - (Sk - Sq) (or so)
+    k[0, min(1, hk - 1), min(100, sk - 1)] = np.nan
     m: Array | None = None
     if mask == "bool":
         m = rng.random((b, 1, sq, sk)) > 0.2
@@ -297,8 +300,10 @@ def test_attention_kernels_agree_with_float64(
     want[nan_rows] = np.nan
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
     group = h // hk
-    assert np.isnan(out[0, group:]).any()  # the rows that see the NaN key
-    assert not np.isnan(out[0, :group]).any()  # the heads of the other KV group
+    nan_group = min(1, hk - 1)
+    nan_heads = slice(nan_group * group, (nan_group + 1) * group)
+    assert np.isnan(out[0, nan_heads]).any()  # the rows that see the NaN key
+    assert not np.isnan(out[0, : nan_group * group]).any()  # the heads of the other KV group
     if causal and sq > sk:
         assert (out[:, :, : sq - sk] == 0).all()  # rows that see no key
     ok = ~np.isnan(want)

@@ -527,16 +527,17 @@ def _check_attention(fn: Callable[..., None]) -> None:
     from accelkit.backends.cpu.numpy_nn import _attention_chunked
 
     rng = np.random.default_rng(3)
-    for b, h, hk, sq, sk, causal in ((2, 4, 2, 9, 13, True), (1, 2, 2, 12, 5, True),
-                                     (2, 2, 1, 7, 7, False)):  # fmt: skip
-        q = rng.standard_normal((b, h, sq, 8)).astype(np.float32)
-        k = rng.standard_normal((b, hk, sk, 8)).astype(np.float32)
+    # Head dimensions that are and are not a multiple of the kernel's four per pass.
+    for b, h, hk, sq, sk, d, causal in ((2, 4, 2, 9, 13, 8, True), (1, 2, 2, 12, 5, 6, True),
+                                        (2, 2, 1, 7, 7, 3, False)):  # fmt: skip
+        q = rng.standard_normal((b, h, sq, d)).astype(np.float32)
+        k = rng.standard_normal((b, hk, sk, d)).astype(np.float32)
         v = rng.standard_normal((b, hk, sk, 5)).astype(np.float32)
         k[0, 0, sk // 2, 1] = np.nan
         q[-1, -1, 1, 0] = np.inf
         got, want = np.empty((b, h, sq, 5), np.float32), np.empty((b, h, sq, 5), np.float32)
         g3 = got.reshape(b * h, sq, 5)
-        fn(q.reshape(b * h, sq, 8), k.reshape(b * hk, sk, 8), v.reshape(b * hk, sk, 5), g3,
+        fn(q.reshape(b * h, sq, d), k.reshape(b * hk, sk, d), v.reshape(b * hk, sk, 5), g3,
            0.3, causal, h, hk, 0, b * h)  # fmt: skip
         with np.errstate(all="ignore"):
             _attention_chunked(q, k, v, None, want, 0.3, causal, jit_softmax=False)
