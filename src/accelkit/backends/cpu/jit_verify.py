@@ -48,6 +48,7 @@ CHILD_MODULE = "accelkit.backends.cpu.jit_verify"
 
 _key: str | None = None
 _memo: dict[str, dict[str, Any]] | None = None  # this process's view of its machine's verdicts
+_no_child = False  # a child judged nothing in this process: none is started again
 
 
 def enabled() -> bool:
@@ -120,12 +121,13 @@ def refusal(name: str, names: Sequence[str]) -> str | None:
     a child, or verification off or impossible). Verifies ``names`` not yet judged first, in
     one child; called by jit.py with its compile lock held."""
     global _memo
+    global _no_child
     if not enabled():
         return None
     key = machine_key()
     if _memo is None:
         _memo = _read(store_path()).get(key, {})
-    if name not in _memo:
+    if name not in _memo and not _no_child:
         todo = [n for n in names if n not in _memo]
         if name not in todo:
             todo.append(name)
@@ -133,6 +135,8 @@ def refusal(name: str, names: Sequence[str]) -> str | None:
         if found:
             _memo.update(found)
             _write(store_path(), key, found)
+        else:
+            _no_child = True
     verdict = _memo.get(name)
     if verdict is None or verdict.get("ok"):
         return None
