@@ -258,7 +258,6 @@ async def block_parts(backend: ak.ComputeBackend, report: dict[str, Any], repeat
         torch = None
     rows = []
     for name, ak_op, torch_op in cases:
-
         # Each op is waited for without copying its result to the host (PyTorch's call
         # returns with the result in place, and a 2 MiB copy would be most of a layer_norm).
         async def with_jit(op: Callable[[], Any] = ak_op) -> None:
