@@ -9,7 +9,9 @@ float32 rounding (docs/backends/cpu.md).
 Each kernel is checked once, when first wanted, against the NumPy kernel it replaces, on inputs
 that include NaN, infinities and subnormal results. A kernel that fails to compile or to agree is
 never used in this process, and the reason is logged (``accelkit.cpu.jit``) and shown by
-:func:`status`. By default (``ACCELKIT_CPU_JIT=auto``) kernels compile on a background thread and
+:func:`status`. The first time on a machine, the kernels are compiled and checked in a child
+process before this one runs them (:mod:`.jit_verify`): one whose machine code crashes or hangs
+the child is never used on that machine. By default (``ACCELKIT_CPU_JIT=auto``) kernels compile on a background thread and
 the NumPy kernel runs until then, so a first call never waits for the compiler (seconds on a cold
 cache; Numba caches compiled kernels on disk). ``ACCELKIT_CPU_JIT=eager`` compiles on first use, in
 the calling thread, so that every call after the first takes the JIT path (the conformance tests
