@@ -480,16 +480,19 @@ def test_verdicts_of_another_machine_or_numba_are_not_used(
     verdicts: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A verdict is keyed by what decides the machine code: one recorded under another key
-    (another CPU, Numba or kernel source) does not refuse the kernel here; a child checks it."""
+    (another CPU, Numba or kernel source) does not refuse the kernel here; a child checks it.
+    The file keeps the newest keys only."""
     from accelkit.backends.cpu import jit_verify
 
-    other = "numba 0.1, llvmlite 0.1, python 3.0, cpu other, features 0, kernels 0"
-    assert jit_verify.machine_key() != other
+    others = [f"numba 0.{i}, llvmlite 0.1, python 3.0, cpu other, features 0, kernels 0"
+              for i in range(jit_verify._KEEP)]  # fmt: skip
+    assert jit_verify.machine_key() not in others
     failed = {"ok": False, "reason": "crashed the process (SIGILL)"}
-    verdicts.write_text(json.dumps({"machines": {other: {"gelu_tanh": failed}}}))
+    verdicts.write_text(json.dumps({"machines": {o: {"gelu_tanh": failed} for o in others}}))
     assert jit.wait(["gelu_tanh"])["gelu_tanh"] == "ready"
     machines = json.loads(verdicts.read_text())["machines"]
-    assert machines[other] == {"gelu_tanh": failed}  # kept
+    assert list(machines) == [*others[1:], jit_verify.machine_key()]  # the oldest made room
+    assert all(machines[o] == {"gelu_tanh": failed} for o in others[1:])
     assert machines[jit_verify.machine_key()]["gelu_tanh"] == {"ok": True}
 
 

@@ -46,6 +46,9 @@ TIMEOUT = 180.0
 #: The module the child runs (a test points it at a wrapper that crashes on purpose).
 CHILD_MODULE = "accelkit.backends.cpu.jit_verify"
 
+#: Entries (keys) the file keeps: a new Numba, or an edit of the kernels, adds one.
+_KEEP = 16
+
 _key: str | None = None
 _memo: dict[str, dict[str, Any]] | None = None  # this process's view of its machine's verdicts
 _no_child = False  # a child judged nothing in this process: none is started again
@@ -76,9 +79,12 @@ def machine_key() -> str:
 
         cpu = os.environ.get("NUMBA_CPU_NAME") or llvm.get_host_cpu_name()
         features = os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()
-        source = hashlib.sha256()
+        from accelkit import __version__
+
+        source = hashlib.sha256(__version__.encode())
         for module in (_numba_kernels, jit):
-            source.update(Path(module.__file__ or "").read_bytes())
+            with contextlib.suppress(OSError, TypeError):  # no file: the version stands for it
+                source.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]
         _key = (
             f"numba {numba.__version__}, llvmlite {llvmlite.__version__},"
             f" python {sys.version_info[0]}.{sys.version_info[1]}, cpu {cpu},"
@@ -106,11 +112,14 @@ def _write(path: Path, key: str, kernels: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         machines = _read(path)
-        entry = machines.setdefault(key, {})
+        entry = machines.pop(key, {})
         entry.update(kernels)
+        machines[key] = entry  # the newest last: the oldest go first beyond _KEEP
+        while len(machines) > _KEEP:
+            del machines[next(iter(machines))]
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu-jit-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump({"machines": machines}, f, indent=1, sort_keys=True)
+            json.dump({"machines": machines}, f, indent=1)
         os.replace(tmp, path)
     except OSError as e:
         log.warning("could not record the JIT verdicts in %s: %s", path, e)
