@@ -25,19 +25,17 @@ would. Importing this module imports neither NumPy nor any backend.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from accelkit._core.child import run_child
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,7 +62,6 @@ INITIALIZE = "initialize"
 SHUTDOWN = "shutdown"
 #: The step that compiles and checks the CPU backend's JIT kernels (skipped on other backends).
 CPU_JIT = "CPU JIT kernels"
-_STDERR_TAIL = 400
 
 #: ``limited``: a step that ran, but part of what it prepares is left out, the detail says why
 #: (a JIT kernel not used: NumPy's runs instead); no fault of the backend.
@@ -205,82 +202,20 @@ def run_selftest(
     """
     cmd = _command(backend, device, loop)
     shown = shlex.join(cmd[:-1])  # what a user runs to watch it: the same, without --events
-    start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # a timeout kills the whole group, helpers included
-        )
+        run = run_child(cmd, step_timeout=timeout, marker=MARKER, on_event=on_event)
     except OSError as exc:
         return SelfTestReport(
             backend, device, "broken", f"could not start the self-test: {exc}", command=shown
         )
-    events: list[dict[str, Any]] = []
-    tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
-    progress = [start]  # when the child last reported an event: each step gets ``timeout``
-
-    def read_stdout() -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace")
-            if not line.startswith(MARKER):
-                continue
-            try:
-                event = json.loads(line[len(MARKER) :])
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-                progress[0] = time.monotonic()
-                if on_event is not None:
-                    on_event(event)
-
-    def read_stderr() -> None:
-        assert proc.stderr is not None
-        for raw in proc.stderr:
-            tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    readers = [threading.Thread(target=f, daemon=True) for f in (read_stdout, read_stderr)]
-    for t in readers:
-        t.start()
-    timed_out = False
-    try:
-        while True:
-            left = progress[0] + timeout - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                _kill_group(proc)
-                proc.wait()
-                break
-            try:
-                proc.wait(timeout=left)
-                break
-            except subprocess.TimeoutExpired:
-                continue  # the child may have reported progress meanwhile
-    except BaseException:  # Ctrl-C in the parent: never leave the child behind
-        _kill_group(proc)
-        proc.wait()
-        raise
-    for t in readers:
-        t.join(timeout=5.0)
-    seconds = time.monotonic() - start
-    stderr = "\n".join(tail)
-    report = _interpret(backend, device, events, proc.returncode, timed_out, timeout, stderr)
-    report.seconds = seconds
-    report.returncode = proc.returncode
-    report.stderr_tail = stderr
+    report = _interpret(
+        backend, device, run.events, run.returncode, run.timed_out, timeout, run.stderr
+    )
+    report.seconds = run.seconds
+    report.returncode = run.returncode
+    report.stderr_tail = run.stderr
     report.command = shown
     return report
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (OSError, AttributeError):
-        proc.kill()
 
 
 def _interpret(

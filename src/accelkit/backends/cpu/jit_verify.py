@@ -26,10 +26,8 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,98 +170,61 @@ def _verify(names: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _run_child(names: list[str]) -> dict[str, dict[str, Any]]:
-    env = dict(os.environ)
-    env["PYTHONFAULTHANDLER"] = "1"
-    env[ENV] = "0"
+    from accelkit._core.child import run_child
+    from accelkit._core.selftest import crash_line, signal_name
+
+    def progress(msg: dict[str, Any]) -> None:
+        if msg.get("done") in names:
+            log.info(
+                "CPU JIT kernel %s: %s (%.1f s, in a child process)",
+                msg["done"],
+                "ok" if msg.get("ok") else f"not used: {msg.get('reason')}",
+                float(msg.get("seconds", 0.0)),
+            )
+
+    env = {**os.environ, ENV: "0", "PYTHONFAULTHANDLER": "1"}
     try:
-        proc = subprocess.Popen(
+        run = run_child(
             [sys.executable, "-m", CHILD_MODULE, *names],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            step_timeout=TIMEOUT,
+            on_event=progress,
             env=env,
-            text=True,
         )
     except OSError as e:
         log.warning("could not start a process to check the JIT kernels in (%s)", e)
         return {}
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or ()), daemon=True)
-    reader.start()
-    hung = threading.Event()
-
-    def kill() -> None:
-        hung.set()
-        with contextlib.suppress(OSError):
-            proc.kill()
-
     found: dict[str, dict[str, Any]] = {}
-    current: str | None = None
-    timer: threading.Timer | None = None
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if timer is not None:
-                timer.cancel()
-            if msg.get("start") in names:
-                current = msg["start"]
-                timer = threading.Timer(TIMEOUT, kill)
-                timer.daemon = True
-                timer.start()
-            elif msg.get("done") in names:
-                verdict: dict[str, Any] = {"ok": bool(msg.get("ok"))}
-                if not verdict["ok"]:
-                    verdict["reason"] = str(msg.get("reason", ""))
-                found[msg["done"]] = verdict
-                log.info(
-                    "CPU JIT kernel %s: %s (%.1f s, in a child process)",
-                    msg["done"],
-                    "ok" if msg.get("ok") else f"not used: {msg.get('reason')}",
-                    float(msg.get("seconds", 0.0)),
-                )
-                current = None
-        proc.wait()
-    finally:
-        if timer is not None:
-            timer.cancel()
-        with contextlib.suppress(OSError):
-            proc.kill()
-        proc.wait()
-        reader.join(5)
+    current: str | None = None  # the kernel the child was on when it ended
+    for msg in run.events:
+        if msg.get("start") in names:
+            current = msg["start"]
+        elif msg.get("done") in names:
+            verdict: dict[str, Any] = {"ok": bool(msg.get("ok"))}
+            if not verdict["ok"]:
+                verdict["reason"] = str(msg.get("reason", ""))
+            found[msg["done"]] = verdict
+            current = None
     if current is not None:
-        if hung.is_set():
+        if run.timed_out:
             reason = f"hung: no result in {TIMEOUT:.0f} s while compiling or checking it"
+        elif run.returncode < 0:
+            reason = f"crashed the process ({signal_name(run.returncode)})"
         else:
-            reason = _death(proc.returncode, "".join(stderr))
+            reason = f"ended the process (status {run.returncode})"
+        line = "" if run.timed_out else crash_line(run.stderr)
+        reason = f"{reason}: {line}" if line else reason
         reason = f"{reason} (in a child process checking it on this machine)"
         found[current] = {"ok": False, "reason": reason}
         log.info("CPU JIT kernel %s: not used: %s", current, reason)
     elif not found:
-        tail = "".join(stderr).strip().splitlines()[-3:]
+        tail = run.stderr.strip().splitlines()[-3:]
         log.warning(
             "the process checking the JIT kernels ended before checking any (status %s%s);"
             " checking them in this process only",
-            proc.returncode,
+            run.returncode,
             f": {' / '.join(tail)}" if tail else "",
         )
     return found
-
-
-def _death(code: int | None, stderr: str) -> str:
-    from accelkit._core.selftest import signal_name
-
-    what = (
-        f"crashed the process ({signal_name(code)})"
-        if code is not None and code < 0
-        else f"ended the process (status {code})"
-    )
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    telling = next((ln for ln in lines if "LLVM ERROR" in ln or "Fatal Python error" in ln), "")
-    return f"{what}: {telling}"[:300] if telling else what
 
 
 def main(argv: Sequence[str] | None = None) -> int:

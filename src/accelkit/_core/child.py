@@ -1,0 +1,115 @@
+"""A child process that reports progress as JSON events, with a timeout on each step.
+
+What the self-test (:mod:`accelkit._core.selftest`) and the CPU JIT's crash check
+(:mod:`accelkit.backends.cpu.jit_verify`) share: code that may crash or hang its process runs
+in a child, which prints one JSON object per line on stdout (after ``marker``) as it goes; the
+parent kills it when a step (start-up until the first event, then from one event to the next,
+then the exit) takes longer than ``step_timeout``, and keeps the tail of its stderr to say why
+it died.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ChildRun", "run_child"]
+
+_STDERR_TAIL = 400  # lines
+
+
+@dataclass
+class ChildRun:
+    """What a child did: its events in order, how it ended, the last lines of its stderr."""
+
+    events: list[dict[str, Any]]
+    returncode: int
+    timed_out: bool
+    stderr: str
+    seconds: float
+
+
+def run_child(
+    cmd: Sequence[str],
+    *,
+    step_timeout: float,
+    marker: str = "",
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ChildRun:
+    """Run ``cmd`` to its end, or until a step takes over ``step_timeout`` seconds (then its
+    whole process group is killed). ``on_event`` is called from a reader thread with each
+    event as it arrives. Raises OSError if the child cannot be started."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=None if env is None else dict(env),
+        start_new_session=True,  # a timeout kills the whole group, helpers included
+    )
+    events: list[dict[str, Any]] = []
+    tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL)
+    progress = [start]  # when the child last reported an event: each step gets the timeout
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            if not line.startswith(marker):
+                continue
+            try:
+                event = json.loads(line[len(marker) :])
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+                progress[0] = time.monotonic()
+                if on_event is not None:
+                    on_event(event)
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (read_stdout, read_stderr)]
+    for t in readers:
+        t.start()
+    timed_out = False
+    try:
+        while True:
+            left = progress[0] + step_timeout - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                _kill_group(proc)
+                proc.wait()
+                break
+            try:
+                proc.wait(timeout=left)
+                break
+            except subprocess.TimeoutExpired:
+                continue  # the child may have reported progress meanwhile
+    except BaseException:  # Ctrl-C in the parent: never leave the child behind
+        _kill_group(proc)
+        proc.wait()
+        raise
+    for t in readers:
+        t.join(timeout=5.0)
+    return ChildRun(events, proc.returncode, timed_out, "\n".join(tail), time.monotonic() - start)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (OSError, AttributeError):
+        proc.kill()
