@@ -46,6 +46,7 @@ __all__ = [
     "PartResult",
     "crash_line",
     "format_summary",
+    "module_seconds",
     "part_command",
     "run_part",
     "run_parts",
@@ -75,7 +76,10 @@ class Part:
 
     A part run ``alongside`` runs in the background while the parts after it run, its output
     shown once they end: for a part that mostly waits (on a cluster's scheduler, say) rather
-    than computes. ``timeout`` (seconds) replaces the runner's for this part.
+    than computes. ``timeout`` (seconds) replaces the runner's for this part. ``budget``
+    (seconds) is the part's share of the run's time budget: the summary names a part that took
+    longer (a warning, not a failure). A part with a ``command`` runs that command instead of
+    pytest (a linter, a type checker): it passes or fails by its exit status.
     """
 
     name: str
@@ -84,6 +88,8 @@ class Part:
     skip_reason: str = ""
     alongside: bool = False
     timeout: float | None = None
+    budget: float | None = None
+    command: tuple[str, ...] = ()
 
 
 @dataclass
@@ -116,6 +122,15 @@ class PartResult:
     detail: str = ""
     output_path: str = ""
     running: list[str] = field(default_factory=list)
+    #: Seconds spent in each test module (setup, call and teardown of its tests), from the log.
+    modules: dict[str, float] = field(default_factory=dict)
+    budget: float | None = None
+
+    @property
+    def over_budget(self) -> bool:
+        return (
+            self.budget is not None and self.returncode is not None and (self.seconds > self.budget)
+        )
 
     @property
     def label(self) -> str:
@@ -193,7 +208,15 @@ def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
 
 
 def pytest_runtest_logreport(report: Any) -> None:
-    _write({"event": "report", "id": report.nodeid, "when": report.when, "outcome": report.outcome})
+    _write(
+        {
+            "event": "report",
+            "id": report.nodeid,
+            "when": report.when,
+            "outcome": report.outcome,
+            "s": round(float(getattr(report, "duration", 0.0) or 0.0), 4),
+        }
+    )
 
 
 def pytest_unconfigure(config: Any) -> None:
@@ -292,6 +315,25 @@ def read_log(path: Path | str) -> tuple[Counts, list[str]] | None:
     return counts, [n for n in order if n not in finished]
 
 
+def module_seconds(path: Path | str) -> dict[str, float]:
+    """Seconds spent in each test module of a part (the sum of its tests' setup, call and
+    teardown durations), from the event log; empty when there is none."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    seconds: dict[str, float] = {}
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "report" and isinstance(event.get("s"), (int, float)):
+            module = str(event.get("id", "")).split("::")[0]
+            seconds[module] = seconds.get(module, 0.0) + float(event["s"])
+    return seconds
+
+
 _SUMMARY_LINE = re.compile(r"^=+ (?P<body>.*?) in [\d.]+s(?: \([^)]*\))? =+$")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)")
 
@@ -357,6 +399,8 @@ def crash_line(output: str, limit: int = 200) -> str:
 
 
 def part_command(python: str, part: Part, extra_args: Sequence[str] = ()) -> list[str]:
+    if part.command:
+        return list(part.command)
     return [
         python,
         "-X",
@@ -370,6 +414,10 @@ def part_command(python: str, part: Part, extra_args: Sequence[str] = ()) -> lis
         *part.args,
         *extra_args,
     ]
+
+
+#: The parts' processes running now (so that an interruption of the runner ends them all).
+_LIVE: set[subprocess.Popen[bytes]] = set()
 
 
 def _slug(name: str) -> str:
@@ -424,6 +472,7 @@ def run_part(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a timeout or Ctrl-C ends the part's helpers too
         )
+        _LIVE.add(proc)
 
         def pump() -> None:
             assert proc.stdout is not None
@@ -455,6 +504,7 @@ def run_part(
                 proc.wait()
             raise
         finally:
+            _LIVE.discard(proc)
             reader.join(timeout=10)
     seconds = time.monotonic() - start
     output = tail.decode("utf-8", "replace")
@@ -470,6 +520,8 @@ def run_part(
     result = _interpret(part, proc.returncode, timed_out, timeout, output, log_path, empty_ok)
     result.seconds = seconds
     result.output_path = str(output_path)
+    result.modules = module_seconds(log_path)
+    result.budget = part.budget
     print(
         f"=== part {part.name}: {result.label}"
         + (f" ({result.detail})" if result.detail else "")
@@ -515,6 +567,10 @@ def _interpret(
         where = at or ("after the last test" if logged and logged[0].total else "before any test")
         line = crash_line(output)
         result.detail = where + (f": {line}" if line else "")
+    elif part.command:
+        result.outcome = "passed" if returncode == 0 else "failed"
+        if returncode != 0:
+            result.detail = f"exit status {returncode}"
     elif returncode == 5:
         result.outcome = "no tests"
         if not empty_ok:
@@ -542,10 +598,17 @@ def run_parts(
     out: TextIO | None = None,
     timeout: float | None = None,
     empty_ok: bool = False,
+    jobs: int = 1,
 ) -> list[PartResult]:
-    """Run every part in turn, whatever the earlier ones did (those ``alongside`` in the
-    background, their output shown at the end); the results in the parts' order."""
+    """Run every part, whatever the earlier ones did; the results in the parts' order.
+
+    Parts ``alongside`` start at once and run in the background; the others run ``jobs`` at a
+    time, in the order given (put the longest first). With one job a part's output is shown
+    as it comes; with more, each part's output is shown whole when it ends (a line says when
+    each starts), so that parts never interleave. A part that crashes or hangs ends only
+    itself: each is its own process group."""
     shown = out or sys.stdout
+    lock = threading.Lock()
     results: dict[int, PartResult] = {}
     background: list[tuple[threading.Thread, io.StringIO]] = []
 
@@ -556,29 +619,62 @@ def run_parts(
             cwd=cwd,
             env=env,
             log_dir=log_dir,
-            extra_args=extra_args,
+            extra_args=() if part.command else extra_args,
             out=to,
             timeout=timeout,
             empty_ok=empty_ok,
         )
 
+    def say(text: str) -> None:
+        with lock:
+            shown.write(text)
+            shown.flush()
+
+    queue: list[tuple[int, Part]] = []
     for i, part in enumerate(parts):
         if part.alongside and not part.skip_reason:
             buffer = io.StringIO()
             thread = threading.Thread(target=run, args=(i, part, buffer), daemon=True)
             thread.start()
             background.append((thread, buffer))
-            print(
-                f"\n=== part {part.name}: runs alongside the next parts; its output follows",
-                file=shown,
-                flush=True,
-            )
-            continue
-        run(i, part, shown)
+            say(f"\n=== part {part.name}: runs alongside the next parts; its output follows\n")
+        else:
+            queue.append((i, part))
+
+    if jobs <= 1:
+        for i, part in queue:
+            run(i, part, shown)
+    else:
+        pending = iter(queue)
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    nxt = next(pending, None)
+                if nxt is None:
+                    return
+                i, part = nxt
+                if not part.skip_reason:
+                    say(f"\n=== part {part.name}: started\n")
+                buffer = io.StringIO()
+                try:
+                    run(i, part, buffer)
+                finally:
+                    say(buffer.getvalue())
+
+        workers = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
+        for w in workers:
+            w.start()
+        try:
+            for w in workers:
+                w.join()
+        except BaseException:  # Ctrl-C: the parts run in threads, so stop their processes here
+            for proc in list(_LIVE):
+                _signal_group(proc, signal.SIGINT)
+            raise
     for thread, buffer in background:
         thread.join()
-        shown.write(buffer.getvalue())
-        shown.flush()
+        say(buffer.getvalue())
     return [results[i] for i in sorted(results)]
 
 
@@ -619,9 +715,11 @@ def _fmt_count(counts: Counts | None, attr: str) -> str:
     return "-" if counts is None else str(getattr(counts, attr))
 
 
-def format_summary(results: Sequence[PartResult]) -> str:
-    """The table of parts, the failures' details, and the totals line (last, alone)."""
-    header = ("part", "outcome", "passed", "failed", "skipped", "time")
+def format_summary(results: Sequence[PartResult], *, slowest: int = 3) -> str:
+    """The table of parts (time against each part's share of the budget), the failures'
+    details, the parts over their share, each part's ``slowest`` test modules, and the totals
+    line (last, alone)."""
+    header = ("part", "outcome", "passed", "failed", "skipped", "time", "share")
     rows = [
         (
             r.name,
@@ -630,11 +728,12 @@ def format_summary(results: Sequence[PartResult]) -> str:
             _fmt_count(r.counts, "failed"),
             _fmt_count(r.counts, "skipped"),
             f"{r.seconds:.0f} s" if r.returncode is not None else "-",
+            (f"{r.budget:.0f} s" + (" !" if r.over_budget else "")) if r.budget else "-",
         )
         for r in results
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    right = {2, 3, 4, 5}
+    right = {2, 3, 4, 5, 6}
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
@@ -651,6 +750,21 @@ def format_summary(results: Sequence[PartResult]) -> str:
             lines.append(f"{r.name}: {r.label}: {r.detail}")
             if r.outcome in ("crashed", "timed out", "failed") and r.output_path:
                 lines.append(f"  (its whole output: {r.output_path})")
+    over = [r for r in results if r.over_budget]
+    if over:
+        lines.append("")
+        for r in over:
+            lines.append(
+                f"warning: part {r.name} took {r.seconds:.0f} s, over its share of the budget"
+                f" ({r.budget:.0f} s)"
+            )
+    timed = [r for r in results if r.modules]
+    if timed and slowest > 0:
+        lines.append("")
+        lines.append(f"slowest test modules (seconds in tests, top {slowest} of each part):")
+        for r in timed:
+            top = sorted(r.modules.items(), key=lambda kv: -kv[1])[:slowest]
+            lines.append(f"  {r.name}: " + ", ".join(f"{m} {t:.0f} s" for m, t in top))
     lines.append("")
     lines.append(totals_line(results))
     return "\n".join(lines)
