@@ -13,7 +13,8 @@ from accelkit._core.dispatch import KernelDispatcher
 from accelkit.abc.kernel_ops import KERNEL_OPS
 from accelkit.quant import dequantize, quantize
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 
 async def test_every_op_is_an_opencl_kernel(backend: Any) -> None:

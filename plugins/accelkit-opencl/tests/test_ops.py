@@ -8,8 +8,10 @@ from accelkit_opencl.backend import OpenCLBackend
 
 from accelkit._core.op_names import BINARY_OPS, UNARY_OPS
 from accelkit.dtype import DType, result_type
+from accelkit.testing.checks import assert_gemm_close
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 RNG = np.random.default_rng(0)
 _REF_UNARY = {
@@ -154,9 +156,7 @@ async def test_matmul(
     f, o = backend.tensor_factory, backend.tensor_ops
     a = RNG.standard_normal(shape_a).astype(np.float32)
     b = RNG.standard_normal(shape_b).astype(np.float32)
-    np.testing.assert_allclose(
-        await o.matmul(f.from_host(a), f.from_host(b)).to_host(), a @ b, rtol=1e-4, atol=1e-4
-    )
+    assert_gemm_close(await o.matmul(f.from_host(a), f.from_host(b)).to_host(), a, b)
 
 
 @pytest.mark.parametrize("trans_a", [False, True])
@@ -178,12 +178,11 @@ async def test_gemm_transposes_alpha_beta(
         alpha=0.5,
         beta=2.0,
     ).to_host()
-    want = 0.5 * ((a.T if trans_a else a) @ (b.T if trans_b else b)) + 2.0 * c
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, a.T if trans_a else a, b.T if trans_b else b, alpha=0.5, add=2.0 * c)
     ab = RNG.standard_normal((3, m, k)).astype(np.float32)
     bb = RNG.standard_normal((3, k, n)).astype(np.float32)
     got = await o.batched_gemm(f.from_host(ab), f.from_host(bb)).to_host()
-    np.testing.assert_allclose(got, ab @ bb, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, ab, bb)
 
 
 async def test_integer_and_f64_matmul(backend: OpenCLBackend) -> None:
@@ -204,9 +203,9 @@ async def test_linear(backend: OpenCLBackend) -> None:
     w = RNG.standard_normal((9, 12)).astype(np.float32)
     bias = RNG.standard_normal(9).astype(np.float32)
     got = await o.linear(f.from_host(x), f.from_host(w), f.from_host(bias)).to_host()
-    np.testing.assert_allclose(got, x @ w.T + bias, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, x, w.T, add=bias)
     got = await o.linear(f.from_host(x), f.from_host(w)).to_host()
-    np.testing.assert_allclose(got, x @ w.T, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, x, w.T)
 
 
 @pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "prod", "argmax", "argmin"])

@@ -12,7 +12,8 @@ from accelkit_opencl.opencl_attention import attention_key_tile, attention_sourc
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 RNG = np.random.default_rng(7)
 

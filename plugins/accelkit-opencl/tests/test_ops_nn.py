@@ -10,7 +10,8 @@ from accelkit_opencl.backend import OpenCLBackend
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 RNG = np.random.default_rng(1)
 _INDEX_DTYPES = (DType.I64, DType.I32, DType.U8, DType.U64, DType.I8)

@@ -14,7 +14,8 @@ from accelkit_webgpu.backend import WebGPUBackend
 from accelkit.backends.cpu import numpy_nn
 from accelkit.errors import InvalidArgumentError
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 Array = np.ndarray[Any, Any]
 

@@ -11,7 +11,8 @@ from accelkit_webgpu.backend import WebGPUBackend
 
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 
 @pytest.mark.parametrize(

@@ -1,18 +1,34 @@
 """accelkit's pytest plugin (entry point ``pytest11``): the ``--accelkit-backend`` option of the
-conformance suite (``pytest --pyargs accelkit.testing --accelkit-backend NAME``).
+conformance suite (``pytest --pyargs accelkit.testing --accelkit-backend NAME``), and the
+``one_loop`` marker.
 
-It adds only the option: the suite's fixtures live in ``accelkit/testing/conftest.py`` and so
-apply to the suite alone, never to a project's own tests.
+It adds only these: the suite's fixtures live in ``accelkit/testing/conftest.py`` and so apply
+to the suite alone, never to a project's own tests. The marker changes nothing for a test that
+does not carry it.
+
+``@pytest.mark.one_loop`` (on a test, a class or a module's ``pytestmark``) runs a test that is
+parametrized by ``anyio_backend`` (asyncio and trio, :mod:`accelkit.testing.fixtures`) under one
+of the two loops only: for tests that check what a kernel computes, whose code path below the
+await is the same under either loop. Tests of the execution model (awaits, cancellation,
+streams, transfers, lifecycle) keep both. The loop is picked per test function by a hash of its
+module and name, so about half of such functions run under each loop, and a given function
+always under the same one; the other is deselected (pytest's summary counts it).
+``ACCELKIT_TEST_LOOPS=both`` (or ``--accelkit-loops both``) runs every test under both loops.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import zlib
 from typing import Any
 
 #: The environment variable the option sets (read by :mod:`accelkit.testing.backends`).
 BACKEND_ENV = "ACCELKIT_TEST_BACKEND"
+#: ``both`` runs ``one_loop`` tests under both event loops too (``--accelkit-loops``).
+LOOPS_ENV = "ACCELKIT_TEST_LOOPS"
+#: The loops of the ``anyio_backend`` fixture, in the order the hash picks from.
+LOOPS = ("asyncio", "trio")
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -27,12 +43,53 @@ def pytest_addoption(parser: Any) -> None:
             f" (default: ${BACKEND_ENV}, else every installed backend with a device)"
         ),
     )
+    group.addoption(
+        "--accelkit-loops",
+        action="store",
+        default=None,
+        choices=("one", "both"),
+        help=(
+            "'both' runs tests marked one_loop under asyncio and trio too"
+            f" (default: ${LOOPS_ENV}, else one)"
+        ),
+    )
 
 
 def pytest_configure(config: Any) -> None:
     name = config.getoption("--accelkit-backend", default=None)
     if name:
         os.environ[BACKEND_ENV] = name
+    config.addinivalue_line(
+        "markers",
+        "one_loop: a kernel check parametrized by anyio_backend runs under one event loop"
+        " (picked per test function), not both; ACCELKIT_TEST_LOOPS=both runs both",
+    )
+
+
+def loop_for(module: str, function: str) -> str:
+    """The event loop a ``one_loop`` test function runs under: the same one on every run and
+    machine, and about half of the functions on each."""
+    return LOOPS[zlib.crc32(f"{module}::{function}".encode()) % len(LOOPS)]
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    wanted = config.getoption("--accelkit-loops", default=None) or os.environ.get(LOOPS_ENV, "")
+    if wanted.strip().lower() == "both":
+        return
+    keep: list[Any] = []
+    drop: list[Any] = []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        loop = params.get("anyio_backend")
+        if loop is None or item.get_closest_marker("one_loop") is None:
+            keep.append(item)
+            continue
+        module = getattr(getattr(item, "module", None), "__name__", "") or str(item.path)
+        function = getattr(item, "originalname", "") or item.name
+        (keep if loop == loop_for(module, function) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:

@@ -13,7 +13,8 @@ from accelkit.errors import AccelError, InvalidArgumentError
 
 from .checks import ALL_DTYPES, fetch, ids, require_dtype, require_op, sample
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 DTYPES = ALL_DTYPES
 

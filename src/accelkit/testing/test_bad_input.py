@@ -30,7 +30,8 @@ from accelkit import (
 
 from .checks import fetch
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 
 E = TypeVar("E", bound=AccelError)

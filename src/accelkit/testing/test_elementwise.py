@@ -25,7 +25,8 @@ from .checks import (
     sample,
 )
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 FLOAT_UNARY = list(ref.UNARY)
 # Input ranges that keep each op away from poles and undefined regions.

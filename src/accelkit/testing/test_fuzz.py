@@ -34,7 +34,8 @@ from accelkit import AccelError, ComputeBackend, DType, Tensor
 
 from .checks import assert_close
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 settings.register_profile(
     "accelkit-ci",

@@ -13,7 +13,8 @@ from accelkit import ComputeBackend, DType
 from . import reference as ref
 from .checks import assert_close, f64, fetch, require_dtype
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 DTYPES = [DType.F32, DType.F64, DType.U8, DType.F16, DType.BF16]
 LAYOUTS = {"nchw": (2, 3, 6, 7), "hwc": (6, 7, 3)}

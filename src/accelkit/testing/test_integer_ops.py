@@ -12,7 +12,8 @@ from accelkit.errors import InvalidArgumentError
 
 from .checks import FLOATS, INTS, assert_close, fetch, ids, require_dtype, require_op, sample
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 INT_DTYPES = INTS
 FLOAT_DTYPES = FLOATS

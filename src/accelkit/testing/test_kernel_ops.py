@@ -29,6 +29,9 @@ from .checks import FUSED_TOLERANCES
 
 Array = np.ndarray[Any, Any]
 
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = pytest.mark.one_loop
+
 FLOATS = [DType.F32, DType.F16, DType.BF16, DType.F64]
 TOL = FUSED_TOLERANCES
 

@@ -14,7 +14,8 @@ from accelkit import ComputeBackend, DType
 from . import reference as ref
 from .checks import FLOATS, assert_close, f64, fetch, ids, require_dtype, sample
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 
 # -- conv2d -----------------------------------------------------------------------------------------

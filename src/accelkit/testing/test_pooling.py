@@ -16,7 +16,8 @@ from accelkit.errors import AccelError
 from . import reference as ref
 from .checks import ALL_DTYPES, assert_close, fetch, ids, require_dtype, require_op, sample
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 FLOATS = [DType.F32, DType.F64, DType.F16, DType.BF16]
 

@@ -13,7 +13,8 @@ from accelkit.errors import InvalidArgumentError
 
 from .checks import FLOATS, UNSIGNED, assert_close, f64, fetch, ids, require_dtype, sample
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 DTYPES = [*FLOATS, DType.I8, DType.I32, DType.I64, DType.U8, DType.U32, DType.BOOL]
 AXES = [None, 0, 1, -1, (0, 2), (0, 1, 2), ()]

@@ -15,7 +15,8 @@ from accelkit.errors import AccelError
 
 from .checks import ALL_DTYPES, assert_close, fetch, ids, require_dtype, require_op, sample
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 SCAN_DTYPES = ALL_DTYPES
 SORT_DTYPES = ALL_DTYPES

@@ -11,7 +11,8 @@ from accelkit import ComputeBackend, DType
 
 from .checks import ALL_DTYPES, fetch, ids, require_dtype, sample
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 DTYPES = [DType.F32, DType.F64, DType.F16, DType.BF16, DType.I8, DType.I64, DType.U16, DType.BOOL]
 

@@ -14,7 +14,8 @@ from accelkit import ComputeBackend, DType
 
 from .checks import assert_close, fetch, require_dtype
 
-pytestmark = pytest.mark.anyio
+# A kernel check: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 NAN, INF = float("nan"), float("inf")
 
