@@ -112,7 +112,7 @@ def test_a_passing_a_failing_and_an_aborting_part(project: Path) -> None:
     lines = summary.splitlines()
     assert lines[-1] == "6 passed, 2 failed, 2 skipped"
     table = {line.split()[0]: line for line in lines[1:7]}
-    assert table["good"].split() == ["good", "passed", "2", "0", "1", *table["good"].split()[-2:]]
+    assert table["good"].split() == ["good", "passed", "2", "0", "1", *table["good"].split()[-3:]]
     assert "crashed: SIGABRT" in table["crash"]
     assert "crash: crashed: SIGABRT: in test_aborting.py::test_abort: LLVM ERROR" in summary
 
@@ -290,3 +290,123 @@ def test_a_part_may_have_a_timeout_of_its_own(project: Path) -> None:
         timeout=30.0,
     )
     assert [r.outcome for r in results] == ["timed out", "passed"]
+
+
+def test_parts_run_two_at_a_time_and_their_outputs_never_interleave(project: Path) -> None:
+    # Two parts that can only pass when they run at the same time (each waits for the other's
+    # flag), a third that waits for a free slot; a crash in one ends only that one.
+    a_flag, b_flag = project / "a-flag", project / "b-flag"
+    for name, mine, theirs in (("a", a_flag, b_flag), ("b", b_flag, a_flag)):
+        (project / f"test_meet_{name}.py").write_text(
+            "import pathlib, time\n\n"
+            f"def test_meets_{name}():\n"
+            f"    pathlib.Path({str(mine)!r}).write_text('x')\n"
+            "    deadline = time.monotonic() + 60\n"
+            f"    while not pathlib.Path({str(theirs)!r}).exists():\n"
+            "        assert time.monotonic() < deadline, 'the parts did not run side by side'\n"
+            "        time.sleep(0.05)\n"
+            f"    print('output of part {name}')\n"
+        )
+    results, live = run(
+        project,
+        Part("a", ("test_meet_a.py", "-s")),
+        Part("b", ("test_meet_b.py", "-s")),
+        Part("crash", ("test_aborting.py",)),
+        Part("after", ("test_passing.py",)),
+        jobs=2,
+    )
+    assert [(r.name, r.outcome) for r in results] == [
+        ("a", "passed"),
+        ("b", "passed"),
+        ("crash", "crashed"),
+        ("after", "passed"),
+    ]
+    # each part's output is shown whole: its header, its tests' output and its verdict together
+    for name in ("a", "b"):
+        block = live.split(f"=== part {name}: -X faulthandler", 1)[1]
+        block = block.split(f"=== part {name}: passed", 1)[0]
+        assert f"output of part {name}" in block
+        other = "b" if name == "a" else "a"
+        assert f"output of part {other}" not in block
+
+
+def test_the_summary_names_a_part_over_its_share_and_the_slowest_modules(project: Path) -> None:
+    (project / "test_slow.py").write_text(
+        "import time\n\ndef test_slow():\n    time.sleep(1.2)\n\ndef test_quick():\n    pass\n"
+    )
+    results, _ = run(
+        project,
+        Part("slow", ("test_slow.py", "test_passing.py"), budget=0.5),
+        Part("roomy", ("test_passing.py",), budget=600.0),
+    )
+    slow, roomy = results
+    assert slow.over_budget
+    assert not roomy.over_budget
+    assert slow.modules["test_slow.py"] >= 1.2
+    assert slow.modules["test_slow.py"] > slow.modules["test_passing.py"]
+    summary = parts.format_summary(results)
+    assert "warning: part slow took" in summary
+    assert "over its share of the budget (0 s)" in summary
+    assert "warning: part roomy" not in summary
+    assert "slow: test_slow.py 1 s" in summary
+    assert summary.splitlines()[-1] == "6 passed, 0 failed, 2 skipped"
+    assert parts.session_failures(results) == []  # a warning, not a failure
+
+
+def test_a_command_part_passes_or_fails_by_its_exit_status(project: Path) -> None:
+    results, live = run(
+        project,
+        Part("lint-ok", command=(sys.executable, "-c", "print('all clean')")),
+        Part("lint-bad", command=(sys.executable, "-c", "import sys; sys.exit(3)")),
+        extra_args=("-k", "nothing"),  # pytest options never reach a command
+    )
+    assert [(r.name, r.outcome) for r in results] == [("lint-ok", "passed"), ("lint-bad", "failed")]
+    assert "all clean" in live
+    assert results[0].counts is None  # no tests: nothing added to the totals
+    assert parts.session_failures(results) == ["lint-bad: failed (exit status 3)"]
+
+
+ONE_LOOP = """
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+
+@pytest.mark.one_loop
+@pytest.mark.parametrize("n", [1, 2])
+async def test_kernel_{i}(n, anyio_backend):
+    pass
+
+async def test_execution_model_{i}(anyio_backend):
+    pass
+"""
+
+
+@pytest.mark.parametrize("loops", ["", "both"])
+def test_one_loop_tests_run_under_one_loop_each_unless_both_are_asked_for(
+    project: Path, loops: str
+) -> None:
+    # eight marked functions: both loops get some, each function one loop (both: every loop)
+    (project / "test_loops.py").write_text(
+        "\n".join(ONE_LOOP.replace("{i}", str(i)) for i in range(8))
+    )
+    env = {**os.environ, "ACCELKIT_TEST_LOOPS": loops}
+    _results, live = run(project, Part("loops", ("test_loops.py", "-v")), env=env)
+    ran = [line.split(" PASSED")[0] for line in live.splitlines() if " PASSED" in line]
+    marked = [r for r in ran if "test_kernel_" in r]
+    unmarked = [r for r in ran if "test_execution_model_" in r]
+    assert len(unmarked) == 16  # 8 functions x 2 loops: the marker alone changes anything
+    if loops == "both":
+        assert len(marked) == 32
+        return
+    assert len(marked) == 16  # 8 functions x 2 params, each under one loop
+    loop_of: dict[str, str] = {}
+    for r in marked:
+        function = r.split("::")[1].split("[")[0]
+        loop = "trio" if "trio" in r else "asyncio"
+        assert loop_of.setdefault(function, loop) == loop  # a function never changes loop
+    assert set(loop_of.values()) == {"asyncio", "trio"}
+    assert "16 deselected" in live

@@ -12,8 +12,10 @@ from numpy.testing import assert_allclose as assert_close
 
 from accelkit import ComputeBackend, Tensor
 from accelkit.testing import reference as ref
+from accelkit.testing.checks import assert_gemm_close
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -55,8 +57,9 @@ async def test_gemm_reduces_over_k_panels(
     assert blocks_of(backend, a) > 1
     assert blocks_of(backend, b) > 1
     y = backend.tensor_ops.gemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=0.5, beta=2.0)
-    want = 0.5 * ((a_h.T if trans_a else a_h) @ (b_h.T if trans_b else b_h)) + 2.0 * c_h
-    assert_close(await y.to_host(), want.astype(np.float32), rtol=1e-4, atol=1e-4)
+    got = await y.to_host()
+    a_op, b_op = (a_h.T if trans_a else a_h), (b_h.T if trans_b else b_h)
+    assert_gemm_close(got, a_op, b_op, alpha=0.5, add=2.0 * c_h)
 
 
 async def test_batched_matmul_broadcasts_and_linear_adds_the_bias(
@@ -66,14 +69,14 @@ async def test_batched_matmul_broadcasts_and_linear_adds_the_bias(
     b_h = rng(6).standard_normal((2, 30, 20), dtype=np.float32)
     f, ops = backend.tensor_factory, backend.tensor_ops
     got = await ops.matmul(f.from_host(a_h), f.from_host(b_h)).to_host()
-    assert_close(got, a_h @ b_h, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, a_h, b_h)
     x_h = rng(7).standard_normal((4, 25, 64), dtype=np.float32)
     w_h = rng(8).standard_normal((48, 64), dtype=np.float32)
     bias_h = rng(9).standard_normal((48,), dtype=np.float32)
     got = await ops.linear(f.from_host(x_h), f.from_host(w_h), f.from_host(bias_h)).to_host()
-    assert_close(got, x_h @ w_h.T + bias_h, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, x_h, w_h.T, add=bias_h)
     v = await ops.matmul(f.from_host(a_h[0, 0]), f.from_host(b_h[0, :, 0].copy())).to_host()
-    assert_close(v, a_h[0, 0] @ b_h[0, :, 0], rtol=1e-4, atol=1e-4)
+    assert_gemm_close(v, a_h[0, 0], b_h[0, :, 0])
 
 
 @pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "prod"])
@@ -231,4 +234,4 @@ async def test_batched_gemm_keeps_the_batch_as_a_blockwise_index(backend: Any) -
     a, b = f.from_host(a_h), f.from_host(b_h)
     assert blocks_of(backend, a) > 1
     got = await backend.tensor_ops.batched_gemm(a, b, trans_a=True, alpha=2.0).to_host()
-    assert_close(got, 2.0 * np.swapaxes(a_h, 1, 2) @ b_h, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, np.swapaxes(a_h, 1, 2), b_h, alpha=2.0)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from accelkit_dask import worker
 from accelkit_dask.backend import DaskBackend
-from numpy.testing import assert_allclose
+
+from accelkit.testing.checks import assert_gemm_close
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +34,7 @@ async def test_heavy_blocks_run_on_the_workers_backend(
         b_h = rng.standard_normal((48, 40), dtype=np.float32)
         f, ops = backend.tensor_factory, backend.tensor_ops
         got = await ops.matmul(f.from_host(a_h), f.from_host(b_h)).to_host()
-        assert_allclose(got, a_h @ b_h, rtol=1e-4, atol=1e-4)
+        assert_gemm_close(got, a_h, b_h)
         x_h = rng.standard_normal((2, 3, 10, 10), dtype=np.float32)
         w_h = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
         conv = await ops.conv2d(f.from_host(x_h), f.from_host(w_h), padding=1).to_host()

@@ -12,8 +12,10 @@ from accelkit_opencl.backend import OpenCLBackend
 from accelkit_opencl.opencl_linalg import GemmBlock
 
 from accelkit.dtype import DType
+from accelkit.testing.checks import assert_gemm_close
 
-pytestmark = pytest.mark.anyio
+# Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
+pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 RNG = np.random.default_rng(1)
 SMALL = GemmBlock(4, 16, 8, 2, (2, 2))
@@ -33,11 +35,11 @@ async def test_tiny_products_take_one_tiled_launch(
     f, o = backend.tensor_factory, backend.tensor_ops
     a = RNG.standard_normal((32, 31)).astype(np.float32)
     got = await o.matmul(f.from_host(a), f.from_host(a.T.copy())).to_host()
-    np.testing.assert_allclose(got, a @ a.T, rtol=1e-5, atol=1e-5)
+    assert_gemm_close(got, a, a.T)
     assert {name for _, name in backend._kernels} == {"gemm"}
     b = RNG.standard_normal((32, 32)).astype(np.float32)
     got = await o.matmul(f.from_host(b), f.from_host(b)).to_host()
-    np.testing.assert_allclose(got, b @ b, rtol=1e-5, atol=1e-5)
+    assert_gemm_close(got, b, b)
     assert {"pack", "gemm_packed"} <= {name for _, name in backend._kernels}
 
 
@@ -78,7 +80,7 @@ async def test_other_block_same_result(backend: OpenCLBackend) -> None:
     b = RNG.standard_normal((29, 51)).astype(np.float32)
     o.__dict__.setdefault("_gemm_blocks", {})[DType.F32] = SMALL
     got = await o.matmul(f.from_host(a), f.from_host(b)).to_host()
-    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
+    assert_gemm_close(got, a, b)
 
 
 async def test_tune_times_only_verified_blocks_and_stores_the_winner(

@@ -28,6 +28,7 @@ from accelkit_opencl.variants import candidates, forget_verifiers, verifier_for
 
 from accelkit.dtype import DType
 from accelkit.errors import KernelCompileError, UnsupportedOperationError
+from accelkit.testing.checks import assert_gemm_close
 
 FAMILY = "gemm_packed.f32"
 FAULTS = ("abort", "nokernel")
@@ -152,7 +153,7 @@ async def test_until_verified_the_portable_variant_runs(
         a = np.random.default_rng(0).standard_normal((96, 200)).astype(np.float32)
         x = b.tensor_factory.from_host(a)
         got = await b.tensor_ops.matmul(x, b.tensor_factory.from_host(a.T.copy())).to_host()
-        np.testing.assert_allclose(got, a.astype(np.float64) @ a.T, rtol=1e-4, atol=1e-3)
+        assert_gemm_close(got, a, a.T)
         route = {c.family: c for c in b.kernel_variants()}[FAMILY]
         assert route.state == "pending"
         assert route.variant == candidates(b._cl_device, FAMILY)[-1].label
@@ -184,7 +185,7 @@ async def test_a_verified_block_that_fails_to_build_here_falls_back_and_is_recor
         x, y = f.from_host(a), f.from_host(w)
         z = ops.matmul(x, y)
         got = await z.to_host()
-        np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
+        assert_gemm_close(got, a, w)
         route = {c.family: c for c in b.kernel_variants()}[FAMILY]
         assert route.state == "fallback"
         assert "KernelCompileError" in route.reason

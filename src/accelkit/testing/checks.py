@@ -120,3 +120,44 @@ def assert_close(
         np.testing.assert_allclose(f64(a), f64(e), rtol=t["rtol"], atol=t["atol"], equal_nan=True)
     else:
         np.testing.assert_array_equal(a, e)
+
+
+def gemm_error_bound(
+    a: Any, b: Any, *, alpha: float = 1.0, add: Any = None, dtype: Any = np.float32
+) -> np.ndarray[Any, Any]:
+    """A componentwise bound on the rounding error of ``alpha * (a @ b) + add`` computed in
+    ``dtype`` from exact inputs, whatever the order of the sums and with or without FMA:
+    ``gamma(K + 2) * (|alpha| |a| |b| + |add|)``, where ``gamma(n) = n u / (1 - n u)`` and ``u``
+    is the unit roundoff (Higham, *Accuracy and Stability of Numerical Algorithms*, 3.1 and
+    3.5; the two extra terms cover the scaling and the addition). It holds on every machine
+    and BLAS, and is far below the size of a wrong term (one missing product ``a_ik b_kj``)."""
+    a64, b64 = np.abs(f64(a)), np.abs(f64(b))
+    k = a64.shape[-1] + 2
+    u = float(np.finfo(dtype).eps) / 2
+    gamma = k * u / (1 - k * u)
+    size = abs(alpha) * (a64 @ b64)
+    if add is not None:
+        size = size + np.abs(f64(add))
+    return np.asarray(gamma * size)
+
+
+def assert_gemm_close(
+    got: Any, a: Any, b: Any, *, alpha: float = 1.0, add: Any = None, dtype: Any = np.float32
+) -> None:
+    """``got`` is ``alpha * (a @ b) + add`` (computed in float64 from the same inputs) within
+    :func:`gemm_error_bound`, element by element."""
+    want = alpha * (f64(a) @ f64(b))
+    if add is not None:
+        want = want + f64(add)
+    got64 = f64(got)
+    assert got64.shape == want.shape, f"shape {got64.shape} != expected {want.shape}"
+    bound = gemm_error_bound(a, b, alpha=alpha, add=add, dtype=dtype)
+    error = np.abs(got64 - want)
+    bad = ~(error <= bound)
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(np.where(bad, error - bound, -np.inf))), bad.shape)
+        raise AssertionError(
+            f"{int(bad.sum())} of {bad.size} elements past the rounding-error bound; worst at"
+            f" {tuple(int(j) for j in i)}: {got64[i]!r} against {want[i]!r} (error"
+            f" {error[i]:.3g}, bound {bound[i]:.3g})"
+        )
