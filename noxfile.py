@@ -7,9 +7,11 @@ Sessions use the interpreter that runs nox (CI has exactly one), through uv when
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +25,8 @@ import nox
 
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 nox.options.default_venv_backend = "uv" if shutil.which("uv") else "virtualenv"
-nox.options.sessions = ["tests", "lint", "typecheck"]
+# ``nox``: the tests session, which runs lint and typecheck as parts of its own, beside the tests
+nox.options.sessions = ["tests"]
 nox.options.reuse_venv = "yes"
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -77,6 +80,8 @@ def tests(session: nox.Session) -> None:
         "./tests/plugins/accelkit-testplug-badprobe",
         "./tests/plugins/accelkit-testplug-subset",
         "./tests/plugins/accelkit-testplug-crash",
+        # lint and typecheck run as parts beside the tests (static_parts)
+        *STATIC_TOOLS,
     )
     # The CPU backend's JIT kernels compile on first use rather than in the background, so that
     # every float32 call the suite makes after the first goes through them.
@@ -91,13 +96,62 @@ def tests(session: nox.Session) -> None:
         empty_ok = False
     else:
         plan = _test_parts(parts, python, env)
+        if not posargs:  # a run narrowed by -k and friends is about tests, not lint
+            plan += static_parts(parts, session.bin)
+        plan = _schedule(plan)
         extra_args, empty_ok = posargs, bool(posargs)
+    start = time.monotonic()
     with _dask_cluster(python, env, plan):
         results = _run(parts, plan, python, env, session, "test-parts", extra_args, empty_ok)
+    wall = time.monotonic() - start
     print("\n" + parts.format_summary(results), flush=True)
+    print(
+        f"(wall time {wall:.0f} s, {_jobs()} part(s) at a time; the budget of the whole run,"
+        f" install included, is {BUDGET_S / 60:.0f} minutes on a 2-core machine)",
+        flush=True,
+    )
     failures = parts.session_failures(results, empty_ok=empty_ok)
     if failures:
         session.error("; ".join(failures))
+
+
+#: The whole CI run's time budget (``.ci/run``: install, every part, lint and typecheck) on a
+#: 2-core machine; CI itself stops at 90 minutes. Each part has a share of it (:data:`SHARES`):
+#: the summary names a part that took longer than its share (a warning: machines are noisy).
+BUDGET_S = 45 * 60
+#: Each part's share of :data:`BUDGET_S`, in seconds of wall time, measured on a 2-core machine
+#: with two parts at a time (CONTRIBUTING.md, "Where the time goes") and rounded up by about a
+#: third. A part not named here has no share.
+SHARES: dict[str, float] = {
+    "core": 600,
+    "conformance[cpu]": 120,
+    "conformance[example]": 120,
+    "conformance[opencl]": 900,
+    "conformance[webgpu]": 700,
+    "conformance[dask]": 1500,
+    "plugin accelkit-opencl": 600,
+    "plugin accelkit-cuda": 60,
+    "plugin accelkit-webgpu": 90,
+    "plugin accelkit-dask": 300,
+    "lint": 60,
+    "typecheck": 240,
+}
+
+
+def _jobs() -> int:
+    """How many parts run at a time: ``ACCELKIT_TEST_JOBS``, else the machine's cores (at most
+    4: each part is a process of a few hundred MB, and most parts use one core)."""
+    wanted = os.environ.get("ACCELKIT_TEST_JOBS", "").strip()
+    if wanted:
+        return max(1, int(wanted))
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _schedule(plan: list[Any]) -> list[Any]:
+    """The plan with each part's share, the parts that run alongside first, then the longest
+    first (by share), so that the last part to start is a short one."""
+    shared = [dataclasses.replace(p, budget=SHARES.get(p.name, p.budget)) for p in plan]
+    return sorted(shared, key=lambda p: (not p.alongside, -(p.budget or 0.0)))
 
 
 def _run(
@@ -121,6 +175,7 @@ def _run(
         # A part that hangs ends as "timed out" (naming the test that was running) instead of
         # holding the session until CI's own limit.
         timeout=float(os.environ.get("ACCELKIT_PART_TIMEOUT_S", PART_TIMEOUT_S)),
+        jobs=_jobs(),
     )
 
 
@@ -271,32 +326,61 @@ def _test_parts(parts: Any, python: str, env: dict[str, str]) -> list[Any]:
     return plan
 
 
+#: What lint and typecheck install (the tests session installs them too).
+STATIC_TOOLS = ("ruff>=0.6", "mypy>=1.10")
+#: The folders ruff checks and formats.
+LINTED = ("src", "tests", "benchmarks", "plugins", "noxfile.py")
+#: What mypy --strict checks: the core, the device plugins and the tests (tests/ holds the example
+#: backend, tests/plugins/accelkit-example/src/accelkit_example: naming it too would make mypy
+#: see the module twice, and the other test plugins).
+TYPECHECKED = (
+    "src/accelkit", "plugins/accelkit-opencl/src/accelkit_opencl",
+    "plugins/accelkit-cuda/src/accelkit_cuda", "plugins/accelkit-webgpu/src/accelkit_webgpu",
+    "plugins/accelkit-dask/src/accelkit_dask", "tests",
+)  # fmt: skip
+
+
+def _static_commands(bin_dir: str) -> dict[str, list[tuple[str, ...]]]:
+    """lint's and typecheck's commands, with the tools of the environment in ``bin_dir``."""
+    ruff, mypy = os.path.join(bin_dir, "ruff"), os.path.join(bin_dir, "mypy")
+    return {
+        "lint": [(ruff, "check", *LINTED), (ruff, "format", "--check", *LINTED)],
+        "typecheck": [(mypy, "--strict", *TYPECHECKED)],
+    }
+
+
+def static_parts(parts: Any, bin_dir: str) -> list[Any]:
+    """lint and typecheck as parts of the tests session, each one process, run beside the tests
+    (the commands of the ``lint`` and ``typecheck`` sessions, chained with ``&&``)."""
+    found = []
+    for name, commands in _static_commands(bin_dir).items():
+        chained = " && ".join(shlex.join(c) for c in commands)
+        found.append(parts.Part(name, command=("sh", "-c", chained)))
+    return found
+
+
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6")
-    session.run("ruff", "check", "src", "tests", "benchmarks", "plugins", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "plugins", "noxfile.py")
+    """ruff check and ruff format --check (also a part of ``nox -s tests``)."""
+    session.install(STATIC_TOOLS[0])
+    for command in _static_commands(session.bin)["lint"]:
+        session.run(*command)
 
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the core, the three device plugins, the example backend and the tests (CuPy
-    has no type information: its imports are Any)."""
+    """mypy --strict on the core, the device plugins, the example backend and the tests (CuPy
+    has no type information: its imports are Any). Also a part of ``nox -s tests``, which runs
+    it in the tests' environment (the drivers installed)."""
     # [test,testing]: what the tests import (pytest, hypothesis, the service test's web stack).
     session.install(
         "-e", ".[test,testing]", "-e", "./plugins/accelkit-opencl", "-e", "./plugins/accelkit-cuda",
         "-e", "./plugins/accelkit-webgpu", "-e", "./plugins/accelkit-dask",
         "-e", "./tests/plugins/accelkit-example",
     )  # fmt: skip
-    session.install("mypy>=1.10")
-    session.run(
-        "mypy", "--strict", "src/accelkit", "plugins/accelkit-opencl/src/accelkit_opencl",
-        "plugins/accelkit-cuda/src/accelkit_cuda", "plugins/accelkit-webgpu/src/accelkit_webgpu",
-        "plugins/accelkit-dask/src/accelkit_dask",
-        # tests/ holds the example backend, tests/plugins/accelkit-example/src/accelkit_example
-        # (naming it too would make mypy see the module twice), and the other test plugins
-        "tests",
-    )  # fmt: skip
+    session.install(STATIC_TOOLS[1])
+    for command in _static_commands(session.bin)["typecheck"]:
+        session.run(*command)
 
 
 @nox.session(python=PYTHON)
