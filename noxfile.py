@@ -101,7 +101,7 @@ def tests(session: nox.Session) -> None:
         plan = _schedule(plan)
         extra_args, empty_ok = posargs, bool(posargs)
     start = time.monotonic()
-    with _dask_cluster(python, env, plan):
+    with _shared_caches(env), _dask_cluster(python, env, plan):
         results = _run(parts, plan, python, env, session, "test-parts", extra_args, empty_ok)
     wall = time.monotonic() - start
     print("\n" + parts.format_summary(results), flush=True)
@@ -177,6 +177,24 @@ def _run(
         timeout=float(os.environ.get("ACCELKIT_PART_TIMEOUT_S", PART_TIMEOUT_S)),
         jobs=_jobs(),
     )
+
+
+@contextlib.contextmanager
+def _shared_caches(env: dict[str, str]) -> Iterator[None]:
+    """One folder of compiler caches (PoCL, PyOpenCL, Numba, accelkit's program caches and
+    verdicts) for every part of the run, removed at the end: a kernel compiled by one part is
+    loaded by the others (``ACCELKIT_TEST_CACHES``, read by
+    ``accelkit.testing.plugin.isolate_compiler_caches``). A folder already named is kept."""
+    if env.get("ACCELKIT_TEST_CACHES"):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="accelkit-test-caches-")
+    env["ACCELKIT_TEST_CACHES"] = folder
+    try:
+        yield
+    finally:
+        env.pop("ACCELKIT_TEST_CACHES", None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -409,7 +427,7 @@ def fuzz(session: nox.Session) -> None:
         for part in _test_parts(parts, python, env)
         if part.name.startswith("conformance[")
     ]
-    with _dask_cluster(python, env, plan):
+    with _shared_caches(env), _dask_cluster(python, env, plan):
         results = _run(
             parts, plan, python, env, session, "fuzz-parts", list(session.posargs), False
         )

@@ -410,3 +410,34 @@ def test_one_loop_tests_run_under_one_loop_each_unless_both_are_asked_for(
         assert loop_of.setdefault(function, loop) == loop  # a function never changes loop
     assert set(loop_of.values()) == {"asyncio", "trio"}
     assert "16 deselected" in live
+
+
+def test_processes_of_one_run_share_the_compiler_caches_it_names(tmp_path: Path) -> None:
+    import subprocess
+
+    show = (
+        "import os; from accelkit.testing.plugin import isolate_compiler_caches;"
+        " print(isolate_compiler_caches(), os.environ['NUMBA_CACHE_DIR'],"
+        " os.environ['POCL_CACHE_DIR'])"
+    )
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.endswith(("_CACHE_DIR", "_CACHE", "_VARIANTS_FILE", "_VERDICTS"))
+        and k != "ACCELKIT_TEST_CACHES"
+    }
+
+    def caches(**extra: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", show], env={**clean, **extra}, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    shared = str(tmp_path / "run-caches")
+    first, second = caches(ACCELKIT_TEST_CACHES=shared), caches(ACCELKIT_TEST_CACHES=shared)
+    assert first == second
+    assert first == [shared, os.path.join(shared, "numba"), os.path.join(shared, "pocl")]
+    alone, other = caches(), caches()  # without it: a new folder per process
+    assert alone[0] != other[0]
+    assert shared not in alone[0]

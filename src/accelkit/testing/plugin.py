@@ -92,12 +92,25 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         items[:] = keep
 
 
+#: A folder for the compiler caches of a whole test run (every part of ``nox -s tests`` shares
+#: it), instead of a new one per process (:func:`isolate_compiler_caches`).
+CACHES_ENV = "ACCELKIT_TEST_CACHES"
+
+
 def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
     """Point the compiler caches of device backends (PyOpenCL, PoCL, accelkit's program caches
     and OpenCL variant verdicts, Numba's for the CPU backend's JIT kernels, and their verdicts)
     at a new temporary folder, unless already set; call it before any plugin's probe imports its
-    driver. Returns the folder."""
-    caches = tempfile.mkdtemp(prefix=prefix)
+    driver. Returns the folder.
+
+    Where ``$ACCELKIT_TEST_CACHES`` names a folder, that one is used instead of a new one: the
+    nox session sets it, so that the processes of one run (its parts run side by side) compile
+    each kernel once. Every one of these caches writes its entries atomically (a temporary file
+    renamed into place), so processes may share it; a test about a cache sets its own."""
+    shared = os.environ.get(CACHES_ENV, "").strip()
+    if shared:
+        os.makedirs(shared, exist_ok=True)
+    caches = shared or tempfile.mkdtemp(prefix=prefix)
     for var, sub in (
         ("PYOPENCL_CACHE_DIR", "pyopencl"),
         ("POCL_CACHE_DIR", "pocl"),
