@@ -126,8 +126,10 @@ SHARES: dict[str, float] = {
     "core": 600,
     "conformance[cpu]": 120,
     "conformance[example]": 120,
-    "conformance[opencl]": 900,
-    "conformance[webgpu]": 700,
+    "conformance[opencl] 1/2": 600,
+    "conformance[opencl] 2/2": 600,
+    "conformance[webgpu] 1/2": 450,
+    "conformance[webgpu] 2/2": 450,
     "conformance[dask]": 1500,
     "plugin accelkit-opencl": 600,
     "plugin accelkit-cuda": 60,
@@ -249,6 +251,11 @@ PART_TIMEOUT_S = 1800.0
 #: Seconds the Dask conformance part may run: alongside the other parts, it shares the cores
 #: with them (about 17 minutes alone, 30 beside the OpenCL part on a 2-core machine).
 DASK_PART_TIMEOUT_S = 3600.0
+#: Backends whose conformance part is split in shards that run side by side (each shard every
+#: N-th test), where parts run more than one at a time: the two longest, whose kernels compile
+#: on the CPU (PoCL) or run on a software adapter (llvmpipe), so that neither is left alone at the
+#: end of the run on one core.
+SHARDS = {"opencl": 2, "webgpu": 2}
 #: The device plugins the tests session installs, whose tests/ it runs as parts of their own.
 DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda", "accelkit-webgpu", "accelkit-dask")
 #: pytest options that take a value (so that the value is not taken for a test path).
@@ -327,18 +334,24 @@ def _test_parts(parts: Any, python: str, env: dict[str, str]) -> list[Any]:
         plan = [parts.Part("core", ("tests",), env=parts.split(paths, fixtures, "other"))]
         for backend in listed["backends"]:
             name = backend["name"]
-            part = parts.Part(
-                f"conformance[{name}]",
-                paths,
-                env={"ACCELKIT_TEST_BACKEND": name, **parts.split(paths, fixtures, "backend")},
-                skip_reason="" if backend["devices"] else f"no device: {backend['reason']}",
-                # Dask's tests mostly wait on the cluster's scheduler: they run first, alongside
-                # the others, on a local cluster they share (_dask_cluster), and may take as
-                # long as the others together
-                alongside=name == "dask",
-                timeout=DASK_PART_TIMEOUT_S if name == "dask" else None,
-            )
-            plan.insert(0, part) if part.alongside else plan.append(part)
+            count = SHARDS.get(name, 1) if _jobs() > 1 else 1
+            for index in range(1, count + 1):
+                part = parts.Part(
+                    f"conformance[{name}]" + (f" {index}/{count}" if count > 1 else ""),
+                    paths,
+                    env={
+                        "ACCELKIT_TEST_BACKEND": name,
+                        **parts.split(paths, fixtures, "backend"),
+                        **(parts.shard(index, count) if count > 1 else {}),
+                    },
+                    skip_reason="" if backend["devices"] else f"no device: {backend['reason']}",
+                    # Dask's tests mostly wait on the cluster's scheduler: they run first,
+                    # alongside the others, on a local cluster they share (_dask_cluster), and
+                    # may take as long as the others together
+                    alongside=name == "dask",
+                    timeout=DASK_PART_TIMEOUT_S if name == "dask" else None,
+                )
+                plan.insert(0, part) if part.alongside else plan.append(part)
     for dist in DEVICE_PLUGINS:
         plan.append(parts.Part(f"plugin {dist}", (f"plugins/{dist}/tests",)))
     return plan

@@ -441,3 +441,19 @@ def test_processes_of_one_run_share_the_compiler_caches_it_names(tmp_path: Path)
     alone, other = caches(), caches()  # without it: a new folder per process
     assert alone[0] != other[0]
     assert shared not in alone[0]
+
+
+def test_shards_of_a_part_run_each_test_once_between_them(project: Path) -> None:
+    (project / "test_many.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(7))\ndef test_each(i):\n    pass\n"
+    )
+    results, live = run(
+        project,
+        *(Part(f"many {i}/3", ("test_many.py", "-v"), env=parts.shard(i, 3)) for i in (1, 2, 3)),
+        jobs=2,
+    )
+    assert [r.counts for r in results] == [Counts(passed=3), Counts(passed=2), Counts(passed=2)]
+    ran = sorted(line.split(" PASSED")[0] for line in live.splitlines() if " PASSED" in line)
+    assert ran == sorted(f"test_many.py::test_each[{i}]" for i in range(7))
+    with pytest.raises(ValueError, match="shard 4/3"):
+        parts.shard(4, 3)

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -51,9 +51,22 @@ __all__ = [
     "run_part",
     "run_parts",
     "session_failures",
+    "shard",
     "totals",
     "totals_line",
 ]
+
+
+def _trylast(function: Callable[..., None]) -> Callable[..., None]:
+    """``@pytest.hookimpl(trylast=True)`` where pytest is importable (this file is also loaded
+    by nox, outside the test environment, where hooks do not matter)."""
+    try:
+        import pytest
+    except ImportError:  # pragma: no cover - under nox's interpreter
+        return function
+    marked: Callable[..., None] = pytest.hookimpl(trylast=True)(function)
+    return marked
+
 
 #: The file each part's pytest writes its test events to (read by :func:`read_log`).
 LOG_ENV = "ACCELKIT_PART_LOG"
@@ -61,6 +74,8 @@ LOG_ENV = "ACCELKIT_PART_LOG"
 CAPTURE_ENV = "ACCELKIT_PART_CAPTURES"
 #: How a part splits test files between the per-backend parts and the core (see :func:`split`).
 SPLIT_ENV = "ACCELKIT_PART_SPLIT"
+#: ``I/N``: a part keeps every N-th of its tests, from the I-th (see :func:`shard`).
+SHARD_ENV = "ACCELKIT_PART_SHARD"
 #: This module, as the pytest plugin name (``tests/`` is put on ``PYTHONPATH``).
 PLUGIN = "support.parts"
 TESTS_DIR = Path(__file__).resolve().parent.parent
@@ -173,29 +188,46 @@ def split(paths: Sequence[str], fixtures: Sequence[str], keep: str) -> dict[str,
     return {SPLIT_ENV: json.dumps({"paths": list(paths), "fixtures": list(fixtures), "keep": keep})}
 
 
+def shard(index: int, count: int) -> dict[str, str]:
+    """The environment that makes a part keep every ``count``-th of its tests, from the
+    ``index``-th (1-based): ``count`` such parts run each test once, side by side."""
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {index}/{count}")
+    return {SHARD_ENV: f"{index}/{count}"}
+
+
+def _deselect(config: Any, items: list[Any], keep: list[Any]) -> None:
+    if len(keep) != len(items):
+        kept = {id(item) for item in keep}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = keep
+
+
+@_trylast
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Keep this part's tests: the split between core and per-backend parts, then the shard
+    (after every other plugin's deselection, so that shards are even)."""
     try:
         rule = json.loads(os.environ.get(SPLIT_ENV, "") or "null")
     except ValueError:
         rule = None
-    if not isinstance(rule, dict):
-        return
-    root = Path(str(config.rootpath))
-    under = [(root / p).resolve() for p in rule.get("paths", [])]
-    fixtures = set(rule.get("fixtures", []))
+    if isinstance(rule, dict):
+        root = Path(str(config.rootpath))
+        under = [(root / p).resolve() for p in rule.get("paths", [])]
+        fixtures = set(rule.get("fixtures", []))
 
-    def per_backend(item: Any) -> bool:
-        path = Path(str(item.path)).resolve()
-        if not any(path == p or p in path.parents for p in under):
-            return False
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        return any(name in params for name in fixtures)
+        def per_backend(item: Any) -> bool:
+            path = Path(str(item.path)).resolve()
+            if not any(path == p or p in path.parents for p in under):
+                return False
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            return any(name in params for name in fixtures)
 
-    want = rule.get("keep") == "backend"
-    keep = [item for item in items if per_backend(item) == want]
-    if len(keep) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
-        items[:] = keep
+        want = rule.get("keep") == "backend"
+        _deselect(config, items, [item for item in items if per_backend(item) == want])
+    index, _, count = os.environ.get(SHARD_ENV, "").partition("/")
+    if index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count):
+        _deselect(config, items, items[int(index) - 1 :: int(count)])
 
 
 def pytest_collectreport(report: Any) -> None:
