@@ -45,6 +45,7 @@ class StandInGPU:
         self.fail_next: dict[str, int] = {}  # call name -> status of its next call only
         self.calls: list[str] = []
         self.malloc_fails: int | None = None  # every cudaMalloc fails with this (not sticky)
+        self.busy = False  # events recorded while busy stay pending until it is cleared
         self.pool_emptied = 0
         self.live: set[int] = set()
         self._ptrs = itertools.count(0x7F00_0000_0000, 1 << 20)
@@ -97,14 +98,16 @@ def _stand_ins(gpu: StandInGPU) -> tuple[type, type]:
     class Event:
         def __init__(self, disable_timing: bool = False) -> None:
             gpu.call("eventCreate")
+            self.recorded_busy = False
 
         def record(self, stream: Any = None) -> None:
             gpu.call("eventRecord")
+            self.recorded_busy = gpu.busy
 
         @property
         def done(self) -> bool:
             gpu.call("eventQuery")
-            return True
+            return not (self.recorded_busy and gpu.busy)
 
         def synchronize(self) -> None:
             gpu.call("eventSynchronize")
@@ -319,3 +322,38 @@ async def test_out_of_memory_is_still_out_of_memory(backend: CUDABackend, gpu: S
     assert not backend.poisoned
     gpu.malloc_fails = None
     assert backend.memory_manager.allocate(1 << 20).handle.ptr in gpu.live
+
+
+async def test_unload_keeps_the_module_until_queued_launches_pass(
+    backend: CUDABackend, gpu: StandInGPU
+) -> None:
+    """cuModuleUnload (CuPy's, when the module object goes) must not run while launches of
+    the kernel are still queued: every stream holds the module until an event recorded at the
+    unload has completed."""
+    import gc
+    import weakref
+
+    ex = backend.kernel_executor
+    assert ex is not None
+    other = backend.create_stream()
+
+    class Module:  # stands for cupy.cuda.function.Module
+        pass
+
+    module = Module()
+    key = "k:saxpy:1"
+    ex._loaded[key] = (module, object(), None)  # type: ignore[attr-defined]
+    handle = KernelHandle(
+        name="saxpy", language="cuda", key="k", backend="cuda", device="cuda:0", generation=1
+    )
+    gone = weakref.ref(module)
+    del module
+    gpu.busy = True  # launches queued on the streams have not run yet
+    ex.unload_kernel(handle)
+    gc.collect()
+    assert gone() is not None  # held by both streams
+    gpu.busy = False
+    backend._prune_streams()
+    other.prune()
+    gc.collect()
+    assert gone() is None

@@ -195,3 +195,29 @@ def test_the_evidence_script_stand_in_shape(backend: CUDABackend, runtime: Runti
     assert len(pool._released) == 1
     handle = pool._released[0].handle
     assert handle.ptr in runtime.live
+
+
+def test_a_cupy_array_over_a_block_keeps_its_buffer(backend: CUDABackend) -> None:
+    """CuPy arrays made over a pooled block (a tensor's storage, a kernel argument) hold the
+    buffer, so the pool cannot hand the block to other work while one of them exists."""
+    import weakref
+
+    from accelkit_cuda.submit import device_array
+
+    from accelkit.dtype import DType
+
+    mm = backend.memory_manager
+    buf = mm.allocate(64)
+    ptr = buf.handle.ptr
+    arr = device_array(backend, buf, (4, 4), DType.F32)
+    assert arr.data.ptr == ptr
+    alive = weakref.ref(buf)
+    del buf
+    gc.collect()
+    assert alive() is not None
+    other = mm.allocate(64)
+    assert other.handle.ptr != ptr  # not recycled while the array exists
+    del arr
+    gc.collect()
+    assert mm.allocate(64).handle.ptr == ptr  # back in the pool now
+    assert alive() is None
