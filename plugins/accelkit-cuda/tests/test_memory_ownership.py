@@ -66,8 +66,13 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Runtime:
 
 
 @pytest.fixture
-def backend(runtime: Runtime) -> Iterator[CUDABackend]:
+def backend(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[CUDABackend]:
     """A CUDA backend whose memory manager is real and whose device is the stand-in."""
+    from accelkit_cuda import backend as backend_module
+
+    # A poisoning here must not mark the real cuda:0 of this process (tests/test_gpu.py).
+    monkeypatch.setattr(backend_module, "_POISONED_DEVICES", {}, raising=False)
+    monkeypatch.setattr(backend_module, "_LEFT_TO_THE_PROCESS", [], raising=False)
     b = CUDABackend()
     b._cp_device = contextlib.nullcontext()
     b._device_obj = Device("cuda", 0)
