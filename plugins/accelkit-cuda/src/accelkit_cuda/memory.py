@@ -1,8 +1,10 @@
 """The CUDA backend's memory manager: device blocks from a caching pool, pinned host transfers.
 
-Blocks are ```cudaMalloc`` allocations (:class:`Block`, wrapped for CuPy as unowned memory) handed out by the core's
-:class:`~accelkit._core.pool.CachingPool`, which keeps the exact statistics, the limit and
-``trim()``. A freed block is reused at once by later work on the same stream (stream order makes
+Blocks are ``cudaMalloc`` allocations (:class:`Block`, wrapped for CuPy as unowned memory that
+keeps its buffer alive) handed out by the core's :class:`~accelkit._core.pool.CachingPool`, which
+keeps the exact statistics, the limit and ``trim()``. Their memory has one owner,
+:class:`DeviceMemory`: only the pool (under its lock) and the backend's teardown free it, never a
+garbage collector. A freed block is reused at once by later work on the same stream (stream order makes
 that safe). With more than one stream, submissions keep their tensors alive until an event after
 them has completed, and an explicit ``free`` returns the block once the other streams have passed
 the point where it was freed, so no stream is handed a block another is still using.
@@ -145,10 +147,6 @@ class DeviceMemory:
                 self._backend._device_obj, count, nbytes, self._backend._poisoned,
             )  # fmt: skip
             self._left = [0, 0]
-
-    @property
-    def live_bytes(self) -> int:
-        return sum(b.size for b in self._live.values())
 
 
 def memptr(buffer: DeviceBuffer, device_id: int) -> Any:
