@@ -379,3 +379,38 @@ async def test_garbage_collected_cycles_are_released(backend: ComputeBackend) ->
     del n
     gc.collect()
     assert _info(backend).used == 0
+
+
+def test_the_pool_never_hands_out_a_handle_it_is_told_is_dead() -> None:
+    """The pool's guard (issue 27): a cached handle found dead is dropped with an internal
+    error, from the cache and from a buffer that died since the last allocation alike."""
+    from accelkit._core.pool import CachingPool
+    from accelkit.device import Device
+    from accelkit.errors import DeviceError
+
+    freed: list[list[int]] = []
+    pool = CachingPool(
+        Device("cpu", 0),
+        lambda size: [size],  # a handle: a mutable box, [0] once its memory is gone
+        freed.append,
+        1 << 20,
+        is_live=lambda h: h[0] != 0,
+    )
+    buf = pool.allocate(100)
+    handle = buf.handle
+    pool.free(buf)
+    handle[0] = 0  # freed behind the pool's back
+    with pytest.raises(DeviceError, match="internal error"):
+        pool.allocate(100)
+    fresh = pool.allocate(100)
+    assert fresh.handle is not handle
+    assert fresh.handle[0] == 128
+    dying = fresh.handle
+    del fresh  # into the released queue, taken straight back by the next allocation
+    dying[0] = 0
+    with pytest.raises(DeviceError, match="internal error"):
+        pool.allocate(100)
+    info = pool.info()
+    assert info.used == 0
+    assert info.active_allocations == 0
+    assert info.reserved == 0  # both dead blocks are out of the accounting

@@ -10,7 +10,6 @@ import pytest
 
 import accelkit as ak
 from accelkit.errors import (
-    ContextPoisonedError,
     InvalidArgumentError,
     KernelCompileError,
     OutOfMemoryError,
@@ -40,7 +39,13 @@ async def test_user_kernel_compiles_runs_and_is_cached(backend: Any) -> None:
     x, y = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
     tx, ty = backend.tensor_factory.from_host(x), backend.tensor_factory.from_host(y)
     ex.execute_kernel(handle, ((n + 255) // 256,), (256,), [np.float32(3.0), tx, ty, n])
-    np.testing.assert_allclose(await ty.to_host(), 3.0 * x + y, rtol=1e-6)
+    got = (await ty.to_host()).astype(np.float64)
+    ax, y64 = 3.0 * x.astype(np.float64), y.astype(np.float64)  # exact in float64
+    # NVCC may contract a*x+y into one FMA (one rounding) or not (two): with u = eps/2, the
+    # error is at most u|ax| + u|fl(ax) + y| <= (2u + u^2)(|ax| + |y|) = eps(1 + eps/2)(...).
+    eps = float(np.finfo(np.float32).eps)
+    bound = eps * (1 + eps) * (np.abs(ax) + np.abs(y64))
+    assert np.all(np.abs(got - (ax + y64)) <= bound)
     info = ex.kernel_info(handle)
     assert info.max_threads_per_block >= 256
     assert info.registers > 0
@@ -107,34 +112,128 @@ async def test_streams_order_work_across_streams(backend: Any) -> None:
 
 async def test_out_of_memory_says_how_much(backend: Any) -> None:
     total = backend.memory_manager.memory_info().total
-    with pytest.raises(OutOfMemoryError, match="requested") as info:
-        backend.tensor_factory.empty((total // 2 + total,), ak.DType.U8)
-    assert "free" in str(info.value)
-    assert "used" in str(info.value)
+    n = total // 2 + total
+    with pytest.raises(OutOfMemoryError) as info:
+        backend.tensor_factory.empty((n,), ak.DType.U8)
+    # The typed error carries the sizes; the message names them (CuPy's and the pool's words
+    # differ: "allocating 118.8 GiB ... would exceed ...").
+    assert info.value.requested == n
+    assert f"{n / 2**30:.1f} GiB" in str(info.value)
     assert backend.memory_manager.memory_info().used == 0
 
 
-async def test_a_sticky_error_poisons_and_recovery_rebuilds(backend: Any) -> None:
-    f, ex = backend.tensor_factory, backend.kernel_executor
+# A sticky fault poisons the whole process's context: it runs in a child process of its own,
+# so the tests after it keep a healthy GPU.
+STICKY_CHILD = r"""
+import sys
+import anyio
+import numpy as np
+import accelkit as ak
+from accelkit.errors import ContextPoisonedError
+
+BAD_WRITE = sys.argv[1]
+
+
+def refused(what, fn):
+    try:
+        fn()
+    except ContextPoisonedError as exc:
+        text = str(exc)
+        assert "cudaErrorIllegalAddress" in text and "must be restarted" in text, (what, text)
+        return
+    raise AssertionError(f"{what}: not refused")
+
+
+async def main():
+    backend = ak.create_backend("cuda")
+    await backend.initialize("cuda:0")
+    f, ops, mm, ex = (backend.tensor_factory, backend.tensor_ops, backend.memory_manager,
+                      backend.kernel_executor)
+    kops, stream = backend.kernel_ops, backend.default_stream
     keep = f.from_host(np.arange(8, dtype=np.float32))
     handle = await ex.load_kernel(BAD_WRITE, "bad_write", language="cuda")
     ex.execute_kernel(handle, (1,), (1,), [keep])
-    with pytest.raises(ContextPoisonedError, match=r"cudaErrorIllegalAddress|poisoned"):
+    try:
         await backend.synchronize()
+    except ContextPoisonedError as exc:
+        assert "cudaErrorIllegalAddress" in str(exc) or "ILLEGAL_ADDRESS" in str(exc), exc
+    else:
+        raise AssertionError("the illegal write was not reported")
     assert backend.poisoned
-    with pytest.raises(ContextPoisonedError):
-        backend.tensor_ops.add(keep, 1.0)
-    generation = backend.status.generation
-    await backend.recover()
-    assert backend.status.generation == generation + 1
-    assert not backend.poisoned
-    with pytest.raises(StaleHandleError):
-        await keep.to_host()
-    with pytest.raises(StaleHandleError):
-        ex.execute_kernel(handle, (1,), (1,), [f.zeros((1,), ak.DType.F32)])
-    x = f.from_host(np.arange(6, dtype=np.float32).reshape(2, 3))
-    np.testing.assert_array_equal(await backend.tensor_ops.add(x, 1.0).to_host(), x.numpy() + 1)
-    np.testing.assert_allclose(
-        await backend.tensor_ops.matmul(x, backend.tensor_ops.transpose(x)).to_host(),
-        x.numpy() @ x.numpy().T,
-    )
+    calls = {
+        "ops.add": lambda: ops.add(keep, 1.0), "ops.reshape": lambda: ops.reshape(keep, (2, 4)),
+        "factory.zeros": lambda: f.zeros((4,), ak.DType.F32),
+        "kernel_ops.silu_mul": lambda: kops.silu_mul(keep, keep),
+        "mm.allocate": lambda: mm.allocate(64), "mm.memory_info": mm.memory_info,
+        "kernels.execute": lambda: ex.execute_kernel(handle, (1,), (1,), [keep]),
+        "create_stream": backend.create_stream, "stream.record_event": stream.record_event,
+        "numpy": keep.numpy,
+    }
+    for what, fn in calls.items():
+        refused(what, fn)
+    for what, afn in {"synchronize": backend.synchronize, "to_host": keep.to_host}.items():
+        try:
+            await afn()
+        except ContextPoisonedError as exc:
+            assert "must be restarted" in str(exc), exc
+        else:
+            raise AssertionError(f"{what}: not refused")
+    assert "must be restarted" in (backend.status.error or ""), backend.status
+    with anyio.fail_after(30):
+        await backend.shutdown()
+    fresh = ak.create_backend("cuda")
+    try:
+        await fresh.initialize("cuda:0")
+    except ContextPoisonedError:
+        pass
+    else:
+        raise AssertionError("a new backend opened the poisoned context")
+    print("POISONED-AS-TOLD")
+
+
+anyio.run(main, backend=sys.argv[2])
+"""
+
+
+async def test_a_sticky_error_poisons_the_process_for_good(anyio_backend: Any) -> None:
+    import sys
+
+    import anyio
+
+    name = anyio_backend if isinstance(anyio_backend, str) else anyio_backend[0]
+    with anyio.fail_after(180):
+        done = await anyio.run_process(
+            [sys.executable, "-c", STICKY_CHILD, BAD_WRITE, name], check=False
+        )
+    out = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, out[-4000:]
+    assert "POISONED-AS-TOLD" in out
+
+
+async def test_a_buffer_dead_in_a_cycle_comes_back_live(backend: Any) -> None:
+    """dead-block-gpu.py (issue 27): the block of a buffer that died in a reference cycle is
+    handed out again at its own, live address, and the kernels that use it work."""
+    import gc
+
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+
+    def park_in_cycle() -> int:
+        t = f.from_host(np.zeros(0, np.float32))  # 0 bytes: a 64 B block, nothing launched
+        ptr = int(t._buffer.handle.ptr)
+        try:
+            raise ValueError("refused")
+        except ValueError as e:
+            err = e  # err -> __traceback__ -> this frame -> err and t: a cycle
+        assert err is not None
+        return ptr
+
+    ptr = park_in_cycle()
+    gc.collect()
+    again = mm.allocate(8)
+    assert int(again.handle.ptr) == ptr != 0
+    mm.free(again)
+    x = f.from_host(np.full((1, 17), 5.0, np.float32))
+    x_h = x.numpy()
+    x_h[0, 3] = 1.0
+    np.testing.assert_array_equal(ops.argmin(f.from_host(x_h), axis=1).numpy(), [3])
+    np.testing.assert_array_equal(ops.cast(f.from_host(np.ones(9)), ak.DType.BOOL).numpy(), True)

@@ -7,6 +7,13 @@ keeps the counters that :class:`~accelkit.memory.MemoryInfo` reports.
 Buffers are released from ``DeviceBuffer.__del__``, which may run on any thread and at any point
 (even inside the pool, through the garbage collector). Releases therefore only append to a deque
 (atomic in CPython); the deque is drained under the lock at the next allocation or query.
+
+Ownership: a handle's memory is freed by ``raw_free`` only, which the pool calls under its lock
+(or the backend at its teardown). A handle must never free itself from a finalizer: a buffer
+that dies in a reference cycle is resurrected into the deque by ``DeviceBuffer.__del__`` in the
+same collection that would run the handle's finalizer, and the pool would hand out freed
+memory. A backend that can tell a dead handle passes ``is_live``; the pool then refuses to hand
+one out (an internal error, never an address 0).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.device import Device
 from accelkit.errors import (
+    DeviceError,
     InvalidArgumentError,
     NotInitializedError,
     OutOfMemoryError,
@@ -58,10 +66,12 @@ class CachingPool:
         raw_free: Callable[[Any], None],
         total_bytes: int,
         config: MemoryPoolConfig | None = None,
+        is_live: Callable[[Any], bool] | None = None,
     ) -> None:
         self.device = device
         self._raw_alloc = raw_alloc
         self._raw_free = raw_free
+        self._is_live = is_live
         self._device_total = total_bytes
         self._config = config or MemoryPoolConfig()
         self._update_total()
@@ -139,13 +149,25 @@ class CachingPool:
                 if free_list:
                     handle = free_list.pop()
                     self._cached -= block
+                    if self._is_live is not None and not self._is_live(handle):
+                        self._dead_locked(handle, block)
                 else:
                     handle = self._fresh_locked(nbytes, block)
+            elif self._is_live is not None and not self._is_live(handle):
+                self._dead_locked(handle, block)
             self._used = used
             self._active += 1
             if used > self._peak:
                 self._peak = used
             return DeviceBuffer(self, handle, nbytes, block, self.device, self.generation)
+
+    def _dead_locked(self, handle: Any, block: int) -> None:
+        """A cached handle whose memory is gone: dropped (never handed out), and an error."""
+        self._reserved -= block
+        raise DeviceError(
+            f"internal error in the memory pool of {self.device}: a cached block ({handle!r})"
+            " was already freed; it was dropped instead of being handed out (a bug: please report it)"
+        )
 
     def _fresh_locked(self, nbytes: int, block: int) -> Any:
         if block > _MAX_ALLOC:

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from accelkit.capabilities import BackendCapabilities, LifecycleState
+from accelkit.capabilities import BackendCapabilities, BackendStatus, LifecycleState
 from accelkit.device import Device
 from accelkit.errors import (
     AccelError,
@@ -20,11 +20,19 @@ from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk import QueuedBackend
 from accelkit_cuda import __version__
 from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
-from accelkit_cuda.errors import RebuildLimiter
+from accelkit_cuda.errors import RESTART, translate
 from accelkit_cuda.probe import capabilities, cupy_status
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 
 __all__ = ["CUDABackend"]
+
+#: The first sticky fault of each device's context in this process (device index -> error):
+#: the primary context is shared by every backend on that device, so a new backend there
+#: would be poisoned too.
+_POISONED_DEVICES: dict[int, ContextPoisonedError] = {}
+#: CUDA objects of poisoned backends (streams, modules, kernels), kept referenced so that no
+#: destructor calls into the dead context (a bounded leak: the process must exit anyway).
+_LEFT_TO_THE_PROCESS: list[Any] = []
 
 
 def _devices() -> list[DeviceProps]:
@@ -48,11 +56,8 @@ class CUDABackend(QueuedBackend):
         self._device_obj = Device("cuda", 0)
         self._cp_device: Any = None
         self._arch = "sm_80"
+        #: The first sticky fault (see :meth:`_failed`); never cleared.
         self._poisoned: ContextPoisonedError | None = None
-        self._rebuilds = RebuildLimiter()
-        self._context: Any = None  # memory.Context, made at initialize
-        #: Objects of rebuilt contexts, never destroyed (see :meth:`recover`).
-        self._graveyard: list[Any] = []
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -67,6 +72,15 @@ class CUDABackend(QueuedBackend):
     def _event_done(event: Any) -> bool:
         return bool(event.done)
 
+    def _prune_streams(self) -> None:
+        # Here before every allocation and statistics query: a poisoned backend stops here,
+        # and a fault first seen by an event query is told as one.
+        self._check_usable()
+        try:
+            super()._prune_streams()
+        except CUDA_ERRORS as exc:
+            raise self._failed(translate(exc, "checking which work has completed")) from None
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:
         missing = cupy_status()
@@ -75,13 +89,14 @@ class CUDABackend(QueuedBackend):
         devices = _devices()
         if device.index >= len(devices):
             raise DeviceError(f"no CUDA device {device}: the driver lists {len(devices)}")
+        if device.index in _POISONED_DEVICES:
+            raise ContextPoisonedError(
+                f"{device}: {RESTART}; its first fault: {_POISONED_DEVICES[device.index]}"
+            )
         import cupy
 
         props = devices[device.index]
         self._cp_device = cupy.cuda.Device(device.index)
-        from accelkit_cuda.memory import Context
-
-        self._context = Context(device.index)
 
         def open_context() -> None:
             with self._cp_device:
@@ -100,7 +115,7 @@ class CUDABackend(QueuedBackend):
         await self._fused.load()
 
     def _build(self, device: Device, props: DeviceProps) -> None:
-        """Everything that lives in the CUDA context (again after a rebuild)."""
+        """Everything that lives in the CUDA context."""
         from accelkit_cuda.factory import CUDAFactoryKernels
         from accelkit_cuda.kernel_ops import CUDAFusedKernels, FusedProgram
         from accelkit_cuda.kernels import CUDAKernelExecutor
@@ -109,6 +124,7 @@ class CUDABackend(QueuedBackend):
 
         with self._cp_device:
             default = CUDAStream(device, f"{device}/default", self._failed)
+        default.check_usable = self._check_usable
         self._streams = []
         self._add_stream(default)
         self._memory_manager = CUDAMemoryManager(
@@ -129,101 +145,95 @@ class CUDABackend(QueuedBackend):
                     if self._poisoned is None:
                         await stream.synchronize()
                         await anyio.to_thread.run_sync(stream.close)
+        except ContextPoisonedError:
+            pass  # the fault is noted (status); shutdown still releases what it can
         finally:
             self._forget_deferred()
             self.pool.invalidate_all(close=True)
+            # Blocks still held by tensors that outlive the backend (stale now): freed here,
+            # once, by their one owner (or left to the process when the context is poisoned).
+            self._memory_manager.release_blocks()  # type: ignore[union-attr]
+            if self._poisoned is not None:
+                for stream in self._streams:
+                    stream.abandon()
+                _LEFT_TO_THE_PROCESS.append(
+                    (self._streams, getattr(self, "_fused", None), self._kernel_executor)
+                )
             self._streams = []
 
     # -- a poisoned context -----------------------------------------------------------------------
     def _failed(self, error: AccelError) -> AccelError:
-        """Note a sticky error (the context is unusable until :meth:`recover`); returns it."""
-        if isinstance(error, ContextPoisonedError) and self._poisoned is None:
+        """Every CUDA error passes here on its way to the caller. The first sticky one poisons
+        the backend (and the device's context for this process); once poisoned, any error is
+        reported as the poisoning, naming the first fault. Returns the error to raise."""
+        if self._poisoned is None and isinstance(error, ContextPoisonedError):
             self._poisoned = error
-            self._error = str(error)
+            self._error = f"poisoned: {error}"
+            _POISONED_DEVICES.setdefault(self._device_obj.index, error)
+            return error
+        if self._poisoned is not None and error is not self._poisoned:
+            return self._poison_error()
         return error
 
+    def _poison_error(self) -> ContextPoisonedError:
+        return ContextPoisonedError(
+            f"the CUDA context of {self._device_obj} is poisoned: {RESTART}. The first fault:"
+            f" {self._poisoned}"
+        )
+
     def _check_usable(self) -> None:
+        # After shutdown the memory manager still answers memory_info() (everything released),
+        # without a CUDA call: the streams are gone.
+        if self._poisoned is not None and self._state is LifecycleState.READY:
+            raise self._poison_error()
+
+    def _require_ready(self) -> None:
+        # Every component's entry (the facades, the memory manager, kernels, synchronize,
+        # streams) checks readiness here, so a poisoned backend refuses them all alike;
+        # ``status`` and ``shutdown`` do not come here.
+        super()._require_ready()
         if self._poisoned is not None:
-            raise ContextPoisonedError(
-                f"the CUDA context of {self._device_obj} is poisoned ({self._poisoned}); await"
-                " backend.recover() to rebuild it"
-            )
+            raise self._poison_error()
 
     @property
     def poisoned(self) -> bool:
+        """Whether a sticky CUDA error poisoned this backend (for good: see errors.py)."""
         return self._poisoned is not None
 
-    async def recover(self) -> None:
-        """Rebuild the CUDA context after a sticky error.
-
-        Resets the device's primary context, bumps the generation (tensors, buffers and kernel
-        handles from before raise StaleHandleError) and builds fresh streams, pool and fused
-        kernels. More than :data:`~accelkit_cuda.errors.MAX_REBUILDS` rebuilds within the
-        window mark the backend failed: DeviceError, and it must be shut down.
-        """
-        self._require_ready()
+    @property
+    def status(self) -> BackendStatus:
         if self._poisoned is None:
-            return
-        if not self._rebuilds.allow():
-            self._state = LifecycleState.FAILED
-            raise DeviceError(
-                f"{self._device_obj} poisoned its context again after"
-                f" {self._rebuilds.describe()}; the device is marked failed"
-            )
-        from accelkit_cuda.driver import driver
-
-        device = self._device_obj
-        props = _devices()[device.index]
-        # Everything that holds a handle of the dead context is forgotten without a CUDA call,
-        # and kept referenced (a bounded leak: at most MAX_REBUILDS per window) so that no
-        # destructor later frees or destroys a handle value the new context may reuse.
-        # First: the pool's blocks now belong to a dead generation, and are never freed.
-        self._context.generation += 1
-        self.pool.invalidate_all(close=True)
-        for stream in self._streams:
-            stream.abandon()
-        self._forget_deferred()
-        self._graveyard.append((self._streams, self._fused, self._kernel_executor))
-        assert self._kernel_executor is not None
-        self._kernel_executor.forget_all()  # type: ignore[attr-defined]
-        self._streams, self._default = [], None
-
-        def reset() -> None:
-            import cupy
-
-            self._graveyard.append(
-                (cupy.get_default_memory_pool(), cupy.get_default_pinned_memory_pool())
-            )
-            cupy.cuda.set_allocator(cupy.cuda.MemoryPool().malloc)
-            cupy.cuda.set_pinned_memory_allocator(cupy.cuda.PinnedMemoryPool().malloc)
-            cupy._util.clear_memo()  # kernels CuPy compiled and loaded into the old context
-            driver().reset_primary_context(device.index)
-            with self._cp_device:
-                cupy.cuda.runtime.free(0)  # a fresh primary context
-
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(reset)
-        self._poisoned = None
-        self._error = None
-        self._build(device, props)
-        await self._fused.load()
+            return super().status
+        # Without a CUDA call (every one would fail): the counts as last seen.
+        done = sum(s._completed_upto for s in self._streams)
+        return BackendStatus(
+            backend=self.name,
+            state=self._state,
+            device=str(self._device) if self._device else None,
+            generation=self._generation(),
+            pending_operations=sum(s.submitted for s in self._streams) - done,
+            completed_operations=done,
+            memory_used_bytes=self._pool.info().used if self._pool is not None else 0,
+            error=self._error,
+        )
 
     # -- streams ----------------------------------------------------------------------------------
     def create_stream(self) -> CUDAStream:
         self._require_ready()
-        self._check_usable()
-        with self._cp_device:
-            stream = CUDAStream(
-                self._device_obj, f"{self._device_obj}/stream{len(self._streams)}", self._failed
-            )
-            # Blocks recycled while there was one stream may still be in use by queued work:
-            # the new stream starts after everything queued so far.
-            for s in self._streams:
-                stream.cp.wait_event(s.event_now())
+        try:
+            with self._cp_device:
+                stream = CUDAStream(
+                    self._device_obj, f"{self._device_obj}/stream{len(self._streams)}",
+                    self._failed,
+                )  # fmt: skip
+                # Blocks recycled while there was one stream may still be in use by queued
+                # work: the new stream starts after everything queued so far.
+                for s in self._streams:
+                    stream.cp.wait_event(s.event_now())
+        except CUDA_ERRORS as exc:
+            raise self._failed(translate(exc, "creating a stream")) from None
+        stream.check_usable = self._check_usable
         self._add_stream(stream)
         for s in self._streams:
             s.track = True
         return stream
-
-    def _generation(self) -> int:
-        return int(self._context.generation) if self._context is not None else 1

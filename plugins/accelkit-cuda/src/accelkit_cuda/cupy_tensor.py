@@ -15,6 +15,8 @@ import cupy as cp
 import cupyx.scipy.special as cps
 import numpy as np
 
+from accelkit_cuda import division
+
 __all__ = [
     "adam_update", "argsort", "attention", "binary", "cast_into", "conv2d", "cross_entropy",
     "cumulative", "gemm", "take",
@@ -127,19 +129,21 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
         res = cp.where(special, 0, cp.mod(av, cp.where(special, 1, bv)))
     elif op == "mod" and ct.kind == "u":
         res = cp.where(bv == 0, 0, cp.mod(av, cp.where(bv == 0, 1, bv)))
-    elif op in ("floor_divide", "fmod") and ct.kind in "iu":
-        # x // 0 and x fmod 0 are 0; INT_MIN // -1 wraps to INT_MIN (CUDA's division by 0 or
+    elif op == "fmod" and ct.kind in "iu":
+        res = division.int_fmod(av, bv)  # CuPy's goes through double: wrong past 2**53
+    elif op in ("floor_divide", "mod") and ct.kind == "f":
+        # NumPy's npy_divmod: 1 // 0.1 is 9, -5 mod inf is inf (CuPy: 10 and NaN)
+        res = (division.floor_divide if op == "floor_divide" else division.remainder)(av, bv)
+    elif op == "floor_divide" and ct.kind in "iu":
+        # x // 0 is 0; INT_MIN // -1 wraps to INT_MIN (CUDA's division by 0 or
         # of INT_MIN by -1 is undefined, so neither reaches it)
         zero = bv == 0
         special = (zero | (bv == -1)) if ct.kind == "i" else zero
         safe = cp.where(special, 1, bv)
-        if op == "fmod":
-            res = cp.where(special, 0, cp.fmod(av, safe))
-        else:
-            res = cp.floor_divide(av, safe)
-            if ct.kind == "i":
-                res = cp.where(bv == -1, cp.negative(av), res)
-            res = cp.where(zero, 0, res)
+        res = cp.floor_divide(av, safe)
+        if ct.kind == "i":
+            res = cp.where(bv == -1, cp.negative(av), res)
+        res = cp.where(zero, 0, res)
     elif op in ("left_shift", "right_shift"):
         # Counts outside 0..bits-1 shift every bit out (C++ leaves them undefined).
         inside = (bv >= 0) & (bv < 8 * ct.itemsize)

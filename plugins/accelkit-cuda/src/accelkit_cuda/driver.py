@@ -123,17 +123,6 @@ class Driver:
             sizes.append(size.value)
         return sizes or None  # a failing first query: unknown (or a kernel without parameters)
 
-    def reset_primary_context(self, index: int) -> None:
-        """Destroy the device's primary context and every allocation in it
-        (``cuDevicePrimaryCtxReset``); the next runtime call creates a fresh one."""
-        dev = ctypes.c_int()
-        self._check(self._lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
-        reset = (
-            getattr(self._lib, "cuDevicePrimaryCtxReset_v2", None)
-            or self._lib.cuDevicePrimaryCtxReset
-        )
-        self._check(reset(dev), "cuDevicePrimaryCtxReset")
-
 
 _lock = threading.Lock()
 _driver: Driver | None = None

@@ -1,36 +1,34 @@
-"""CUDA errors as accelkit errors, and the policy for rebuilding a poisoned context.
+"""CUDA errors as accelkit errors.
 
-A *sticky* CUDA error (an illegal address, a device-side assert, a kernel that trapped) leaves
-the context unusable: every later call in the process fails with the same code. It becomes
-:class:`~accelkit.errors.ContextPoisonedError`; the backend then rebuilds its context (see
-``CUDABackend.recover``), bumps its generation so that tensors and kernels from before raise
-:class:`~accelkit.errors.StaleHandleError`, and gives up (the device is marked failed) after
-:data:`MAX_REBUILDS` rebuilds within :data:`REBUILD_WINDOW_S` seconds.
+A *sticky* CUDA error (an illegal address, a device-side assert, a kernel that trapped, an
+uncorrectable ECC error, ...) leaves the process's CUDA context unusable: every later call fails
+with the same code, and NVIDIA's documentation is plain that "to continue using CUDA, the process
+must be terminated and relaunched" (resetting the primary context does not clear it). It
+becomes :class:`~accelkit.errors.ContextPoisonedError`, and the backend is *poisoned*: every
+later call raises it, naming the first fault (``CUDABackend._failed``). There is no in-process
+recovery; run the backend in a process that can be restarted.
 
-This module imports no CuPy: the error codes are matched by number.
+Errors are classified by their status code, never by their text: "an illegal memory access was
+encountered" mentions memory, and is not an out-of-memory error.
+
+This module imports no CuPy: the error codes are matched by number (the runtime's
+``cudaError_t`` and the driver's ``CUresult`` agree on every code below).
 """
 
 from __future__ import annotations
 
 import re
-import threading
-import time
-from collections import deque
-from collections.abc import Callable
 
 from accelkit.errors import AccelError, ContextPoisonedError, DeviceError, OutOfMemoryError
 
-__all__ = [
-    "MAX_REBUILDS",
-    "REBUILD_WINDOW_S",
-    "STICKY_ERRORS",
-    "RebuildLimiter",
-    "error_code",
-    "translate",
-]
+__all__ = ["OUT_OF_MEMORY", "RESTART", "STICKY_ERRORS", "error_code", "translate"]
 
-#: cudaError_t values after which the context is unusable.
+#: cudaError_t values after which the context is unusable (the CUDA runtime API's list of
+#: errors that "leave the process in an inconsistent state"; ECC, NVLink and unknown errors
+#: are treated the same, since nothing says the context survives them).
 STICKY_ERRORS = {
+    214: "cudaErrorECCUncorrectable",
+    220: "cudaErrorNvlinkUncorrectable",
     700: "cudaErrorIllegalAddress",
     702: "cudaErrorLaunchTimeout",
     710: "cudaErrorAssert",
@@ -40,18 +38,49 @@ STICKY_ERRORS = {
     717: "cudaErrorInvalidAddressSpace",
     718: "cudaErrorInvalidPc",
     719: "cudaErrorLaunchFailure",
+    911: "cudaErrorExternalDevice",
+    999: "cudaErrorUnknown",
 }
-_OUT_OF_MEMORY = 2
-MAX_REBUILDS = 3
-REBUILD_WINDOW_S = 60.0
+#: cudaErrorMemoryAllocation (the driver's CUDA_ERROR_OUT_OF_MEMORY has the same value).
+OUT_OF_MEMORY = 2
+#: What a poisoned backend tells its caller to do.
+RESTART = (
+    "this process can no longer use the GPU and must be restarted (a sticky CUDA error cannot"
+    " be cleared inside the process that hit it)"
+)
+
+_BY_NAME = {name.lower(): code for code, name in STICKY_ERRORS.items()}
+_DRIVER_NAMES = {
+    "cuda_error_illegal_address": 700,
+    "cuda_error_launch_timeout": 702,
+    "cuda_error_assert": 710,
+    "cuda_error_hardware_stack_error": 714,
+    "cuda_error_illegal_instruction": 715,
+    "cuda_error_misaligned_address": 716,
+    "cuda_error_invalid_address_space": 717,
+    "cuda_error_invalid_pc": 718,
+    "cuda_error_launch_failed": 719,
+    "cuda_error_ecc_uncorrectable": 214,
+    "cuda_error_out_of_memory": OUT_OF_MEMORY,
+    "cudaerrormemoryallocation": OUT_OF_MEMORY,
+}
 
 
 def error_code(exc: BaseException) -> int | None:
-    """The CUDA error code of a CuPy ``CUDARuntimeError`` or ``CUDADriverError`` (its ``status``, or parsed from its text)."""
+    """The CUDA error code of a CuPy ``CUDARuntimeError`` or ``CUDADriverError``: its
+    ``status``, or else the error name its text starts with (``cudaErrorIllegalAddress: ...``,
+    ``CUDA_ERROR_ILLEGAL_ADDRESS: ...``), or else a number after "error"; None if none."""
     status = getattr(exc, "status", None)
     if isinstance(status, int):
         return status
-    match = re.search(r"\b(\d{1,4})\b", str(exc))
+    text = str(exc)
+    name = re.match(r"\s*(\w+)", text)
+    if name:
+        key = name.group(1).lower()
+        code = _BY_NAME.get(key, _DRIVER_NAMES.get(key))
+        if code is not None:
+            return code
+    match = re.search(r"error\D{0,3}(\d{1,4})\b", text, re.IGNORECASE)
     return int(match.group(1)) if match else None
 
 
@@ -60,39 +89,9 @@ def translate(exc: BaseException, what: str) -> AccelError:
     code = error_code(exc)
     if code in STICKY_ERRORS:
         return ContextPoisonedError(
-            f"{what}: {STICKY_ERRORS[code]} ({code}): {exc}. The CUDA context is poisoned;"
-            " await backend.recover() to rebuild it (tensors and kernels from before become stale)"
+            f"{what}: {STICKY_ERRORS[code]} ({code}): {exc}. The CUDA context is poisoned:"
+            f" {RESTART}"
         )
-    if code == _OUT_OF_MEMORY:
+    if code == OUT_OF_MEMORY:
         return OutOfMemoryError(f"{what}: the device is out of memory ({exc})")
     return DeviceError(f"{what}: CUDA error {code}: {exc}")
-
-
-class RebuildLimiter:
-    """Allows at most ``limit`` rebuilds in any ``window`` seconds (``clock`` for tests)."""
-
-    def __init__(
-        self,
-        limit: int = MAX_REBUILDS,
-        window: float = REBUILD_WINDOW_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.limit = limit
-        self.window = window
-        self._clock = clock
-        self._times: deque[float] = deque()
-        self._lock = threading.Lock()
-
-    def allow(self) -> bool:
-        """Record a rebuild if one is allowed now; False once the limit is reached."""
-        with self._lock:
-            now = self._clock()
-            while self._times and now - self._times[0] >= self.window:
-                self._times.popleft()
-            if len(self._times) >= self.limit:
-                return False
-            self._times.append(now)
-            return True
-
-    def describe(self) -> str:
-        return f"{self.limit} context rebuilds within {self.window:g} s"

@@ -105,7 +105,9 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
 
         key, module, function, params = await anyio.to_thread.run_sync(build)
         with self._lock:
-            self._loaded[f"{key}:{name}:{generation}"] = (module, function, params)
+            # A kernel loaded twice keeps its first module: replacing it would unload a module
+            # that queued launches may still use.
+            self._loaded.setdefault(f"{key}:{name}:{generation}", (module, function, params))
         return KernelHandle(
             name=name, language="cuda", key=key, backend="cuda", device=str(backend.device),
             generation=generation,
@@ -142,7 +144,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
             from accelkit_cuda.memory import memptr
 
             device = self.backend._device_obj.index
-            return cupy.ndarray((buf.nbytes,), cupy.uint8, memptr=memptr(buf.handle, device))
+            return cupy.ndarray((buf.nbytes,), cupy.uint8, memptr=memptr(buf, device))
         if isinstance(value, np.generic):
             if size is not None and value.nbytes != size:
                 raise InvalidArgumentError(
@@ -225,10 +227,12 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         )
 
     def unload_kernel(self, handle: KernelHandle) -> None:
-        self._entry(handle)
+        """Forget the kernel. Its module is unloaded (``cuModuleUnload``, by CuPy, when the
+        module object goes) only after the launches queued so far on every stream have
+        completed: each stream holds it until an event recorded now has passed."""
+        entry = self._entry(handle)
         with self._lock:
             self._loaded.pop(f"{handle.key}:{handle.name}:{handle.generation}", None)
-
-    def forget_all(self) -> None:
-        with self._lock:
-            self._loaded.clear()
+        with self.backend._cp_device:
+            for stream in self.backend._streams:
+                stream.hold(entry)

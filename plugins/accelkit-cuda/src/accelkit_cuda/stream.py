@@ -42,6 +42,10 @@ def _same(error: AccelError) -> AccelError:
     return error
 
 
+def _usable() -> None:
+    """A stream's ``check_usable`` until its backend sets its own (which raises once poisoned)."""
+
+
 async def wait_event(event: Any, what: str, on_error: OnError = _same) -> None:
     """Wait for a ``cupy.cuda.Event`` without blocking the loop; CUDA errors are translated
     and passed through ``on_error`` (the backend marks itself poisoned there)."""
@@ -66,6 +70,8 @@ class CUDAStream(DeviceErrors, Stream):
     def __init__(self, dev: Device, name: str, on_error: OnError = _same) -> None:
         self.cp = cupy.cuda.Stream(non_blocking=True)
         self.on_error = on_error
+        #: Raises ContextPoisonedError once the backend is poisoned (set by the backend).
+        self.check_usable: Callable[[], None] = _usable
         self._device = dev
         self.name = name
         self._lock = threading.Lock()
@@ -93,10 +99,13 @@ class CUDAStream(DeviceErrors, Stream):
             self.submitted += 1
             seq = self.submitted
             if self.track:
-                event = cupy.cuda.Event(disable_timing=True)
-                event.record(self.cp)
-                self._pending.append((seq, event, tuple(keepalive)))
-                self._prune_locked()
+                try:
+                    event = cupy.cuda.Event(disable_timing=True)
+                    event.record(self.cp)
+                    self._pending.append((seq, event, tuple(keepalive)))
+                    self._prune_locked()
+                except CUDA_ERRORS as exc:
+                    raise self.on_error(translate(exc, f"recording work on {self.name}")) from None
             return seq
 
     def hold(self, objects: Iterable[Any]) -> Any:
@@ -105,8 +114,11 @@ class CUDAStream(DeviceErrors, Stream):
         event = self.event_now()
         with self._lock:
             self._held.append((event, tuple(objects)))
-            while self._held and self._held[0][0].done:
-                self._held.popleft()
+            try:
+                while self._held and self._held[0][0].done:
+                    self._held.popleft()
+            except CUDA_ERRORS as exc:
+                raise self.on_error(translate(exc, f"work on {self.name}")) from None
         return event
 
     def event_now(self) -> Any:
@@ -119,8 +131,11 @@ class CUDAStream(DeviceErrors, Stream):
         return event
 
     def prune(self) -> None:
-        with self._lock:
-            self._prune_locked()
+        try:
+            with self._lock:
+                self._prune_locked()
+        except CUDA_ERRORS as exc:
+            raise self.on_error(translate(exc, f"work on {self.name}")) from None
 
     def _prune_locked(self) -> None:
         held = self._held
@@ -140,8 +155,12 @@ class CUDAStream(DeviceErrors, Stream):
 
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> CUDAEvent:
-        event = cupy.cuda.Event(disable_timing=False)
-        event.record(self.cp)
+        self.check_usable()
+        try:
+            event = cupy.cuda.Event(disable_timing=False)
+            event.record(self.cp)
+        except CUDA_ERRORS as exc:
+            raise self.on_error(translate(exc, f"recording an event on {self.name}")) from None
         return CUDAEvent(self, event, self.submitted)
 
     def wait_event(self, event: Event) -> None:
@@ -151,19 +170,29 @@ class CUDAStream(DeviceErrors, Stream):
             )
         if event.stream.device != self._device:
             raise InvalidArgumentError("wait_event: the event belongs to another device")
-        self.cp.wait_event(event.cp_event)
+        self.check_usable()
+        try:
+            self.cp.wait_event(event.cp_event)
+        except CUDA_ERRORS as exc:
+            raise self.on_error(translate(exc, f"waiting for an event on {self.name}")) from None
         self.record((event,))
 
     def query(self) -> bool:
-        return bool(self.cp.done)
+        self.check_usable()
+        try:
+            return bool(self.cp.done)
+        except CUDA_ERRORS as exc:
+            raise self.on_error(translate(exc, f"querying {self.name}")) from None
 
     async def synchronize(self) -> None:
+        self.check_usable()
         seq = self.submitted
         await wait_event(self.event_now(), f"work on {self.name}", self.on_error)
         self.prune()
         self.raise_errors(seq)
 
     def synchronize_blocking(self) -> None:
+        self.check_usable()
         seq = self.submitted
         wait_event_blocking(self.event_now(), f"work on {self.name}", self.on_error)
         self.prune()
@@ -171,19 +200,21 @@ class CUDAStream(DeviceErrors, Stream):
 
     async def wait_for(self, seq: int) -> None:
         """Wait until position ``seq`` has completed (and whatever was queued after it so far)."""
+        self.check_usable()
         if seq > self._completed_upto:
             await wait_event(self.event_now(), f"work on {self.name}", self.on_error)
             self.prune()
         self.raise_errors(seq)
 
     def wait_for_blocking(self, seq: int) -> None:
+        self.check_usable()
         if seq > self._completed_upto:
             wait_event_blocking(self.event_now(), f"work on {self.name}", self.on_error)
             self.prune()
         self.raise_errors(seq)
 
     def abandon(self) -> None:
-        """Forget everything queued (the context died): no CUDA call is made."""
+        """Forget everything queued (the context is poisoned): no CUDA call is made."""
         with self._lock:
             self._checks = []
             self._pending.clear()
@@ -214,13 +245,21 @@ class CUDAEvent(Event):
         return self._stream
 
     def query(self) -> bool:
-        return bool(self.cp_event.done)
+        self._stream.check_usable()
+        try:
+            return bool(self.cp_event.done)
+        except CUDA_ERRORS as exc:
+            raise self._stream.on_error(
+                translate(exc, f"an event on {self._stream.name}")
+            ) from None
 
     async def wait(self) -> None:
+        self._stream.check_usable()
         await wait_event(self.cp_event, f"an event on {self._stream.name}", self._stream.on_error)
         self._stream.raise_errors(self._seq)
 
     def wait_blocking(self) -> None:
+        self._stream.check_usable()
         wait_event_blocking(
             self.cp_event, f"an event on {self._stream.name}", self._stream.on_error
         )
@@ -230,7 +269,14 @@ class CUDAEvent(Event):
         """Milliseconds of device time between this event and ``end``."""
         self.wait_blocking()
         end.wait_blocking()
-        return float(cupy.cuda.get_elapsed_time(self.cp_event, end.cp_event))
+        try:
+            return float(cupy.cuda.get_elapsed_time(self.cp_event, end.cp_event))
+        except CUDA_ERRORS as exc:
+            raise self._stream.on_error(translate(exc, "timing events")) from None
 
     def __repr__(self) -> str:
-        return f"<CUDAEvent on {self._stream.name} {'done' if self.query() else 'pending'}>"
+        try:
+            state = "done" if self.query() else "pending"
+        except AccelError:
+            state = "failed"
+        return f"<CUDAEvent on {self._stream.name} {state}>"

@@ -32,9 +32,7 @@ def device_array(backend: CUDABackend, buffer: Any, shape: tuple[int, ...], dtyp
     """A CuPy array over a pooled block."""
     from accelkit_cuda.memory import memptr
 
-    return cupy.ndarray(
-        shape, _NUMPY[dtype], memptr=memptr(buffer.handle, backend._device_obj.index)
-    )
+    return cupy.ndarray(shape, _NUMPY[dtype], memptr=memptr(buffer, backend._device_obj.index))
 
 
 def depend(stream: CUDAStream, inputs: Iterable[Any]) -> None:
@@ -72,6 +70,7 @@ class CUDAComponent:
         return new_tensor(backend, buf, data, shape, dtype, backend._device_obj, stream)
 
     def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        self.backend._check_usable()
         return view_of(x, shape, storage(x).reshape(shape))
 
     @property
@@ -125,7 +124,11 @@ class CUDAComponent:
         completed, ``error(flag, value)`` is raised to whoever awaits the outputs if ``flag`` is set.
         The flag is copied to pinned host memory in the same stream, so checking it is free.
         """
-        pinned = cupy.cuda.alloc_pinned_memory(16)
+        self.backend._check_usable()
+        try:
+            pinned = cupy.cuda.alloc_pinned_memory(16)
+        except CUDA_ERRORS as exc:
+            raise self.backend._failed(translate(exc, "a pinned flag")) from None
         host = np.frombuffer(pinned, np.int64, 2)
         outputs = list(outputs)
 

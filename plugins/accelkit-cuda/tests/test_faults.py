@@ -1,0 +1,359 @@
+"""A sticky CUDA fault poisons the backend for good, by fault injection without a GPU.
+
+A stand-in device replaces CuPy's runtime (``malloc``, ``free``, ``memcpyAsync``), its streams
+and events and its pinned allocator; once a fault is injected, every call raises CuPy's own
+``CUDARuntimeError`` with that status code, as a real context does after a sticky error. The
+backend above it is the real one (memory manager, pool, components, streams): every later
+call on every component must raise ``ContextPoisonedError`` naming the first fault, ``status``
+must say so, and ``shutdown`` must return without a CUDA call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+from accelkit_cuda import backend as backend_module  # noqa: E402
+from accelkit_cuda.backend import CUDABackend  # noqa: E402
+from accelkit_cuda.driver import Attr, DeviceProps  # noqa: E402
+from accelkit_cuda.errors import STICKY_ERRORS  # noqa: E402
+from accelkit_cuda.probe import capabilities  # noqa: E402
+
+import accelkit as ak  # noqa: E402
+from accelkit.capabilities import LifecycleState  # noqa: E402
+from accelkit.errors import ContextPoisonedError, OutOfMemoryError  # noqa: E402
+from accelkit.sdk import KernelHandle  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+GIB = 1 << 30
+CudaError = cupy.cuda.runtime.CUDARuntimeError
+
+
+class StandInGPU:
+    """CuPy's runtime, streams and events over no device; ``fault`` makes every call fail."""
+
+    def __init__(self) -> None:
+        self.fault: int | None = None
+        self.fail_next: dict[str, int] = {}  # call name -> status of its next call only
+        self.calls: list[str] = []
+        self.malloc_fails: int | None = None  # every cudaMalloc fails with this (not sticky)
+        self.busy = False  # events recorded while busy stay pending until it is cleared
+        self.pool_emptied = 0
+        self.live: set[int] = set()
+        self._ptrs = itertools.count(0x7F00_0000_0000, 1 << 20)
+
+    def call(self, name: str) -> None:
+        self.calls.append(name)
+        code = self.fail_next.pop(name, None) or self.fault
+        if code is not None:
+            raise CudaError(code)
+
+    def malloc(self, size: int) -> int:
+        self.call("malloc")
+        if self.malloc_fails is not None:
+            raise CudaError(self.malloc_fails)
+        ptr = next(self._ptrs)
+        self.live.add(ptr)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        self.call("free")
+        self.live.discard(ptr)
+
+    def memcpy_async(self, *args: Any) -> None:
+        self.call("memcpyAsync")
+
+
+def _stand_ins(gpu: StandInGPU) -> tuple[type, type]:
+    class Stream:
+        def __init__(self, non_blocking: bool = False) -> None:
+            gpu.call("streamCreate")
+            self.ptr = 0x5000
+
+        @property
+        def done(self) -> bool:
+            gpu.call("streamQuery")
+            return True
+
+        def synchronize(self) -> None:
+            gpu.call("streamSynchronize")
+
+        def wait_event(self, event: Any) -> None:
+            gpu.call("streamWaitEvent")
+
+        def __enter__(self) -> Stream:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    class Event:
+        def __init__(self, disable_timing: bool = False) -> None:
+            gpu.call("eventCreate")
+            self.recorded_busy = False
+
+        def record(self, stream: Any = None) -> None:
+            gpu.call("eventRecord")
+            self.recorded_busy = gpu.busy
+
+        @property
+        def done(self) -> bool:
+            gpu.call("eventQuery")
+            return not (self.recorded_busy and gpu.busy)
+
+        def synchronize(self) -> None:
+            gpu.call("eventSynchronize")
+
+    return Stream, Event
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> StandInGPU:
+    g = StandInGPU()
+    stream, event = _stand_ins(g)
+    monkeypatch.setattr(cupy.cuda.runtime, "malloc", g.malloc)
+    monkeypatch.setattr(cupy.cuda.runtime, "free", g.free)
+    monkeypatch.setattr(cupy.cuda.runtime, "memcpyAsync", g.memcpy_async)
+    monkeypatch.setattr(cupy.cuda, "Stream", stream)
+    monkeypatch.setattr(cupy.cuda, "Event", event)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", lambda n: bytearray(n))
+
+    class CuPyPool:  # CuPy's own pool, for its kernels' temporaries
+        def free_all_blocks(self) -> None:
+            g.pool_emptied += 1
+
+    monkeypatch.setattr(cupy, "get_default_memory_pool", CuPyPool)
+    # Process-wide records of poisoned devices: this test's own.
+    monkeypatch.setattr(backend_module, "_POISONED_DEVICES", {})
+    monkeypatch.setattr(backend_module, "_LEFT_TO_THE_PROCESS", [])
+    return g
+
+
+PROPS = DeviceProps(
+    0, "Stand-in GPU", 80 * GIB,
+    {Attr.COMPUTE_CAPABILITY_MAJOR: 9, Attr.COMPUTE_CAPABILITY_MINOR: 0,
+     Attr.MULTIPROCESSOR_COUNT: 132, Attr.MAX_THREADS_PER_BLOCK: 1024, Attr.WARP_SIZE: 32},
+    12040,
+)  # fmt: skip
+
+
+@pytest.fixture
+async def backend(gpu: StandInGPU) -> AsyncIterator[CUDABackend]:
+    """The real backend on the stand-in device (``_initialize``'s steps without the driver)."""
+    b = CUDABackend()
+    dev = ak.Device("cuda", 0)
+    b._cp_device = contextlib.nullcontext()
+    b._arch = "sm_90"
+    b._caps = capabilities(PROPS)
+    b.supported_dtypes = b._caps.dtypes
+    b._device_obj = dev
+    b._build(dev, PROPS)
+    b._device = dev
+    b._state = LifecycleState.READY
+    yield b
+    await b.shutdown()
+
+
+FAULTS = [
+    ("memcpyAsync", 700),  # an illegal address, seen at the next copy
+    ("eventSynchronize", 719),  # a launch failure, seen when work is awaited
+    ("malloc", 716),  # a misaligned address, seen by cudaMalloc
+    ("eventQuery", 715),  # an illegal instruction, seen while pruning finished work
+    ("streamSynchronize", 714),  # a hardware stack error
+    ("memcpyAsync", 214),  # an uncorrectable ECC error
+    ("eventRecord", 999),  # unknown
+]
+
+
+async def _trigger(backend: CUDABackend, call: str) -> None:
+    """A public call that reaches the stand-in's ``call`` first."""
+    f = backend.tensor_factory
+    if call == "malloc":
+        f.from_host(np.zeros(1 << 20, np.float32))  # a fresh block
+    elif call == "memcpyAsync":
+        f.from_host(np.ones(3, np.float32))
+    elif call in ("eventSynchronize", "eventRecord"):
+        await backend.synchronize()
+    elif call == "eventQuery":
+        backend.memory_manager.memory_info()
+    elif call == "streamSynchronize":
+        await backend.default_stream.synchronize()
+
+
+async def _hit_the_fault(backend: CUDABackend, gpu: StandInGPU, call: str, code: int) -> Any:
+    """Make the fault happen in ``call``, through the public API; returns a tensor made before."""
+    f = backend.tensor_factory
+    x = f.from_host(np.arange(6, dtype=np.float32))
+    gpu.fail_next[call] = code
+    gpu.fault = code  # sticky: every call from now on fails as the real context would
+    with pytest.raises(ContextPoisonedError) as info:
+        await _trigger(backend, call)
+    assert STICKY_ERRORS[code] in str(info.value)
+    assert not isinstance(info.value, OutOfMemoryError)
+    return x
+
+
+@pytest.mark.parametrize(("call", "code"), FAULTS, ids=[f"{c}-{n}" for c, n in FAULTS])
+async def test_every_component_refuses_after_a_sticky_fault(
+    backend: CUDABackend, gpu: StandInGPU, call: str, code: int
+) -> None:
+    ops, f, mm = backend.tensor_ops, backend.tensor_factory, backend.memory_manager
+    ex, kops = backend.kernel_executor, backend.kernel_ops
+    assert ex is not None
+    stream = backend.default_stream
+    before = stream.record_event()
+    other = backend.create_stream()
+    buf = mm.allocate(64)
+    x = await _hit_the_fault(backend, gpu, call, code)
+    first = STICKY_ERRORS[code]
+    assert backend.poisoned
+    handle = KernelHandle(
+        name="k", language="cuda", key="0", backend="cuda", device="cuda:0", generation=1
+    )
+    sync_calls: dict[str, Callable[[], Any]] = {
+        "ops.add": lambda: ops.add(x, 1.0),
+        "ops.reshape": lambda: ops.reshape(x, (2, 3)),
+        "ops.matmul": lambda: ops.matmul(ops.reshape(x, (2, 3)), ops.reshape(x, (3, 2))),
+        "factory.zeros": lambda: f.zeros((4,), ak.DType.F32),
+        "factory.from_host": lambda: f.from_host(np.ones(2)),
+        "kernel_ops.silu_mul": lambda: kops.silu_mul(x, x),
+        "mm.allocate": lambda: mm.allocate(8),
+        "mm.free": lambda: mm.free(buf),
+        "mm.memory_info": mm.memory_info,
+        "mm.trim": mm.trim,
+        "mm.copy_dtod": lambda: mm.copy_dtod(buf, buf),
+        "kernels.execute": lambda: ex.execute_kernel(handle, (1,), (1,), [x]),
+        "kernels.info": lambda: ex.kernel_info(handle),
+        "kernels.unload": lambda: ex.unload_kernel(handle),
+        "backend.tensor_ops": lambda: backend.tensor_ops,
+        "backend.create_stream": backend.create_stream,
+        "backend.default_stream": lambda: backend.default_stream,
+        "stream.record_event": stream.record_event,
+        "stream.query": stream.query,
+        "other.wait_event": lambda: other.wait_event(before),
+        "event.query": before.query,
+        "x.numpy": x.numpy,
+    }
+    async_calls: dict[str, Callable[[], Any]] = {
+        "synchronize": backend.synchronize,
+        "stream.synchronize": stream.synchronize,
+        "event.wait": before.wait,
+        "x.to_host": x.to_host,
+        "mm.copy_htod": lambda: mm.copy_htod(buf, b"12345678"),
+        "mm.copy_dtoh": lambda: mm.copy_dtoh(np.empty(8, np.uint8), buf),
+        "kernels.load": lambda: ex.load_kernel('extern "C" __global__ void k() {}', "k"),
+    }
+    gpu.calls.clear()
+    for name, call_ in sync_calls.items():
+        with pytest.raises(ContextPoisonedError) as info:
+            call_()
+        _says_poisoned(name, str(info.value), first)
+    for name, acall in async_calls.items():
+        with pytest.raises(ContextPoisonedError) as info:
+            await acall()
+        _says_poisoned(name, str(info.value), first)
+    assert gpu.calls == []  # refused before any CUDA call: nothing can hang on the device
+    status = backend.status
+    assert status.error is not None
+    _says_poisoned("status", status.error, first)
+    assert status.state is LifecycleState.READY
+
+
+def _says_poisoned(name: str, text: str, first: str) -> None:
+    assert first in text, f"{name}: {text}"
+    assert "must be restarted" in text, f"{name}: {text}"
+
+
+async def test_shutdown_returns_and_makes_no_cuda_call(
+    backend: CUDABackend, gpu: StandInGPU, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = backend.tensor_factory
+    kept = f.from_host(np.arange(100, dtype=np.float32))
+    await _hit_the_fault(backend, gpu, "eventSynchronize", 700)
+    gpu.calls.clear()
+    with caplog.at_level(logging.WARNING, logger="accelkit.cuda"):
+        await backend.shutdown()
+    assert gpu.calls == []
+    assert backend.memory_manager.memory_info().used == 0
+    assert backend.status.state is LifecycleState.SHUT_DOWN
+    assert "left to the process" in caplog.text
+    assert "cudaErrorIllegalAddress" in caplog.text
+    del kept
+
+
+async def test_a_new_backend_on_a_poisoned_device_refuses_to_open(
+    backend: CUDABackend, gpu: StandInGPU, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _hit_the_fault(backend, gpu, "memcpyAsync", 700)
+    monkeypatch.setattr(backend_module, "_devices", lambda: [PROPS])
+    monkeypatch.setattr(backend_module, "cupy_status", lambda: None)
+    fresh = CUDABackend()
+    monkeypatch.setattr(fresh, "supports_device", lambda d: True)
+    with pytest.raises(ContextPoisonedError, match=r"must be restarted.*cudaErrorIllegalAddress"):
+        await fresh.initialize("cuda:0")
+    await fresh.shutdown()
+
+
+async def test_an_illegal_access_in_malloc_is_not_out_of_memory(
+    backend: CUDABackend, gpu: StandInGPU
+) -> None:
+    """The message has "memory" in it; the status code says it is a sticky fault."""
+    gpu.fail_next["malloc"] = 700
+    with pytest.raises(ContextPoisonedError, match="cudaErrorIllegalAddress"):
+        backend.memory_manager.allocate(1 << 20)
+    assert backend.poisoned
+
+
+async def test_out_of_memory_is_still_out_of_memory(backend: CUDABackend, gpu: StandInGPU) -> None:
+    gpu.malloc_fails = 2  # cudaErrorMemoryAllocation
+    with pytest.raises(OutOfMemoryError, match=r"no 1\.0 MiB left") as info:
+        backend.memory_manager.allocate(1 << 20)
+    assert info.value.requested == 1 << 20
+    assert gpu.pool_emptied == 2  # CuPy's cached blocks were given back before each retry
+    assert not backend.poisoned
+    gpu.malloc_fails = None
+    assert backend.memory_manager.allocate(1 << 20).handle.ptr in gpu.live
+
+
+async def test_unload_keeps_the_module_until_queued_launches_pass(
+    backend: CUDABackend, gpu: StandInGPU
+) -> None:
+    """cuModuleUnload (CuPy's, when the module object goes) must not run while launches of
+    the kernel are still queued: every stream holds the module until an event recorded at the
+    unload has completed."""
+    import gc
+    import weakref
+
+    ex = backend.kernel_executor
+    assert ex is not None
+    other = backend.create_stream()
+
+    class Module:  # stands for cupy.cuda.function.Module
+        pass
+
+    module = Module()
+    key = "k:saxpy:1"
+    ex._loaded[key] = (module, object(), None)  # type: ignore[attr-defined]
+    handle = KernelHandle(
+        name="saxpy", language="cuda", key="k", backend="cuda", device="cuda:0", generation=1
+    )
+    gone = weakref.ref(module)
+    del module
+    gpu.busy = True  # launches queued on the streams have not run yet
+    ex.unload_kernel(handle)
+    gc.collect()
+    assert gone() is not None  # held by both streams
+    gpu.busy = False
+    backend._prune_streams()
+    other.prune()
+    gc.collect()
+    assert gone() is None
