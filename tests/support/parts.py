@@ -490,7 +490,7 @@ def run_part(
         p for p in (str(TESTS_DIR), child_env.get("PYTHONPATH", "")) if p
     )
     cmd = part_command(python, part, extra_args)
-    shown = " ".join(cmd[1:])
+    shown = " ".join(cmd if part.command else cmd[1:])
     print(f"\n=== part {part.name}: {shown}", file=out, flush=True)
     start = time.monotonic()
     tail = bytearray()
