@@ -1,5 +1,7 @@
-"""Fixtures of the OpenCL plugin's tests: skipped cleanly without PyOpenCL or a device; every
-compiler cache points into the test's temporary folder; async tests run on asyncio and trio."""
+"""Fixtures of the OpenCL plugin's tests: skipped cleanly without PyOpenCL or a device; the
+compiler caches are the run's (shared by its tests, and by every part of ``nox -s tests``), and a
+test about the cache asks for ``opencl_cache``, a folder of its own; async tests run on asyncio
+and trio."""
 
 from __future__ import annotations
 
@@ -31,8 +33,11 @@ if not HAVE_DEVICE:
     pytest.skip("no OpenCL device here", allow_module_level=True)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def opencl_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """accelkit's and PyOpenCL's program caches in this test's own folder (the accelkit one is
+    returned): for the tests about the cache. The others share the run's, so that a kernel is
+    compiled once per run, not once per test. (PoCL reads its folder once per process.)"""
     cache = tmp_path / "opencl-cache"
     monkeypatch.setenv("ACCELKIT_OPENCL_CACHE", str(cache))
     monkeypatch.setenv("PYOPENCL_CACHE_DIR", str(tmp_path / "pyopencl-cache"))
