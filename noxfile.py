@@ -183,9 +183,9 @@ def _run(
 
 @contextlib.contextmanager
 def _shared_caches(env: dict[str, str]) -> Iterator[None]:
-    """One folder of compiler caches (PoCL, PyOpenCL, Numba, accelkit's program caches and
-    verdicts) for every part of the run, removed at the end: a kernel compiled by one part is
-    loaded by the others (``ACCELKIT_TEST_CACHES``, read by
+    """One folder of device program caches (PoCL, PyOpenCL, accelkit's OpenCL, CUDA and WebGPU
+    program caches) for every part of the run, removed at the end: a kernel compiled by one part
+    is loaded by the others (``ACCELKIT_TEST_CACHES``, read by
     ``accelkit.testing.plugin.isolate_compiler_caches``). A folder already named is kept."""
     if env.get("ACCELKIT_TEST_CACHES"):
         yield

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -55,17 +55,6 @@ __all__ = [
     "totals",
     "totals_line",
 ]
-
-
-def _trylast(function: Callable[..., None]) -> Callable[..., None]:
-    """``@pytest.hookimpl(trylast=True)`` where pytest is importable (this file is also loaded
-    by nox, outside the test environment, where hooks do not matter)."""
-    try:
-        import pytest
-    except ImportError:  # pragma: no cover - under nox's interpreter
-        return function
-    marked: Callable[..., None] = pytest.hookimpl(trylast=True)(function)
-    return marked
 
 
 #: The file each part's pytest writes its test events to (read by :func:`read_log`).
@@ -203,10 +192,10 @@ def _deselect(config: Any, items: list[Any], keep: list[Any]) -> None:
         items[:] = keep
 
 
-@_trylast
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """Keep this part's tests: the split between core and per-backend parts, then the shard
-    (after every other plugin's deselection, so that shards are even)."""
+    """Keep this part's tests: the split between core and per-backend parts, then the shard.
+    (Another plugin's deselection, before or after this one, keeps the shards disjoint and
+    whole: each test is in exactly one shard, whatever else drops it.)"""
     try:
         rule = json.loads(os.environ.get(SPLIT_ENV, "") or "null")
     except ValueError:

@@ -103,23 +103,33 @@ def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
     at a new temporary folder, unless already set; call it before any plugin's probe imports its
     driver. Returns the folder.
 
-    Where ``$ACCELKIT_TEST_CACHES`` names a folder, that one is used instead of a new one: the
-    nox session sets it, so that the processes of one run (its parts run side by side) compile
-    each kernel once. Every one of these caches writes its entries atomically (a temporary file
-    renamed into place), so processes may share it; a test about a cache sets its own."""
+    Where ``$ACCELKIT_TEST_CACHES`` names a folder, the device program caches (PoCL, PyOpenCL,
+    accelkit's OpenCL, CUDA and WebGPU caches) go there instead: the nox session sets it, so
+    that the processes of one run (its parts run side by side) compile each kernel once. Those
+    write one file per entry, atomically. The stores that keep many entries in one file (the
+    OpenCL variant verdicts, Numba's index, the CPU JIT verdicts) stay the process's own. A test
+    about a cache sets its own. Returns the process's own folder."""
+    own = tempfile.mkdtemp(prefix=prefix)
     shared = os.environ.get(CACHES_ENV, "").strip()
     if shared:
         os.makedirs(shared, exist_ok=True)
-    caches = shared or tempfile.mkdtemp(prefix=prefix)
+    caches = shared or own
+    # Program caches keep one file per entry, written atomically: processes can share them.
     for var, sub in (
         ("PYOPENCL_CACHE_DIR", "pyopencl"),
         ("POCL_CACHE_DIR", "pocl"),
         ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
         ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
         ("ACCELKIT_WEBGPU_CACHE", "accelkit-webgpu"),
+    ):
+        os.environ.setdefault(var, os.path.join(caches, sub))
+    # One file for many entries, read, changed and replaced: processes writing it at once would
+    # lose each other's entries (and a lost Numba index entry is a recompile that a test with a
+    # short timeout may not survive), so each process keeps its own.
+    for var, sub in (
         ("ACCELKIT_OPENCL_VARIANTS_FILE", "accelkit-opencl-variants.json"),
         ("NUMBA_CACHE_DIR", "numba"),
         ("ACCELKIT_CPU_JIT_VERDICTS", "accelkit-cpu-jit-verdicts.json"),
     ):
-        os.environ.setdefault(var, os.path.join(caches, sub))
-    return caches
+        os.environ.setdefault(var, os.path.join(own, sub))
+    return own
