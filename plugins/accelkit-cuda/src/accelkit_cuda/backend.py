@@ -23,6 +23,7 @@ from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
 from accelkit_cuda.errors import RebuildLimiter
 from accelkit_cuda.probe import capabilities, cupy_status
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
+from accelkit_cuda.submission import SubmissionThread
 
 __all__ = ["CUDABackend"]
 
@@ -51,6 +52,7 @@ class CUDABackend(QueuedBackend):
         self._poisoned: ContextPoisonedError | None = None
         self._rebuilds = RebuildLimiter()
         self._context: Any = None  # memory.Context, made at initialize
+        self._thread: SubmissionThread = None  # type: ignore[assignment]  # made at initialize
         #: Objects of rebuilt contexts, never destroyed (see :meth:`recover`).
         self._graveyard: list[Any] = []
 
@@ -72,24 +74,25 @@ class CUDABackend(QueuedBackend):
         missing = cupy_status()
         if missing is not None:
             raise DeviceError(missing)
-        devices = _devices()
+        devices = await anyio.to_thread.run_sync(_devices)  # driver calls: off the loop
         if device.index >= len(devices):
             raise DeviceError(f"no CUDA device {device}: the driver lists {len(devices)}")
         import cupy
 
-        props = devices[device.index]
-        self._cp_device = cupy.cuda.Device(device.index)
         from accelkit_cuda.memory import Context
 
-        self._context = Context(device.index)
+        props = devices[device.index]
+        self._cp_device = cupy.cuda.Device(device.index)
+        self._thread = SubmissionThread(device.index, str(device))
+        self._context = Context(device.index, self._thread)
 
         def open_context() -> None:
-            with self._cp_device:
-                cupy.cuda.runtime.free(0)  # creates the primary context (can take a second)
+            cupy.cuda.runtime.free(0)  # creates the primary context (can take a second)
 
         try:
-            await anyio.to_thread.run_sync(open_context)
+            await self._thread.call(open_context)
         except CUDA_ERRORS as exc:
+            await anyio.to_thread.run_sync(self._thread.close)
             raise DeviceError(f"cannot open a CUDA context on {device}: {exc}") from None
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
@@ -107,8 +110,7 @@ class CUDABackend(QueuedBackend):
         from accelkit_cuda.memory import CUDAMemoryManager
         from accelkit_cuda.ops import CUDATensorKernels
 
-        with self._cp_device:
-            default = CUDAStream(device, f"{device}/default", self._failed)
+        default = CUDAStream(device, f"{device}/default", self._thread, self._failed)
         self._streams = []
         self._add_stream(default)
         self._memory_manager = CUDAMemoryManager(
@@ -122,17 +124,22 @@ class CUDABackend(QueuedBackend):
         )
 
     async def _shutdown(self) -> None:
+        thread = self._thread
         try:
             with anyio.CancelScope(shield=True):
                 for stream in list(self._streams):
                     stream.discard_errors()
                     if self._poisoned is None:
-                        await stream.synchronize()
+                        await stream.wait_for(stream.submitted)
                         await anyio.to_thread.run_sync(stream.close)
+                    else:
+                        stream.abandon()
         finally:
             self._forget_deferred()
-            self.pool.invalidate_all(close=True)
+            self.pool.invalidate_all(close=True)  # the frees are queued on the thread
             self._streams = []
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(thread.close)  # runs them, then ends
 
     # -- a poisoned context -----------------------------------------------------------------------
     def _failed(self, error: AccelError) -> AccelError:
@@ -198,11 +205,10 @@ class CUDABackend(QueuedBackend):
             cupy.cuda.set_pinned_memory_allocator(cupy.cuda.PinnedMemoryPool().malloc)
             cupy._util.clear_memo()  # kernels CuPy compiled and loaded into the old context
             driver().reset_primary_context(device.index)
-            with self._cp_device:
-                cupy.cuda.runtime.free(0)  # a fresh primary context
+            cupy.cuda.runtime.free(0)  # a fresh primary context
 
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(reset)
+            await self._thread.call(reset)
         self._poisoned = None
         self._error = None
         self._build(device, props)
@@ -212,14 +218,12 @@ class CUDABackend(QueuedBackend):
     def create_stream(self) -> CUDAStream:
         self._require_ready()
         self._check_usable()
-        with self._cp_device:
-            stream = CUDAStream(
-                self._device_obj, f"{self._device_obj}/stream{len(self._streams)}", self._failed
-            )
-            # Blocks recycled while there was one stream may still be in use by queued work:
-            # the new stream starts after everything queued so far.
-            for s in self._streams:
-                stream.cp.wait_event(s.event_now())
+        # Blocks recycled while there was one stream may still be in use by queued work:
+        # the new stream starts after everything queued so far (on the submission thread).
+        stream = CUDAStream(
+            self._device_obj, f"{self._device_obj}/stream{len(self._streams)}", self._thread,
+            self._failed, after=list(self._streams),
+        )  # fmt: skip
         self._add_stream(stream)
         for s in self._streams:
             s.track = True
