@@ -147,3 +147,32 @@ def test_take() -> None:
     np.testing.assert_array_equal(out, x[:, [3, 0, 0]])
     cupy_tensor.take(x, 1, range(3, -1, -2), out[:, :2])
     np.testing.assert_array_equal(out[:, :2], x[:, [3, 1]])
+
+
+@pytest.mark.parametrize("scalar", [0.1, np.float64(0.1), np.float32(0.1)])
+def test_scalars_take_the_dtype_of_the_computation(
+    scalar: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NumPy 2 / CuPy 14 promotion (NEP 50): a NumPy float64 or float32 scalar is not weak, so
+    an f16 array times one would compute (and allocate) in f32 or f64. Every scalar reaches the
+    kernel as a scalar of the computation dtype: f32 for f16 tensors, the array's own dtype
+    otherwise, so results keep the dtype the core inferred, rounded once."""
+    seen: list[tuple[Any, Any]] = []
+
+    def mul(a: Any, b: Any, **kwargs: Any) -> Any:
+        seen.append((np.result_type(a), np.result_type(b)))
+        return np.multiply(a, b, **kwargs)
+
+    monkeypatch.setitem(cupy_tensor._BINARY, "mul", mul)
+    x16 = np.array([1.0, 2.0, 3.0], np.float16)
+    out16 = np.empty(3, np.float16)
+    cupy_tensor.binary("mul", x16, scalar, out16)
+    x64 = np.array([1.0, 2.0, 3.0], np.float64)
+    out64 = np.empty(3, np.float64)
+    cupy_tensor.binary("mul", x64, scalar, out64)
+    assert seen == [(np.float32, np.float32), (np.float64, np.float64)]
+    expected = (x16.astype(np.float32) * np.float32(scalar)).astype(np.float16)
+    np.testing.assert_array_equal(out16, expected)
+    where16 = np.empty(3, np.float16)
+    cupy_tensor.where(np.array([True, False, True]), x16, scalar, where16)
+    np.testing.assert_array_equal(where16, np.array([1.0, 0.1, 3.0], np.float16))
