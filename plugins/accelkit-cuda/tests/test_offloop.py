@@ -98,6 +98,9 @@ async def test_no_cuda_call_on_the_loop_thread(plugin: Plugin) -> None:
         s = ops.softmax(h, axis=-1)
         total = ops.reduce("sum", s, axis=-1)
         fused = kops.rms_norm(x)  # a fused NVRTC kernel (a no-op launch here)
+        xb = f.from_host(host, dtype="bf16")
+        gb = ops.matmul(xb, ops.transpose(xb))  # cuBLAS on bf16
+        kops.rms_norm(xb)  # the bf16 fused kernel
         kops.silu_mul(x, n)
         idx = f.from_host(np.array([2, 0], np.int64))
         emb = ops.embedding(idx, x)  # a checked launch: its flag is copied to pinned memory
@@ -120,11 +123,12 @@ async def test_no_cuda_call_on_the_loop_thread(plugin: Plugin) -> None:
             "x": await x.to_host(), "n": await n.to_host(), "u": await u.to_host(),
             "r": await r.to_host(), "z": await z.to_host(), "total": await total.to_host(),
             "s": await s.to_host(), "emb": await emb.to_host(), "w": await w.to_host(),
+            "gb": await gb.to_host(),
         }  # fmt: skip
         await fused.to_host()
         await e.wait()
         await backend.synchronize()
-        del x, n, u, h, s, z, w, fused, emb
+        del x, n, u, h, s, z, w, fused, emb, xb, gb
         gc.collect()  # blocks go back to the pool; a trim frees them
         mm.trim()
     finally:
@@ -148,6 +152,8 @@ async def test_no_cuda_call_on_the_loop_thread(plugin: Plugin) -> None:
     np.testing.assert_allclose(got["total"], np.ones(4), rtol=1e-5)
     np.testing.assert_array_equal(got["emb"], host[[2, 0]])
     np.testing.assert_allclose(got["w"], host + 1.0)
+    hb = host.astype(got["gb"].dtype).astype(np.float32)
+    np.testing.assert_allclose(got["gb"].astype(np.float32), hb @ hb.T, rtol=1e-2)
     assert backend.memory_manager.memory_info().used == 0
 
 

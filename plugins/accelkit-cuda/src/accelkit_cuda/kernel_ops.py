@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CUDAFusedKernels", "FusedProgram"]
 
-_SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64"}
+_SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64", DType.BF16: "bf16"}
 _THREADS = 256
 _SMEM_DEFAULT = 48 * 1024
 
@@ -210,7 +210,7 @@ class CUDAAttentionKernels(_Fused):
             raise UnsupportedOperationError("the flash kernel takes no explicit mask")
         if not self.can_flash(q, k, v):
             raise UnsupportedOperationError(
-                f"the flash kernel needs f16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
+                f"the flash kernel needs f16/bf16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
                 f" {_SMEM_DEFAULT // 1024} KiB of shared memory"
             )
         b, h, sq, d = q.shape

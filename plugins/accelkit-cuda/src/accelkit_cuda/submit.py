@@ -28,25 +28,12 @@ __all__ = ["CUDAComponent", "Storage", "depend", "device_array", "numpy_dtype", 
 
 
 def _numpy_dtypes() -> dict[DType, Any]:
+    from accelkit_cuda.probe import cupy_bf16
+
     table: dict[DType, Any] = {d: d.to_numpy() for d in DType if d is not DType.BF16}
-    if bf16_supported():
+    if cupy_bf16():
         table[DType.BF16] = DType.BF16.to_numpy()
     return table
-
-
-def bf16_supported() -> bool:
-    """Whether the installed CuPy holds bfloat16 arrays (CuPy 14 and later, with ml_dtypes)."""
-    try:
-        major = int(cupy.__version__.split(".")[0])
-    except ValueError:
-        return False
-    if major < 14:
-        return False
-    try:
-        import ml_dtypes  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 _NUMPY: dict[DType, Any] = _numpy_dtypes()
