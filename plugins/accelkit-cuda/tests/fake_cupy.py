@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import math
-import sys
 import threading
 import types
 from collections.abc import Callable
@@ -335,4 +334,3 @@ def install() -> dict[str, types.ModuleType]:
 
 
 __all__ = ["CALLS", "install", "record"]
-_ = sys
