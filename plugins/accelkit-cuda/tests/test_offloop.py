@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import fake_cupy
 import numpy as np
 import pytest
@@ -217,3 +218,23 @@ async def test_shutdown_frees_every_block_on_the_submission_thread(plugin: Plugi
     assert loop_thread not in frees
     del kept
     gc.collect()
+
+
+async def test_a_cancelled_wait_leaves_the_work_and_the_memory_right(plugin: Plugin) -> None:
+    backend = await _open(plugin)
+    gate = threading.Event()
+    try:
+        backend._thread.submit(lambda: gate.wait(30))  # nothing runs until the gate opens
+        x = backend.tensor_factory.full((256,), 3.0)
+        y = backend.tensor_ops.mul(x, 2.0)
+        with anyio.move_on_after(0.05) as scope:
+            await y.to_host()
+        assert scope.cancelled_caught
+        gate.set()
+        np.testing.assert_array_equal(await y.to_host(), np.full(256, 6.0, np.float32))
+        del x, y
+        gc.collect()
+    finally:
+        gate.set()
+        await backend.shutdown()
+    assert backend.memory_manager.memory_info().used == 0
