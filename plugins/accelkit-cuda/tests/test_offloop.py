@@ -238,3 +238,18 @@ async def test_a_cancelled_wait_leaves_the_work_and_the_memory_right(plugin: Plu
         gate.set()
         await backend.shutdown()
     assert backend.memory_manager.memory_info().used == 0
+
+
+async def test_shutdown_finishes_failed_work_without_raising(plugin: Plugin) -> None:
+    backend = await _open(plugin)
+    x = backend.tensor_factory.ones((4,))
+
+    def fail() -> None:
+        raise RuntimeError("nobody awaits this")
+
+    gate = threading.Event()
+    backend._thread.submit(lambda: gate.wait(30))  # the failure comes after shutdown began
+    backend.tensor_ops.kernels._launch(fail, (x,), (x,))
+    threading.Timer(0.05, gate.set).start()
+    await backend.shutdown()  # the error has nobody to go to: dropped, not raised
+    assert backend.memory_manager.memory_info().used == 0

@@ -130,7 +130,7 @@ class CUDABackend(QueuedBackend):
                 for stream in list(self._streams):
                     stream.discard_errors()
                     if self._poisoned is None:
-                        await stream.wait_for(stream.submitted)
+                        await stream.wait_quietly(stream.submitted)  # errors: nobody to tell
                         await anyio.to_thread.run_sync(stream.close)
                     else:
                         stream.abandon()

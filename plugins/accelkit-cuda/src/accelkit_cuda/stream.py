@@ -263,6 +263,12 @@ class CUDAStream(DeviceErrors, Stream):
             await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
         self.raise_errors(seq)
 
+    async def wait_quietly(self, seq: int) -> None:
+        """Wait like :meth:`wait_for` but drop errors instead of raising them (shutdown)."""
+        if seq > self._completed_upto:
+            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
+        self.discard_errors()
+
     def wait_for_blocking(self, seq: int) -> None:
         with self._lock:
             while self._completed_upto < seq:
