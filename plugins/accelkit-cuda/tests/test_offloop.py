@@ -63,6 +63,9 @@ def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Plugin]:
         def param_sizes(self, function: int) -> None:
             fake_cupy.record("cuFuncGetParamInfo")
 
+        def reset_primary_context(self, index: int) -> None:
+            fake_cupy.record("cuDevicePrimaryCtxReset")
+
     monkeypatch.setattr(driver, "driver", lambda: Driver())
     compiled = nvrtc.Compiled(b"\0cubin", "cubin", "", "stand-in")
     monkeypatch.setattr(nvrtc, "compile_cached", lambda *a, **k: compiled)
@@ -179,6 +182,7 @@ async def test_submissions_return_while_the_thread_is_busy(plugin: Plugin) -> No
 
 
 async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> None:
+    loop_thread = threading.get_ident()
     backend = await _open(plugin)
     try:
         ops = backend.tensor_ops
@@ -201,8 +205,16 @@ async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> No
         with pytest.raises(ContextPoisonedError, match="cudaErrorIllegalAddress"):
             await y.to_host()
         assert backend.poisoned
+        with pytest.raises(ContextPoisonedError):
+            ops.add(x, 1.0)  # refused at the call once the context is known poisoned
+        await backend.recover()  # the reset runs on the submission thread
+        z = backend.tensor_factory.full((4,), 5.0)
+        np.testing.assert_array_equal(await ops.add(z, 1.0).to_host(), np.full(4, 6.0))
     finally:
         await backend.shutdown()
+    loop_calls = _on(loop_thread)
+    assert not loop_calls, loop_calls
+    assert "cuDevicePrimaryCtxReset" in {name for name, _ in fake_cupy.CALLS}
 
 
 async def test_shutdown_frees_every_block_on_the_submission_thread(plugin: Plugin) -> None:
