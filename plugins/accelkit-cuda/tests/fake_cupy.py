@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 
 CALLS: list[tuple[str, int]] = []
+#: Device pointers handed out and freed (by ``runtime.malloc`` / ``runtime.free``).
+MALLOCED: set[int] = set()
+FREED: set[int] = set()
 _calls_lock = threading.Lock()
 
 
@@ -47,12 +50,14 @@ def _malloc(size: int) -> int:
     block = np.zeros(max(size, 1) + 256, np.uint8)
     ptr = (block.ctypes.data + 255) // 256 * 256
     _device_memory[ptr] = block
+    MALLOCED.add(ptr)
     return ptr
 
 
 def _free(ptr: int) -> None:
     record("runtime.free")
     _device_memory.pop(ptr, None)
+    FREED.add(ptr)
 
 
 def _memcpy(dst: int, src: int, nbytes: int, kind: int, stream: int = 0) -> None:
@@ -333,4 +338,4 @@ def install() -> dict[str, types.ModuleType]:
     }  # fmt: skip
 
 
-__all__ = ["CALLS", "install", "record"]
+__all__ = ["CALLS", "FREED", "MALLOCED", "install", "record"]
