@@ -63,7 +63,8 @@ def tests(session: nox.Session) -> None:
         "-e",
         "./plugins/accelkit-opencl[pocl]",
         "-e",
-        "./plugins/accelkit-cuda[cuda12]",
+        # CuPy without the CUDA toolkit wheels (gigabytes): no GPU here; [cuda12] is for users
+        "./plugins/accelkit-cuda[cuda12-sysctk]",
         # WebGPU: wgpu-py finds Mesa's llvmpipe through OpenGL on a machine without a GPU
         "-e",
         "./plugins/accelkit-webgpu",
@@ -422,7 +423,7 @@ def fuzz(session: nox.Session) -> None:
     ``ACCELKIT_FUZZ_PROFILE`` overrides the profile; arguments after ``--`` go to pytest."""
     session.install(
         "-e", ".[test,jit]", "-e", "./plugins/accelkit-opencl[pocl]", "-e",
-        "./plugins/accelkit-cuda[cuda12]", "-e", "./plugins/accelkit-webgpu",
+        "./plugins/accelkit-cuda[cuda12-sysctk]", "-e", "./plugins/accelkit-webgpu",
         "-e", "./plugins/accelkit-dask", "./tests/plugins/accelkit-example",
     )  # fmt: skip
     session.env.setdefault("ACCELKIT_CPU_JIT", "eager")  # as in the tests session

@@ -6,6 +6,10 @@ and events and its pinned allocator; once a fault is injected, every call raises
 backend above it is the real one (memory manager, pool, components, streams): every later
 call on every component must raise ``ContextPoisonedError`` naming the first fault, ``status``
 must say so, and ``shutdown`` must return without a CUDA call.
+
+Every CUDA call runs on the backend's submission thread (or a stream's completer thread), so a
+fault is found there and surfaces at the next await that covers the failed work; from then on
+every call refuses at once, before anything is queued.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from accelkit_cuda.backend import CUDABackend  # noqa: E402
 from accelkit_cuda.driver import Attr, DeviceProps  # noqa: E402
 from accelkit_cuda.errors import STICKY_ERRORS  # noqa: E402
 from accelkit_cuda.probe import capabilities  # noqa: E402
+from accelkit_cuda.submission import SubmissionThread  # noqa: E402
 
 import accelkit as ak  # noqa: E402
 from accelkit.capabilities import LifecycleState  # noqa: E402
@@ -96,7 +101,7 @@ def _stand_ins(gpu: StandInGPU) -> tuple[type, type]:
             pass
 
     class Event:
-        def __init__(self, disable_timing: bool = False) -> None:
+        def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
             gpu.call("eventCreate")
             self.recorded_busy = False
 
@@ -156,9 +161,11 @@ async def backend(gpu: StandInGPU) -> AsyncIterator[CUDABackend]:
     b._caps = capabilities(PROPS)
     b.supported_dtypes = b._caps.dtypes
     b._device_obj = dev
+    b._thread = SubmissionThread(0, str(dev))
     b._build(dev, PROPS)
     b._device = dev
     b._state = LifecycleState.READY
+    await b._thread.call(lambda: None)  # its streams are made (as initialize's awaits do)
     yield b
     await b.shutdown()
 
@@ -167,32 +174,44 @@ FAULTS = [
     ("memcpyAsync", 700),  # an illegal address, seen at the next copy
     ("eventSynchronize", 719),  # a launch failure, seen when work is awaited
     ("malloc", 716),  # a misaligned address, seen by cudaMalloc
-    ("eventQuery", 715),  # an illegal instruction, seen while pruning finished work
-    ("streamSynchronize", 714),  # a hardware stack error
+    ("completer", 715),  # an illegal instruction, seen by the completer while nobody awaits
+    ("streamWaitEvent", 714),  # a hardware stack error, seen ordering one stream after another
     ("memcpyAsync", 214),  # an uncorrectable ECC error
     ("eventRecord", 999),  # unknown
 ]
 
 
 async def _trigger(backend: CUDABackend, call: str) -> None:
-    """A public call that reaches the stand-in's ``call`` first."""
-    f = backend.tensor_factory
+    """Public calls that queue work reaching the stand-in's ``call``, then the await that covers
+    it (the fault is found on the submission or completer thread, and raised there)."""
+    f, mm = backend.tensor_factory, backend.memory_manager
     if call == "malloc":
-        f.from_host(np.zeros(1 << 20, np.float32))  # a fresh block
+        await f.from_host(np.zeros(1 << 20, np.float32)).to_host()  # a fresh block
     elif call == "memcpyAsync":
-        f.from_host(np.ones(3, np.float32))
+        await f.from_host(np.ones(3, np.float32)).to_host()
     elif call in ("eventSynchronize", "eventRecord"):
+        buf = mm.allocate(64)
+        mm.copy_dtod(buf, buf)
         await backend.synchronize()
-    elif call == "eventQuery":
-        backend.memory_manager.memory_info()
-    elif call == "streamSynchronize":
-        await backend.default_stream.synchronize()
+    elif call == "completer":
+        # Nobody awaits the work: the fault still poisons the backend, and the next call
+        # (here a statistics query) refuses at once.
+        buf = mm.allocate(64)
+        mm.copy_dtod(buf, buf)
+        await backend._thread.call(lambda: None)  # the queued copy has run there
+        assert backend.poisoned
+        mm.memory_info()
+    elif call == "streamWaitEvent":
+        other = backend.create_stream()
+        other.wait_event(backend.default_stream.record_event())
+        await other.synchronize()
 
 
 async def _hit_the_fault(backend: CUDABackend, gpu: StandInGPU, call: str, code: int) -> Any:
     """Make the fault happen in ``call``, through the public API; returns a tensor made before."""
     f = backend.tensor_factory
     x = f.from_host(np.arange(6, dtype=np.float32))
+    await backend.synchronize()  # what was queued before (its mallocs, copies) has run
     gpu.fail_next[call] = code
     gpu.fault = code  # sticky: every call from now on fails as the real context would
     with pytest.raises(ContextPoisonedError) as info:
@@ -306,31 +325,44 @@ async def test_a_new_backend_on_a_poisoned_device_refuses_to_open(
 async def test_an_illegal_access_in_malloc_is_not_out_of_memory(
     backend: CUDABackend, gpu: StandInGPU
 ) -> None:
-    """The message has "memory" in it; the status code says it is a sticky fault."""
+    """The message has "memory" in it; the status code says it is a sticky fault. The
+    ``cudaMalloc`` runs on the submission thread: the allocation returns, the fault poisons the
+    backend there, and the next call refuses."""
     gpu.fail_next["malloc"] = 700
+    buf = backend.memory_manager.allocate(1 << 20)
+    await backend._thread.call(lambda: None)  # the queued cudaMalloc has run
+    assert backend.poisoned
+    assert isinstance(buf.handle.error, ContextPoisonedError)
     with pytest.raises(ContextPoisonedError, match="cudaErrorIllegalAddress"):
         backend.memory_manager.allocate(1 << 20)
-    assert backend.poisoned
 
 
 async def test_out_of_memory_is_still_out_of_memory(backend: CUDABackend, gpu: StandInGPU) -> None:
+    """A full device is found by the ``cudaMalloc`` on the submission thread (after one retry
+    with CuPy's cached blocks given back): the allocation returns, and the work that uses the
+    block raises OutOfMemoryError at its await; the backend stays usable."""
+    mm = backend.memory_manager
     gpu.malloc_fails = 2  # cudaErrorMemoryAllocation
-    with pytest.raises(OutOfMemoryError, match=r"no 1\.0 MiB left") as info:
-        backend.memory_manager.allocate(1 << 20)
-    assert info.value.requested == 1 << 20
-    assert gpu.pool_emptied == 2  # CuPy's cached blocks were given back before each retry
+    buf = mm.allocate(1 << 20)
+    with pytest.raises(OutOfMemoryError, match="could not be allocated"):
+        await mm.copy_htod(buf, bytes(16))
+    assert isinstance(buf.handle.error, MemoryError)
+    assert gpu.pool_emptied == 1  # CuPy's cached blocks were given back before the retry
     assert not backend.poisoned
     gpu.malloc_fails = None
-    assert backend.memory_manager.allocate(1 << 20).handle.ptr in gpu.live
+    fresh = mm.allocate(2 << 20)
+    await backend._thread.call(lambda: None)
+    assert fresh.handle.ptr in gpu.live
 
 
 async def test_unload_keeps_the_module_until_queued_launches_pass(
     backend: CUDABackend, gpu: StandInGPU
 ) -> None:
     """cuModuleUnload (CuPy's, when the module object goes) must not run while launches of
-    the kernel are still queued: every stream holds the module until an event recorded at the
-    unload has completed."""
+    the kernel are still queued: every stream holds the module until the position queued at
+    the unload has completed (then its completer thread drops it, off the loop's thread)."""
     import gc
+    import threading
     import weakref
 
     ex = backend.kernel_executor
@@ -342,18 +374,25 @@ async def test_unload_keeps_the_module_until_queued_launches_pass(
 
     module = Module()
     key = "k:saxpy:1"
-    ex._loaded[key] = (module, object(), None)  # type: ignore[attr-defined]
+    ex._loaded[key] = (module, object(), None, {})  # type: ignore[attr-defined]
     handle = KernelHandle(
         name="saxpy", language="cuda", key="k", backend="cuda", device="cuda:0", generation=1
     )
     gone = weakref.ref(module)
     del module
-    gpu.busy = True  # launches queued on the streams have not run yet
-    ex.unload_kernel(handle)
-    gc.collect()
-    assert gone() is not None  # held by both streams
-    gpu.busy = False
-    backend._prune_streams()
-    other.prune()
+    gate = threading.Event()
+
+    def stall() -> None:
+        gate.wait(30)
+
+    backend._thread.submit(stall)  # launches queued so far have not run yet
+    try:
+        ex.unload_kernel(handle)
+        gc.collect()
+        assert gone() is not None  # held by both streams
+    finally:
+        gate.set()
+    await backend.default_stream.synchronize()
+    await other.synchronize()
     gc.collect()
     assert gone() is None

@@ -72,11 +72,20 @@ async def test_bad_launches_are_refused(backend: Any) -> None:
         ex.execute_kernel(handle, (1,), (32,), [np.float32(1), t, t, 4])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def _bf16() -> Any:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    return ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 async def test_flash_attention_matches_the_reference(
     backend: Any, dtype: Any, causal: bool
 ) -> None:
+    if dtype == "bf16":
+        if ak.DType.BF16 not in backend.capabilities.dtypes:
+            pytest.skip("no bf16 here (CuPy < 14, no ml_dtypes, or before sm_80)")
+        dtype = _bf16()
     rng = np.random.default_rng(1)
     b, h, hk, sq, sk, d = 2, 8, 2, 200, 333, 64
     q = rng.standard_normal((b, h, sq, d)).astype(dtype)
@@ -93,8 +102,40 @@ async def test_flash_attention_matches_the_reference(
         s = np.where(np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ vf
-    tol = 2e-3 if dtype == np.float16 else 2e-5
+    tol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 2e-5}.get(np.dtype(dtype), 2e-2)
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+async def test_bf16_storage_elementwise_reductions_gemm_and_norms(backend: Any) -> None:
+    if ak.DType.BF16 not in backend.capabilities.dtypes:
+        pytest.skip("no bf16 here (CuPy < 14, no ml_dtypes, or before sm_80)")
+    bf = np.dtype(_bf16())
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 96)).astype(bf)
+    w = rng.standard_normal((96, 32)).astype(bf)
+    f, ops, kops = backend.tensor_factory, backend.tensor_ops, backend.kernel_ops
+    tx, tw = f.from_host(x), f.from_host(w)
+    np.testing.assert_array_equal(await tx.to_host(), x)  # storage round trip
+    xf, wf = x.astype(np.float32), w.astype(np.float32)
+    got = await ops.gelu(tx).to_host()
+    assert got.dtype == bf
+    np.testing.assert_allclose(
+        got.astype(np.float32), 0.5 * xf * (1 + _erf(xf / np.sqrt(2))), atol=2e-2
+    )
+    total = await ops.reduce("sum", tx, axis=-1).to_host()
+    np.testing.assert_allclose(total.astype(np.float32), xf.sum(-1), rtol=2e-2, atol=5e-2)
+    prod = await ops.matmul(tx, tw).to_host()
+    assert prod.dtype == bf
+    np.testing.assert_allclose(prod.astype(np.float32), xf @ wf, rtol=2e-2, atol=1e-1)
+    for normed in (ops.layer_norm(tx), kops.rms_norm(tx)):
+        assert (await normed.to_host()).dtype == bf
+    assert (await ops.cast(tx, ak.DType.F32).to_host()).dtype == np.float32
+
+
+def _erf(x: Any) -> Any:
+    import math
+
+    return np.vectorize(math.erf)(x)
 
 
 async def test_streams_order_work_across_streams(backend: Any) -> None:

@@ -20,6 +20,14 @@ NAN, INF = float("nan"), float("inf")
 def numpy_for_cupy(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     monkeypatch.setattr(cupy_tensor, "cp", np)
     monkeypatch.setattr(cupy_tensor, "_F16", np.dtype(np.float16))
+    # The op tables hold CuPy's functions: NumPy's of the same name instead.
+    for table in ("_BINARY", "_SAME", "_SIMPLE"):
+        funcs = getattr(cupy_tensor, table)
+        monkeypatch.setattr(
+            cupy_tensor,
+            table,
+            {k: getattr(np, f.__name__.removeprefix("cupy_"), f) for k, f in funcs.items()},
+        )
     if "division" in request.keywords:  # the CUDA division kernels, built for the host
         monkeypatch.setattr(cupy_tensor, "division", request.getfixturevalue("host_division"))
 
@@ -150,3 +158,77 @@ def test_take() -> None:
     np.testing.assert_array_equal(out, x[:, [3, 0, 0]])
     cupy_tensor.take(x, 1, range(3, -1, -2), out[:, :2])
     np.testing.assert_array_equal(out[:, :2], x[:, [3, 1]])
+
+
+@pytest.mark.parametrize("scalar", [0.1, np.float64(0.1), np.float32(0.1)])
+def test_scalars_take_the_dtype_of_the_computation(
+    scalar: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NumPy 2 / CuPy 14 promotion (NEP 50): a NumPy float64 or float32 scalar is not weak, so
+    an f16 array times one would compute (and allocate) in f32 or f64. Every scalar reaches the
+    kernel as a scalar of the computation dtype: f32 for f16 tensors, the array's own dtype
+    otherwise, so results keep the dtype the core inferred, rounded once."""
+    seen: list[tuple[Any, Any]] = []
+
+    def mul(a: Any, b: Any, **kwargs: Any) -> Any:
+        seen.append((np.result_type(a), np.result_type(b)))
+        return np.multiply(a, b, **kwargs)
+
+    monkeypatch.setitem(cupy_tensor._BINARY, "mul", mul)
+    x16 = np.array([1.0, 2.0, 3.0], np.float16)
+    out16 = np.empty(3, np.float16)
+    cupy_tensor.binary("mul", x16, scalar, out16)
+    x64 = np.array([1.0, 2.0, 3.0], np.float64)
+    out64 = np.empty(3, np.float64)
+    cupy_tensor.binary("mul", x64, scalar, out64)
+    assert seen == [(np.float32, np.float32), (np.float64, np.float64)]
+    expected = (x16.astype(np.float32) * np.float32(scalar)).astype(np.float16)
+    np.testing.assert_array_equal(out16, expected)
+    where16 = np.empty(3, np.float16)
+    cupy_tensor.where(np.array([True, False, True]), x16, scalar, where16)
+    np.testing.assert_array_equal(where16, np.array([1.0, 0.1, 3.0], np.float16))
+
+
+def test_bf16_is_computed_in_f32_and_rounded_once() -> None:
+    """BF16 tensors (CuPy 14 with ml_dtypes): every kernel body computes in F32 and rounds once
+    when it stores, as the CPU backend does (NumPy with ml_dtypes stands in for CuPy here)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8)).astype(bf)
+    y = rng.standard_normal((8, 3)).astype(bf)
+    xf = x.astype(np.float32)
+
+    def out(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        return np.empty(shape, bf)
+
+    got = out(x.shape)
+    cupy_tensor.binary("mul", x, 0.1, got)
+    np.testing.assert_array_equal(got, (xf * np.float32(0.1)).astype(bf))
+    got = out(x.shape)
+    cupy_tensor.unary("exp", x, got)
+    np.testing.assert_array_equal(got, np.exp(xf).astype(bf))
+    got = out(x.shape)
+    cupy_tensor.unary("abs", x, got)
+    np.testing.assert_array_equal(got, np.abs(x))
+    got = out((4,))
+    cupy_tensor.reduce("sum", x, (1,), False, got)
+    np.testing.assert_array_equal(got, xf.sum(axis=1, dtype=np.float32).astype(bf))
+    got = out((4, 3))
+    cupy_tensor.matmul(x, y, got)
+    np.testing.assert_allclose(
+        got.astype(np.float32), xf @ y.astype(np.float32), rtol=1e-2, atol=1e-2
+    )
+    got = out(x.shape)
+    cupy_tensor.layer_norm(x, None, None, 1e-5, got)
+    mu = xf.mean(-1, keepdims=True)
+    ref = (xf - mu) / np.sqrt(((xf - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(got.astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+    got = out(x.shape)
+    cupy_tensor.softmax(x, -1, got, False)
+    e = np.exp(xf - xf.max(-1, keepdims=True))
+    np.testing.assert_allclose(got.astype(np.float32), e / e.sum(-1, keepdims=True), atol=1e-2)
+    nan = np.array([np.nan, 2.7, -3.9, 1e10], bf)
+    ints = np.empty(4, np.int32)
+    cupy_tensor.cast_into(nan, ints)
+    np.testing.assert_array_equal(ints, [0, 2, -3, 0])  # C semantics: NaN and out of range: 0

@@ -76,8 +76,7 @@ def backend(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[CUDAB
     b = CUDABackend()
     b._cp_device = contextlib.nullcontext()
     b._device_obj = Device("cuda", 0)
-    if hasattr(memory, "Context"):  # the code before the fix gave blocks a context generation
-        b._context = memory.Context(0)
+    # No submission thread: DeviceMemory runs its CUDA calls in place (under the pool's lock).
     mm = memory.CUDAMemoryManager(b, Device("cuda", 0), 8 * GIB, MemoryPoolConfig())
     b._memory_manager, b._pool = mm, mm.pool
     b._state = LifecycleState.READY
@@ -214,7 +213,7 @@ def test_a_cupy_array_over_a_block_keeps_its_buffer(backend: CUDABackend) -> Non
     mm = backend.memory_manager
     buf = mm.allocate(64)
     ptr = buf.handle.ptr
-    arr = device_array(backend, buf, (4, 4), DType.F32)
+    arr = device_array(buf, 0, (4, 4), DType.F32)
     assert arr.data.ptr == ptr
     alive = weakref.ref(buf)
     del buf

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from accelkit_cuda import driver as drv
 from accelkit_cuda.driver import Attr, DeviceProps, Driver, DriverUnavailable
-from accelkit_cuda.probe import capabilities, probe
+from accelkit_cuda.probe import backend_dtypes, capabilities, cupy_bf16, probe
 
 import accelkit as ak
 from accelkit.dtype import DType
@@ -103,12 +103,52 @@ def test_features_follow_the_compute_capability() -> None:
     assert h100.extra["arch"] == "sm_90"
     assert t4.extra["compute_capability"] == "7.5"
     for caps in (h100, t4):
-        # BF16 is hardware, not a dtype the backend holds (CuPy has none)
         assert DType.F16 in caps.dtypes
-        assert DType.BF16 not in caps.dtypes
         assert {"attention", "gemm"} <= caps.ops
         assert {"paged_attention", "quantized_linear"} <= caps.fused_ops
         assert caps.kernel_languages == {"cuda"}
+
+
+def test_bf16_is_claimed_from_sm_80_where_cupy_holds_it() -> None:
+    assert DType.BF16 in backend_dtypes((9, 0), bf16=True)
+    assert DType.BF16 in backend_dtypes((8, 0), bf16=True)
+    assert DType.BF16 not in backend_dtypes((7, 5), bf16=True)  # no native bf16 (T4)
+    assert DType.BF16 not in backend_dtypes((9, 0), bf16=False)  # CuPy < 14 or no ml_dtypes
+
+
+@pytest.mark.parametrize(
+    ("installed", "ml_dtypes", "expected"),
+    [
+        ({"cupy-cuda12x": "14.2.0"}, True, True),
+        ({"cupy-cuda13x": "14.0.1"}, True, True),
+        ({"cupy-cuda12x": "13.6.0"}, True, False),
+        ({"cupy-cuda12x": "14.2.0"}, False, False),
+        ({}, True, False),
+    ],
+)
+def test_cupy_bf16_reads_the_installed_versions(
+    installed: dict[str, str], ml_dtypes: bool, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.metadata
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def version(dist: str) -> str:
+        if dist not in installed:
+            raise importlib.metadata.PackageNotFoundError(dist)
+        return installed[dist]
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name == "ml_dtypes":
+            return real_find_spec(name) if ml_dtypes else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert cupy_bf16() is expected
+    caps = capabilities(H100)
+    assert (DType.BF16 in caps.dtypes) is expected
 
 
 def test_the_fake_driver_is_read_like_libcuda(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
 from accelkit_cuda.errors import RESTART, translate
 from accelkit_cuda.probe import capabilities, cupy_status
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
+from accelkit_cuda.submission import SubmissionThread
 
 __all__ = ["CUDABackend"]
 
@@ -58,6 +59,7 @@ class CUDABackend(QueuedBackend):
         self._arch = "sm_80"
         #: The first sticky fault (see :meth:`_failed`); never cleared.
         self._poisoned: ContextPoisonedError | None = None
+        self._thread: SubmissionThread = None  # type: ignore[assignment]  # made at initialize
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -86,7 +88,7 @@ class CUDABackend(QueuedBackend):
         missing = cupy_status()
         if missing is not None:
             raise DeviceError(missing)
-        devices = _devices()
+        devices = await anyio.to_thread.run_sync(_devices)  # driver calls: off the loop
         if device.index >= len(devices):
             raise DeviceError(f"no CUDA device {device}: the driver lists {len(devices)}")
         if device.index in _POISONED_DEVICES:
@@ -97,14 +99,15 @@ class CUDABackend(QueuedBackend):
 
         props = devices[device.index]
         self._cp_device = cupy.cuda.Device(device.index)
+        self._thread = SubmissionThread(device.index, str(device))
 
         def open_context() -> None:
-            with self._cp_device:
-                cupy.cuda.runtime.free(0)  # creates the primary context (can take a second)
+            cupy.cuda.runtime.free(0)  # creates the primary context (can take a second)
 
         try:
-            await anyio.to_thread.run_sync(open_context)
+            await self._thread.call(open_context)
         except CUDA_ERRORS as exc:
+            await anyio.to_thread.run_sync(self._thread.close)
             raise DeviceError(f"cannot open a CUDA context on {device}: {exc}") from None
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
@@ -122,8 +125,7 @@ class CUDABackend(QueuedBackend):
         from accelkit_cuda.memory import CUDAMemoryManager
         from accelkit_cuda.ops import CUDATensorKernels
 
-        with self._cp_device:
-            default = CUDAStream(device, f"{device}/default", self._failed)
+        default = CUDAStream(device, f"{device}/default", self._thread, self._failed)
         default.check_usable = self._check_usable
         self._streams = []
         self._add_stream(default)
@@ -138,20 +140,21 @@ class CUDABackend(QueuedBackend):
         )
 
     async def _shutdown(self) -> None:
+        thread = self._thread
         try:
             with anyio.CancelScope(shield=True):
                 for stream in list(self._streams):
                     stream.discard_errors()
                     if self._poisoned is None:
-                        await stream.synchronize()
+                        await stream.wait_quietly(stream.submitted)  # errors: nobody to tell
                         await anyio.to_thread.run_sync(stream.close)
         except ContextPoisonedError:
             pass  # the fault is noted (status); shutdown still releases what it can
         finally:
             self._forget_deferred()
-            self.pool.invalidate_all(close=True)
-            # Blocks still held by tensors that outlive the backend (stale now): freed here,
-            # once, by their one owner (or left to the process when the context is poisoned).
+            self.pool.invalidate_all(close=True)  # the frees are queued on the thread
+            # Blocks still held by tensors that outlive the backend (stale now): their frees
+            # queued here, once, by their one owner (or left to the process when poisoned).
             self._memory_manager.release_blocks()  # type: ignore[union-attr]
             if self._poisoned is not None:
                 for stream in self._streams:
@@ -160,6 +163,9 @@ class CUDABackend(QueuedBackend):
                     (self._streams, getattr(self, "_fused", None), self._kernel_executor)
                 )
             self._streams = []
+            if thread is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(thread.close)  # runs them, then ends
 
     # -- a poisoned context -----------------------------------------------------------------------
     def _failed(self, error: AccelError) -> AccelError:
@@ -220,18 +226,13 @@ class CUDABackend(QueuedBackend):
     # -- streams ----------------------------------------------------------------------------------
     def create_stream(self) -> CUDAStream:
         self._require_ready()
-        try:
-            with self._cp_device:
-                stream = CUDAStream(
-                    self._device_obj, f"{self._device_obj}/stream{len(self._streams)}",
-                    self._failed,
-                )  # fmt: skip
-                # Blocks recycled while there was one stream may still be in use by queued
-                # work: the new stream starts after everything queued so far.
-                for s in self._streams:
-                    stream.cp.wait_event(s.event_now())
-        except CUDA_ERRORS as exc:
-            raise self._failed(translate(exc, "creating a stream")) from None
+        self._check_usable()
+        # Blocks recycled while there was one stream may still be in use by queued work:
+        # the new stream starts after everything queued so far (on the submission thread).
+        stream = CUDAStream(
+            self._device_obj, f"{self._device_obj}/stream{len(self._streams)}", self._thread,
+            self._failed, after=list(self._streams),
+        )  # fmt: skip
         stream.check_usable = self._check_usable
         self._add_stream(stream)
         for s in self._streams:

@@ -1,8 +1,12 @@
 """CUDA C++ sources of the fused kernels, compiled with NVRTC (one program for all of them).
 
-Every kernel is a template over the storage type (``float``, ``f16`` bits, ``double``) with F32
-accumulation for F16 (F64 for F64), instantiated as ``extern "C"`` entry points named
-``<op>_<f32|f16|f64>``. Kernels that can meet bad input on the device (a block id out of range)
+Every kernel is a template over the storage type (``float``, ``f16`` bits, ``bf16`` bits,
+``double``) with F32 accumulation for F16 and BF16 (F64 for F64), instantiated as ``extern "C"``
+entry points named ``<op>_<f32|f16|f64|bf16>``. The half types are their bits with explicit
+conversions rather than ``cuda_fp16.h``/``cuda_bf16.h``: NVRTC has no include path on a machine
+with only its library (the test suite's), and the program must compile there and for every
+architecture (BF16 rounds to nearest even in integer arithmetic, no sm_80 instruction).
+Kernels that can meet bad input on the device (a block id out of range)
 set an error flag ``err[0]`` (atomically: the first one wins) with the offending value in
 ``err[1]``; the launcher reads it back when the result is awaited.
 
@@ -19,7 +23,7 @@ FLASH_TILE = 32
 FLASH_ROWS = 4  # query rows (warps) per block
 MAX_DV = 256  # head_dim of V the register accumulators hold
 
-DTYPE_SUFFIX = {"float32": "f32", "float16": "f16", "float64": "f64"}
+DTYPE_SUFFIX = {"float32": "f32", "float16": "f16", "float64": "f64", "bfloat16": "bf16"}
 
 _OPS = (
     "rms_norm", "rms_norm_residual", "layer_norm", "softmax_rows", "rotary", "silu_mul",
@@ -50,14 +54,29 @@ __device__ __forceinline__ f16 f2h(float f) {
     f16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f)); return h;
 }
 
+// BF16 storage: the high half of an F32. Widening is exact; narrowing rounds to nearest even
+// (NaN stays a quiet NaN), as __float2bfloat16_rn does.
+struct bf16 { unsigned short bits; };
+__device__ __forceinline__ float b2f(bf16 h) { return __uint_as_float(((unsigned int)h.bits) << 16); }
+__device__ __forceinline__ bf16 f2b(float f) {
+    unsigned int u = __float_as_uint(f);
+    bf16 h;
+    if ((u & 0x7fffffffu) > 0x7f800000u) { h.bits = (unsigned short)((u >> 16) | 0x40u); return h; }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    h.bits = (unsigned short)(u >> 16);
+    return h;
+}
+
 template <typename T> struct Acc { typedef float type; };
 template <> struct Acc<double> { typedef double type; };
 
 __device__ __forceinline__ float ld(const float* p, i64 i) { return p[i]; }
 __device__ __forceinline__ float ld(const f16* p, i64 i) { return h2f(p[i]); }
+__device__ __forceinline__ float ld(const bf16* p, i64 i) { return b2f(p[i]); }
 __device__ __forceinline__ double ld(const double* p, i64 i) { return p[i]; }
 __device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(f16* p, i64 i, float v) { p[i] = f2h(v); }
+__device__ __forceinline__ void st(bf16* p, i64 i, float v) { p[i] = f2b(v); }
 __device__ __forceinline__ void st(double* p, i64 i, double v) { p[i] = v; }
 
 __device__ __forceinline__ float neg_inf(float) { return -__int_as_float(0x7f800000); }
@@ -460,4 +479,5 @@ extern "C" __global__ void argmax_rows_##S(const T* x, i64* o, i64 d) { argmax_i
 INSTANTIATE(float, f32)
 INSTANTIATE(f16, f16)
 INSTANTIATE(double, f64)
+INSTANTIATE(bf16, bf16)
 """

@@ -26,12 +26,28 @@ __all__ = [
 
 Array = Any
 _F16 = cp.dtype(cp.float16)
+#: bfloat16 (ml_dtypes; CuPy 14 holds it), or None. BF16 arrays meet only copies, casts and
+#: cuBLAS: everything else is computed in F32 and rounded once when stored.
+_BF16: Any = None
+try:
+    import ml_dtypes
+
+    _BF16 = cp.dtype(ml_dtypes.bfloat16)
+except (ImportError, TypeError):  # pragma: no cover - ml_dtypes missing
+    pass
+
+
+def half(dtype: Any) -> bool:
+    """F16 or BF16: stored narrow, computed in F32."""
+    return dtype == _F16 or (_BF16 is not None and dtype == _BF16)
+
+
 _SQRT_2_OVER_PI = 0.7978845608028654
 _ATTN_CHUNK_ELEMS = 1 << 26  # score elements per chunk (256 MiB of f32)
 
 
 def up(x: Any) -> Any:
-    return x.astype(cp.float32) if isinstance(x, cp.ndarray) and x.dtype == _F16 else x
+    return x.astype(cp.float32) if isinstance(x, cp.ndarray) and half(x.dtype) else x
 
 
 def _ct(x: Array) -> Any:
@@ -70,6 +86,11 @@ _SAME = {"abs": cp.abs, "neg": cp.negative, "floor": cp.floor, "ceil": cp.ceil, 
 
 
 def unary(op: str, x: Array, out: Array) -> None:
+    if _BF16 is not None and x.dtype == _BF16:
+        tmp = cp.empty(out.shape, cp.float32)
+        unary(op, up(x), tmp)
+        _store(out, tmp)
+        return
     if op == "bitwise_not":
         cp.invert(x, out=out)
         return
@@ -112,7 +133,7 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
     if op in ("eq", "ne", "lt", "le", "gt", "ge"):
         _BINARY[op](up(a), up(b), out=out)
         return
-    ct = cp.dtype(cp.float32) if out.dtype == _F16 else out.dtype
+    ct = cp.dtype(cp.float32) if half(out.dtype) else out.dtype
     av, bv = _operand(a, ct), _operand(b, ct)
     if op == "pow":
         if ct.kind == "i":
@@ -159,10 +180,13 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
 
 
 def where(cond: Array, a: Any, b: Any, out: Array) -> None:
-    _store(out, cp.where(cond, _operand(a, out.dtype), _operand(b, out.dtype)))
+    ct = cp.dtype(cp.float32) if _BF16 is not None and out.dtype == _BF16 else out.dtype
+    _store(out, cp.where(cond, _operand(a, ct), _operand(b, ct)))
 
 
 def cast_into(x: Array, out: Array) -> None:
+    if _BF16 is not None and x.dtype == _BF16:
+        x = up(x)  # exact
     if out.dtype.kind in "iu" and x.dtype.kind == "f":
         info = cp.iinfo(out.dtype)
         t = cp.trunc(x.astype(cp.float64))
@@ -225,7 +249,7 @@ def gemm(
         av, bv = av.astype(ct), bv.astype(ct)
     res = cp.matmul(av, bv)
     if alpha != 1.0 or c is not None:
-        res = res.astype(cp.float32) if res.dtype == _F16 else res
+        res = res.astype(cp.float32) if half(res.dtype) else res
         if alpha != 1.0:
             res = res * alpha
         if c is not None:
@@ -234,6 +258,7 @@ def gemm(
 
 
 def matmul(a: Array, b: Array, out: Array) -> None:
+    """cuBLAS through ``cupy.matmul``: F16 and BF16 inputs with F32 accumulation."""
     if a.dtype != b.dtype:
         ct = cp.result_type(up(a), up(b))
         a, b = a.astype(ct), b.astype(ct)
@@ -429,8 +454,8 @@ def take(x: Array, axis: int, index: Any, out: Array) -> None:
 
 def cumulative(op: str, x: Array, axis: int, exclusive: bool, reverse: bool, out: Array) -> None:
     """Running sum or product; integers accumulate in out's dtype (wrapping), F16 in F32."""
-    acc = cp.dtype(cp.float32) if out.dtype == _F16 else out.dtype
-    xs = cp.flip(x, axis) if reverse else x
+    acc = cp.dtype(cp.float32) if half(out.dtype) else out.dtype
+    xs = cp.flip(up(x), axis) if reverse else up(x)
     fn = cp.cumsum if op == "sum" else cp.cumprod
     res = fn(xs, axis=axis, dtype=acc)
     if exclusive and res.shape[axis]:

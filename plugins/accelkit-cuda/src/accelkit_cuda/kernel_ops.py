@@ -25,24 +25,34 @@ from accelkit.sdk import (
     GeluApproximation,
     SamplingParams,
     rotary_inv_freq,
-    storage,
 )
 from accelkit.tensor import Tensor
-from accelkit_cuda.cuda_fused import FLASH_ROWS, MAX_DV, SOURCE, flash_shared_bytes
-from accelkit_cuda.submit import CUDAComponent
+from accelkit_cuda.cuda_fused import (
+    FLASH_ROWS,
+    MAX_DV,
+    SOURCE,
+    flash_shared_bytes,
+    kernel_names,
+)
+from accelkit_cuda.submit import CUDAComponent, storage
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
 __all__ = ["CUDAFusedKernels", "FusedProgram"]
 
-_SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64"}
+_SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64", DType.BF16: "bf16"}
 _THREADS = 256
 _SMEM_DEFAULT = 48 * 1024
 
 
 def _ptr(t: Tensor | None) -> Any:
-    return None if t is None else storage(t)  # CuPy passes None as a null pointer
+    return t  # resolved by _Fused._run on the submission thread (None: a null pointer)
+
+
+def _resolve(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Kernel arguments with tensors replaced by their CuPy arrays (submission thread)."""
+    return tuple(storage(a) if type(a) is Tensor else a for a in args)
 
 
 class FusedProgram:
@@ -56,33 +66,38 @@ class FusedProgram:
         self._functions: dict[str, Any] = {}
 
     async def load(self) -> None:
-        """Compile on a worker thread (about 4 s on a cold cache). A failure (no NVRTC, an
-        architecture NVRTC does not know) is kept: fused calls then refuse, and the dispatcher
-        and TensorOps run their compositions."""
-        await anyio.to_thread.run_sync(self._load)
-
-    def _load(self) -> None:
+        """Compile on a worker thread (about 4 s on a cold cache), then load the module and
+        look up every kernel on the submission thread, so a launch needs no driver call to
+        find its function. A failure (no NVRTC, an architecture NVRTC does not know) is kept:
+        fused calls then refuse, and the dispatcher and TensorOps run their compositions."""
         from accelkit_cuda.nvrtc import compile_cached
 
         try:
-            compiled = compile_cached(SOURCE, self._backend._arch, (), "accelkit_fused.cu")
-            with self._backend._cp_device:
-                module = cp.cuda.function.Module()
-                module.load(compiled.binary)
-            self._module = module
+            compiled = await anyio.to_thread.run_sync(
+                compile_cached, SOURCE, self._backend._arch, (), "accelkit_fused.cu"
+            )
+            self._functions = await self._backend._thread.call(lambda: _load(compiled.binary))
+            self._module = True
         except Exception as exc:
             self._error = exc
 
     def function(self, name: str) -> Any:
+        """The loaded kernel ``name`` (a dict lookup: no CUDA call)."""
         fn = self._functions.get(name)
         if fn is None:
-            if self._module is None:
-                raise UnsupportedOperationError(
-                    f"the CUDA fused kernels are unavailable: {self._error or 'not loaded'}"
-                )
-            fn = self._module.get_function(name)
-            self._functions[name] = fn
+            raise UnsupportedOperationError(
+                f"the CUDA fused kernels are unavailable: {self._error or 'not loaded'}"
+                if self._module is None
+                else f"the CUDA fused program has no kernel {name!r}"
+            )
         return fn
+
+
+def _load(binary: bytes) -> dict[str, Any]:
+    """On the submission thread: load the fused module and look up its kernels."""
+    module = cp.cuda.function.Module()
+    module.load(binary)
+    return {name: module.get_function(name) for name in kernel_names()} | {"": module}
 
 
 class _Fused(CUDAComponent):
@@ -106,7 +121,8 @@ class _Fused(CUDAComponent):
         stream = self._stream
 
         def run() -> None:
-            fn(g, (block,), args() if callable(args) else args, shared_mem=smem, stream=stream.cp)
+            values = _resolve(args() if callable(args) else args)
+            fn(g, (block,), values, shared_mem=smem, stream=stream.cp)
 
         self._launch(run, inputs, outputs, what="a fused kernel")
 
@@ -124,7 +140,7 @@ class CUDANormKernels(_Fused):
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
         fn = self._fn("rms_norm", x.dtype)
-        args = (storage(x), _ptr(weight), storage(out), np.int64(d), np.float64(eps))
+        args = (x, _ptr(weight), out, np.int64(d), np.float64(eps))
         self._run(fn, rows, _THREADS, args, (x, weight), (out,))
 
     def rms_norm_residual(
@@ -136,7 +152,7 @@ class CUDANormKernels(_Fused):
             raise UnsupportedOperationError("empty rows: the composition handles them")
         fn = self._fn("rms_norm_residual", x.dtype)
         args = (
-            storage(x), storage(residual), _ptr(weight), storage(normed), storage(summed), np.int64(d),
+            x, residual, _ptr(weight), normed, summed, np.int64(d),
             np.float64(eps),
         )  # fmt: skip
         self._run(fn, rows, _THREADS, args, (x, residual, weight), (normed, summed))
@@ -148,7 +164,7 @@ class CUDANormKernels(_Fused):
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty rows: the composition handles them")
         fn = self._fn("layer_norm", x.dtype)
-        args = (storage(x), _ptr(weight), _ptr(bias), storage(out), np.int64(d), np.float64(eps))
+        args = (x, _ptr(weight), _ptr(bias), out, np.int64(d), np.float64(eps))
         self._run(fn, rows, _THREADS, args, (x, weight, bias), (out,))
 
 
@@ -194,7 +210,7 @@ class CUDAAttentionKernels(_Fused):
             raise UnsupportedOperationError("the flash kernel takes no explicit mask")
         if not self.can_flash(q, k, v):
             raise UnsupportedOperationError(
-                f"the flash kernel needs f16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
+                f"the flash kernel needs f16/bf16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
                 f" {_SMEM_DEFAULT // 1024} KiB of shared memory"
             )
         b, h, sq, d = q.shape
@@ -202,7 +218,7 @@ class CUDAAttentionKernels(_Fused):
         item = 8 if q.dtype is DType.F64 else 4
         fn = self._fn("flash_attention", q.dtype)
         args = (
-            storage(q), storage(k), storage(v), storage(out), np.int32(h), np.int32(hk), np.int64(sq),
+            q, k, v, out, np.int32(h), np.int32(hk), np.int64(sq),
             np.int64(sk), np.int32(d), np.int32(dv), np.float64(scale), np.int32(causal),
         )  # fmt: skip
         grid = ((sq + FLASH_ROWS - 1) // FLASH_ROWS, b * h)
@@ -259,7 +275,7 @@ class CUDAActivationKernels(_Fused):
             return self._skip([out])
         fn = self._fn("silu_mul", gate.dtype)
         self._run(
-            fn, self._elementwise_grid(n), _THREADS, (storage(gate), storage(up), storage(out), np.int64(n)),
+            fn, self._elementwise_grid(n), _THREADS, (gate, up, out, np.int64(n)),
             (gate, up), (out,),
         )  # fmt: skip
         return None
@@ -273,7 +289,7 @@ class CUDAActivationKernels(_Fused):
             fn,
             self._elementwise_grid(n),
             _THREADS,
-            (storage(x), storage(out), np.int64(n)),
+            (x, out, np.int64(n)),
             (x,),
             (out,),
         )
@@ -312,22 +328,21 @@ class CUDASamplingKernels(_Fused):
         if rows == 0 or d == 0:
             raise UnsupportedOperationError("empty input: the composition handles it")
         fn = self._fn("argmax_rows", logits.dtype)
-        self._run(
-            fn, rows, _THREADS, (storage(logits), storage(out), np.int64(d)), (logits,), (out,)
-        )
+        self._run(fn, rows, _THREADS, (logits, out, np.int64(d)), (logits,), (out,))
 
     def sample_token(
         self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
     ) -> None:
         vocab = logits.shape[-1]
         rows = logits.size // vocab if vocab else 0
-        # The noise of tensor_factory.uniform(shape, seed=seed), drawn now on the host.
-        noise = None
-        if params.temperature != 0.0:
-            noise = np.random.default_rng(params.seed).uniform(0.0, 1.0, size=(rows, vocab))
-            noise = noise.astype(np.float32)
 
         def run() -> Any:
+            # The noise of tensor_factory.uniform(shape, seed=seed), drawn on the submission
+            # thread (the same numbers as every backend's composition draws).
+            noise = None
+            if params.temperature != 0.0:
+                noise = np.random.default_rng(params.seed).uniform(0.0, 1.0, size=(rows, vocab))
+                noise = noise.astype(np.float32)
             return _sample(storage(logits), _data(previous_tokens), params, noise, storage(out))
 
         def error(_code: int, value: int) -> BaseException:

@@ -31,10 +31,9 @@ from accelkit.sdk import (
     KernelInfo,
     check_launch_dims,
     check_tensor,
-    storage,
 )
 from accelkit.tensor import Tensor
-from accelkit_cuda.submit import CUDAComponent
+from accelkit_cuda.submit import CUDAComponent, storage
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -60,12 +59,35 @@ _SCALAR = {
 }  # fmt: skip
 
 
+class _BufferArg:
+    """A DeviceBuffer argument: its CuPy array is made at launch, on the submission thread."""
+
+    __slots__ = ("buffer", "device", "nbytes")
+
+    def __init__(self, buffer: DeviceBuffer, nbytes: int, device: int) -> None:
+        self.buffer, self.nbytes, self.device = buffer, nbytes, device
+
+    def array(self) -> Any:
+        from accelkit_cuda.memory import memptr
+
+        # memptr(buffer): the array keeps the *buffer* alive, so the pool cannot recycle it.
+        return cupy.ndarray((self.nbytes,), cupy.uint8, memptr=memptr(self.buffer, self.device))
+
+
+def _native(value: Any) -> Any:
+    if type(value) is Tensor:
+        return storage(value)
+    if type(value) is _BufferArg:
+        return value.array()
+    return value
+
+
 class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
     languages = frozenset({"cuda"})
 
     def __init__(self, backend: CUDABackend) -> None:
         super().__init__(backend)
-        self._loaded: dict[str, tuple[Any, Any, list[int] | None]] = {}
+        self._loaded: dict[str, tuple[Any, Any, list[int] | None, dict[str, int]]] = {}
         self._lock = threading.Lock()
 
     async def load_kernel(
@@ -86,34 +108,44 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
             raise InvalidArgumentError("load_kernel: options must be strings")
         generation = backend._generation()
 
-        def build() -> tuple[str, Any, Any, list[int] | None]:
-            from accelkit_cuda.driver import driver
+        def build() -> Any:
             from accelkit_cuda.nvrtc import compile_cached
 
-            compiled = compile_cached(source, backend._arch, opts, f"{name}.cu")
-            with backend._cp_device:
-                module = cupy.cuda.function.Module()
-                module.load(compiled.binary)
-                try:
-                    function = module.get_function(name)
-                except cupy.cuda.driver.CUDADriverError:
-                    raise InvalidArgumentError(
-                        f"load_kernel: the program has no kernel named {name!r} (declare it"
-                        ' extern "C" __global__)'
-                    ) from None
-            return compiled.key, module, function, driver().param_sizes(function.ptr)
+            return compile_cached(source, backend._arch, opts, f"{name}.cu")
 
-        key, module, function, params = await anyio.to_thread.run_sync(build)
+        def load(binary: bytes) -> tuple[Any, Any, list[int] | None, dict[str, int]]:
+            # On the submission thread: the module lives in the backend's context there.
+            from accelkit_cuda.driver import driver
+
+            module = cupy.cuda.function.Module()
+            module.load(binary)
+            try:
+                function = module.get_function(name)
+            except cupy.cuda.driver.CUDADriverError:
+                raise InvalidArgumentError(
+                    f"load_kernel: the program has no kernel named {name!r} (declare it"
+                    ' extern "C" __global__)'
+                ) from None
+            attrs = {
+                k: int(cupy.cuda.driver.funcGetAttribute(v, function.ptr))
+                for k, v in _ATTRS.items()
+            }
+            return module, function, driver().param_sizes(function.ptr), attrs
+
+        # NVRTC needs no context: a worker thread, so the submission thread keeps launching.
+        compiled = await anyio.to_thread.run_sync(build)
+        key = compiled.key
+        module, function, params, attrs = await backend._thread.call(lambda: load(compiled.binary))
         with self._lock:
             # A kernel loaded twice keeps its first module: replacing it would unload a module
             # that queued launches may still use.
-            self._loaded.setdefault(f"{key}:{name}:{generation}", (module, function, params))
+            self._loaded.setdefault(f"{key}:{name}:{generation}", (module, function, params, attrs))
         return KernelHandle(
             name=name, language="cuda", key=key, backend="cuda", device=str(backend.device),
             generation=generation,
         )  # fmt: skip
 
-    def _entry(self, handle: KernelHandle) -> tuple[Any, Any, list[int] | None]:
+    def _entry(self, handle: KernelHandle) -> tuple[Any, Any, list[int] | None, dict[str, int]]:
         if not isinstance(handle, KernelHandle):
             raise InvalidArgumentError(f"expected a KernelHandle; got {type(handle).__name__}")
         self.backend._require_ready()
@@ -138,13 +170,10 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
 
     def _arg(self, value: Any, size: int | None, index: int) -> Any:
         if isinstance(value, Tensor):
-            return storage(check_tensor(self.backend, value, f"args[{index}]"))
+            return check_tensor(self.backend, value, f"args[{index}]")  # its array: at launch
         if isinstance(value, DeviceBuffer):
             buf = self.backend.memory_manager.owned_buffer(value, f"args[{index}]")  # type: ignore[attr-defined]
-            from accelkit_cuda.memory import memptr
-
-            device = self.backend._device_obj.index
-            return cupy.ndarray((buf.nbytes,), cupy.uint8, memptr=memptr(buf, device))
+            return _BufferArg(buf, buf.nbytes, self.backend._device_obj.index)
         if isinstance(value, np.generic):
             if size is not None and value.nbytes != size:
                 raise InvalidArgumentError(
@@ -174,12 +203,12 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
     def execute_kernel(
         self, handle: KernelHandle, grid: Sequence[int], block: Sequence[int], args: Sequence[Any]
     ) -> None:
-        _, function, params = self._entry(handle)
+        _, function, params, attrs = self._entry(handle)
         caps = self.backend.capabilities
         g = self._dims(grid, "grid", (2**31 - 1, 65535, 65535))
         b = self._dims(block, "block", (1024, 1024, 64))
         threads = int(np.prod(b))
-        max_threads = cupy.cuda.driver.funcGetAttribute(0, function.ptr)
+        max_threads = attrs["max_threads_per_block"]
         if threads > max_threads:
             raise InvalidArgumentError(
                 f"block {b} has {threads} threads; kernel {handle.name!r} allows at most"
@@ -204,20 +233,19 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         )
         tensors = [a for a in plain if isinstance(a, Tensor)]
         stream = self._stream
-        if smem > 48 * 1024:
-            cupy.cuda.driver.funcSetAttribute(
-                function.ptr, _ATTRS["max_dynamic_shared_size_bytes"], smem
-            )
-        self._launch(
-            lambda: function(g, b, values, shared_mem=smem, stream=stream.cp), tensors, tensors,
-            keepalive=values, what=f"kernel {handle.name!r}",
-        )  # fmt: skip
+
+        def run() -> None:
+            if smem > 48 * 1024:
+                cupy.cuda.driver.funcSetAttribute(
+                    function.ptr, _ATTRS["max_dynamic_shared_size_bytes"], smem
+                )
+            launch = tuple(_native(v) for v in values)
+            function(g, b, launch, shared_mem=smem, stream=stream.cp)
+
+        self._launch(run, tensors, tensors, keepalive=values, what=f"kernel {handle.name!r}")
 
     def kernel_info(self, handle: KernelHandle) -> KernelInfo:
-        _, function, params = self._entry(handle)
-        attrs = {
-            k: int(cupy.cuda.driver.funcGetAttribute(v, function.ptr)) for k, v in _ATTRS.items()
-        }
+        _, _, params, attrs = self._entry(handle)
         return KernelInfo(
             name=handle.name,
             max_threads_per_block=attrs["max_threads_per_block"],
@@ -229,10 +257,10 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
     def unload_kernel(self, handle: KernelHandle) -> None:
         """Forget the kernel. Its module is unloaded (``cuModuleUnload``, by CuPy, when the
         module object goes) only after the launches queued so far on every stream have
-        completed: each stream holds it until an event recorded now has passed."""
+        completed: each stream holds it until the position queued now has completed, and its
+        completer thread drops it then (no CUDA call on the loop's thread)."""
         entry = self._entry(handle)
         with self._lock:
             self._loaded.pop(f"{handle.key}:{handle.name}:{handle.generation}", None)
-        with self.backend._cp_device:
-            for stream in self.backend._streams:
-                stream.hold(entry)
+        for stream in self.backend._streams:
+            stream.hold((entry,))

@@ -3,27 +3,36 @@
 Blocks are ``cudaMalloc`` allocations (:class:`Block`, wrapped for CuPy as unowned memory that
 keeps its buffer alive) handed out by the core's :class:`~accelkit._core.pool.CachingPool`, which
 keeps the exact statistics, the limit and ``trim()``. Their memory has one owner,
-:class:`DeviceMemory`: only the pool (under its lock) and the backend's teardown free it, never a
-garbage collector. A freed block is reused at once by later work on the same stream (stream order makes
+:class:`DeviceMemory`: only the pool (under its lock) and the backend's teardown release it,
+never a garbage collector. A freed block is reused at once by later work on the same stream (stream order makes
 that safe). With more than one stream, submissions keep their tensors alive until an event after
 them has completed, and an explicit ``free`` returns the block once the other streams have passed
 the point where it was freed, so no stream is handed a block another is still using.
 
+Every CUDA call here runs on the backend's submission thread (:mod:`accelkit_cuda.submission`):
+a pool miss queues the block's ``cudaMalloc`` there (its pointer exists before any work that
+uses it runs, since that work is queued after it), and a release by the pool queues its
+``cudaFree`` (after the work queued so far). On a poisoned context nothing is freed.
+
 Host transfers are real asynchronous copies through pinned (page-locked) staging memory from
-CuPy's pinned pool: ``cudaMemcpyAsync`` on the stream, awaited through an event without
-blocking the loop. The staging block stays alive until the copy completes, even if the awaiting
-task is cancelled.
+CuPy's pinned pool, allocated on the submission thread: ``cudaMemcpyAsync`` on the stream, awaited
+without blocking the loop; the copy between the staging block and the caller's array runs on a
+worker thread when large (``sdk.host.copy_into``). The staging block stays alive until the copy
+completes, even if the awaiting task is cancelled.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import cupy
 import numpy as np
 
 from accelkit.device import Device
+from accelkit.errors import AccelError, OutOfMemoryError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk import (
     CachingPool,
@@ -37,7 +46,7 @@ from accelkit.sdk import (
 from accelkit.sdk.host import copy_into
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import OUT_OF_MEMORY, error_code, translate
-from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream, wait_event, wait_event_blocking
+from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 from accelkit_cuda.submit import depend
 
 if TYPE_CHECKING:
@@ -57,21 +66,40 @@ class Block:
     :class:`DeviceMemory` of its backend, which frees it when the pool lets it go (under the
     pool's lock) or at the backend's teardown. A ``__del__`` that freed it would run in the same
     garbage collection that puts a buffer dying in a reference cycle back into the pool, and the
-    pool would then hand out freed memory (the race of issue 27)."""
+    pool would then hand out freed memory (the race of issue 27).
 
-    __slots__ = ("ptr", "size")
+    ``ptr`` is 0 until the ``cudaMalloc`` queued at allocation has run on the submission thread
+    (``pending`` until then; every use of the block is queued after it), and stays 0 with
+    ``error`` set if it failed."""
+
+    __slots__ = ("error", "freed", "pending", "ptr", "size")
 
     def __init__(self, ptr: int, size: int) -> None:
         self.ptr = ptr
         self.size = size
+        self.pending = False
+        self.freed = False
+        self.error: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"Block({self.ptr:#x}, {self.size})"
 
 
 def block_is_live(block: Block) -> bool:
-    """The pool's check before it hands a cached block out again."""
-    return block.ptr != 0
+    """The pool's check before it hands a cached block out again: not freed, and allocated (or
+    its ``cudaMalloc`` still queued, or failed: then every use raises its error)."""
+    return not block.freed and (block.ptr != 0 or block.pending or block.error is not None)
+
+
+def _ptr(block: Block) -> int:
+    """A block's pointer on the submission thread; a failed ``cudaMalloc`` raises here."""
+    if not block.ptr:
+        if isinstance(block.error, AccelError):
+            raise block.error
+        raise OutOfMemoryError(
+            f"a {block.size}-byte block could not be allocated: {block.error or 'freed'}"
+        )
+    return block.ptr
 
 
 def _malloc(size: int) -> int:
@@ -88,57 +116,102 @@ def _malloc(size: int) -> int:
 class DeviceMemory:
     """Every block a backend has ``cudaMalloc``-ed and not yet freed: the one owner of its
     device memory. The pool calls :meth:`alloc` and :meth:`free` (its ``raw_alloc`` and
-    ``raw_free``) under its lock, at allocation, ``trim`` and statistics calls, on the thread
-    that made them, never from a garbage collector; :meth:`release_all` (the backend's teardown,
-    after its streams have finished) frees what tensors alive at shutdown still hold. On a
-    poisoned context nothing is freed: ``cudaFree`` would fail, and the memory goes with the
-    process, which must exit anyway."""
+    ``raw_free``) under its lock, at allocation, ``trim`` and statistics calls, never from a
+    garbage collector; the CUDA calls themselves are queued on the backend's submission thread
+    (run in place when there is none, or when already on it). :meth:`release_all` (the
+    backend's teardown, after its streams have finished) frees what tensors alive at shutdown
+    still hold. On a poisoned context nothing is freed: ``cudaFree`` would fail, and the memory
+    goes with the process, which must exit anyway."""
 
     def __init__(self, backend: CUDABackend) -> None:
         self._backend = backend
+        self._lock = threading.Lock()
+        #: Every block allocated (or queued for allocation) and not yet freed.
         self._live: dict[int, Block] = {}
         #: Blocks (and bytes) not freed because the context was poisoned: logged at teardown.
         self._left = [0, 0]
 
+    def _run(self, fn: Any) -> bool:
+        """Run ``fn`` on the submission thread (queued); True if it ran here and now."""
+        thread = self._backend._thread
+        if thread is None or thread.closed or thread.on_thread():
+            fn()
+            return True
+        thread.submit(fn)  # in order after the work queued so far
+        return False
+
     def alloc(self, size: int) -> Block:
         backend = self._backend
-        try:
-            with backend._cp_device:
+        backend._check_usable()
+        block = Block(0, size)
+        block.pending = True
+        with self._lock:
+            self._live[id(block)] = block
+
+        def malloc() -> None:
+            try:
+                if backend._poisoned is not None:
+                    raise backend._poison_error()
                 try:
                     ptr = _malloc(size)
                 except MemoryError:
-                    # CuPy's own pool (temporaries of its kernels) may hold the memory: return
-                    # its free blocks to the driver (cudaFree waits for the device, so no queued
-                    # kernel still uses them) and try once more.
+                    # CuPy's own pool (temporaries of its kernels) and the free blocks of ours
+                    # may hold the memory: return them to the driver and try once more.
                     cupy.get_default_memory_pool().free_all_blocks()
+                    backend.pool.trim()
                     ptr = _malloc(size)
-        except CUDA_ERRORS as exc:
-            raise backend._failed(translate(exc, f"allocating {size} bytes")) from None
-        block = Block(ptr, size)
-        self._live[ptr] = block
+                block.ptr = ptr
+            except CUDA_ERRORS as exc:
+                block.error = backend._failed(translate(exc, f"allocating {size} bytes"))
+            except BaseException as exc:
+                block.error = exc
+            finally:
+                block.pending = False
+
+        if self._run(malloc) and block.error is not None:
+            # Ran in place (no submission thread, or on it): the pool's caller is told.
+            with self._lock:
+                del self._live[id(block)]
+            raise block.error
         return block
 
     def free(self, block: Block) -> None:
-        ptr, block.ptr = block.ptr, 0
-        if not ptr or self._live.pop(ptr, None) is None:
+        if block.freed:
             return
-        if self._backend._poisoned is not None:
-            self._left[0] += 1
-            self._left[1] += block.size
-            return
-        try:
-            with self._backend._cp_device:
+        block.freed = True
+        backend = self._backend
+
+        def free() -> None:
+            with self._lock:
+                if self._live.pop(id(block), None) is None:
+                    return
+            ptr, block.ptr = block.ptr, 0
+            if not ptr:
+                return
+            if backend._poisoned is not None:
+                self._left[0] += 1
+                self._left[1] += block.size
+                return
+            try:
                 cupy.cuda.runtime.free(ptr)
-        except CUDA_ERRORS as exc:  # never raised into the pool: noted, and the block left
-            error = self._backend._failed(translate(exc, "freeing device memory"))
-            _log.warning("%s: a block of %d bytes was not freed: %s", self._backend._device_obj,
-                         block.size, error)  # fmt: skip
+            except CUDA_ERRORS as exc:  # never raised into the pool: noted, the block left
+                error = backend._failed(translate(exc, "freeing device memory"))
+                _log.warning("%s: a block of %d bytes was not freed: %s", backend._device_obj,
+                             block.size, error)  # fmt: skip
+
+        self._run(free)
 
     def release_all(self) -> None:
         """The backend's teardown: free every block still allocated (held by tensors that
-        outlive the backend; they are stale now, so nothing reads the memory again)."""
-        for block in list(self._live.values()):
+        outlive the backend; they are stale now, so nothing reads the memory again). The frees
+        are queued on the submission thread, after everything queued so far."""
+        with self._lock:
+            blocks = list(self._live.values())
+        for block in blocks:
             self.free(block)
+        self._run(self._report)
+
+    def _report(self) -> None:
         count, nbytes = self._left
         if count:
             _log.warning(
@@ -196,50 +269,69 @@ class CUDAMemoryManager(PooledMemoryManager):
             return
         # Returned once every stream has passed this point: work queued so far on any of them
         # may still use the block, and the pool may hand it to any stream next.
-        events = [s.event_now() for s in streams]
-        self.pool.free(buf, lambda recycle: self._backend._after_events(events, recycle))
+        points = [s.position() for s in streams]
+        self.pool.free(buf, lambda recycle: self._backend._after_events(points, recycle))
 
-    def _pinned(self, nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
-        try:
-            return pinned_empty(nbytes)
-        except CUDA_ERRORS as exc:
-            raise self._backend._failed(translate(exc, "pinned staging memory")) from None
+    def _submit_copy(
+        self, stream: CUDAStream, dst: Any, src: Any, nbytes: int, kind: int,
+        inputs: Sequence[Any], keep: tuple[Any, ...], what: str,
+    ) -> int:  # fmt: skip
+        """Queue ``cudaMemcpyAsync(dst(), src(), ...)`` on ``stream`` (pointers are read on the
+        submission thread, where the blocks' mallocs ran); returns its position."""
+        self._backend._check_usable()
 
-    def _depend(self, stream: CUDAStream, inputs: Any) -> None:
-        try:
-            with self._backend._cp_device, stream.cp:
-                depend(stream, inputs)
-        except CUDA_ERRORS as exc:
-            raise self._backend._failed(translate(exc, "ordering a copy")) from None
+        def run() -> None:
+            cupy.cuda.runtime.memcpyAsync(dst(), src(), nbytes, kind, stream.cp.ptr)
 
-    def _copy(self, stream: CUDAStream, dst: int, src: int, nbytes: int, kind: int) -> None:
-        backend = self._backend
-        backend._check_usable()
-        try:
-            with backend._cp_device:
-                cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.cp.ptr)
-        except CUDA_ERRORS as exc:
-            raise backend._failed(translate(exc, "a copy")) from None
+        return stream.submit(run, keep, depend(stream, inputs), what)
 
     def configure_pool(self, config: MemoryPoolConfig) -> None:
         self._backend._check_usable()
         super().configure_pool(config)
+
+    async def _pinned(self, nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
+        """Pinned staging memory, allocated on the submission thread."""
+        try:
+            return await self._backend._thread.call(lambda: pinned_empty(nbytes))
+        except CUDA_ERRORS as exc:
+            raise self._backend._failed(translate(exc, "pinned staging memory")) from None
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         self._backend._check_usable()
         buf, view = self._host_source(dst, src)
         if view.nbytes == 0:
             return
-        block, staging = self._pinned(view.nbytes)
-        staging[...] = np.frombuffer(view, np.uint8)  # the caller may reuse src at once
+        block, staging = await self._pinned(view.nbytes)
+        await copy_into(staging, np.frombuffer(view, np.uint8))  # off the loop when large
         stream = self._current()
-        self._depend(stream, [dst])
-        self._copy(stream, buf.handle.ptr, staging.ctypes.data, view.nbytes, _H2D)
-        seq = stream.record()
-        event = stream.hold((block, buf))
+        handle = buf.handle
+        seq = self._submit_copy(
+            stream, lambda: _ptr(handle), lambda: staging.ctypes.data, view.nbytes, _H2D, [dst],
+            (block, staging, buf), "copy_htod",
+        )  # fmt: skip
         if isinstance(dst, Tensor):
             mark_written((dst,), stream, seq)
-        await wait_event(event, "copy_htod", self._backend._failed)
+        await stream.wait_for(seq)
+
+    def _to_staging(
+        self, stream: CUDAStream, buf: DeviceBuffer, nbytes: int, inputs: Sequence[Any],
+        what: str,
+    ) -> tuple[int, list[np.ndarray[Any, Any]]]:  # fmt: skip
+        """Queue a copy of ``buf`` into pinned memory allocated there; returns the position and
+        a list that holds the pinned array once the submission thread has made it."""
+        self._backend._check_usable()
+        cell: list[np.ndarray[Any, Any]] = []
+        handle = buf.handle
+
+        def run() -> Any:
+            block, staging = pinned_empty(nbytes)
+            cupy.cuda.runtime.memcpyAsync(
+                staging.ctypes.data, _ptr(handle), nbytes, _D2H, stream.cp.ptr
+            )
+            cell.append(staging)
+            return block
+
+        return stream.submit(run, (buf,), depend(stream, inputs), what), cell
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
         self._backend._check_usable()
@@ -247,13 +339,9 @@ class CUDAMemoryManager(PooledMemoryManager):
         if dst.nbytes == 0:
             return
         stream = self._current()
-        self._depend(stream, [src])
-        block, staging = self._pinned(dst.nbytes)
-        self._copy(stream, staging.ctypes.data, buf.handle.ptr, dst.nbytes, _D2H)
-        stream.record()
-        event = stream.hold((block, buf))
-        await wait_event(event, "copy_dtoh", self._backend._failed)
-        dst.reshape(-1).view(np.uint8)[...] = staging
+        seq, cell = self._to_staging(stream, buf, dst.nbytes, [src], "copy_dtoh")
+        await stream.wait_for(seq)
+        await copy_into(dst.reshape(-1).view(np.uint8), cell[0])
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
         self._backend._check_usable()
@@ -261,47 +349,47 @@ class CUDAMemoryManager(PooledMemoryManager):
         if s.nbytes == 0:
             return
         stream = self._current()
-        self._depend(stream, [t for t in (src, dst) if isinstance(t, Tensor)])
-        self._copy(stream, d.handle.ptr, s.handle.ptr, s.nbytes, _D2D)
-        seq = stream.record((d, s) if stream.track else ())
+        dh, sh = d.handle, s.handle
+        seq = self._submit_copy(
+            stream, lambda: _ptr(dh), lambda: _ptr(sh), s.nbytes, _D2D,
+            [t for t in (src, dst) if isinstance(t, Tensor)], (d, s) if stream.track else (),
+            "copy_dtod",
+        )  # fmt: skip
         if isinstance(dst, Tensor):
             mark_written((dst,), stream, seq)
 
     # -- tensor transfers -------------------------------------------------------------------------
-    def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any, CUDAStream]:
+    def _read(self, tensor: Tensor) -> tuple[int, list[np.ndarray[Any, Any]], CUDAStream]:
         self._backend._check_usable()
         check_tensor(self._backend, tensor, "tensor")
-        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
         stream: CUDAStream = last_writer(tensor)[0]  # type: ignore[assignment]
-        if out.nbytes == 0:
-            return out, None, stream
         # On the writer's stream: in order after the writer, with no cross-stream dependency.
-        block, staging = self._pinned(out.nbytes)
-        self._copy(stream, staging.ctypes.data, buffer_of(tensor).handle.ptr, out.nbytes, _D2H)
-        stream.record()
-        event = stream.hold((block, buffer_of(tensor)))
-        return staging, event, stream
-
-    def _finish(self, tensor: Tensor, staging: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
-        out.reshape(-1).view(np.uint8)[...] = staging
-        return out
+        seq, cell = self._to_staging(
+            stream, buffer_of(tensor), tensor.nbytes, [], "reading a tensor"
+        )
+        return seq, cell, stream
 
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
-        staging, event, stream = self._read(tensor)
-        if event is None:
-            return staging
-        await wait_event(event, "reading a tensor", self._backend._failed)
-        stream.raise_errors(last_writer(tensor)[1])
+        self._backend._check_usable()
         out = np.empty(tensor.shape, tensor.dtype.to_numpy())
+        if out.nbytes == 0:
+            check_tensor(self._backend, tensor, "tensor")
+            return out
+        seq, cell, stream = self._read(tensor)
+        await stream.wait_for(seq)
+        stream.raise_errors(last_writer(tensor)[1])
         # Out of the pinned staging block, off the event loop when large (sdk.host).
-        await copy_into(out.reshape(-1).view(np.uint8), staging)
+        await copy_into(out.reshape(-1).view(np.uint8), cell[0])
         return out
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
-        staging, event, stream = self._read(tensor)
-        if event is None:
-            return staging
-        wait_event_blocking(event, "reading a tensor", self._backend._failed)
+        self._backend._check_usable()
+        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
+        if out.nbytes == 0:
+            check_tensor(self._backend, tensor, "tensor")
+            return out
+        seq, cell, stream = self._read(tensor)
+        stream.wait_for_blocking(seq)
         stream.raise_errors(last_writer(tensor)[1])
-        return self._finish(tensor, staging)
+        out.reshape(-1).view(np.uint8)[...] = cell[0]
+        return out

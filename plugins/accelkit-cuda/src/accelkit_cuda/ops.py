@@ -7,10 +7,10 @@ from typing import Any
 import cupy as cp
 
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
-from accelkit.sdk import Operand, TensorKernels, storage
+from accelkit.sdk import Operand, TensorKernels
 from accelkit.tensor import Tensor
 from accelkit_cuda import cupy_tensor as ck
-from accelkit_cuda.submit import CUDAComponent, xa
+from accelkit_cuda.submit import CUDAComponent, storage, xa
 
 __all__ = ["CUDATensorKernels", "range_error"]
 

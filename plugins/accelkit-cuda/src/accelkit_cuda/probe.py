@@ -8,6 +8,7 @@ a GPU. Peak figures are the usual spec-sheet arithmetic (units x clock x operati
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
@@ -49,17 +50,38 @@ def _by_cc(table: dict[tuple[int, int], int], cc: tuple[int, int], default: int)
     return same_major[0] if same_major else default
 
 
-def backend_dtypes(cc: tuple[int, int]) -> frozenset[DType]:
+def cupy_bf16() -> bool:
+    """Whether the installed CuPy holds bfloat16 arrays: CuPy 14 or later, with ml_dtypes (read
+    from the installed distributions, without importing CuPy)."""
+    if importlib.util.find_spec("ml_dtypes") is None:
+        return False
+    for dist in ("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy"):
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        try:
+            return int(version.split(".")[0]) >= 14
+        except ValueError:
+            return False
+    return False
+
+
+def backend_dtypes(cc: tuple[int, int], bf16: bool | None = None) -> frozenset[DType]:
     """What the backend computes in on a device of compute capability ``cc``.
 
-    BF16 is not among them: CuPy has no bfloat16 dtype, so TensorOps cannot hold BF16 tensors
-    (the capability flag ``features.bf16`` still says whether the hardware has it)."""
+    BF16 is among them from compute capability 8.0 up (native bf16 conversions and tensor
+    cores) where CuPy holds bf16 arrays (``bf16``, by default :func:`cupy_bf16`): storage,
+    elementwise ops and reductions computed in F32 and rounded once, GEMMs on cuBLAS (bf16 in,
+    F32 accumulation), attention and the norms (fused NVRTC kernels and the compositions)."""
     dtypes = {
         DType.F32, DType.F64, DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16,
         DType.U32, DType.U64, DType.BOOL,
     }  # fmt: skip
     if cc >= (5, 3):
         dtypes.add(DType.F16)
+    if cc >= (8, 0) and (cupy_bf16() if bf16 is None else bf16):
+        dtypes.add(DType.BF16)
     return frozenset(dtypes)
 
 

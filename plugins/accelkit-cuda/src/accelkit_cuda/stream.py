@@ -1,44 +1,67 @@
-"""Streams and events on CUDA streams (through CuPy).
+"""Streams and events on CUDA streams (through CuPy), with every CUDA call off the event loop.
 
 A :class:`CUDAStream` wraps one non-blocking ``cupy.cuda.Stream``. Every submission is one
-position (``seq``) on it; a tensor records the stream and position of its last writer. Launching
-records no event (an event per kernel would cost more host time than the launch): waiting for a
-position records an event at that moment, which completes once that position and everything
-before it has completed. Where the backend has more than one stream, submissions do record an
-event, and keep their tensors alive until it completes, so that a buffer freed on one stream is
-never handed to another while a kernel still uses it (see :mod:`accelkit_cuda.memory`).
+position (``seq``) on it; a tensor records the stream and position of its last writer.
 
-Waiting never blocks the event loop: ``cudaEventSynchronize`` runs on a worker thread
-(``anyio.to_thread``) and the awaiting task resumes when it returns. A cancelled wait abandons the
-thread; the device work goes on and is accounted as usual.
+**Submitting** (:meth:`CUDAStream.submit`) costs the caller no CUDA call: it takes the next
+position and queues a closure for the device's submission thread
+(:mod:`accelkit_cuda.submission`), which launches the work on the stream (after the writers on
+other streams it depends on), then records a blocking-sync event after it. A closure that raises
+(a CUDA error, CuPy out of memory, a cuBLAS error) does not stop the thread: its error, as an
+accelkit error, is raised by the next await that covers its position (as on the CPU backend,
+:class:`~accelkit._core.device_errors.DeviceErrors`); a sticky one also poisons the backend.
+
+**Completion** is followed by the stream's completer thread, which waits for those events in
+order (``cudaEventSynchronize`` on a blocking-sync event: the thread sleeps), drops what each
+position kept alive, and wakes waiters: an ``await`` registers a callback that the completer
+calls, which wakes the loop through its thread-safe entry point
+(:func:`~accelkit.sdk.wait_for_callback`). Waiting is pure Python on the loop's thread; blocking
+waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import anyio
 import cupy
 
 from accelkit.device import Device
-from accelkit.errors import AccelError, InvalidArgumentError
-from accelkit.sdk import DeviceErrors, Event, Stream
+from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, OutOfMemoryError
+from accelkit.sdk import DeviceErrors, Event, Stream, wait_for_callback
 from accelkit_cuda.errors import translate
+from accelkit_cuda.submission import SubmissionThread
 
-__all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "wait_event", "wait_event_blocking"]
+__all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error"]
 
 #: What CuPy raises for a failed CUDA call: runtime API errors, and driver API errors (kernel
 #: launches and module loads go through the driver). Both carry the CUDA error code.
 CUDA_ERRORS = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
 
-
 OnError = Callable[[AccelError], AccelError]
+_ids = itertools.count()
 
 
 def _same(error: AccelError) -> AccelError:
+    return error
+
+
+def as_accel_error(exc: BaseException, what: str, on_error: OnError = _same) -> AccelError:
+    """The accelkit error to report for ``exc``, raised by work on the submission thread."""
+    if isinstance(exc, AccelError):
+        return exc
+    if isinstance(exc, CUDA_ERRORS):
+        return on_error(translate(exc, what))
+    if isinstance(exc, (cupy.cuda.memory.OutOfMemoryError, MemoryError)):
+        return OutOfMemoryError(f"{what}: the device is out of memory ({exc})")
+    if type(exc).__name__ in ("CUBLASError", "CUSOLVERError", "CURANDError"):
+        return DeviceError(f"{what}: {exc}")
+    error = DeviceError(f"{what} failed: {exc!r}")
+    error.__cause__ = exc
     return error
 
 
@@ -46,44 +69,81 @@ def _usable() -> None:
     """A stream's ``check_usable`` until its backend sets its own (which raises once poisoned)."""
 
 
-async def wait_event(event: Any, what: str, on_error: OnError = _same) -> None:
-    """Wait for a ``cupy.cuda.Event`` without blocking the loop; CUDA errors are translated
-    and passed through ``on_error`` (the backend marks itself poisoned there)."""
-    try:
-        if event.done:
-            return
-        await anyio.to_thread.run_sync(event.synchronize, abandon_on_cancel=True)
-    except CUDA_ERRORS as exc:
-        raise on_error(translate(exc, what)) from None
+class _Failure:
+    """The check of a position whose work failed: returns its error until it is raised."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self) -> BaseException | None:
+        return self.error
 
 
-def wait_event_blocking(event: Any, what: str, on_error: OnError = _same) -> None:
-    try:
-        event.synchronize()
-    except CUDA_ERRORS as exc:
-        raise on_error(translate(exc, what)) from None
+class Position:
+    """A position of a stream as a device event would be asked about it: ``done`` answers from
+    the stream's counters, without a CUDA call (deferred frees poll these)."""
+
+    __slots__ = ("seq", "stream")
+
+    def __init__(self, stream: CUDAStream, seq: int) -> None:
+        self.stream = stream
+        self.seq = seq
+
+    @property
+    def done(self) -> bool:
+        return self.stream._completed_upto >= self.seq
 
 
 class CUDAStream(DeviceErrors, Stream):
-    """One CUDA stream (see the module docstring)."""
+    """One CUDA stream fed by the device's submission thread (see the module docstring)."""
 
-    def __init__(self, dev: Device, name: str, on_error: OnError = _same) -> None:
-        self.cp = cupy.cuda.Stream(non_blocking=True)
+    def __init__(
+        self,
+        dev: Device,
+        name: str,
+        thread: SubmissionThread,
+        on_error: OnError = _same,
+        after: Sequence[CUDAStream] = (),
+    ) -> None:
+        #: The ``cupy.cuda.Stream``: made on the submission thread (first in its queue).
+        self.cp: Any = None
+        self.thread = thread
         self.on_error = on_error
-        #: Raises ContextPoisonedError once the backend is poisoned (set by the backend).
+        #: Raises ContextPoisonedError once the backend is poisoned (set by the backend): public
+        #: methods call it first, so a poisoned backend refuses before anything is queued.
         self.check_usable: Callable[[], None] = _usable
         self._device = dev
         self.name = name
         self._lock = threading.Lock()
+        self._done_cv = threading.Condition(self._lock)
+        self._work_cv = threading.Condition(self._lock)
         self.submitted = 0
         self._completed_upto = 0
-        #: (seq, event, objects kept alive until it completes): only while tracking.
-        self._pending: deque[tuple[int, Any, tuple[Any, ...]]] = deque()
-        #: (seq, check): device-side input checks, read from pinned host memory once done.
         self._checks: list[tuple[int, Callable[[], BaseException | None]]] = []
+        #: Keep tensors referenced until their work completes (set once there are two streams).
         self.track = False
-        #: (event, objects) kept alive for transfers and checks, whatever the tracking.
-        self._held: deque[tuple[Any, tuple[Any, ...]]] = deque()
+        #: (seq, event, objects kept alive until it completes), for the completer.
+        self._pending: deque[tuple[int, Any, object]] = deque()
+        self._waiters: list[tuple[int, int, Callable[[], None]]] = []
+        self._completer: threading.Thread | None = None
+        self._closed = False
+        self._abandoned = False
+        others = tuple(after)
+
+        def open_stream() -> None:
+            try:
+                self.cp = cupy.cuda.Stream(non_blocking=True)
+                # Blocks recycled while there was one stream may still be used by queued work:
+                # the new stream starts after everything queued so far on the others.
+                for s in others:
+                    if s.cp is not None:
+                        self.cp.wait_event(_event(s.cp))
+            except BaseException as exc:  # a sticky error poisons the backend (on_error)
+                self._fail(1, as_accel_error(exc, f"creating {name}", self.on_error))
+
+        thread.submit(open_stream)
 
     @property
     def device(self) -> Device:
@@ -93,75 +153,171 @@ class CUDAStream(DeviceErrors, Stream):
         return f"<CUDAStream {self.name}>"
 
     # -- submission -------------------------------------------------------------------------------
-    def record(self, keepalive: Iterable[Any] = ()) -> int:
-        """Count one submission just made on this stream; returns its position."""
+    def submit(
+        self,
+        fn: Callable[[], object],
+        keepalive: Iterable[Any] = (),
+        after: Iterable[CUDAStream] = (),
+        what: str = "a kernel",
+    ) -> int:
+        """Queue ``fn`` (which launches on :attr:`cp`) for the submission thread; returns its
+        position at once. ``after``: streams whose work queued so far must complete first (on
+        the device). ``fn``'s result and ``keepalive`` stay referenced until the work is done."""
+        self.check_usable()
+        deps = tuple(after)
+        keep = tuple(keepalive)
         with self._lock:
             self.submitted += 1
             seq = self.submitted
-            if self.track:
-                try:
-                    event = cupy.cuda.Event(disable_timing=True)
-                    event.record(self.cp)
-                    self._pending.append((seq, event, tuple(keepalive)))
-                    self._prune_locked()
-                except CUDA_ERRORS as exc:
-                    raise self.on_error(translate(exc, f"recording work on {self.name}")) from None
-            return seq
 
-    def hold(self, objects: Iterable[Any]) -> Any:
-        """Keep ``objects`` (pinned host blocks, device scratch) alive until the work queued so
-        far has completed, whoever awaits it or not; returns the event that marks that point."""
-        event = self.event_now()
-        with self._lock:
-            self._held.append((event, tuple(objects)))
+        def work() -> None:
+            result: object = None
             try:
-                while self._held and self._held[0][0].done:
-                    self._held.popleft()
-            except CUDA_ERRORS as exc:
-                raise self.on_error(translate(exc, f"work on {self.name}")) from None
-        return event
+                if self._abandoned:
+                    return
+                self.check_usable()  # poisoned since it was queued: no CUDA call
+                with self.cp:
+                    for s in deps:
+                        self.cp.wait_event(_event(s.cp))
+                    result = fn()
+            except BaseException as exc:
+                self._fail(seq, as_accel_error(exc, what, self.on_error))
+            self._recorded(seq, (keep, result))
 
-    def event_now(self) -> Any:
-        """A fresh event recorded at the current end of the stream."""
+        self.thread.submit(work)
+        return seq
+
+    def _fail(self, seq: int, error: AccelError) -> None:
+        error.__traceback__ = None
+        with self._lock:
+            self._checks.append((seq, _Failure(error)))
+
+    def _recorded(self, seq: int, keep: object) -> None:
+        """On the submission thread: mark the end of position ``seq`` for the completer."""
+        event: Any = None
+        if not self._abandoned and self._usable():
+            try:
+                event = _event(self.cp)
+            except BaseException as exc:
+                self._fail(seq, as_accel_error(exc, f"work on {self.name}", self.on_error))
+        with self._lock:
+            self._pending.append((seq, event, keep))
+            if self._completer is None:
+                self._completer = threading.Thread(
+                    target=self._complete, name=f"accelkit-cuda-done-{self.name}", daemon=True
+                )
+                self._completer.start()
+            self._work_cv.notify()
+
+    def _usable(self) -> bool:
         try:
-            event = cupy.cuda.Event(disable_timing=True)
-            event.record(self.cp)
-        except CUDA_ERRORS as exc:
-            raise self.on_error(translate(exc, f"recording an event on {self.name}")) from None
-        return event
+            self.check_usable()
+        except AccelError:
+            return False
+        return True
+
+    def _complete(self) -> None:
+        """The completer thread: waits for the positions' events in order."""
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._work_cv.wait()
+                if not self._pending:
+                    return
+                seq, event, keep = self._pending[0]
+            if event is not None and not self._abandoned and self._usable():
+                try:
+                    event.synchronize()
+                except BaseException as exc:
+                    self._fail(seq, as_accel_error(exc, f"work on {self.name}", self.on_error))
+            with self._lock:
+                self._pending.popleft()
+                del keep, event
+                self._completed_upto = max(self._completed_upto, seq)
+                ready = self._due_locked()
+            for cb in ready:
+                cb()
+
+    def _due_locked(self) -> list[Callable[[], None]]:
+        self._done_cv.notify_all()
+        waiters = self._waiters
+        ready = []
+        while waiters and waiters[0][0] <= self._completed_upto:
+            ready.append(heapq.heappop(waiters)[2])
+        self._prune_checks_locked(self._completed_upto)
+        return ready
 
     def prune(self) -> None:
-        try:
-            with self._lock:
-                self._prune_locked()
-        except CUDA_ERRORS as exc:
-            raise self.on_error(translate(exc, f"work on {self.name}")) from None
-
-    def _prune_locked(self) -> None:
-        held = self._held
-        while held and held[0][0].done:
-            held.popleft()
-        pending = self._pending
-        while pending and pending[0][1].done:
-            self._completed_upto = pending.popleft()[0]
-        if not pending and self.cp.done:
-            self._completed_upto = self.submitted
-        self._prune_checks_locked(self._completed_upto)
+        """Nothing to do: the completer thread follows completion (kept for the backend)."""
 
     @property
     def completed(self) -> int:
-        self.prune()
         return self._completed_upto
+
+    def hold(self, objects: Iterable[Any]) -> int:
+        """Keep ``objects`` (a kernel's module, pinned host blocks) alive until the work queued
+        so far on this stream has completed; the completer thread drops them then (never the
+        loop's thread). Returns the position that marks that point."""
+        return self.submit(lambda: None, objects, what="holding objects")
+
+    def position(self) -> Position:
+        """The current end of the stream, as an event-like :class:`Position`."""
+        return Position(self, self.submitted)
+
+    # -- waiting ----------------------------------------------------------------------------------
+    def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``callback`` (from any thread) once position ``seq`` has completed."""
+        entry = (seq, next(_ids), callback)
+        with self._lock:
+            if self._completed_upto < seq:
+                heapq.heappush(self._waiters, entry)
+
+                def unregister() -> None:
+                    with self._lock:
+                        if entry in self._waiters:
+                            self._waiters.remove(entry)
+                            heapq.heapify(self._waiters)
+
+                return unregister
+        callback()
+        return None
+
+    async def wait_for(self, seq: int) -> None:
+        """Wait, without blocking the loop, until position ``seq`` has completed."""
+        self.check_usable()
+        if seq > self._completed_upto:
+            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
+        self.raise_errors(seq)
+
+    async def wait_quietly(self, seq: int) -> None:
+        """Wait like :meth:`wait_for` but drop errors instead of raising them (shutdown)."""
+        if seq > self._completed_upto:
+            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
+        self.discard_errors()
+
+    def wait_for_blocking(self, seq: int) -> None:
+        self.check_usable()
+        with self._lock:
+            while self._completed_upto < seq:
+                self._done_cv.wait()
+        self.raise_errors(seq)
 
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> CUDAEvent:
         self.check_usable()
-        try:
-            event = cupy.cuda.Event(disable_timing=False)
-            event.record(self.cp)
-        except CUDA_ERRORS as exc:
-            raise self.on_error(translate(exc, f"recording an event on {self.name}")) from None
-        return CUDAEvent(self, event, self.submitted)
+        event = CUDAEvent(self, self.submitted)
+
+        def record() -> None:
+            try:
+                e = cupy.cuda.Event(disable_timing=False)
+                e.record(self.cp)
+                event.cp_event = e
+            except BaseException as exc:
+                error = as_accel_error(exc, f"recording an event on {self.name}", self.on_error)
+                self._fail(event._seq, error)
+
+        self.thread.submit(record)
+        return event
 
     def wait_event(self, event: Event) -> None:
         if not isinstance(event, CUDAEvent):
@@ -171,73 +327,57 @@ class CUDAStream(DeviceErrors, Stream):
         if event.stream.device != self._device:
             raise InvalidArgumentError("wait_event: the event belongs to another device")
         self.check_usable()
-        try:
-            self.cp.wait_event(event.cp_event)
-        except CUDA_ERRORS as exc:
-            raise self.on_error(translate(exc, f"waiting for an event on {self.name}")) from None
-        self.record((event,))
+        self.submit(lambda: self.cp.wait_event(event.cp_event), (event,), what="wait_event")
 
     def query(self) -> bool:
         self.check_usable()
-        try:
-            return bool(self.cp.done)
-        except CUDA_ERRORS as exc:
-            raise self.on_error(translate(exc, f"querying {self.name}")) from None
+        return self._completed_upto >= self.submitted
 
     async def synchronize(self) -> None:
-        self.check_usable()
-        seq = self.submitted
-        await wait_event(self.event_now(), f"work on {self.name}", self.on_error)
-        self.prune()
-        self.raise_errors(seq)
+        await self.wait_for(self.submitted)
 
     def synchronize_blocking(self) -> None:
-        self.check_usable()
-        seq = self.submitted
-        wait_event_blocking(self.event_now(), f"work on {self.name}", self.on_error)
-        self.prune()
-        self.raise_errors(seq)
-
-    async def wait_for(self, seq: int) -> None:
-        """Wait until position ``seq`` has completed (and whatever was queued after it so far)."""
-        self.check_usable()
-        if seq > self._completed_upto:
-            await wait_event(self.event_now(), f"work on {self.name}", self.on_error)
-            self.prune()
-        self.raise_errors(seq)
-
-    def wait_for_blocking(self, seq: int) -> None:
-        self.check_usable()
-        if seq > self._completed_upto:
-            wait_event_blocking(self.event_now(), f"work on {self.name}", self.on_error)
-            self.prune()
-        self.raise_errors(seq)
+        self.wait_for_blocking(self.submitted)
 
     def abandon(self) -> None:
-        """Forget everything queued (the context is poisoned): no CUDA call is made."""
+        """Forget everything queued (the context died): no CUDA call is made for it."""
+        self._abandoned = True
+        with self._lock:
+            self._checks = []
+            self._closed = True
+            self._work_cv.notify()
+
+    def close(self) -> None:
+        """End the completer after the work queued so far (blocking: call it off the loop)."""
+        with self._lock:
+            self._closed = True
+            self._work_cv.notify()
+            thread = self._completer
+        if thread is not None:
+            thread.join(60.0)
         with self._lock:
             self._checks = []
             self._pending.clear()
-            self._held.clear()
             self._completed_upto = self.submitted
+            ready = self._due_locked()
+        for cb in ready:
+            cb()
 
-    def close(self) -> None:
-        try:
-            self.cp.synchronize()
-        finally:
-            with self._lock:
-                self._checks = []
-                self._pending.clear()
-                self._held.clear()
-                self._completed_upto = self.submitted
+
+def _event(stream: Any) -> Any:
+    """A blocking-sync event recorded now at the end of ``stream`` (submission thread)."""
+    event = cupy.cuda.Event(block=True, disable_timing=True)
+    event.record(stream)
+    return event
 
 
 class CUDAEvent(Event):
     """A CUDA event recorded on a :class:`CUDAStream` (timing enabled)."""
 
-    def __init__(self, stream: CUDAStream, event: Any, seq: int) -> None:
+    def __init__(self, stream: CUDAStream, seq: int) -> None:
         self._stream = stream
-        self.cp_event = event
+        #: The ``cupy.cuda.Event``, made and recorded on the submission thread.
+        self.cp_event: Any = None
         self._seq = seq
 
     @property
@@ -246,33 +386,25 @@ class CUDAEvent(Event):
 
     def query(self) -> bool:
         self._stream.check_usable()
-        try:
-            return bool(self.cp_event.done)
-        except CUDA_ERRORS as exc:
-            raise self._stream.on_error(
-                translate(exc, f"an event on {self._stream.name}")
-            ) from None
+        return self._stream._completed_upto >= self._seq
 
     async def wait(self) -> None:
-        self._stream.check_usable()
-        await wait_event(self.cp_event, f"an event on {self._stream.name}", self._stream.on_error)
-        self._stream.raise_errors(self._seq)
+        await self._stream.wait_for(self._seq)
 
     def wait_blocking(self) -> None:
-        self._stream.check_usable()
-        wait_event_blocking(
-            self.cp_event, f"an event on {self._stream.name}", self._stream.on_error
-        )
-        self._stream.raise_errors(self._seq)
+        self._stream.wait_for_blocking(self._seq)
 
     def elapsed_ms(self, end: CUDAEvent) -> float:
         """Milliseconds of device time between this event and ``end``."""
         self.wait_blocking()
         end.wait_blocking()
-        try:
+        thread = self._stream.thread
+
+        def elapsed() -> float:
+            end.cp_event.synchronize()
             return float(cupy.cuda.get_elapsed_time(self.cp_event, end.cp_event))
-        except CUDA_ERRORS as exc:
-            raise self._stream.on_error(translate(exc, "timing events")) from None
+
+        return thread.call_blocking(elapsed)
 
     def __repr__(self) -> str:
         try:

@@ -1,0 +1,175 @@
+"""The submission thread: where every CuPy, cuBLAS, cuRAND, NVRTC-module and CUDA runtime call of
+a device is made.
+
+One thread per device (per initialized backend) runs queued closures in the order they were
+submitted. The event loop's thread only validates, allocates pool accounting, builds closures and
+queues them (pure Python), so no CUDA call, no kernel compilation at CuPy's first launch and no
+large host copy ever stalls the loop. One thread, not one per stream, because CuPy's cuBLAS,
+cuRAND and cuSOLVER handles and its current device are per thread: every call sees the same
+handles and the right device, and work of all streams is enqueued in one global order, so a
+dependency on another stream's position always points to work already enqueued.
+
+A closure must not raise: the stream wraps each one and records its error for the await that
+covers its position (:mod:`accelkit_cuda.stream`). :meth:`SubmissionThread.call` runs a function
+there and awaits its result without blocking the loop (lifecycle work: opening the context,
+loading modules, the frees of a shutdown).
+
+A closure submitted after :meth:`SubmissionThread.close` (a tensor that outlived its backend
+giving its block back) runs on a short-lived thread of its own instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from accelkit.sdk import wait_for_callback
+
+__all__ = ["SubmissionThread"]
+
+T = TypeVar("T")
+_log = logging.getLogger("accelkit.cuda")
+
+#: How long :meth:`SubmissionThread.close` waits for the queued work (seconds).
+_JOIN_TIMEOUT = 60.0
+
+
+class SubmissionThread:
+    """One device's submission thread (see the module docstring)."""
+
+    def __init__(self, device_index: int, name: str) -> None:
+        self.device_index = device_index
+        self.name = name
+        self._queue: deque[Callable[[], None]] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        #: The thread's identifier once started (tests compare the threads of calls with it).
+        self.ident: int | None = None
+
+    def on_thread(self) -> bool:
+        return threading.get_ident() == self.ident
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Queue ``fn`` after everything submitted before it; returns at once."""
+        with self._cv:
+            if not self._closed:
+                self._queue.append(fn)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._work, name=f"accelkit-cuda-{self.name}", daemon=True
+                    )
+                    self._thread.start()
+                self._cv.notify()
+                return
+        threading.Thread(target=_guarded(fn), name="accelkit-cuda-late", daemon=True).start()
+
+    def _work(self) -> None:
+        self.ident = threading.get_ident()
+        import cupy
+
+        try:
+            cupy.cuda.Device(self.device_index).use()
+        except Exception:  # reported by the first call that needs the device
+            _log.debug("cannot make cuda:%d current", self.device_index, exc_info=True)
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                fn = self._queue.popleft()
+            _guarded(fn)()
+            del fn
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the thread (after the work queued so far) and return its result; the
+        loop waits without blocking. Cancelling the wait does not stop ``fn``."""
+        box: list[Any] = []
+        done = threading.Event()
+        callbacks: list[Callable[[], None]] = []
+        lock = threading.Lock()
+
+        def run() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:
+                box.append((False, exc))
+            with lock:
+                done.set()
+                ready = list(callbacks)
+            for cb in ready:
+                cb()
+
+        def register(cb: Callable[[], None]) -> Callable[[], None] | None:
+            with lock:
+                if not done.is_set():
+                    callbacks.append(cb)
+                    return lambda: _remove(callbacks, lock, cb)
+            cb()
+            return None
+
+        self.submit(run)
+        await wait_for_callback(register)
+        ok, value = box[0]
+        if not ok:
+            try:
+                raise value
+            finally:
+                del value, box
+        result: T = value
+        return result
+
+    def call_blocking(self, fn: Callable[[], T]) -> T:
+        """:meth:`call` for synchronous callers (``numpy()``, blocking waits)."""
+        if self.on_thread():
+            return fn()
+        box: list[Any] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:
+                box.append((False, exc))
+            done.set()
+
+        self.submit(run)
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        result: T = value
+        return result
+
+    def close(self) -> None:
+        """Run what is queued, then end the thread (blocking: call it off the loop)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and not self.on_thread():
+            thread.join(_JOIN_TIMEOUT)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _remove(callbacks: list[Callable[[], None]], lock: threading.Lock, cb: Any) -> None:
+    with lock:
+        if cb in callbacks:
+            callbacks.remove(cb)
+
+
+def _guarded(fn: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except BaseException:  # a closure reports its own errors; this is a bug guard
+            _log.exception("work on the CUDA submission thread failed")
+
+    return run

@@ -1,0 +1,341 @@
+"""A stand-in for CuPy on the host, recording which thread makes every call.
+
+Enough of CuPy's surface for the CUDA backend to run end to end without a GPU: arrays are NumPy
+arrays (a subclass) over host memory that ``runtime.malloc`` hands out, copies are ``memmove``,
+streams and events complete at once, modules load anything and their kernels do nothing.
+Every function, array operation, launch, copy, stream and event call appends ``(name, thread
+ident)`` to :data:`CALLS`; what counts as a call is what reaches CUDA in real CuPy (making an
+array over memory it is given does not; a ufunc, a copy, ``astype`` or a new array does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import math
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+CALLS: list[tuple[str, int]] = []
+#: Device pointers handed out and freed (by ``runtime.malloc`` / ``runtime.free``).
+MALLOCED: set[int] = set()
+FREED: set[int] = set()
+_calls_lock = threading.Lock()
+
+
+def record(name: str) -> None:
+    with _calls_lock:
+        CALLS.append((name, threading.get_ident()))
+
+
+def recorded(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        record(name)
+        return fn(*args, **kwargs)
+
+    wrapper.__name__ = name
+    return wrapper
+
+
+# -- device memory ------------------------------------------------------------------------------
+_device_memory: dict[int, np.ndarray[Any, Any]] = {}
+
+
+def _malloc(size: int) -> int:
+    record("runtime.malloc")
+    block = np.zeros(max(size, 1) + 256, np.uint8)
+    ptr = (block.ctypes.data + 255) // 256 * 256
+    _device_memory[ptr] = block
+    MALLOCED.add(ptr)
+    return ptr
+
+
+def _free(ptr: int) -> None:
+    record("runtime.free")
+    _device_memory.pop(ptr, None)
+    FREED.add(ptr)
+
+
+def _memcpy(dst: int, src: int, nbytes: int, kind: int, stream: int = 0) -> None:
+    record("runtime.memcpyAsync")
+    ctypes.memmove(dst, src, nbytes)
+
+
+class CUDARuntimeError(RuntimeError):
+    def __init__(self, status: int) -> None:
+        self.status = status
+        super().__init__(f"cudaError {status}")
+
+
+class CUDADriverError(RuntimeError):
+    pass
+
+
+class OutOfMemoryError(MemoryError):
+    pass
+
+
+class _Ptr:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class UnownedMemory:
+    def __init__(self, ptr: int, size: int, owner: Any, device_id: int = 0) -> None:
+        self.ptr, self.size, self.owner = ptr, size, owner
+
+
+class MemoryPointer:
+    def __init__(self, mem: UnownedMemory, offset: int) -> None:
+        self.mem = mem
+        self.ptr = mem.ptr + offset
+
+
+class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
+    """A CuPy array: host memory; every new array or operation is recorded."""
+
+    def __new__(
+        cls, shape: Any, dtype: Any = float, memptr: MemoryPointer | None = None, **_: Any
+    ) -> ndarray:
+        dt = np.dtype(dtype)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        if memptr is None:
+            record("ndarray")
+            return np.ndarray.__new__(cls, shape, dt)
+        n = int(np.prod(shape)) * dt.itemsize
+        buf = (ctypes.c_char * max(n, 1)).from_address(memptr.ptr)
+        arr = np.ndarray.__new__(cls, shape, dt, buffer=buf)
+        arr._owner = memptr  # type: ignore[attr-defined]
+        return arr
+
+    def __array_finalize__(self, obj: Any) -> None:
+        if obj is not None:
+            record("ndarray op")
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        record(f"ufunc {ufunc.__name__}")
+        args = [np.asarray(i) if isinstance(i, ndarray) else i for i in inputs]
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, ndarray) else o for o in out)
+        result = getattr(ufunc, method)(*args, **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        if isinstance(result, np.ndarray):
+            return result.view(ndarray)
+        if isinstance(result, tuple):
+            return tuple(r.view(ndarray) if isinstance(r, np.ndarray) else r for r in result)
+        return result
+
+    def fill(self, value: Any) -> None:
+        record("ndarray.fill")
+        np.asarray(self).fill(value)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        record("ndarray.__setitem__")
+        np.asarray(self)[key] = np.asarray(value)
+
+    def astype(self, *args: Any, **kwargs: Any) -> Any:
+        record("ndarray.astype")
+        return np.asarray(self).astype(*args, **kwargs).view(ndarray)
+
+    @property
+    def data(self) -> _Ptr:  # type: ignore[override]
+        return _Ptr(self.ctypes.data)
+
+    def get(self) -> np.ndarray[Any, Any]:
+        record("ndarray.get")
+        return np.array(self)
+
+
+def _wrap_result(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and not isinstance(value, ndarray):
+        return value.view(ndarray)
+    return value
+
+
+def _array_function(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        record(name)
+        return _wrap_result(fn(*args, **kwargs))
+
+    call.__name__ = name
+    return call
+
+
+# -- streams, events, devices ------------------------------------------------------------------
+class Stream:
+    def __init__(self, non_blocking: bool = False, **_: Any) -> None:
+        record("Stream()")
+        self.ptr = id(self)
+
+    def __enter__(self) -> Stream:
+        record("Stream.__enter__")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        record("Stream.__exit__")
+
+    def wait_event(self, event: Any) -> None:
+        record("Stream.wait_event")
+
+    def synchronize(self) -> None:
+        record("Stream.synchronize")
+
+    @property
+    def done(self) -> bool:
+        record("Stream.done")
+        return True
+
+
+class Event:
+    def __init__(self, block: bool = False, disable_timing: bool = False, **_: Any) -> None:
+        record("Event()")
+
+    def record(self, stream: Any = None) -> None:
+        record("Event.record")
+
+    def synchronize(self) -> None:
+        record("Event.synchronize")
+
+    @property
+    def done(self) -> bool:
+        record("Event.done")
+        return True
+
+
+class Device:
+    def __init__(self, device: int = 0) -> None:
+        self.id = device
+
+    def use(self) -> None:
+        record("Device.use")
+
+    def __enter__(self) -> Device:
+        record("Device.__enter__")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        record("Device.__exit__")
+
+
+class Function:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ptr = id(self)
+
+    def __call__(self, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        record(f"launch {self.name}")
+
+
+class Module:
+    def __init__(self) -> None:
+        record("Module()")
+
+    def load(self, binary: bytes) -> None:
+        record("Module.load")
+
+    def get_function(self, name: str) -> Function:
+        record("Module.get_function")
+        return Function(name)
+
+
+class _Pool:
+    def free_all_blocks(self) -> None:
+        record("pool.free_all_blocks")
+
+    def malloc(self, size: int) -> Any:
+        record("pool.malloc")
+
+
+def _alloc_pinned(nbytes: int) -> bytearray:
+    record("alloc_pinned_memory")
+    return bytearray(nbytes)
+
+
+def _erf(x: Any) -> Any:
+    record("special.erf")
+    arr = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[arr.dtype])(arr).view(ndarray)
+
+
+def _scatter(name: str, ufunc: Any) -> Callable[..., None]:
+    def scatter(a: Any, index: Any, values: Any) -> None:
+        record(name)
+        ufunc.at(np.asarray(a), np.asarray(index), np.asarray(values))
+
+    return scatter
+
+
+class _FakeCupy(types.ModuleType):
+    """``cupy``: the names above, and NumPy's functions (recorded) for the rest."""
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(np, name)
+        if isinstance(value, type) or not callable(value):
+            return value  # dtypes, classes and constants: no device call
+        return _array_function(name, value)
+
+
+def install() -> dict[str, types.ModuleType]:
+    """The fake modules, keyed by their import names (put them into ``sys.modules``)."""
+    cupy = _FakeCupy("cupy")
+    cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+    cupy.__version__ = "13.6.0"  # type: ignore[attr-defined]
+    cupy.ndarray = ndarray  # type: ignore[attr-defined]
+    cupy.get_default_memory_pool = lambda: _Pool()  # type: ignore[attr-defined]
+    cupy.get_default_pinned_memory_pool = lambda: _Pool()  # type: ignore[attr-defined]
+    cupy.asarray = _array_function("asarray", np.asarray)  # type: ignore[attr-defined]
+    cupy.empty = _array_function("empty", np.empty)  # type: ignore[attr-defined]
+    cuda = types.ModuleType("cupy.cuda")
+    runtime = types.ModuleType("cupy.cuda.runtime")
+    runtime.malloc = _malloc  # type: ignore[attr-defined]
+    runtime.free = _free  # type: ignore[attr-defined]
+    runtime.memcpyAsync = _memcpy  # type: ignore[attr-defined]
+    runtime.memcpyHostToDevice = 1  # type: ignore[attr-defined]
+    runtime.memcpyDeviceToHost = 2  # type: ignore[attr-defined]
+    runtime.CUDARuntimeError = CUDARuntimeError  # type: ignore[attr-defined]
+    driver = types.ModuleType("cupy.cuda.driver")
+    driver.CUDADriverError = CUDADriverError  # type: ignore[attr-defined]
+    driver.funcGetAttribute = recorded("driver.funcGetAttribute", lambda a, f: 1024)  # type: ignore[attr-defined]
+    driver.funcSetAttribute = recorded("driver.funcSetAttribute", lambda f, a, v: None)  # type: ignore[attr-defined]
+    memory = types.ModuleType("cupy.cuda.memory")
+    memory.OutOfMemoryError = OutOfMemoryError  # type: ignore[attr-defined]
+    function = types.ModuleType("cupy.cuda.function")
+    function.Module = Module  # type: ignore[attr-defined]
+    for name, value in {
+        "runtime": runtime, "driver": driver, "memory": memory, "function": function,
+        "Stream": Stream, "Event": Event, "Device": Device, "MemoryPointer": MemoryPointer,
+        "UnownedMemory": UnownedMemory, "alloc_pinned_memory": _alloc_pinned,
+        "get_elapsed_time": recorded("get_elapsed_time", lambda a, b: 0.0),
+        "set_allocator": recorded("set_allocator", lambda f: None),
+        "set_pinned_memory_allocator": recorded("set_pinned_memory_allocator", lambda f: None),
+        "MemoryPool": _Pool, "PinnedMemoryPool": _Pool,
+        "is_available": lambda: True,
+    }.items():  # fmt: skip
+        setattr(cuda, name, value)
+    cupy.cuda = cuda  # type: ignore[attr-defined]
+    util = types.ModuleType("cupy._util")
+    util.clear_memo = recorded("clear_memo", lambda: None)  # type: ignore[attr-defined]
+    cupy._util = util  # type: ignore[attr-defined]
+    cupyx = types.ModuleType("cupyx")
+    cupyx.scatter_max = _scatter("scatter_max", np.maximum)  # type: ignore[attr-defined]
+    cupyx.scatter_min = _scatter("scatter_min", np.minimum)  # type: ignore[attr-defined]
+    scipy = types.ModuleType("cupyx.scipy")
+    special = types.ModuleType("cupyx.scipy.special")
+    special.erf = _erf  # type: ignore[attr-defined]
+    scipy.special = special  # type: ignore[attr-defined]
+    cupyx.scipy = scipy  # type: ignore[attr-defined]
+    return {
+        "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime,
+        "cupy.cuda.driver": driver, "cupy.cuda.memory": memory, "cupy.cuda.function": function,
+        "cupy._util": util, "cupyx": cupyx, "cupyx.scipy": scipy,
+        "cupyx.scipy.special": special,
+    }  # fmt: skip
+
+
+__all__ = ["CALLS", "FREED", "MALLOCED", "install", "record"]

@@ -1,0 +1,290 @@
+"""No CUDA call runs on the event loop's thread: checked with a stand-in for CuPy, no GPU.
+
+``fake_cupy`` replaces ``cupy`` and ``cupyx`` for a fresh import of the plugin and records the
+thread of every call that would reach CUDA in real CuPy (kernels, array operations, mallocs,
+frees, copies, pinned allocations, streams, events, module loads). The backend then runs a
+service-like mix (host data and random tensors in, TensorOps, KernelOps, user kernels, copies,
+streams and events, synchronize, shutdown) under asyncio and trio, and the test fails if any
+call came from the loop's thread. Values the stand-in computes (NumPy under the arrays) are
+checked too, and so are ordering, errors at the await, and submissions that return while the
+submission thread is busy.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import fake_cupy
+import numpy as np
+import pytest
+
+from accelkit.device import Device
+from accelkit.dtype import DType
+from accelkit.errors import ContextPoisonedError, DeviceError
+
+pytestmark = pytest.mark.anyio
+
+
+class Plugin:
+    """The plugin's modules, imported over the stand-in."""
+
+    def __init__(self) -> None:
+        self.backend = importlib.import_module("accelkit_cuda.backend")
+        self.stream = importlib.import_module("accelkit_cuda.stream")
+
+
+@pytest.fixture
+def plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Plugin]:
+    roots = ("accelkit_cuda", "cupy", "cupyx")
+    before = set()
+    for name in list(sys.modules):
+        if name.split(".")[0] in roots:
+            before.add(name)
+            monkeypatch.delitem(sys.modules, name)  # put back after the test
+    for name, module in fake_cupy.install().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    p = Plugin()
+    from accelkit_cuda import driver, nvrtc
+
+    attrs = {
+        driver.Attr.COMPUTE_CAPABILITY_MAJOR: 9, driver.Attr.COMPUTE_CAPABILITY_MINOR: 0,
+        driver.Attr.MULTIPROCESSOR_COUNT: 132, driver.Attr.CLOCK_RATE: 1_980_000,
+        driver.Attr.MAX_THREADS_PER_BLOCK: 1024, driver.Attr.WARP_SIZE: 32,
+        driver.Attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 227 * 1024,
+    }  # fmt: skip
+    props = driver.DeviceProps(0, "Stand-in GPU", 1 << 30, attrs, 12040)
+    monkeypatch.setattr(p.backend, "_devices", lambda: [props])
+
+    class Driver:
+        def param_sizes(self, function: int) -> None:
+            fake_cupy.record("cuFuncGetParamInfo")
+
+        def reset_primary_context(self, index: int) -> None:
+            fake_cupy.record("cuDevicePrimaryCtxReset")
+
+    monkeypatch.setattr(driver, "driver", lambda: Driver())
+    compiled = nvrtc.Compiled(b"\0cubin", "cubin", "", "stand-in")
+    monkeypatch.setattr(nvrtc, "compile_cached", lambda *a, **k: compiled)
+    fake_cupy.CALLS.clear()
+    fake_cupy.MALLOCED.clear()
+    fake_cupy.FREED.clear()
+    yield p
+    fake_cupy.CALLS.clear()
+    # Modules first imported over the stand-in go, so later tests import the real ones.
+    for name in list(sys.modules):
+        if name.split(".")[0] in roots and name not in before:
+            del sys.modules[name]
+
+
+async def _open(plugin: Plugin) -> Any:
+    backend = plugin.backend.CUDABackend()
+    await backend.initialize(Device("cuda", 0))
+    return backend
+
+
+def _on(thread: int) -> list[str]:
+    return sorted({name for name, ident in fake_cupy.CALLS if ident == thread})
+
+
+async def test_no_cuda_call_on_the_loop_thread(plugin: Plugin) -> None:
+    loop_thread = threading.get_ident()
+    backend = await _open(plugin)
+    f, ops, mm, kops = (
+        backend.tensor_factory, backend.tensor_ops, backend.memory_manager, backend.kernel_ops,
+    )  # fmt: skip
+    host = np.arange(24, dtype=np.float32).reshape(4, 6) / 10
+    try:
+        x = f.from_host(host)
+        n = f.normal((4, 6), seed=3)
+        u = f.uniform((6, 4), -1.0, 1.0, seed=4)
+        r = f.arange(0, 8, 1)
+        z = f.zeros((4, 4))
+        h = ops.gelu(ops.matmul(x, u))  # matmul, then an elementwise kernel
+        h = ops.layer_norm(h)
+        s = ops.softmax(h, axis=-1)
+        total = ops.reduce("sum", s, axis=-1)
+        fused = kops.rms_norm(x)  # a fused NVRTC kernel (a no-op launch here)
+        bf16 = DType.BF16 in backend.capabilities.dtypes  # CuPy 14 and ml_dtypes installed
+        xb = f.from_host(host, dtype="bf16" if bf16 else "f32")
+        gb = ops.matmul(xb, ops.transpose(xb))  # cuBLAS on bf16
+        kops.rms_norm(xb)  # the bf16 fused kernel
+        kops.silu_mul(x, n)
+        idx = f.from_host(np.array([2, 0], np.int64))
+        emb = ops.embedding(idx, x)  # a checked launch: its flag is copied to pinned memory
+        s2 = backend.create_stream()
+        e = backend.default_stream.record_event()
+        s2.wait_event(e)
+        with backend.use_stream(s2):
+            w = x + 1.0  # on another stream, after x's writer
+        buf = mm.allocate(64)
+        await mm.copy_htod(buf, np.arange(16, dtype=np.float32))
+        mm.copy_dtod(z, buf)
+        back = np.empty(16, np.float32)
+        await mm.copy_dtoh(back, buf)
+        mm.free(buf)
+        handle = await backend.kernel_executor.load_kernel(
+            'extern "C" __global__ void k(float* x) {}', "k"
+        )
+        backend.kernel_executor.execute_kernel(handle, (1,), (32,), [x])
+        got = {
+            "x": await x.to_host(), "n": await n.to_host(), "u": await u.to_host(),
+            "r": await r.to_host(), "z": await z.to_host(), "total": await total.to_host(),
+            "s": await s.to_host(), "emb": await emb.to_host(), "w": await w.to_host(),
+            "gb": await gb.to_host(),
+        }  # fmt: skip
+        await fused.to_host()
+        await e.wait()
+        await backend.synchronize()
+        del x, n, u, h, s, z, w, fused, emb, xb, gb
+        gc.collect()  # blocks go back to the pool; a trim frees them
+        mm.trim()
+    finally:
+        await backend.shutdown()
+    gc.collect()
+
+    on_loop = _on(loop_thread)
+    assert not on_loop, f"CUDA calls on the event loop's thread: {on_loop}"
+    on_submission = sorted({name for name, ident in fake_cupy.CALLS if ident != loop_thread})
+    for expected in (
+        "runtime.malloc", "runtime.memcpyAsync", "alloc_pinned_memory", "Stream()",
+        "Module.load", "launch rms_norm_f32", "ufunc matmul", "runtime.free",
+    ):  # fmt: skip
+        assert expected in on_submission, (expected, on_submission)
+    np.testing.assert_array_equal(got["x"], host)
+    rng = np.random.default_rng(3).normal(0.0, 1.0, size=(4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(got["n"], rng)
+    np.testing.assert_array_equal(got["r"], np.arange(8))
+    np.testing.assert_array_equal(got["z"], np.arange(16, dtype=np.float32).reshape(4, 4))
+    np.testing.assert_array_equal(back, np.arange(16, dtype=np.float32))
+    np.testing.assert_allclose(got["total"], np.ones(4), rtol=1e-5)
+    np.testing.assert_array_equal(got["emb"], host[[2, 0]])
+    np.testing.assert_allclose(got["w"], host + 1.0)
+    hb = host.astype(got["gb"].dtype).astype(np.float32)
+    np.testing.assert_allclose(got["gb"].astype(np.float32), hb @ hb.T, rtol=1e-2)
+    assert backend.memory_manager.memory_info().used == 0
+
+
+async def test_submissions_return_while_the_thread_is_busy(plugin: Plugin) -> None:
+    backend = await _open(plugin)
+    gate = threading.Event()
+    try:
+        backend._thread.submit(lambda: gate.wait(30))  # the device thread is busy
+        t0 = time.perf_counter()
+        x = backend.tensor_factory.from_host(np.ones((64, 64), np.float32))
+        y = backend.tensor_ops.matmul(x, x)
+        y = backend.tensor_ops.add(y, 1.0)
+        elapsed = time.perf_counter() - t0
+        assert not backend.default_stream.query()  # nothing has run yet
+        gate.set()
+        got = await y.to_host()
+    finally:
+        gate.set()
+        await backend.shutdown()
+    assert elapsed < 5.0  # the calls did not wait for the gate (30 s)
+    np.testing.assert_array_equal(got, np.full((64, 64), 65.0, np.float32))
+
+
+async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> None:
+    loop_thread = threading.get_ident()
+    backend = await _open(plugin)
+    try:
+        ops = backend.tensor_ops
+        x = backend.tensor_factory.ones((4,))
+
+        def fail() -> None:
+            raise RuntimeError("boom")
+
+        y = ops.add(x, 1.0)
+        ops.kernels._launch(fail, (x,), (y,), what="a failing kernel")  # returns: no raise
+        with pytest.raises(DeviceError, match="a failing kernel failed: RuntimeError"):
+            await y.to_host()
+        # Reported once; later work runs as usual.
+        np.testing.assert_array_equal(await ops.add(x, 2.0).to_host(), np.full(4, 3.0))
+
+        def sticky() -> None:
+            raise fake_cupy.CUDARuntimeError(700)
+
+        ops.kernels._launch(sticky, (x,), (y,), what="a trapping kernel")
+        with pytest.raises(ContextPoisonedError, match="cudaErrorIllegalAddress"):
+            await y.to_host()
+        assert backend.poisoned
+        with pytest.raises(ContextPoisonedError):
+            ops.add(x, 1.0)  # refused at the call once the context is known poisoned
+        # For good: there is no in-process rebuild (a sticky error cannot be cleared).
+        assert not hasattr(backend, "recover")
+        with pytest.raises(ContextPoisonedError, match="must be restarted"):
+            backend.tensor_factory.full((4,), 5.0)
+    finally:
+        await backend.shutdown()
+    loop_calls = _on(loop_thread)
+    assert not loop_calls, loop_calls
+    assert "cuDevicePrimaryCtxReset" not in {name for name, _ in fake_cupy.CALLS}
+
+
+async def test_shutdown_frees_the_cached_blocks_off_the_loop(plugin: Plugin) -> None:
+    from accelkit.sdk import storage
+
+    loop_thread = threading.get_ident()
+    backend = await _open(plugin)
+    kept = backend.tensor_factory.full((1024,), 2.0)
+    dropped = backend.tensor_factory.full((4096,), 1.0)
+    await kept.to_host()
+    await dropped.to_host()
+    dropped_ptr = storage(dropped).buffer.handle.ptr
+    kept_ptr = storage(kept).buffer.handle.ptr
+    del dropped
+    gc.collect()  # its block goes back to the pool's cache
+    await backend.shutdown()
+    assert dropped_ptr in fake_cupy.FREED  # the cache is freed by the shutdown
+    # A block still held by a live tensor is freed by the shutdown too (its one owner, on the
+    # submission thread); the tensor is stale now.
+    assert kept_ptr in fake_cupy.FREED
+    del kept
+    gc.collect()
+    assert sum(1 for name, _ in fake_cupy.CALLS if name == "runtime.free") == len(
+        fake_cupy.FREED
+    )  # no block freed twice: its death after shutdown frees nothing again
+    frees = [t for name, t in fake_cupy.CALLS if name == "runtime.free"]
+    assert loop_thread not in frees
+
+
+async def test_a_cancelled_wait_leaves_the_work_and_the_memory_right(plugin: Plugin) -> None:
+    backend = await _open(plugin)
+    gate = threading.Event()
+    try:
+        backend._thread.submit(lambda: gate.wait(30))  # nothing runs until the gate opens
+        x = backend.tensor_factory.full((256,), 3.0)
+        y = backend.tensor_ops.mul(x, 2.0)
+        with anyio.move_on_after(0.05) as scope:
+            await y.to_host()
+        assert scope.cancelled_caught
+        gate.set()
+        np.testing.assert_array_equal(await y.to_host(), np.full(256, 6.0, np.float32))
+        del x, y
+        gc.collect()
+    finally:
+        gate.set()
+        await backend.shutdown()
+    assert backend.memory_manager.memory_info().used == 0
+
+
+async def test_shutdown_finishes_failed_work_without_raising(plugin: Plugin) -> None:
+    backend = await _open(plugin)
+    x = backend.tensor_factory.ones((4,))
+
+    def fail() -> None:
+        raise RuntimeError("nobody awaits this")
+
+    gate = threading.Event()
+    backend._thread.submit(lambda: gate.wait(30))  # the failure comes after shutdown began
+    backend.tensor_ops.kernels._launch(fail, (x,), (x,))
+    threading.Timer(0.05, gate.set).start()
+    await backend.shutdown()  # the error has nobody to go to: dropped, not raised
+    assert backend.memory_manager.memory_info().used == 0
