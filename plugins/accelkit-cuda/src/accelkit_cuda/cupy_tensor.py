@@ -238,6 +238,18 @@ def range_flag(index: Array, low: int, high: int) -> Array:
 
 
 # -- linear algebra -----------------------------------------------------------------------------------
+def _mm(a: Array, b: Array, out: Array | None = None) -> Array:
+    """``cupy.matmul``, with BF16 operands multiplied in F32 (CuPy 14 has no BF16 GEMM: its
+    matmul takes BF16 for an integer type and fails), so a BF16 product is rounded once, when
+    stored. F16 stays on cuBLAS's F16 path (F32 accumulation)."""
+    if _BF16 is not None and _BF16 in (a.dtype, b.dtype):
+        res = cp.matmul(a.astype(cp.float32), b.astype(cp.float32))
+        if out is not None:
+            _store(out, res)
+        return res
+    return cp.matmul(a, b) if out is None else cp.matmul(a, b, out=out)
+
+
 def gemm(
     a: Array, b: Array, c: Array | None, out: Array, trans_a: bool, trans_b: bool, alpha: float,
     beta: float,
@@ -247,7 +259,7 @@ def gemm(
     if a.dtype != b.dtype:
         ct = cp.result_type(up(a), up(b))
         av, bv = av.astype(ct), bv.astype(ct)
-    res = cp.matmul(av, bv)
+    res = _mm(av, bv)
     if alpha != 1.0 or c is not None:
         res = res.astype(cp.float32) if half(res.dtype) else res
         if alpha != 1.0:
@@ -263,13 +275,13 @@ def matmul(a: Array, b: Array, out: Array) -> None:
         ct = cp.result_type(up(a), up(b))
         a, b = a.astype(ct), b.astype(ct)
     if a.dtype == out.dtype and a.dtype.kind == "f" and out.flags.c_contiguous:
-        cp.matmul(a, b, out=out)
+        _mm(a, b, out=out)
     else:
-        _store(out, cp.matmul(a, b))
+        _store(out, _mm(a, b))
 
 
 def linear(x: Array, w: Array, bias: Array | None, out: Array) -> None:
-    res = cp.matmul(x, w.T)
+    res = _mm(x, w.T)
     if bias is not None:
         res = up(res) + up(bias)
     _store(out, res)
@@ -297,7 +309,7 @@ def conv2d(
             ]
     cols = cols.reshape(n, groups, cg * kh * kw, oh * ow)
     wm = wf.reshape(groups, o // groups, cg * kh * kw)
-    res = cp.matmul(wm[None], cols).reshape(n, o, oh, ow)  # [N, G, O/G, OH*OW]
+    res = _mm(wm[None], cols).reshape(n, o, oh, ow)  # [N, G, O/G, OH*OW]
     if bias is not None:
         res = res + up(bias)[None, :, None, None]
     _store(out, res)
@@ -349,14 +361,14 @@ def attention(
     offset = sk - sq
     for r0 in range(0, sq, rows):
         r1 = min(sq, r0 + rows)
-        s = cp.matmul(qg[:, :, :, r0:r1], kt)
+        s = _mm(qg[:, :, :, r0:r1], kt)
         if mk is not None:
             mc = mk[:, :, :, r0:r1]
             s = cp.where(mc, s, -cp.inf) if mc.dtype == cp.bool_ else s + up(mc)
         if causal:
             visible = cp.arange(sk)[None, :] <= cp.arange(r0, r1)[:, None] + offset
             s = cp.where(visible, s, -cp.inf)
-        res[:, :, :, r0:r1] = cp.matmul(softmax_rows(s), vg)
+        res[:, :, :, r0:r1] = _mm(softmax_rows(s), vg)
     _store(out, res.reshape(b, h, sq, dv))
 
 
@@ -475,3 +487,28 @@ def argsort(x: Array, axis: int, descending: bool, out: Array) -> None:
     n = x.shape[axis]
     rev = cp.argsort(cp.flip(xu, axis), axis=axis)
     cp.copyto(out, (n - 1) - cp.flip(rev, axis))
+
+
+def warm_up() -> None:
+    """Launch, once, on tiny arrays, the CuPy kernels and cuBLAS calls that common work needs:
+    CuPy compiles (or loads from its disk cache) each kernel at its first launch and creates
+    cuBLAS's handle at the first GEMM, holding the interpreter lock meanwhile (a stall of tens
+    of milliseconds for the event loop, seen on an H100). Run on the submission thread during
+    ``initialize``, so that the first request of a service does not pay it."""
+    for dtype in (cp.float32, cp.float16):
+        x = cp.ones((4, 8), dtype)
+        w = cp.ones((8, 8), dtype)
+        out = cp.empty((4, 8), dtype)
+        matmul(x, w, out)
+        linear(x, w, None, out)
+        for op in ("add", "sub", "mul", "div", "maximum"):
+            binary(op, x, x, out)
+        binary("mul", x, 2.0, out)
+        for op in ("gelu", "gelu_tanh", "silu", "sigmoid", "exp", "tanh", "relu", "sqrt"):
+            unary(op, x, out)
+        for op in ("sum", "mean", "max", "min"):
+            reduce(op, x, (1,), True, cp.empty((4, 1), dtype))
+        softmax(x, 1, out, False)
+        layer_norm(x, w[0], w[1], 1e-5, out)
+        rms_norm(x, w[0], 1e-6, out)
+    cp.cuda.get_current_stream().synchronize()
