@@ -35,8 +35,10 @@ FAULTS = ("abort", "nokernel")
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh verdict store for the test, and no verifier of another test's store."""
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opencl_cache: Path) -> Iterator[Path]:
+    """A fresh verdict store for the test, and no verifier of another test's store; program
+    caches of its own too (opencl_cache), so that every candidate is really built here, not
+    loaded from what an earlier test of the run compiled."""
     path = tmp_path / "variants.json"
     monkeypatch.setenv("ACCELKIT_OPENCL_VARIANTS_FILE", str(path))
     monkeypatch.delenv("ACCELKIT_OPENCL_VERIFY", raising=False)
