@@ -13,22 +13,21 @@ async def main() -> None:
     async with accelkit.open_backend("cuda") as b:
         f, ops, mm = b.tensor_factory, b.tensor_ops, b.memory_manager
 
-        async def park_in_cycle() -> None:
+        def park_in_cycle() -> None:
             t = f.from_host(np.zeros(0, np.float32))  # 0 bytes -> a 64 B block, nothing launched
-            await b.synchronize()  # its cudaMalloc runs on the submission thread
             try:
                 raise ValueError("refused")
             except ValueError as e:
                 err = e  # err -> __traceback__ -> this frame -> err (and t): a reference cycle
 
-        await park_in_cycle()
-        gc.collect()  # one pass: DeviceBuffer.__del__ puts the buffer back in the pool,
-        #               Block.__del__ cudaFrees the block and sets Block.ptr = 0
-        block = mm.allocate(8)
-        await b.synchronize()  # the allocation, if the pool had none, runs on the submission thread
-        ptr = block.handle.ptr
-        print("next 64 B block:", hex(ptr))  # 0x0 before the fix
-        assert ptr != 0, "the pool handed out a freed block"
+        park_in_cycle()
+        gc.collect()  # before the fix, one pass freed the block and put its buffer back in the pool
+        block = mm.allocate(8)  # its cudaMalloc, if any, is queued on the submission thread
+        await mm.copy_htod(block, np.array([1.5, -2.5], np.float32))
+        back = np.empty(2, np.float32)
+        await mm.copy_dtoh(back, block)
+        print("next 64 B block:", hex(block.handle.ptr), back)  # 0x0 and an error before the fix
+        assert block.handle.ptr != 0 and back.tolist() == [1.5, -2.5]
         if sys.argv[1:] == ["bool"]:
             x = f.from_host(np.ones(9))  # 72 B -> 128 B class, healthy
             got = await ops.cast(x, DType.BOOL).to_host()
