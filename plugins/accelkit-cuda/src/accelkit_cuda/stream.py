@@ -314,7 +314,7 @@ class CUDAStream(DeviceErrors, Stream):
                 event.cp_event = e
             except BaseException as exc:
                 error = as_accel_error(exc, f"recording an event on {self.name}", self.on_error)
-                self._fail(event._seq, error)
+                self._fail(event.seq, error)
 
         self.thread.submit(record)
         return event
@@ -378,7 +378,8 @@ class CUDAEvent(Event):
         self._stream = stream
         #: The ``cupy.cuda.Event``, made and recorded on the submission thread.
         self.cp_event: Any = None
-        self._seq = seq
+        #: The stream position the event marks.
+        self.seq = seq
 
     @property
     def stream(self) -> CUDAStream:
@@ -386,13 +387,13 @@ class CUDAEvent(Event):
 
     def query(self) -> bool:
         self._stream.check_usable()
-        return self._stream._completed_upto >= self._seq
+        return self._stream._completed_upto >= self.seq
 
     async def wait(self) -> None:
-        await self._stream.wait_for(self._seq)
+        await self._stream.wait_for(self.seq)
 
     def wait_blocking(self) -> None:
-        self._stream.wait_for_blocking(self._seq)
+        self._stream.wait_for_blocking(self.seq)
 
     def elapsed_ms(self, end: CUDAEvent) -> float:
         """Milliseconds of device time between this event and ``end``."""
