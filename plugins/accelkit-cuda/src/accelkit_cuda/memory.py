@@ -369,13 +369,20 @@ class CUDAMemoryManager(PooledMemoryManager):
         )
         return seq, cell, stream
 
-    async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+    def _start_read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any]:
+        """The host array to fill, and the queued copy to staging (None for an empty tensor)."""
         self._backend._check_usable()
         out = np.empty(tensor.shape, tensor.dtype.to_numpy())
         if out.nbytes == 0:
             check_tensor(self._backend, tensor, "tensor")
+            return out, None
+        return out, self._read(tensor)
+
+    async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        out, queued = self._start_read(tensor)
+        if queued is None:
             return out
-        seq, cell, stream = self._read(tensor)
+        seq, cell, stream = queued
         await stream.wait_for(seq)
         stream.raise_errors(last_writer(tensor)[1])
         # Out of the pinned staging block, off the event loop when large (sdk.host).
@@ -383,12 +390,10 @@ class CUDAMemoryManager(PooledMemoryManager):
         return out
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
-        self._backend._check_usable()
-        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
-        if out.nbytes == 0:
-            check_tensor(self._backend, tensor, "tensor")
+        out, queued = self._start_read(tensor)
+        if queued is None:
             return out
-        seq, cell, stream = self._read(tensor)
+        seq, cell, stream = queued
         stream.wait_for_blocking(seq)
         stream.raise_errors(last_writer(tensor)[1])
         out.reshape(-1).view(np.uint8)[...] = cell[0]
