@@ -56,10 +56,10 @@ _LAZY: dict[str, str] = {
     "DeviceMemoryManager": "accelkit.abc",
     "Event": "accelkit.abc",
     "KernelExecutor": "accelkit.abc",
-    "KernelOps": "accelkit.abc",
+    "KernelOps": "accelkit.ops",
     "Stream": "accelkit.abc",
-    "TensorFactory": "accelkit.abc",
-    "TensorOps": "accelkit.abc",
+    "TensorFactory": "accelkit.ops",
+    "TensorOps": "accelkit.ops",
     # functions users call first
     "create_backend": "accelkit._api",
     "open_backend": "accelkit._api",
@@ -68,8 +68,7 @@ _LAZY: dict[str, str] = {
     "Selection": "accelkit.selector",
     "PluginDescriptor": "accelkit.plugins",
     "PLUGIN_API_VERSION": "accelkit.plugins",
-    "KernelDispatcher": "accelkit._core.dispatch",
-    "Route": "accelkit._core.dispatch",
+    "Route": "accelkit.routes",
     # errors
     "AccelError": "accelkit.errors",
     "BackendNotFoundError": "accelkit.errors",
@@ -105,7 +104,6 @@ __all__ = [
     "IncompatiblePluginError",
     "InvalidArgumentError",
     "KernelCompileError",
-    "KernelDispatcher",
     "KernelExecutor",
     "KernelOps",
     "LifecycleState",
@@ -160,17 +158,13 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from accelkit import calibration, errors, quant, registry, workloads
     from accelkit._api import create_backend, devices, open_backend
-    from accelkit._core.dispatch import KernelDispatcher, Route
     from accelkit.abc import (
         ComputeBackend,
         DeviceBuffer,
         DeviceMemoryManager,
         Event,
         KernelExecutor,
-        KernelOps,
         Stream,
-        TensorFactory,
-        TensorOps,
     )
     from accelkit.capabilities import (
         BackendCapabilities,
@@ -199,6 +193,8 @@ if TYPE_CHECKING:
         UnsupportedOperationError,
     )
     from accelkit.memory import MemoryInfo, MemoryPoolConfig, MemoryPressure
+    from accelkit.ops import KernelOps, TensorFactory, TensorOps
     from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
+    from accelkit.routes import Route
     from accelkit.selector import Selection, select
     from accelkit.tensor import Tensor

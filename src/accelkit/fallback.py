@@ -22,7 +22,7 @@ from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["FallbackEvent", "FallbackTensorOps"]
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
     from accelkit.abc.memory import DeviceBuffer
     from accelkit.abc.stream import Stream
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["Tensor"]
 
@@ -32,9 +32,9 @@ Scalar = int | float | bool
 class Tensor:
     """A dense, C-contiguous array in a backend's device memory.
 
-    Tensors are made by a backend's :class:`~accelkit.abc.TensorFactory` and by its operations,
+    Tensors are made by a backend's :class:`~accelkit.ops.TensorFactory` and by its operations,
     never by calling this class directly. Operators (``+ - * / @``, unary ``-``) are submissions to
-    the owning backend's :class:`~accelkit.abc.TensorOps`: they return at once, and the result is
+    the owning backend's :class:`~accelkit.ops.TensorOps`: they return at once, and the result is
     observed by awaiting :meth:`to_host` (or :meth:`numpy` in a script).
     """
 

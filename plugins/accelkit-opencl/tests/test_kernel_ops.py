@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from accelkit import DType, InvalidArgumentError
-from accelkit._core.dispatch import KernelDispatcher
-from accelkit.abc.kernel_ops import KERNEL_OPS
+from accelkit.ops.kernel_ops import KERNEL_OPS
 from accelkit.quant import dequantize, quantize
 
 # Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
@@ -30,7 +29,7 @@ async def test_every_op_is_an_opencl_kernel(backend: Any) -> None:
 
 
 async def test_fused_kernels_wait_for_inputs_written_on_another_stream(backend: Any) -> None:
-    f, fused = backend.tensor_factory, KernelDispatcher(backend)
+    f, fused = backend.tensor_factory, backend.kernel_ops.twin()
     rng = np.random.default_rng(0)
     x, r = rng.standard_normal((64, 256)), rng.standard_normal((64, 256))
     s1, s2 = backend.create_stream(), backend.create_stream()
@@ -61,7 +60,7 @@ async def test_f64_sampling_routes_agree(backend: Any, settings: dict[str, Any])
     rng = np.random.default_rng(3)
     logits = f.from_host(rng.standard_normal((5, 1000)) * 3, dtype=DType.F64)
     previous = f.from_host(rng.integers(-1, 1000, size=(5, 12)))
-    routes = [KernelDispatcher(backend), KernelDispatcher(backend, prefer="composed")]
+    routes = [backend.kernel_ops.twin(), backend.kernel_ops.twin("composed")]
     for seed in (0, 1, 2):
         tokens = [
             await d.sample_token(logits, previous_tokens=previous, seed=seed, **settings).to_host()
@@ -72,7 +71,7 @@ async def test_f64_sampling_routes_agree(backend: Any, settings: dict[str, Any])
 
 async def test_quantized_linear_with_many_rows(backend: Any) -> None:
     rng = np.random.default_rng(4)
-    f, fused = backend.tensor_factory, KernelDispatcher(backend)
+    f, fused = backend.tensor_factory, backend.kernel_ops.twin()
     w = rng.standard_normal((40, 128)).astype(np.float32)
     x = rng.standard_normal((33, 128)).astype(np.float32)
     for fmt in ("q8_0", "q4_0"):
@@ -85,7 +84,7 @@ async def test_quantized_linear_with_many_rows(backend: Any) -> None:
 
 
 async def test_a_device_error_is_raised_once_and_later_work_runs(backend: Any) -> None:
-    f, fused = backend.tensor_factory, KernelDispatcher(backend)
+    f, fused = backend.tensor_factory, backend.kernel_ops.twin()
     q = f.from_host(np.ones((1, 2, 8), np.float32))
     cache = f.from_host(np.ones((3, 4, 2, 8), np.float32))
     bad = fused.paged_attention(

@@ -1,7 +1,7 @@
 """Argument checks of the KernelOps, shared by the fused interfaces and the compositions.
 
-:mod:`accelkit.abc.kernel_ops` runs them before allocating and launching a fused kernel, and
-:mod:`accelkit._core.composite` before composing TensorOps calls, so a bad call fails before
+:mod:`accelkit.ops.kernel_ops` runs them before allocating and launching a fused kernel, and
+:mod:`accelkit.ops.composite` before composing TensorOps calls, so a bad call fails before
 anything is queued, with the same message on either route. Each check returns the validated
 scalar settings; messages name what was expected and what was given.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from accelkit._core.validation import (
     check_float,
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
 
 __all__ = [
+    "GUMBEL_UNIFORM_MAX",
+    "rotary_inv_freq",
     "GeluApproximation", "SamplingParams", "check_gelu", "check_logits", "check_norm",
     "check_paged_attention", "check_quantized_linear", "check_rms_norm_residual",
     "check_rotary", "check_sampling", "check_silu_mul",
@@ -264,3 +268,17 @@ def check_sampling(
                 f" {previous_tokens._shape}"
             )
     return SamplingParams(t, k, p, penalty, seed_)
+
+
+#: sample_token clamps its uniform noise to the largest float32 below 1, so that the Gumbel
+#: transform ``-log(-log(u))`` stays finite.
+GUMBEL_UNIFORM_MAX = float(np.nextafter(np.float32(1), np.float32(0)))
+
+
+def rotary_inv_freq(head_dim: int, base: float) -> np.ndarray[tuple[int], np.dtype[np.float64]]:
+    """The rotary frequencies ``base ** (-2i / head_dim)`` for ``i < head_dim / 2`` (float64).
+
+    Every implementation converts them to its compute dtype (F32, or F64 for F64 input) and
+    takes angles as ``position * frequency`` in that dtype, as the Hugging Face Llama code does.
+    """
+    return 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)

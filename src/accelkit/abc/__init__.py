@@ -1,15 +1,15 @@
-"""The user-facing component interfaces (see each module's docstring for the guarantees).
+"""The contracts: what a backend is (:class:`ComputeBackend`), its streams and events, its memory
+and its kernel executor. Abstract only, as ``anyio.abc`` is.
 
-What a backend *implements* is in :mod:`accelkit.sdk`: kernel objects behind these components.
+The user-facing components built over a backend's kernels (TensorOps, TensorFactory, KernelOps)
+are in :mod:`accelkit.ops`; the kernel contracts a backend implements, and the tools to write
+one, are in :mod:`accelkit.sdk`.
 """
 
 from accelkit.abc.backend import ComputeBackend
-from accelkit.abc.factory import TensorFactory
-from accelkit.abc.kernel_ops import KernelOps
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
 from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
 from accelkit.abc.stream import Event, Stream
-from accelkit.abc.tensor_ops import TensorOps
 
 __all__ = [
     "ComputeBackend",
@@ -19,8 +19,5 @@ __all__ = [
     "KernelExecutor",
     "KernelHandle",
     "KernelInfo",
-    "KernelOps",
     "Stream",
-    "TensorFactory",
-    "TensorOps",
 ]

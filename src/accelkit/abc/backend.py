@@ -26,14 +26,14 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, NotInitializedError, UnsupportedOperationError
 
 if TYPE_CHECKING:
-    from accelkit._core.kernel_api import FactoryKernels, FusedKernels, TensorKernels
-    from accelkit.abc.factory import TensorFactory
-    from accelkit.abc.kernel_ops import KernelOps
     from accelkit.abc.kernels import KernelExecutor
     from accelkit.abc.memory import DeviceMemoryManager
     from accelkit.abc.stream import Stream
-    from accelkit.abc.tensor_ops import TensorOps
     from accelkit.fallback import FallbackTensorOps
+    from accelkit.ops.factory import TensorFactory
+    from accelkit.ops.kernel_ops import KernelOps
+    from accelkit.ops.tensor_ops import TensorOps
+    from accelkit.sdk.kernels import FactoryKernels, FusedKernels, TensorKernels
 
 __all__ = ["ComputeBackend"]
 
@@ -273,7 +273,7 @@ class ComputeBackend(ABC):
     @property
     def kernel_ops(self) -> KernelOps:
         """The fused transformer ops (always present: where the backend has no fused kernel,
-        the core's composition runs; see :mod:`accelkit.abc.kernel_ops`)."""
+        the core's composition runs; see :mod:`accelkit.ops.kernel_ops`)."""
         self._require_ready()
         assert self._kernel_ops is not None
         return self._kernel_ops
@@ -287,10 +287,10 @@ class ComputeBackend(ABC):
         """Build the user-facing TensorOps, TensorFactory and KernelOps over a backend's kernel
         objects (:mod:`accelkit.sdk`); call it from ``_initialize``. Without ``fused``, every
         KernelOps op runs as the core's composition."""
-        from accelkit._core.kernel_api import ComposedOnly
-        from accelkit.abc.factory import TensorFactory
-        from accelkit.abc.kernel_ops import KernelOps
-        from accelkit.abc.tensor_ops import TensorOps
+        from accelkit.ops.factory import TensorFactory
+        from accelkit.ops.kernel_ops import KernelOps
+        from accelkit.ops.tensor_ops import TensorOps
+        from accelkit.sdk.kernels import ComposedOnly
 
         self._tensor_ops = TensorOps(self, tensor)
         self._tensor_factory = TensorFactory(self, factory)

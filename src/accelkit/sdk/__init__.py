@@ -20,13 +20,17 @@ docs/backend-authors.md walks through writing one.
 
 from __future__ import annotations
 
-from accelkit._core.composite import GUMBEL_UNIFORM_MAX, rotary_inv_freq
 from accelkit._core.device_errors import DeviceErrors
 from accelkit._core.env import env_str
 from accelkit._core.host_arrays import assign as host_assign
 from accelkit._core.host_arrays import cast_into as host_cast_into
 from accelkit._core.host_stream import HostStream
-from accelkit._core.kernel_validation import GeluApproximation, SamplingParams
+from accelkit._core.kernel_validation import (
+    GUMBEL_UNIFORM_MAX,
+    GeluApproximation,
+    SamplingParams,
+    rotary_inv_freq,
+)
 from accelkit._core.loop import wait_for_callback
 from accelkit._core.op_names import (
     BINARY_OPS,

@@ -1,12 +1,429 @@
-"""The kernel interfaces a backend implements (defined in :mod:`accelkit._core.kernel_api`;
-see there for the contracts)."""
+"""What a backend implements: its kernel objects.
 
-from accelkit._core.kernel_api import (
-    ComposedOnly,
-    FactoryKernels,
-    FusedKernels,
-    Operand,
-    TensorKernels,
-)
+The user-facing components (:class:`~accelkit.ops.TensorOps`, :class:`~accelkit.ops.TensorFactory`,
+:class:`~accelkit.ops.KernelOps`) validate every argument once for every backend, allocate the
+outputs through the backend and call one of its kernel objects, which receives validated inputs
+and allocated outputs and must *enqueue* work that writes the outputs in stream order (running
+small work inline on an idle stream is allowed). A kernel method never validates user input and
+never returns before its outputs are recorded as written (:func:`accelkit.sdk.mark_written`).
+
+Three interfaces, each an abstract base (an empty subclass cannot be instantiated; a subclass
+that forgets a method fails at instantiation, naming it):
+
+- :class:`TensorKernels`: allocation (``empty``, ``view``) and every TensorOps kernel;
+- :class:`FactoryKernels`: allocation and the factory's fills (``fill``, ``from_host``;
+  ``generate`` has a default);
+- :class:`FusedKernels`: optional fused transformer kernels. Every method has a default: the
+  core's composition of TensorOps calls runs instead. A backend overrides the ops it fuses;
+  :attr:`FusedKernels.fused_ops` lists them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from accelkit._core.kernel_validation import GeluApproximation, SamplingParams
+from accelkit._core.op_names import KERNEL_OP_GROUPS
+from accelkit.dtype import DType
+from accelkit.quant import QuantFormat
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit.abc.backend import ComputeBackend
 
 __all__ = ["ComposedOnly", "FactoryKernels", "FusedKernels", "Operand", "TensorKernels"]
+
+Operand = Tensor | int | float | bool
+
+
+class _Allocating(ABC):
+    """What every kernel object has: its backend and output allocation."""
+
+    def __init__(self, backend: ComputeBackend) -> None:
+        self.backend = backend  # type: ignore[misc]  # a plain attribute: read on every launch
+
+    if TYPE_CHECKING:
+        # Read-only to the type checker, so that a backend's kernels may narrow it to their
+        # own backend class (``backend: MyBackend``).
+        @property
+        def backend(self) -> ComputeBackend: ...
+
+    @abstractmethod
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        """A new tensor (validated shape and dtype) on the backend's device, on the current
+        stream, not yet written (``stream, seq = current stream, 0``)."""
+
+    @abstractmethod
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """A tensor sharing ``x``'s buffer with another shape of the same size (and ``x``'s
+        last writer)."""
+
+
+class TensorKernels(_Allocating):
+    """Every kernel TensorOps calls. Inputs are validated tensors of this backend (or Python
+    scalars where the signature says ``Operand``); outputs are allocated with the result's
+    shape and dtype. Dtype rules are the caller's: a kernel casts its inputs to ``out``'s dtype
+    where they differ."""
+
+    # -- elementwise ------------------------------------------------------------------------------
+    @abstractmethod
+    def unary(self, op: str, x: Tensor, out: Tensor) -> None:
+        """``out = op(x)`` for ``op`` in :data:`accelkit.sdk.UNARY_OPS`."""
+
+    @abstractmethod
+    def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
+        """``out = a op b`` with broadcasting, ``op`` in :data:`accelkit.sdk.BINARY_OPS`."""
+
+    @abstractmethod
+    def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
+        """``out = a if cond else b`` with broadcasting."""
+
+    @abstractmethod
+    def cast(self, x: Tensor, out: Tensor) -> None:
+        """``out = x`` converted to out's dtype (NumPy's unsafe casting)."""
+
+    # -- linear algebra ---------------------------------------------------------------------------
+    @abstractmethod
+    def gemm(
+        self,
+        a: Tensor,
+        b: Tensor,
+        c: Tensor | None,
+        out: Tensor,
+        trans_a: bool,
+        trans_b: bool,
+        alpha: float,
+        beta: float,
+    ) -> None:
+        """``out = alpha * op(a) @ op(b) + beta * c`` (2-d; ``c`` broadcasts to out)."""
+
+    @abstractmethod
+    def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
+        """``out = a @ b`` with NumPy's batching rules (inputs already of out's dtype or cast)."""
+
+    @abstractmethod
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+        """``out = x @ weight.T + bias``."""
+
+    # -- reductions -------------------------------------------------------------------------------
+    @abstractmethod
+    def reduce(
+        self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
+    ) -> None:
+        """``op`` (:data:`accelkit.sdk.REDUCE_OPS`) over ``axes``; argmax/argmin with all axes
+        index into the flattened tensor."""
+
+    # -- shape ------------------------------------------------------------------------------------
+    @abstractmethod
+    def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None: ...
+
+    @abstractmethod
+    def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
+        """``take_along_axis``; an index out of range is an error raised when awaited."""
+
+    @abstractmethod
+    def scatter(
+        self, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
+    ) -> None:
+        """``out = x`` with ``src`` put along ``axis`` at ``index``."""
+
+    # -- neural-network ops -----------------------------------------------------------------------
+    @abstractmethod
+    def conv2d(
+        self,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        out: Tensor,
+        stride: tuple[int, int],
+        padding: tuple[int, int],
+        dilation: tuple[int, int],
+        groups: int,
+    ) -> None: ...
+
+    @abstractmethod
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None: ...
+
+    @abstractmethod
+    def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None: ...
+
+    @abstractmethod
+    def layer_norm(
+        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
+    ) -> None: ...
+
+    @abstractmethod
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def cross_entropy(
+        self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
+    ) -> None: ...
+
+    @abstractmethod
+    def embedding(self, indices: Tensor, weight: Tensor, out: Tensor) -> None: ...
+
+    @abstractmethod
+    def adam_update(
+        self,
+        param: Tensor,
+        grad: Tensor,
+        m: Tensor,
+        v: Tensor,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: int,
+        weight_decay: float,
+    ) -> None:
+        """One Adam(W) step, updating ``param``, ``m`` and ``v`` in place."""
+
+    # -- optional fused kernels (the core composes them where a backend has none) ---------------
+    def depthwise(self, x: Tensor, kernel: np.ndarray[Any, Any], out: Tensor) -> None:
+        """Optional: correlate every channel of the float NCHW ``x`` with the 2-d host
+        ``kernel`` (odd sizes), border pixels replicated, into ``out`` (x's shape and dtype).
+        Every image filter (blur, Sobel, sharpen) runs through it. Without an override, the
+        core pads with narrow/concat and runs a grouped ``conv2d``."""
+        raise NotImplementedError
+
+    def separable_filter(
+        self, x: Tensor, col: np.ndarray[Any, Any], row: np.ndarray[Any, Any], out: Tensor
+    ) -> None:
+        """Optional: correlate every channel of the NCHW ``x`` (any real dtype) with
+        ``outer(col, row)`` (1-d host arrays of odd length, in the compute dtype: F64 for F64
+        images, F32 otherwise), border pixels replicated, into ``out`` (x's shape and dtype).
+        An integer ``out`` gets the result rounded half to even and clipped to ``0..max`` (255
+        for U8). ``gaussian_blur`` runs through it; without an override, the core runs two
+        :meth:`depthwise` passes (or their composition) with casts around them."""
+        raise NotImplementedError
+
+    def sobel_magnitude(self, x: Tensor, out: Tensor) -> None:
+        """Optional: ``sqrt(gx^2 + gy^2)`` of the 3x3 Sobel filters on every channel of the
+        NCHW ``x`` (any real dtype), border pixels replicated, into the float ``out`` (x's
+        shape, in the compute dtype). ``sobel_edges`` runs through it."""
+        raise NotImplementedError
+
+    def grayscale(self, x: Tensor, weights: np.ndarray[Any, Any], out: Tensor) -> None:
+        """Optional: ``out[:, 0] = sum_c weights[c] * x[:, c]`` over the channels ``weights``
+        covers, for the NCHW ``x`` (any real dtype) and ``out`` of shape [N, 1, H, W] and x's
+        dtype, rounded and clipped as :meth:`separable_filter` does for an integer ``out``."""
+        raise NotImplementedError
+
+    def take(self, x: Tensor, axis: int, index: np.ndarray[Any, Any] | range, out: Tensor) -> None:
+        """Optional: ``out = np.take(x, index, axis)`` for the 1-d host ``index``: an I64
+        array, or a ``range`` where it is evenly spaced (flip, strided narrow), which a kernel
+        may run as a strided copy (``np.asarray(index)`` gives the array). Every value lies in
+        ``0..x.shape[axis]-1``; it is computed from shapes, never from data. flip, pad, tile,
+        broadcast_to and strided narrow run through it; without an override the core runs
+        ``gather`` with the index broadcast on the device."""
+        raise NotImplementedError
+
+    def cumulative(
+        self, op: str, x: Tensor, axis: int, exclusive: bool, reverse: bool, out: Tensor
+    ) -> None:
+        """Optional: running ``op`` (``"sum"`` or ``"prod"``) of ``x`` along ``axis`` into
+        ``out`` (I64/U64 for integer and bool ``x``, else x's dtype; F16/BF16 accumulate in
+        F32). ``exclusive`` starts from the identity and leaves each element out of its own
+        result; ``reverse`` runs from the end. Without an override the core composes a
+        Hillis-Steele scan."""
+        raise NotImplementedError
+
+    def argsort(self, x: Tensor, axis: int, descending: bool, out: Tensor) -> None:
+        """Optional: the I64 indices of a stable sort of ``x`` along ``axis`` into ``out``;
+        NaN sorts as the largest value; equal elements keep their order in either direction.
+        sort, argsort and topk run through it; without an override the core composes a
+        bitonic network."""
+        raise NotImplementedError
+
+    def scatter_reduce(
+        self, op: str, x: Tensor, axis: int, index: Tensor, src: Tensor | int | float, out: Tensor
+    ) -> None:
+        """Optional: ``out = x`` with every ``src`` value combined by ``op`` (``"add"``,
+        ``"multiply"``, ``"max"``, ``"min"``; NaN-propagating max/min) into the element its
+        index (``-dim..dim-1``, wrapping) names along ``axis``, duplicates combined in index
+        order (deterministic); as :meth:`scatter` for the shapes. An index out of range is an
+        error raised when awaited. Without an override the core composes it."""
+        raise NotImplementedError
+
+    def overrides(self, name: str) -> bool:
+        """Whether this kernel object overrides the optional kernel ``name`` (one of
+        ``"depthwise"``, ``"separable_filter"``, ``"sobel_magnitude"``, ``"grayscale"``,
+        ``"take"``, ``"cumulative"``, ``"argsort"``, ``"scatter_reduce"``)."""
+        if name not in _OPTIONAL_KERNELS:
+            raise ValueError(f"{name!r} is not an optional kernel; they are {_OPTIONAL_KERNELS}")
+        return getattr(type(self), name) is not getattr(TensorKernels, name)
+
+    @property
+    def has_depthwise(self) -> bool:
+        """Whether this kernel object overrides :meth:`depthwise`."""
+        return self.overrides("depthwise")
+
+
+_OPTIONAL_KERNELS = (
+    "depthwise", "separable_filter", "sobel_magnitude", "grayscale", "take", "cumulative",
+    "argsort", "scatter_reduce",
+)  # fmt: skip
+
+
+class FactoryKernels(_Allocating):
+    """The kernels TensorFactory calls."""
+
+    @abstractmethod
+    def fill(self, out: Tensor, value: int | float | bool) -> None:
+        """Every element of ``out`` set to ``value`` (already checked to fit out's dtype)."""
+
+    @abstractmethod
+    def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
+        """Copy ``array`` (any dtype, same shape; cast with NumPy's unsafe casting) into
+        ``out``. Must snapshot ``array`` before returning: the caller may reuse it at once."""
+
+    def generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
+        """Fill ``out`` with the host array ``make()`` returns (random numbers, ranges).
+
+        The default makes it now and copies it with :meth:`from_host`; a backend may instead
+        run ``make`` in stream order off the caller's thread (large random tensors take a
+        while)."""
+        self.from_host(out, make())
+
+
+class FusedKernels(_Allocating):
+    """Fused transformer kernels; every method is optional.
+
+    A method left as defined here means "no fused kernel": KernelOps runs the core's composition
+    of TensorOps calls instead (same contract, more launches) and records that it did. A kernel
+    may also refuse one call by raising :class:`~accelkit.errors.UnsupportedOperationError`
+    before enqueuing anything (a dtype it lacks); the composition then runs. The contracts are
+    KernelOps's (see :class:`accelkit.ops.KernelOps`); F16/BF16 are computed in F32 and rounded
+    once.
+    """
+
+    #: The op names of this interface, in KernelOps's order.
+    OPS: ClassVar[tuple[str, ...]] = tuple(op for ops in KERNEL_OP_GROUPS.values() for op in ops)
+
+    @property
+    def fused_ops(self) -> frozenset[str]:
+        """The ops this backend fuses: those whose method its class overrides."""
+        cls = type(self)
+        return frozenset(op for op in self.OPS if getattr(cls, op) is not getattr(FusedKernels, op))
+
+    def _none(self, op: str) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} has no fused {op}; KernelOps runs the composition instead"
+        )
+
+    # -- norms ------------------------------------------------------------------------------------
+    def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+        self._none("rms_norm")
+
+    def rms_norm_residual(
+        self,
+        x: Tensor,
+        residual: Tensor,
+        weight: Tensor | None,
+        eps: float,
+        normed: Tensor,
+        summed: Tensor,
+    ) -> None:
+        self._none("rms_norm_residual")
+
+    def layer_norm(
+        self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
+    ) -> None:
+        self._none("layer_norm")
+
+    # -- positions --------------------------------------------------------------------------------
+    def rotary_embedding(
+        self, x: Tensor, positions: Tensor | None, base: float, offset: int, out: Tensor
+    ) -> None:
+        self._none("rotary_embedding")
+
+    # -- attention --------------------------------------------------------------------------------
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        self._none("attention")
+
+    def paged_attention(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        block_table: Tensor,
+        context_lens: Tensor,
+        scale: float,
+        out: Tensor,
+    ) -> None:
+        self._none("paged_attention")
+
+    # -- activations ------------------------------------------------------------------------------
+    def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
+        self._none("silu_mul")
+
+    def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
+        self._none("gelu")
+
+    # -- linear -----------------------------------------------------------------------------------
+    def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+        self._none("linear")
+
+    def quantized_linear(
+        self,
+        x: Tensor,
+        qweight: Tensor,
+        scales: Tensor,
+        bias: Tensor | None,
+        format: QuantFormat,
+        out: Tensor,
+    ) -> None:
+        self._none("quantized_linear")
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def argmax(self, logits: Tensor, out: Tensor) -> None:
+        self._none("argmax")
+
+    def sample_token(
+        self, logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams, out: Tensor
+    ) -> None:
+        self._none("sample_token")
+
+
+class ComposedOnly(FusedKernels):
+    """No fused kernel at all: every KernelOps op runs as the composition (what
+    :meth:`~accelkit.abc.ComputeBackend.install_kernels` uses when a backend passes none)."""
+
+    def __init__(self, tensor: TensorKernels) -> None:
+        super().__init__(tensor.backend)
+        self._tensor = tensor
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        return self._tensor.empty(shape, dtype)
+
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        return self._tensor.view(x, shape)

@@ -156,7 +156,7 @@ async def test_apply_rotary(
 async def test_apply_rotary_agrees_with_rotary_embedding(backend: ComputeBackend) -> None:
     """Tables from the same frequencies give KernelOps.rotary_embedding's result."""
     require_op(backend, "apply_rotary")
-    from accelkit._core.composite import rotary_inv_freq
+    from accelkit.sdk import rotary_inv_freq
 
     x_h = sample((1, 2, 6, 8), DType.F32, seed=98)
     angles = (np.arange(6)[:, None] * rotary_inv_freq(8, 10000.0)[None, :]).astype(np.float32)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 import accelkit
 from accelkit import ComputeBackend, Device, DType, LifecycleState, Requirements
-from accelkit.abc.tensor_ops import TENSOR_OPS, UNARY_OPS
+from accelkit.ops.tensor_ops import TENSOR_OPS, UNARY_OPS
 
 from .checks import fetch
 

@@ -1,5 +1,5 @@
 """Elementwise ops: unary, binary, where, cast, with the dtype rules of
-``accelkit._core.ops.elementwise`` (promotion, weak Python scalars, true division)."""
+``accelkit.ops._mixins.elementwise`` (promotion, weak Python scalars, true division)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ from scipy.special import erf  # type: ignore[import-untyped]
 
 import accelkit
 from accelkit import DType, InvalidArgumentError, StaleHandleError, UnsupportedOperationError
-from accelkit._core.dispatch import KernelDispatcher
-from accelkit.abc.kernel_ops import KERNEL_OPS, KernelOps
+from accelkit.ops.kernel_ops import KERNEL_OPS, KernelOps
 from accelkit.quant import QuantFormat, quantize
 from accelkit.sdk import TENSOR_OPS, ComposedOnly, FusedKernels
 
@@ -42,8 +41,8 @@ class Env:
     def __init__(self, backend: accelkit.ComputeBackend) -> None:
         self.backend = backend
         self.f = backend.tensor_factory
-        self.fused = KernelDispatcher(backend)
-        self.composed = KernelDispatcher(backend, prefer="composed")
+        self.fused = backend.kernel_ops.twin()
+        self.composed = backend.kernel_ops.twin("composed")
         self.rng = np.random.default_rng(1234)
 
     def t(self, array: Any, dtype: DType | None = None) -> accelkit.Tensor:
@@ -613,7 +612,7 @@ async def test_large_sampling_runs_off_the_loop_thread(env: Env) -> None:
 
 
 # -- bad input ------------------------------------------------------------------------------------
-BadCall = Callable[[KernelDispatcher, "Env"], object]
+BadCall = Callable[[KernelOps, "Env"], object]
 BAD_CALLS: dict[str, BadCall] = {
     "rms_norm weight shape": lambda d, e: d.rms_norm(e.f32(2, 8), e.f32(7)),
     "rms_norm int x": lambda d, e: d.rms_norm(e.i32(2, 8)),
@@ -762,7 +761,7 @@ async def test_dispatcher_retries_a_refused_fused_call_composed(
 @pytest.mark.anyio
 async def test_dispatcher_checks_its_arguments_and_the_backend_state(env: Env) -> None:
     with pytest.raises(InvalidArgumentError, match="prefer"):
-        KernelDispatcher(env.backend, prefer="fastest")  # type: ignore[arg-type]
+        env.backend.kernel_ops.twin("fastest")  # type: ignore[arg-type]
     x = env.t(np.ones((2, 4), np.float32))
     await env.backend.shutdown()
     # x is stale now (docs/execution-model.md: a tensor never outlives its backend's session)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from accelkit import ComputeBackend, DType
-from accelkit._core.ops.pooling import pool_output_size
 from accelkit.errors import AccelError
+from accelkit.ops._mixins.pooling import pool_output_size
 
 from . import reference as ref
 from .checks import ALL_DTYPES, assert_close, fetch, ids, require_dtype, require_op, sample

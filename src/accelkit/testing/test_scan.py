@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from accelkit import ComputeBackend, DType
-from accelkit._core.ops.scan import scan_dtype
 from accelkit.errors import AccelError
+from accelkit.ops._mixins.scan import scan_dtype
 
 from .checks import ALL_DTYPES, assert_close, fetch, ids, require_dtype, require_op, sample
 

@@ -16,7 +16,7 @@ import numexpr
 import numpy as np
 
 from accelkit._core.host_arrays import up
-from accelkit.abc.kernel_ops import GUMBEL_UNIFORM_MAX, SamplingParams, rotary_inv_freq
+from accelkit._core.kernel_validation import GUMBEL_UNIFORM_MAX, SamplingParams, rotary_inv_freq
 from accelkit.backends.cpu.numpy_nn import rms_norm, softmax_rows
 from accelkit.errors import InvalidArgumentError
 from accelkit.quant import QuantFormat, dequantize

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes, matmul_shape
 from accelkit._core.validation import check_float_param, check_tensor
 from accelkit.dtype import DType, result_type
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["LinalgOps"]

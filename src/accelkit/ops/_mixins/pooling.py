@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase, check_result_fits
 from accelkit._core.validation import check_float, check_int, check_same_dtype, check_tensor, pair
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase, check_result_fits
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["PoolingOps", "pool_output_size"]
 

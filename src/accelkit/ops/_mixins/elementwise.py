@@ -13,13 +13,13 @@ Dtype rules (every backend follows them):
 
 from __future__ import annotations
 
-from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.op_names import BINARY_OPS, UNARY_OPS
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes
 from accelkit._core.validation import check_dtype, check_scalar, check_tensor
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["BINARY_OPS", "UNARY_OPS", "ElementwiseOps", "Operand", "check_int_scalar"]

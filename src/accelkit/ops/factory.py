@@ -15,9 +15,6 @@ import anyio.to_thread
 import numpy as np
 
 from accelkit._core.host_memory import OFF_LOOP_COPY_BYTES
-from accelkit._core.kernel_api import FactoryKernels
-from accelkit._core.ops.base import OpsBase
-from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.validation import (
     check_dtype,
     check_float_param,
@@ -27,6 +24,9 @@ from accelkit._core.validation import (
 )
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.ops._mixins.elementwise import check_int_scalar
+from accelkit.sdk.kernels import FactoryKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["TensorFactory"]

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal, overload
 
-from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.kernel_validation import check_norm
-from accelkit._core.ops.attention_options import check_attention_options
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes, conv2d_output_hw
 from accelkit._core.validation import (
     check_axis,
@@ -22,6 +19,9 @@ from accelkit._core.validation import (
 )
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.attention_options import check_attention_options
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["NNOps", "padding_sides"]

@@ -2,7 +2,7 @@
 
 ``backend.kernel_ops`` is always present. Each of its twelve ops runs the backend's fused kernel
 (:class:`accelkit.sdk.FusedKernels`) where the backend has one, and otherwise the core's
-composition of TensorOps calls with the same contract (:mod:`accelkit._core.composite`):
+composition of TensorOps calls with the same contract (:mod:`accelkit.ops.composite`):
 
 ================ ============================================================
 norms            rms_norm, rms_norm_residual, layer_norm
@@ -35,9 +35,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from accelkit._core import composite
-from accelkit._core.composite import GUMBEL_UNIFORM_MAX, rotary_inv_freq
-from accelkit._core.kernel_api import FusedKernels
 from accelkit._core.kernel_validation import (
     GeluApproximation,
     SamplingParams,
@@ -52,27 +49,27 @@ from accelkit._core.kernel_validation import (
     check_silu_mul,
 )
 from accelkit._core.op_names import KERNEL_OP_GROUPS, KERNEL_OPS
-from accelkit._core.ops.base import OpsBase
-from accelkit._core.ops.linalg import LinalgOps
-from accelkit._core.ops.nn import NNOps
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
+from accelkit.ops import composite
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.ops._mixins.linalg import LinalgOps
+from accelkit.ops._mixins.nn import NNOps
 from accelkit.quant import QuantFormat
 from accelkit.routes import Route, RouteName
+from accelkit.sdk.kernels import FusedKernels
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit._core.kernel_api import FusedKernels
     from accelkit.abc.backend import ComputeBackend
+    from accelkit.sdk.kernels import FusedKernels
 
 __all__ = [
-    "GUMBEL_UNIFORM_MAX",
     "KERNEL_OPS",
     "KERNEL_OP_GROUPS",
     "GeluApproximation",
     "KernelOps",
     "SamplingParams",
-    "rotary_inv_freq",
 ]
 
 logger = logging.getLogger("accelkit.kernel_ops")
@@ -106,9 +103,14 @@ class KernelOps(OpsBase[FusedKernels]):
         """The ops this backend runs as fused kernels (the rest run as compositions)."""
         return self.kernels.fused_ops
 
+    def twin(self, prefer: RouteName = "fused") -> KernelOps:
+        """The same ops over the same kernels with route records of their own (``routes``,
+        ``last_route``); ``prefer="composed"`` always runs the compositions."""
+        return KernelOps(self.backend, self.kernels, prefer=prefer)
+
     def composed(self) -> KernelOps:
         """A twin that always runs the compositions (its own route records)."""
-        return KernelOps(self.backend, self.kernels, prefer="composed")
+        return self.twin("composed")
 
     def _run(self, op: str, fused: Callable[[], _T], composed: Callable[[], _T]) -> _T:
         if op not in self._fused:

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.validation import check_axis, check_int, check_tensor
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["ScanOps", "scan_dtype"]
 

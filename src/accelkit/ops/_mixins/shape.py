@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase
-from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.shapes import prod
 from accelkit._core.validation import (
     check_axis,
@@ -21,6 +18,9 @@ from accelkit._core.validation import (
 )
 from accelkit.dtype import scalar_result_type
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.ops._mixins.elementwise import check_int_scalar
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["ShapeOps"]

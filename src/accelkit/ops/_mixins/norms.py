@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.kernel_validation import check_norm
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes
 from accelkit._core.validation import (
     check_float,
@@ -23,10 +21,12 @@ from accelkit._core.validation import (
 )
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["NormOps"]
 

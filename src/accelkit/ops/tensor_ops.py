@@ -8,7 +8,7 @@ awaiting a transfer, an event or ``synchronize``. A call that raises has changed
 Backends implement :class:`accelkit.sdk.TensorKernels`, whose methods receive validated inputs
 and allocated outputs and must enqueue (not run to completion on the caller's thread, unless the
 work is small and the stream idle) work that writes the outputs. The parts live in
-``accelkit._core.ops``:
+``accelkit.ops._mixins``:
 elementwise, linalg, reduction, shape, arrange (pad, flip, tile, ...), scan (cumulative sums,
 sorting), nn and image (arrange, scan and image ops are compositions a backend may replace with
 optional kernels).
@@ -17,18 +17,18 @@ optional kernels).
 from __future__ import annotations
 
 from accelkit._core.op_names import BINARY_OPS, REDUCE_OPS, TENSOR_OPS, UNARY_OPS
-from accelkit._core.ops.arrange import ArrangeOps
-from accelkit._core.ops.attention_options import AttentionOptionsOps
-from accelkit._core.ops.elementwise import ElementwiseOps, Operand
-from accelkit._core.ops.image import ImageOps
-from accelkit._core.ops.indexing import IndexingOps
-from accelkit._core.ops.linalg import LinalgOps
-from accelkit._core.ops.nn import NNOps
-from accelkit._core.ops.norms import NormOps
-from accelkit._core.ops.pooling import PoolingOps
-from accelkit._core.ops.reduction import ReductionOps
-from accelkit._core.ops.scan import ScanOps
-from accelkit._core.ops.shape import ShapeOps
+from accelkit.ops._mixins.arrange import ArrangeOps
+from accelkit.ops._mixins.attention_options import AttentionOptionsOps
+from accelkit.ops._mixins.elementwise import ElementwiseOps, Operand
+from accelkit.ops._mixins.image import ImageOps
+from accelkit.ops._mixins.indexing import IndexingOps
+from accelkit.ops._mixins.linalg import LinalgOps
+from accelkit.ops._mixins.nn import NNOps
+from accelkit.ops._mixins.norms import NormOps
+from accelkit.ops._mixins.pooling import PoolingOps
+from accelkit.ops._mixins.reduction import ReductionOps
+from accelkit.ops._mixins.scan import ScanOps
+from accelkit.ops._mixins.shape import ShapeOps
 
 __all__ = ["BINARY_OPS", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS", "Operand", "TensorOps"]
 

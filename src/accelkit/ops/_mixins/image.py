@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.validation import check_float_param, check_int, check_tensor
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["ImageOps"]

@@ -1,7 +1,7 @@
 """KernelOps written as compositions of TensorOps calls: the fallback on every backend.
 
 Each function has the contract of the KernelOps method of the same name (see
-:mod:`accelkit.abc.kernel_ops`), takes the backend as its first argument and validates with the
+:mod:`accelkit.ops.kernel_ops`), takes the backend as its first argument and validates with the
 same shared checks, so a bad call fails with the same message on either route. Where TensorOps
 already has the op (rms_norm, layer_norm, attention, gelu, linear, argmax) the composition is
 that op, so that each backend has one reference implementation of it. F16 and BF16 are cast to
@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from accelkit._core.kernel_validation import (
+    GUMBEL_UNIFORM_MAX,
     GeluApproximation,
     check_gelu,
     check_logits,
@@ -29,6 +28,7 @@ from accelkit._core.kernel_validation import (
     check_rotary,
     check_sampling,
     check_silu_mul,
+    rotary_inv_freq,
 )
 from accelkit.dtype import DType
 from accelkit.quant import BLOCK_SIZE, QuantFormat
@@ -36,26 +36,12 @@ from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = [
-    "GUMBEL_UNIFORM_MAX", "rotary_inv_freq", "argmax", "attention", "gelu", "layer_norm", "linear", "paged_attention", "quantized_linear",
+    "argmax", "attention", "gelu", "layer_norm", "linear", "paged_attention", "quantized_linear",
     "rms_norm", "rms_norm_residual", "rotary_embedding", "sample_token", "silu_mul",
 ]  # fmt: skip
-
-#: sample_token clamps its uniform noise to the largest float32 below 1, so that the Gumbel
-#: transform ``-log(-log(u))`` stays finite.
-GUMBEL_UNIFORM_MAX = float(np.nextafter(np.float32(1), np.float32(0)))
-
-
-def rotary_inv_freq(head_dim: int, base: float) -> np.ndarray[tuple[int], np.dtype[np.float64]]:
-    """The rotary frequencies ``base ** (-2i / head_dim)`` for ``i < head_dim / 2`` (float64).
-
-    Every implementation converts them to its compute dtype (F32, or F64 for F64 input) and
-    takes angles as ``position * frequency`` in that dtype, as the Hugging Face Llama code does.
-    """
-    return 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-
 
 #: Below the best logit by more than this, a token's probability is under 1e-38 (and Gumbel
 #: noise spans about 20), so the top-k/top-p threshold search treats such tokens alike.

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase, check_result_fits
-from accelkit._core.ops.elementwise import check_int_scalar
 from accelkit._core.shapes import prod
 from accelkit._core.validation import check_axis, check_dtype, check_int, check_scalar, check_tensor
 from accelkit.dtype import DType, scalar_result_type
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase, check_result_fits
+from accelkit.ops._mixins.elementwise import check_int_scalar
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["PAD_MODES", "ArrangeOps"]
 

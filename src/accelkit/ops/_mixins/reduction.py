@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accelkit._core.kernel_api import TensorKernels
 from accelkit._core.op_names import REDUCE_OPS
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import reduced_shape
 from accelkit._core.validation import check_axes, check_axis, check_tensor
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["REDUCE_OPS", "ReductionOps"]
 

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from accelkit._core.kernel_api import TensorKernels
-from accelkit._core.ops.base import OpsBase
 from accelkit._core.shapes import broadcast_shapes
 from accelkit._core.validation import (
     check_float,
@@ -28,11 +26,13 @@ from accelkit._core.validation import (
 )
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
+from accelkit.ops._mixins.base import OpsBase
+from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
-    from accelkit.abc.tensor_ops import TensorOps
+    from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = [
     "CAUSAL_ALIGNMENTS",

@@ -10,8 +10,8 @@ from accelkit.dtype import DType
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit._core.kernel_api import _Allocating
     from accelkit.abc.backend import ComputeBackend
+    from accelkit.sdk.kernels import _Allocating
 
 __all__ = ["OpsBase", "check_result_fits"]
 
