@@ -22,6 +22,7 @@ from accelkit.device import DeviceInfo
 from accelkit.errors import BackendNotFoundError, DeviceError, InvalidArgumentError
 from accelkit.plugins import PluginDescriptor
 from accelkit.registry import Registry
+from accelkit.sdk import HostStream, Opened
 from support.entry_points import without_entry_point as _without_entry_point
 
 _SETTINGS = ("ACCELKIT_PLUGINS", "ACCELKIT_DISABLE_PLUGINS", "ACCELKIT_BACKEND", "ACCELKIT_DEVICE")
@@ -389,7 +390,7 @@ async def test_open_backend_quarantines_a_backend_whose_initialize_fails(reg: Re
         def supports_device(self, device: Device | str) -> bool:
             return Device.parse(device).kind == "flaky"
 
-        async def _initialize(self, device: Device) -> None:
+        async def _initialize(self, device: Device) -> Opened[HostStream]:
             raise DeviceError("context creation failed: device lost")
 
     reg.register(_descriptor("flaky", kind="flaky"), Flaky, _probe("flaky", "flaky", 0, 1.0))

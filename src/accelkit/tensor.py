@@ -19,9 +19,9 @@ from accelkit.dtype import DType
 from accelkit.errors import StaleHandleError
 
 if TYPE_CHECKING:
+    from accelkit._core.positions import PositionStream
     from accelkit.abc.backend import ComputeBackend
     from accelkit.abc.memory import DeviceBuffer
-    from accelkit.abc.stream import Stream
     from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = ["Tensor"]
@@ -60,7 +60,7 @@ class Tensor:
         dtype: DType,
         device: Device,
         size: int,
-        stream: Stream,
+        stream: PositionStream,
         seq: int,
     ) -> None:
         self._backend = backend

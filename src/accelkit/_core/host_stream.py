@@ -12,9 +12,7 @@ is waiting until ``completed`` reaches that number.
 
 from __future__ import annotations
 
-import heapq
 import importlib
-import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -22,18 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from accelkit._core.loop import wait_for_callback
-from accelkit.abc.stream import Event, Stream
+from accelkit._core.positions import PositionStream, Waiters
+from accelkit.abc.stream import Event
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
 
 __all__ = ["HostEvent", "HostStream"]
 
-_ids = itertools.count()
 
-
-class HostStream(Stream):
+class HostStream(PositionStream):
     """A stream backed by one worker thread (see the module docstring)."""
+
+    submitted: int
+    completed: int
 
     def __init__(self, device: Device, name: str = "stream") -> None:
         self._device = device
@@ -46,7 +45,7 @@ class HostStream(Stream):
         self._queue: deque[tuple[int, Callable[[], None], object]] = deque()
         self.submitted = 0
         self.completed = 0
-        self._waiters: list[tuple[int, int, Callable[[], None]]] = []
+        self._waiters = Waiters(self._lock)
         self._thread: threading.Thread | None = None
         self._errors: list[tuple[int, BaseException]] = []
         self._closed = False
@@ -141,50 +140,25 @@ class HostStream(Stream):
             self.completed = seq
             if self._blocked:
                 self._cv.notify_all()
-            waiters = self._waiters
-            if not waiters or waiters[0][0] > seq:
+            if not self._waiters:
                 return
-            ready: list[Callable[[], None]] = []
-            while waiters and waiters[0][0] <= seq:
-                ready.append(heapq.heappop(waiters)[2])
+            ready = self._waiters.due(seq)
         for callback in ready:
             callback()
 
     # -- waiting ----------------------------------------------------------------------------------
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) once ``completed >= seq``; returns an unregister."""
-        entry = (seq, next(_ids), callback)
-        with self._lock:
-            if self.completed < seq:
-                heapq.heappush(self._waiters, entry)
-
-                def unregister() -> None:
-                    with self._lock:
-                        if entry in self._waiters:
-                            self._waiters.remove(entry)
-                            heapq.heapify(self._waiters)
-
-                return unregister
-        callback()
-        return None
-
-    async def wait_for(self, seq: int) -> None:
-        """Wait, without blocking the loop, until operation ``seq`` has completed."""
-        if self.completed < seq:
-            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
-        self.raise_errors(seq)
-
-    async def wait_for_quietly(self, seq: int) -> None:
-        """Wait like :meth:`wait_for` but drop errors instead of raising them (for shutdown)."""
-        if self.completed < seq:
-            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
-        self._errors.clear()
+        return self._waiters.add(seq, callback, lambda: self.completed)
 
     def wait_for_blocking(self, seq: int) -> None:
         with self._lock:
             while self.completed < seq:
                 self._wait_locked()
         self.raise_errors(seq)
+
+    def discard_errors(self) -> None:
+        self._errors.clear()
 
     def raise_errors(self, seq: int) -> None:
         """Raise (once) the error of a failed operation at or before ``seq``."""
@@ -216,15 +190,6 @@ class HostStream(Stream):
         if event.query() or event.stream is self:
             return
         self.submit(lambda: None, heavy=True, deps=[(event.stream, event.seq)])
-
-    def query(self) -> bool:
-        return self.completed == self.submitted
-
-    async def synchronize(self) -> None:
-        await self.wait_for(self.submitted)
-
-    def synchronize_blocking(self) -> None:
-        self.wait_for_blocking(self.submitted)
 
     def close(self) -> None:
         """Let queued work finish, then stop the worker thread (called by shutdown)."""

@@ -15,7 +15,7 @@ from accelkit.memory import MemoryInfo, MemoryPoolConfig
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
-    from accelkit.abc.backend import ComputeBackend
+    from accelkit._core.stream_backend import StreamBackend
 
 __all__ = ["PooledMemoryManager"]
 
@@ -23,7 +23,7 @@ __all__ = ["PooledMemoryManager"]
 class PooledMemoryManager(DeviceMemoryManager):
     """A :class:`DeviceMemoryManager` over a :class:`CachingPool` (see the module docstring)."""
 
-    def __init__(self, backend: ComputeBackend, pool: CachingPool) -> None:
+    def __init__(self, backend: StreamBackend[Any], pool: CachingPool) -> None:
         self._backend = backend
         self.pool = pool
 
@@ -32,7 +32,7 @@ class PooledMemoryManager(DeviceMemoryManager):
         that defers frees until its device work finishes overrides this)."""
 
     def allocate(self, nbytes: int, alignment: int | None = None) -> DeviceBuffer:
-        self._backend._require_ready()
+        self._backend.check_ready()
         n = check_int(nbytes, "nbytes", minimum=0)
         if alignment is not None:
             a = check_int(alignment, "alignment", minimum=1)

@@ -2,7 +2,7 @@
 
 A :class:`QueuedBackend` is a :class:`~accelkit._core.stream_backend.StreamBackend` that also
 runs deferred work (returning a freed block to the pool) once a set of device events has
-completed: ``_after_events`` registers it and ``_prune_streams`` runs what is ready, at
+completed: ``after_events`` registers it and ``prune_streams`` runs what is ready, at
 allocation, statistics queries and synchronization. A subclass says how many devices there are
 (:meth:`_device_count`), what one can do (:meth:`_device_capabilities`) and whether an event has
 completed (:meth:`_event_done`).
@@ -13,15 +13,15 @@ from __future__ import annotations
 import threading
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic
 
-from accelkit._core.stream_backend import StreamBackend
+from accelkit._core.stream_backend import S, StreamBackend
 from accelkit.memory import MemoryPoolConfig
 
 __all__ = ["QueuedBackend"]
 
 
-class QueuedBackend(StreamBackend):
+class QueuedBackend(StreamBackend[S], Generic[S]):
     """A backend whose streams are device queues (see the module docstring)."""
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
@@ -34,7 +34,7 @@ class QueuedBackend(StreamBackend):
     def _event_done(event: Any) -> bool:
         """Whether a device event has completed (or failed: its error is reported elsewhere)."""
 
-    def _after_events(self, events: list[Any], fn: Callable[[], None]) -> None:
+    def after_events(self, events: list[Any], fn: Callable[[], None]) -> None:
         """Run ``fn`` once every event in ``events`` has completed (checked when the streams
         are pruned: at allocation, statistics queries and synchronization)."""
         with self._deferred_lock:
@@ -42,11 +42,12 @@ class QueuedBackend(StreamBackend):
 
     async def _synchronize(self) -> None:
         await super()._synchronize()
-        self._prune_streams()
+        self.prune_streams()
 
-    def _prune_streams(self) -> None:
-        for s in self._streams:
-            s.prune()
+    def prune_streams(self) -> None:
+        """Let each stream release what completed work kept alive, then run the deferred work
+        whose events have completed (before allocations, statistics and synchronization)."""
+        super().prune_streams()
         if not self._deferred:
             return
         with self._deferred_lock:
@@ -55,6 +56,10 @@ class QueuedBackend(StreamBackend):
         for fn in ready:
             fn()
 
-    def _forget_deferred(self) -> None:
-        with self._deferred_lock:
-            self._deferred = []
+    async def shutdown(self) -> None:
+        try:
+            await super().shutdown()
+        finally:
+            # Blocks whose frees waited for events go with the pool (released at shutdown).
+            with self._deferred_lock:
+                self._deferred = []

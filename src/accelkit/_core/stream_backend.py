@@ -1,55 +1,119 @@
-"""What every stream-based backend shares: its streams, its pool, its counters.
+"""``StreamBackend``: the base class every backend is written on, and ``Opened``, the record its
+``_initialize`` returns.
 
-A :class:`StreamBackend` keeps
+A backend author implements four hooks (``_device_count``, ``_device_capabilities``,
+``_initialize`` and ``_open_stream``) and may extend ``_shutdown`` and ``_synchronize``;
+everything else of :class:`~accelkit.abc.ComputeBackend` is here: the lifecycle and its states,
+readiness checks, the user facades over the backend's kernel objects, streams and the current
+stream, the memory pool, ``status`` and ``capabilities``.
 
-- ``_streams``: every stream of the backend, the default one first (:meth:`_add_stream`);
-- ``_default``: the default stream (None before ``initialize``);
-- ``_pool``: the :class:`~accelkit._core.pool.CachingPool` its memory manager allocates from
-  (:attr:`pool`; None before ``initialize``), whose generation is the backend's;
-- ``_pool_config``: the pool configuration it was created with;
-
-and from those answers ``default_stream``, the stream check of ``use_stream``, the
-``pending_operations`` / ``completed_operations`` / ``generation`` of ``status``, and a default
-``_synchronize`` (every stream, in order). Streams count their work as ``submitted`` and
-``completed`` (``HostStream`` does). ``supports_device`` comes from :meth:`_device_count`, and
-``capabilities`` from :meth:`_device_capabilities` (or ``_caps``, set at initialize).
-
-The CPU backend, the example backend under tests/plugins and (through :class:`QueuedBackend`,
-which adds work deferred until device events complete) the OpenCL and CUDA backends derive from
-it. Subclasses implement ``_initialize`` (calling :meth:`_add_stream` for the default stream and
-setting ``_pool``), ``_shutdown`` and ``create_stream``.
+``_initialize(device)`` opens the device and returns an :class:`Opened` record: the streams
+(the default one first), the memory manager (whose pool the backend allocates from), the kernel
+objects (TensorKernels, FactoryKernels, optional FusedKernels), the optional KernelExecutor,
+the dtypes and the capabilities of the open device. Only this class assigns what the record
+holds; :meth:`StreamBackend.reopen` builds a new one after a device was lost.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from abc import abstractmethod
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from accelkit._core.pool import CachingPool
+import anyio
+
+from accelkit._core.positions import PositionStream
+from accelkit._core.sched import request_loop_slice, request_switch_interval
 from accelkit.abc.backend import ComputeBackend
 from accelkit.abc.stream import Stream
-from accelkit.capabilities import BackendCapabilities
+from accelkit.capabilities import BackendCapabilities, BackendStatus, LifecycleState
 from accelkit.device import Device
-from accelkit.errors import DeviceError, InvalidArgumentError, NotInitializedError
+from accelkit.dtype import DType
+from accelkit.errors import (
+    DeviceError,
+    InvalidArgumentError,
+    NotInitializedError,
+    UnsupportedOperationError,
+)
 from accelkit.memory import MemoryPoolConfig
 
-__all__ = ["StreamBackend"]
+if TYPE_CHECKING:
+    from accelkit._core.pool import CachingPool
+    from accelkit._core.pooled_memory import PooledMemoryManager
+    from accelkit.abc.kernels import KernelExecutor
+    from accelkit.fallback import FallbackTensorOps
+    from accelkit.ops import KernelOps, TensorFactory, TensorOps
+    from accelkit.sdk.kernels import FactoryKernels, FusedKernels, TensorKernels
+
+__all__ = ["Opened", "StreamBackend"]
+
+#: The backend's stream type.
+S = TypeVar("S", bound=PositionStream)
 
 
-class StreamBackend(ComputeBackend):
-    """A backend whose work runs on streams it owns (see the module docstring)."""
+@dataclass(frozen=True, kw_only=True)
+class Opened(Generic[S]):
+    """What a backend's ``_initialize`` returns: everything it opened on the device."""
+
+    #: The backend's streams, the default one first (usually just the default).
+    streams: Sequence[S]
+    #: The memory manager; its ``pool`` is the pool every kernel allocates from.
+    memory: PooledMemoryManager
+    #: Every TensorOps kernel and output allocation.
+    tensor: TensorKernels
+    #: Fills, ranges, random numbers and host copies.
+    factory: FactoryKernels
+    #: The dtypes tensors may have on this device.
+    dtypes: frozenset[DType]
+    #: Fused transformer kernels (None: every KernelOps op runs as the core's composition).
+    fused: FusedKernels | None = None
+    #: User kernels (None: the backend has no kernel executor).
+    executor: KernelExecutor | None = None
+    #: The capabilities of the open device (None: probed through ``_device_capabilities``).
+    capabilities: BackendCapabilities | None = None
+
+    def __post_init__(self) -> None:
+        if not self.streams:
+            raise TypeError("Opened needs at least one stream: the default stream comes first")
+        for s in self.streams:
+            if not isinstance(s, PositionStream):
+                raise TypeError(
+                    f"Opened.streams holds {type(s).__name__}, which is no"
+                    " accelkit.sdk.PositionStream"
+                )
+
+
+class StreamBackend(ComputeBackend, Generic[S]):
+    """The base class of every backend (see the module docstring), generic in its stream type
+    (``StreamBackend[HostStream]``)."""
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
-        super().__init__()
+        self._state = LifecycleState.CREATED
+        self._device: Device | None = None
+        self.selected_device: Device | None = None
+        self._error: str | None = None
+        self._stream_var: contextvars.ContextVar[S | None] = contextvars.ContextVar(
+            f"accelkit_{self.name}_stream_{id(self)}", default=None
+        )
+        self.supported_dtypes: frozenset[DType] = frozenset()
         self._pool_config = pool_config or MemoryPoolConfig()
-        #: Every stream of the backend, the default one first.
-        self._streams: list[Any] = []
-        self._default: Any = None
+        self._streams: list[S] = []
+        self._default: S | None = None
         self._pool: CachingPool | None = None
-        #: The capabilities of the open device (set by ``_initialize``; probed while None).
         self._caps: BackendCapabilities | None = None
+        self._tensor_ops: TensorOps | None = None
+        self._tensor_factory: TensorFactory | None = None
+        self._memory_manager: PooledMemoryManager | None = None
+        self._kernel_executor: KernelExecutor | None = None
+        self._kernel_ops: KernelOps | None = None
+        self._fallback_ops: FallbackTensorOps | None = None
+        self.loop_thread_scheduling: str | None = None
+        self.interpreter_switch_interval: str | None = None
 
-    # -- devices ----------------------------------------------------------------------------------
+    # -- hooks ------------------------------------------------------------------------------------
     @abstractmethod
     def _device_count(self) -> int:
         """How many devices of this kind there are; DeviceError saying why there are none."""
@@ -57,6 +121,47 @@ class StreamBackend(ComputeBackend):
     @abstractmethod
     def _device_capabilities(self, index: int) -> BackendCapabilities:
         """The capabilities of device ``index`` (without initializing the backend)."""
+
+    @abstractmethod
+    async def _initialize(self, device: Device) -> Opened[S]:
+        """Open ``device`` and return what was opened (see :class:`Opened`). Raise
+        DeviceError (or another AccelError) saying why it cannot be opened."""
+
+    @abstractmethod
+    def _open_stream(self) -> S:
+        """A new stream on the open device (``create_stream`` checks readiness first and
+        registers it)."""
+
+    async def _shutdown(self) -> None:
+        """Finish the streams' queued work (errors are dropped: nobody is left to tell), close
+        each stream off the loop, then release the pool. A backend that holds more (a device
+        context, a thread) extends this and calls it. Runs shielded from cancellation."""
+        try:
+            for stream in list(self._streams):
+                await stream.wait_for_quietly(stream.submitted)
+                await anyio.to_thread.run_sync(stream.close)
+        finally:
+            if self._pool is not None:
+                self._pool.invalidate_all(close=True)
+
+    async def _synchronize(self) -> None:
+        """Wait for every stream, in order (a backend with more to wait for extends this)."""
+        for stream in list(self._streams):
+            await stream.synchronize()
+
+    # -- identity and capabilities ----------------------------------------------------------------
+    @property
+    def device(self) -> Device | None:
+        return self._device
+
+    @property
+    def is_ready(self) -> bool:
+        return self._state is LifecycleState.READY
+
+    @property
+    def state(self) -> LifecycleState:
+        """The lifecycle state (``status.state`` without the counts)."""
+        return self._state
 
     def supports_device(self, device: Device | str) -> bool:
         try:
@@ -76,6 +181,219 @@ class StreamBackend(ComputeBackend):
             return self._caps
         return self._device_capabilities(self._device.index if self._device is not None else 0)
 
+    @property
+    def status(self) -> BackendStatus:
+        return BackendStatus(
+            backend=self.name,
+            state=self._state,
+            device=str(self._device) if self._device else None,
+            generation=self.generation,
+            pending_operations=self.pending_operations,
+            completed_operations=self.completed_operations,
+            memory_used_bytes=self._memory_manager.memory_info().used
+            if self._memory_manager is not None and self.is_ready
+            else 0,
+            error=self._error,
+        )
+
+    @property
+    def generation(self) -> int:
+        """The pool's generation: it grows each time every handle of the backend goes stale."""
+        return self._pool.generation if self._pool is not None else 0
+
+    @property
+    def pending_operations(self) -> int:
+        """Work submitted and not yet completed, on every stream."""
+        return sum(int(s.submitted) - int(s.completed) for s in self._streams)
+
+    @property
+    def completed_operations(self) -> int:
+        return sum(int(s.completed) for s in self._streams)
+
+    def report_error(self, error: str | None) -> None:
+        """Set the error ``status`` shows (a backend's own failure state, in words; None clears
+        it)."""
+        self._error = error
+
+    def mark_failed(self, reason: str) -> None:
+        """Mark the backend failed (every component then raises NotInitializedError saying
+        ``reason``); shutdown still releases what it can."""
+        self._error = reason
+        self._state = LifecycleState.FAILED
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def initialize(self, device: Device | str | None = None) -> None:
+        if device is None:
+            device = self.selected_device or self._default_device()
+        dev = Device.parse(device)
+        if self._state is LifecycleState.READY:
+            if dev == self._device:
+                return
+            raise InvalidArgumentError(
+                f"backend {self.name!r} is already initialized on {self._device}; shut it down"
+                f" before initializing it on {dev}"
+            )
+        if not self.supports_device(dev):
+            raise UnsupportedOperationError(
+                f"backend {self.name!r} cannot drive device {dev}; it drives"
+                f" {', '.join(sorted(self.device_kinds)) or 'no devices'}"
+            )
+        # The loop's thread asks Linux for a short time slice, so that it wakes on time while
+        # device work keeps every core busy (accelkit._core.sched; ACCELKIT_LOOP_SLICE_US=0
+        # turns it off).
+        self.loop_thread_scheduling = request_loop_slice()
+        # ... and the interpreter hands the GIL to a waiting thread within 1 ms rather than 5
+        # (ACCELKIT_SWITCH_INTERVAL_US; an application's own setting is kept).
+        self.interpreter_switch_interval = request_switch_interval()
+        try:
+            opened = await self._initialize(dev)
+            self._install(opened)
+        except BaseException as exc:
+            self._state = LifecycleState.FAILED
+            self._error = repr(exc)
+            raise
+        self._device = dev
+        self._error = None
+        self._state = LifecycleState.READY
+
+    def _install(self, opened: Opened[S]) -> None:
+        from accelkit.ops import KernelOps, TensorFactory, TensorOps
+        from accelkit.sdk.kernels import ComposedOnly
+
+        if not isinstance(opened, Opened):
+            raise TypeError(
+                f"{type(self).__name__}._initialize must return accelkit.sdk.Opened; got"
+                f" {type(opened).__name__}"
+            )
+        self._streams = list(opened.streams)
+        self._default = self._streams[0]
+        self._memory_manager = opened.memory
+        self._pool = opened.memory.pool
+        self._kernel_executor = opened.executor
+        self.supported_dtypes = opened.dtypes
+        self._caps = opened.capabilities
+        self._tensor_ops = TensorOps(self, opened.tensor)
+        self._tensor_factory = TensorFactory(self, opened.factory)
+        fused = opened.fused if opened.fused is not None else ComposedOnly(opened.tensor)
+        self._kernel_ops = KernelOps(self, fused)
+
+    async def reopen(self) -> None:
+        """Open the device anew after it was lost: the streams are closed (their queued work is
+        abandoned), every tensor, buffer and handle from before becomes stale, and
+        ``_initialize`` runs again; the new pool continues the old one's generations, so that
+        no old handle can look live."""
+        self.check_ready()
+        device = self._device
+        assert device is not None
+        old_pool = self._pool
+        for stream in list(self._streams):
+            stream.discard_errors()
+            await anyio.to_thread.run_sync(stream.close)
+        if old_pool is not None:
+            old_pool.invalidate_all(close=True)
+        fallback = self._fallback_ops
+        self._install(await self._initialize(device))
+        if old_pool is not None:
+            self.pool.generation = old_pool.generation + 1
+        if fallback is not None:  # the same fallback, over the new TensorOps
+            self._fallback_ops = None
+            self.enable_fallback(fallback.fallback_backend).events = fallback.events
+
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
+        """Nothing by default (see :meth:`accelkit.abc.ComputeBackend.prepare`)."""
+        self.check_ready()
+
+    async def synchronize(self, device: Device | str | None = None) -> None:
+        self.check_ready()
+        if device is not None and Device.parse(device) != self._device:
+            raise InvalidArgumentError(
+                f"backend {self.name!r} runs on {self._device}; cannot synchronize {device}"
+            )
+        await self._synchronize()
+
+    async def shutdown(self) -> None:
+        if self._state not in (LifecycleState.READY, LifecycleState.FAILED) or (
+            self._state is LifecycleState.FAILED and self._memory_manager is None
+        ):
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._shutdown()
+        finally:
+            self._state = LifecycleState.SHUT_DOWN
+            self._streams = []
+            self._tensor_ops = self._tensor_factory = None
+            self._fallback_ops = None
+            self._kernel_executor = self._kernel_ops = None
+
+    def _default_device(self) -> Device:
+        kinds = sorted(self.device_kinds)
+        if not kinds:
+            raise UnsupportedOperationError(f"backend {self.name!r} drives no devices")
+        return Device(kinds[0], 0)
+
+    def check_ready(self) -> None:
+        """Raise NotInitializedError unless the backend is initialized and not shut down. Every
+        component entry calls it; a backend with a failure state of its own (a poisoned
+        context) extends it to raise that."""
+        if self._state is not LifecycleState.READY:
+            what = {
+                LifecycleState.CREATED: "was never initialized: await backend.initialize(device)",
+                LifecycleState.SHUT_DOWN: "was shut down",
+                LifecycleState.FAILED: f"failed ({self._error})",
+            }.get(self._state, "is not ready")
+            raise NotInitializedError(f"backend {self.name!r} {what}")
+
+    # -- components -------------------------------------------------------------------------------
+    @property
+    def tensor_ops(self) -> TensorOps:
+        self.check_ready()
+        if self._fallback_ops is not None:
+            return self._fallback_ops  # type: ignore[return-value]
+        assert self._tensor_ops is not None
+        return self._tensor_ops
+
+    def enable_fallback(self, fallback: ComputeBackend) -> FallbackTensorOps:
+        from accelkit.fallback import FallbackTensorOps
+
+        self.check_ready()
+        if fallback is self or not fallback.is_ready:
+            raise InvalidArgumentError(
+                "enable_fallback needs another, initialized backend as the fallback"
+            )
+        assert self._tensor_ops is not None
+        self._fallback_ops = FallbackTensorOps(self, self._tensor_ops, fallback)
+        return self._fallback_ops
+
+    @property
+    def fallback(self) -> FallbackTensorOps | None:
+        return self._fallback_ops
+
+    @property
+    def tensor_factory(self) -> TensorFactory:
+        self.check_ready()
+        assert self._tensor_factory is not None
+        return self._tensor_factory
+
+    @property
+    def memory_manager(self) -> PooledMemoryManager:
+        # Reachable after shutdown too, so that memory_info() can show everything was released.
+        if self._memory_manager is None:
+            self.check_ready()
+        assert self._memory_manager is not None
+        return self._memory_manager
+
+    @property
+    def kernel_executor(self) -> KernelExecutor | None:
+        self.check_ready()
+        return self._kernel_executor
+
+    @property
+    def kernel_ops(self) -> KernelOps:
+        self.check_ready()
+        assert self._kernel_ops is not None
+        return self._kernel_ops
+
     # -- memory -----------------------------------------------------------------------------------
     @property
     def pool(self) -> CachingPool:
@@ -86,33 +404,54 @@ class StreamBackend(ComputeBackend):
             raise NotInitializedError(f"backend {self.name!r} has no memory pool before initialize")
         return pool
 
-    def _generation(self) -> int:
-        return self._pool.generation if self._pool is not None else 0
+    @property
+    def pool_config(self) -> MemoryPoolConfig:
+        """The pool configuration the backend was created with."""
+        return self._pool_config
 
     # -- streams ----------------------------------------------------------------------------------
-    def _add_stream(self, stream: Any) -> Any:
-        """Register a new stream of this backend (the first becomes the default); returns it."""
-        if not self._streams:
-            self._default = stream
+    def create_stream(self) -> S:
+        self.check_ready()
+        stream = self._open_stream()
         self._streams.append(stream)
         return stream
 
     @property
-    def default_stream(self) -> Stream:
-        self._require_ready()
-        assert self._default is not None
-        return self._default  # type: ignore[no-any-return]
+    def streams(self) -> tuple[S, ...]:
+        """Every stream of the backend, the default one first (empty outside initialize and
+        shutdown)."""
+        return tuple(self._streams)
 
-    def _check_stream(self, stream: Stream) -> None:
+    @property
+    def default_stream(self) -> S:
+        self.check_ready()
+        assert self._default is not None
+        return self._default
+
+    @property
+    def current_stream(self) -> S:
+        s = self._stream_var.get()
+        if s is None:
+            s = self._default
+            assert s is not None, "no stream before initialize"
+        return s
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: Stream) -> Iterator[Stream]:
+        self.check_ready()
         if stream not in self._streams:
             raise InvalidArgumentError(f"{stream!r} is not a stream of this {self.name} backend")
+        token = self._stream_var.set(stream)  # one of ours: checked above
+        try:
+            yield stream
+        finally:
+            self._stream_var.reset(token)
 
-    async def _synchronize(self) -> None:
-        for stream in list(self._streams):
-            await stream.synchronize()
+    def prune_streams(self) -> None:
+        """Let each stream release what its completed work kept alive (before allocations and
+        statistics)."""
+        for s in self._streams:
+            s.prune()
 
-    def _pending_operations(self) -> int:
-        return sum(int(s.submitted) - int(s.completed) for s in self._streams)
-
-    def _completed_operations(self) -> int:
-        return sum(int(s.completed) for s in self._streams)
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {self._state.value} device={self._device}>"

@@ -1,13 +1,17 @@
-"""``accelkit.sdk``: everything a backend author needs, and the only accelkit module besides the
+r"""``accelkit.sdk``: everything a backend author needs, and the only accelkit module besides the
 public user API (``accelkit``, ``accelkit.errors``, ``accelkit.device``, ...) that a backend
 plugin imports.
 
-A backend is a :class:`ComputeBackend`, usually through :class:`StreamBackend` (which owns the
-streams, the memory pool, the counters, the stream checks and the generation) or
-:class:`QueuedBackend` (a StreamBackend for devices with hardware queues), whose ``_initialize`` creates its streams and memory manager and hands its kernel objects
-to :meth:`ComputeBackend.install_kernels`:
+A backend is a :class:`StreamBackend` (or a :class:`QueuedBackend`, a StreamBackend for devices
+whose frees wait for device events). It implements four hooks: ``_device_count``,
+``_device_capabilities``, ``_initialize`` (which opens the device and returns an
+:class:`Opened` record: its streams, memory manager, kernel objects, executor, dtypes and
+capabilities) and ``_open_stream``; the base class does the rest. Its streams are
+:class:`PositionStream`\ s (:class:`HostStream` runs work on a worker thread). Its kernel
+objects derive from :class:`KernelBase` (allocation, views, ordered launches; four hooks) and
+implement:
 
-- :class:`TensorKernels`: every TensorOps kernel and output allocation (abstract: all required);
+- :class:`TensorKernels`: every TensorOps kernel (abstract: all required);
 - :class:`FactoryKernels`: fills and host copies (abstract);
 - :class:`FusedKernels`: optional fused transformer kernels (every method has a composed default).
 
@@ -25,6 +29,7 @@ from accelkit._core.env import env_str
 from accelkit._core.host_arrays import assign as host_assign
 from accelkit._core.host_arrays import cast_into as host_cast_into
 from accelkit._core.host_stream import HostStream
+from accelkit._core.kernel_base import KernelBase, other_writers
 from accelkit._core.kernel_validation import (
     GUMBEL_UNIFORM_MAX,
     GeluApproximation,
@@ -43,9 +48,10 @@ from accelkit._core.op_names import (
 )
 from accelkit._core.pool import CachingPool
 from accelkit._core.pooled_memory import PooledMemoryManager
+from accelkit._core.positions import PositionStream, Waiters
 from accelkit._core.queued_backend import QueuedBackend
 from accelkit._core.shapes import broadcast_shapes, prod
-from accelkit._core.stream_backend import StreamBackend
+from accelkit._core.stream_backend import Opened, StreamBackend
 from accelkit._core.validation import check_launch_dims, check_tensor
 from accelkit.abc.backend import ComputeBackend
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
@@ -66,6 +72,11 @@ from accelkit.sdk.tensors import (
 )
 
 __all__ = [
+    "other_writers",
+    "Waiters",
+    "PositionStream",
+    "Opened",
+    "KernelBase",
     "BINARY_OPS",
     "COMPOSED_OPS",
     "GUMBEL_UNIFORM_MAX",

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
+    from accelkit._core.positions import PositionStream
     from accelkit.abc.backend import ComputeBackend
     from accelkit.abc.memory import DeviceBuffer
-    from accelkit.abc.stream import Stream
     from accelkit.device import Device
     from accelkit.dtype import DType
 
@@ -34,7 +34,7 @@ def new_tensor(
     shape: tuple[int, ...],
     dtype: DType,
     device: Device,
-    stream: Stream,
+    stream: PositionStream,
     seq: int = 0,
 ) -> Tensor:
     """A tensor over ``buffer`` whose kernels read ``storage``; last written by ``stream`` at
@@ -65,13 +65,13 @@ def buffer_of(x: Tensor) -> DeviceBuffer:
     return x._buffer
 
 
-def last_writer(x: Tensor) -> tuple[Stream, int]:
+def last_writer(x: Tensor) -> tuple[PositionStream, int]:
     """The stream and position of the operation that last wrote ``x`` (through ``x`` itself;
     see :func:`pending_writes` for a read, which must also see writes through other views)."""
     return x._stream, x._seq
 
 
-def pending_writes(x: Tensor) -> list[tuple[Stream, int]]:
+def pending_writes(x: Tensor) -> list[tuple[PositionStream, int]]:
     """What a read of ``x``'s memory must wait for: its own last writer and the last write to
     its buffer through any view of it (the same entry once where they coincide)."""
     own = (x._stream, x._seq)
@@ -81,7 +81,7 @@ def pending_writes(x: Tensor) -> list[tuple[Stream, int]]:
     return [own, shared]
 
 
-def mark_written(outputs: Iterable[Tensor], stream: Stream, seq: int) -> None:
+def mark_written(outputs: Iterable[Tensor], stream: PositionStream, seq: int) -> None:
     """Record that the operation at position ``seq`` of ``stream`` writes ``outputs``: every
     kernel calls this for its outputs when it enqueues, so that transfers and other streams
     wait for exactly that work."""

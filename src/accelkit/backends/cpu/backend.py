@@ -7,31 +7,22 @@ small ones inline when the stream is idle, because the hand-off would cost more 
 
 from __future__ import annotations
 
-import anyio
-
 from accelkit import __version__
 from accelkit._core.host_stream import HostStream
-from accelkit._core.stream_backend import StreamBackend
+from accelkit._core.stream_backend import Opened, StreamBackend
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.dtype import DType
-from accelkit.memory import MemoryPoolConfig
 
 __all__ = ["CPUBackend"]
 
 
-class CPUBackend(StreamBackend):
+class CPUBackend(StreamBackend[HostStream]):
     """NumPy on the host CPU (device ``cpu:0``)."""
 
     name = "cpu"
     version = __version__
     device_kinds = frozenset({"cpu"})
-
-    def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
-        super().__init__(pool_config)
-        self._streams: list[HostStream] = []
-        self._default: HostStream | None = None
-        self._device_obj = Device("cpu", 0)
 
     def _device_count(self) -> int:
         return 1
@@ -42,34 +33,21 @@ class CPUBackend(StreamBackend):
         return cpu_capabilities()
 
     # -- lifecycle --------------------------------------------------------------------------------
-    async def _initialize(self, device: Device) -> None:
+    async def _initialize(self, device: Device) -> Opened[HostStream]:
         from accelkit.backends.cpu.factory import CPUFactoryKernels
         from accelkit.backends.cpu.kernel_ops import CPUFusedKernels
         from accelkit.backends.cpu.memory import CPUMemoryManager
         from accelkit.backends.cpu.ops import CPUTensorKernels
 
-        self.supported_dtypes = frozenset(DType)
-        self._device_obj = device
-        self._streams = []
-        self._add_stream(HostStream(device, "cpu:0/default"))
-        self._memory_manager = CPUMemoryManager(self, device, self._pool_config)
-        self._pool = self._memory_manager.pool
-        self.install_kernels(CPUTensorKernels(self), CPUFactoryKernels(self), CPUFusedKernels(self))
-        self._kernel_executor = None
-
-    async def _shutdown(self) -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                for stream in list(self._streams):
-                    stream_done = stream.submitted
-                    await stream.wait_for_quietly(stream_done)
-                    await anyio.to_thread.run_sync(stream.close)
-        finally:
-            self.pool.invalidate_all(close=True)
-            self._streams = []
+        return Opened(
+            streams=[HostStream(device, f"{device}/default")],
+            memory=CPUMemoryManager(self, device, self.pool_config),
+            tensor=CPUTensorKernels(self),
+            factory=CPUFactoryKernels(self),
+            fused=CPUFusedKernels(self),
+            dtypes=frozenset(DType),
+        )
 
     # -- streams ----------------------------------------------------------------------------------
-    def create_stream(self) -> HostStream:
-        self._require_ready()
-        stream = HostStream(self._device_obj, f"cpu:0/stream{len(self._streams)}")
-        return self._add_stream(stream)  # type: ignore[no-any-return]
+    def _open_stream(self) -> HostStream:
+        return HostStream(self.default_stream.device, f"cpu:0/stream{len(self.streams)}")

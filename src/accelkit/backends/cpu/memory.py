@@ -20,6 +20,7 @@ from accelkit._core.pooled_memory import PooledMemoryManager
 from accelkit._core.validation import check_tensor
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.backends.cpu.probe import system_memory_bytes
+from accelkit.backends.cpu.submit import CPUComponent
 from accelkit.device import Device
 from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk.tensors import pending_writes
@@ -36,11 +37,13 @@ class CPUMemoryManager(PooledMemoryManager):
         alloc = aligned_allocator(config.alignment)
         pool = CachingPool(device, alloc, release_block, system_memory_bytes(), config)
         super().__init__(backend, pool)
+        #: Submits the copies in stream order, as the kernels do.
+        self._copies = CPUComponent(backend)
 
     # -- buffers ----------------------------------------------------------------------------------
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
+        stream: HostStream = self._backend.current_stream
         free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), stream)
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
@@ -48,8 +51,8 @@ class CPUMemoryManager(PooledMemoryManager):
         data = await copy_to_host(np.frombuffer(view, np.uint8))  # the snapshot, off-loop if large
         if isinstance(dst, Tensor):
             await dst._stream.synchronize()
-        self._backend.tensor_factory.kernels._launch(  # type: ignore[attr-defined]
-            lambda: buf.handle[: data.size].__setitem__(slice(None), data), data.size, (), ()
+        self._copies.launch(
+            lambda: buf.handle[: data.size].__setitem__(slice(None), data), (), (), cost=data.size
         )
         await self._backend.current_stream.synchronize()
 
@@ -57,7 +60,7 @@ class CPUMemoryManager(PooledMemoryManager):
         buf = self._host_destination(dst, src)
         if isinstance(src, Tensor):
             for stream, seq in pending_writes(src):
-                await stream.wait_for(seq)  # type: ignore[attr-defined]
+                await stream.wait_for(seq)
         elif buf.last_write is not None:
             await buf.last_write[0].wait_for(buf.last_write[1])
         await self._backend.current_stream.synchronize()
@@ -72,26 +75,26 @@ class CPUMemoryManager(PooledMemoryManager):
         def run() -> None:
             d.handle[:n] = s.handle[:n]
 
-        self._backend.tensor_factory.kernels._launch(run, n, inputs, outputs)  # type: ignore[attr-defined]
+        self._copies.launch(run, inputs, outputs, cost=n)
 
     # -- tensor transfers -------------------------------------------------------------------------
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         check_tensor(self._backend, tensor, "tensor")
         # The tensor's writer, and the last write to its memory through another view.
         for stream, seq in pending_writes(tensor):
-            await stream.wait_for(seq)  # type: ignore[attr-defined]
+            await stream.wait_for(seq)
         return await copy_to_host(tensor._data)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         check_tensor(self._backend, tensor, "tensor")
         for stream, seq in pending_writes(tensor):
-            stream.wait_for_blocking(seq)  # type: ignore[attr-defined]
+            stream.wait_for_blocking(seq)
         return np.array(tensor._data, copy=True)
 
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
         check_tensor(self._backend, tensor, "tensor")
         for s, seq in pending_writes(tensor):
-            s.wait_for_blocking(seq)  # type: ignore[attr-defined]
+            s.wait_for_blocking(seq)
         return export_dlpack(tensor._buffer, tensor._data, **kwargs)
 
     def dlpack_device(self, tensor: Tensor) -> tuple[int, int]:

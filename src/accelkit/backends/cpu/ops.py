@@ -13,6 +13,7 @@ from accelkit.backends.cpu import numpy_image as img
 from accelkit.backends.cpu import numpy_nn as nn
 from accelkit.backends.cpu.submit import INLINE_MAX_COST, CPUComponent, arr
 from accelkit.sdk.kernels import Operand, TensorKernels
+from accelkit.sdk.tensors import mark_written
 from accelkit.tensor import Tensor
 
 __all__ = ["CPUTensorKernels"]
@@ -45,17 +46,14 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             # written on this stream, or are done) no dependency bookkeeping. The ufunc runs
             # through a partial: no Python frame of our own.
             run = partial(ufunc, a._data, b._data, out=out._data)
-            backend = self.backend
-            stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
-            sa: HostStream = a._stream  # type: ignore[assignment]
-            sb: HostStream = b._stream  # type: ignore[assignment]
+            stream: HostStream = self.backend.current_stream
+            sa = a._stream
+            sb = b._stream
             if (sa is stream or sa.completed >= a._seq) and (
                 sb is stream or sb.completed >= b._seq
             ):
                 seq = stream.submit(run, out._size > INLINE_MAX_COST, (), (a, b, out))
-                out._stream = stream
-                out._seq = seq
-                out._buffer.last_write = (stream, seq)
+                mark_written((out,), stream, seq)
                 return
             self._launch(run, out._size, (a, b), (out,))
             return

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.host_stream import HostStream
+from accelkit._core.kernel_base import KernelBase
+from accelkit.abc.memory import DeviceBuffer
 from accelkit.dtype import DType
+from accelkit.sdk.tensors import storage
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -31,38 +34,32 @@ def arr(x: Any) -> Any:
     return x._data if type(x) is Tensor else x
 
 
-class CPUComponent:
-    """Allocation and submission shared by the CPU backend's components."""
+class CPUComponent(KernelBase):
+    """Allocation and submission shared by the CPU backend's components: NumPy arrays over the
+    pool's blocks, work on host streams (inline when small and the stream is idle)."""
 
     backend: CPUBackend
 
-    def __init__(self, backend: CPUBackend) -> None:
-        self.backend = backend
+    def make_storage(self, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: DType) -> Any:
+        return np.ndarray(shape, _NUMPY_DTYPES[dtype], buffer.handle)
 
-    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        backend = self.backend
-        size = 1
-        for d in shape:
-            size *= d
-        npdt = _NUMPY_DTYPES[dtype]
-        buf = backend._pool.allocate(size * npdt.itemsize)  # type: ignore[union-attr]
-        data = np.ndarray(shape, npdt, buf.handle)
-        stream = backend._stream_var.get() or backend._default
-        assert stream is not None
-        return Tensor(backend, buf, data, shape, dtype, backend._device_obj, size, stream, 0)
+    def reshape_storage(self, x: Tensor, shape: tuple[int, ...]) -> Any:
+        return storage(x).reshape(shape)
 
-    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return Tensor(
-            x._backend,
-            x._buffer,
-            x._data.reshape(shape),
-            shape,
-            x._dtype,
-            x._device,
-            x._size,
-            x._stream,
-            x._seq,
-        )
+    def submit(
+        self,
+        stream: Any,
+        fn: Callable[..., Any],
+        deps: list[tuple[Any, int]],
+        hold: tuple[Any, ...],
+        cost: int = INLINE_MAX_COST + 1,
+        **options: Any,
+    ) -> int:
+        """On the stream's worker thread, or inline when ``cost`` (element-operations) is at
+        most :data:`INLINE_MAX_COST` and the stream is idle. The stream holds ``hold`` until
+        ``fn`` has run, so that the buffers stay out of the pool meanwhile."""
+        s: HostStream = stream
+        return s.submit(fn, cost > INLINE_MAX_COST, deps, hold)
 
     def _launch(
         self,
@@ -71,24 +68,6 @@ class CPUComponent:
         inputs: Iterable[Any],
         outputs: Iterable[Tensor],
     ) -> None:
-        """Submit ``fn`` to the current stream after the inputs' writers on other streams.
-
-        The stream holds ``inputs`` and ``outputs`` until ``fn`` has run, so that their
-        buffers stay out of the pool meanwhile (``fn`` may reach only their arrays).
-        """
-        backend = self.backend
-        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
-        deps: list[tuple[HostStream, int]] | None = None
-        for t in inputs:
-            if type(t) is Tensor:
-                s: HostStream = t._stream  # type: ignore[assignment]
-                if s is not stream and s.completed < t._seq:
-                    if deps is None:
-                        deps = []
-                    deps.append((s, t._seq))
-        seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or (), (inputs, outputs))  # type: ignore[arg-type]
-        write = (stream, seq)
-        for o in outputs:
-            o._stream = stream
-            o._seq = seq
-            o._buffer.last_write = write
+        """Submit ``fn`` (about ``cost`` element-operations) to the current stream after the
+        inputs' writers on other streams (:meth:`KernelBase.launch`)."""
+        self.launch(fn, inputs, outputs, cost=cost)

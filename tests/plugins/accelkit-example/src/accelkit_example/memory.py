@@ -19,13 +19,14 @@ from accelkit.sdk import (
     DeviceBuffer,
     HostStream,
     PooledMemoryManager,
+    PositionStream,
     buffer_of,
     check_tensor,
     pending_writes,
 )
 from accelkit.sdk import host as h
 from accelkit_example.probe import MEMORY
-from accelkit_example.submit import Array, array
+from accelkit_example.submit import Array, ExampleComponent, array
 
 if TYPE_CHECKING:
     from accelkit_example.backend import ExampleBackend
@@ -36,9 +37,11 @@ class ExampleMemoryManager(PooledMemoryManager):
         alloc = h.aligned_allocator(config.alignment)
         super().__init__(backend, CachingPool(device, alloc, h.release_block, MEMORY, config))
         self._example = backend
+        #: Copies run in stream order, as kernels do.
+        self._copies = ExampleComponent(backend)
 
     def _stream(self) -> HostStream:
-        return self._example.current_stream  # type: ignore[return-value]
+        return self._example.current_stream
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         # Stream-ordered: the block returns to the pool after the work submitted so far.
@@ -51,10 +54,8 @@ class ExampleMemoryManager(PooledMemoryManager):
         def run() -> None:
             buf.handle[: data.size] = data
 
-        is_tensor = isinstance(dst, Tensor)
-        self._example.tensor_factory.kernels.launch(  # type: ignore[attr-defined]
-            run, (dst,) if is_tensor else (), (dst,) if is_tensor else ()
-        )
+        tensors = (dst,) if isinstance(dst, Tensor) else ()
+        self._copies.launch(run, tensors, tensors)
         await self._stream().synchronize()
 
     async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
@@ -72,18 +73,16 @@ class ExampleMemoryManager(PooledMemoryManager):
         def run() -> None:
             d.handle[:n] = s.handle[:n]
 
-        self._example.tensor_factory.kernels.launch(  # type: ignore[attr-defined]
-            run,
-            [src] if isinstance(src, Tensor) else [],
-            [dst] if isinstance(dst, Tensor) else [],
+        self._copies.launch(
+            run, [src] if isinstance(src, Tensor) else [], [dst] if isinstance(dst, Tensor) else []
         )
 
     # -- tensor transfers -------------------------------------------------------------------------
-    def _pending(self, tensor: Tensor) -> list[tuple[HostStream, int]]:
+    def _pending(self, tensor: Tensor) -> list[tuple[PositionStream, int]]:
         """What a read of ``tensor`` waits for: its writer, and the last write to its memory
         through another view of the same buffer (a copy into the base of a reshaped view)."""
         check_tensor(self._example, tensor, "tensor")
-        return pending_writes(tensor)  # type: ignore[return-value]
+        return pending_writes(tensor)
 
     async def read_tensor(self, tensor: Tensor) -> Array:
         for stream, seq in self._pending(tensor):

@@ -8,14 +8,13 @@ the work that writes its inputs on other streams.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from accelkit import Tensor
-from accelkit.dtype import DType
-from accelkit.sdk import HostStream, last_writer, mark_written, new_tensor, prod, storage, view_of
+from accelkit.sdk import HostStream, KernelBase, storage
 
 if TYPE_CHECKING:
     from accelkit_example.backend import ExampleBackend
@@ -31,37 +30,25 @@ def array(x: Any) -> Any:
     return raw[: x.nbytes].view(x.dtype.to_numpy()).reshape(x.shape)
 
 
-class ExampleComponent:
-    """Allocation and submission shared by the example backend's components."""
+class ExampleComponent(KernelBase):
+    """Allocation and submission shared by the example backend's components.
 
-    def __init__(self, backend: ExampleBackend) -> None:
-        self._backend = backend
+    :class:`accelkit.sdk.KernelBase` allocates outputs from the pool on the current stream,
+    makes views, and launches work after the writers of its inputs on other streams; this class
+    says how a stream takes work. A tensor's storage is its pool block (the default), and a view
+    shares it (nothing to reshape: the bytes are the same).
+    """
 
-    @property
-    def backend(self) -> ExampleBackend:
-        return self._backend
+    backend: ExampleBackend
 
-    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        backend = self._backend
-        buf = backend.pool.allocate(prod(shape) * dtype.itemsize)
-        stream = backend.current_stream
-        return new_tensor(backend, buf, buf.handle, shape, dtype, stream.device, stream)
-
-    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return view_of(x, shape)  # the same bytes: nothing to reshape
-
-    def launch(
-        self, fn: Callable[[], None], inputs: Iterable[Any], outputs: Iterable[Tensor]
-    ) -> None:
-        """Run ``fn`` on the current stream's worker after the inputs' writers on other streams;
-        the outputs are then written by it. ``fn`` reaches the tensors through its closure, which
-        keeps their blocks out of the pool until it has run."""
-        stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
-        deps: list[tuple[HostStream, int]] = []
-        for t in inputs:
-            if isinstance(t, Tensor):
-                writer, seq = last_writer(t)
-                if writer is not stream:
-                    deps.append((writer, seq))  # type: ignore[arg-type]
-        seq = stream.submit(fn, True, deps)
-        mark_written(outputs, stream, seq)
+    def submit(
+        self,
+        stream: HostStream,
+        fn: Callable[..., Any],
+        deps: list[tuple[Any, int]],
+        hold: tuple[Any, ...],
+        **options: Any,
+    ) -> int:
+        """Run ``fn`` on the stream's worker after ``deps``; the stream holds the tensors until
+        it has run, which keeps their blocks out of the pool meanwhile."""
+        return stream.submit(fn, True, deps, hold)

@@ -4,6 +4,7 @@ misbehaves as ``ACCELKIT_TESTPLUG_CRASH`` says (see the package docstring)."""
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from accelkit.backends.cpu.ops import CPUTensorKernels
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.errors import DeviceError, InvalidArgumentError
+from accelkit.sdk import HostStream, Opened
 from accelkit.tensor import Tensor
 from accelkit_testplug_crash.probe import capabilities
 
@@ -72,8 +74,11 @@ class CrashBackend(CPUBackend):
     def capabilities(self) -> BackendCapabilities:
         return capabilities()
 
-    async def _initialize(self, device: Device) -> None:
-        await super()._initialize(device)
-        self.install_kernels(
-            CrashTensorKernels(self), CPUFactoryKernels(self), CPUFusedKernels(self)
+    async def _initialize(self, device: Device) -> Opened[HostStream]:
+        opened = await super()._initialize(device)
+        return dataclasses.replace(
+            opened,
+            tensor=CrashTensorKernels(self),
+            factory=CPUFactoryKernels(self),
+            fused=CPUFusedKernels(self),
         )

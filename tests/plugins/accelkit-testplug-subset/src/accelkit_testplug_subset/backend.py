@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from accelkit.backends.cpu.backend import CPUBackend
 from accelkit.backends.cpu.factory import CPUFactoryKernels
 from accelkit.backends.cpu.kernel_ops import CPUFusedKernels
@@ -9,7 +11,7 @@ from accelkit.backends.cpu.ops import CPUTensorKernels
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
-from accelkit.sdk import FusedKernels
+from accelkit.sdk import FusedKernels, HostStream, Opened
 from accelkit.tensor import Tensor
 from accelkit_testplug_subset.probe import capabilities
 
@@ -58,8 +60,11 @@ class SubsetBackend(CPUBackend):
     def capabilities(self) -> BackendCapabilities:
         return capabilities()
 
-    async def _initialize(self, device: Device) -> None:
-        await super()._initialize(device)
-        self.install_kernels(
-            SubsetTensorKernels(self), CPUFactoryKernels(self), SubsetFusedKernels(self)
+    async def _initialize(self, device: Device) -> Opened[HostStream]:
+        opened = await super()._initialize(device)
+        return dataclasses.replace(
+            opened,
+            tensor=SubsetTensorKernels(self),
+            factory=CPUFactoryKernels(self),
+            fused=SubsetFusedKernels(self),
         )

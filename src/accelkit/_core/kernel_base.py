@@ -1,0 +1,145 @@
+"""``KernelBase``: what a backend's kernel objects share (allocation, views, ordered launches).
+
+Every kernel object (TensorKernels, FactoryKernels, FusedKernels) allocates its outputs from the
+backend's pool on the current stream and enqueues work after the writers of its inputs on other
+streams, recording its outputs as written at the position the work got. :class:`KernelBase`
+does that once; a backend says only what differs, in four hooks:
+
+- :meth:`KernelBase.make_storage`: the native handle kernels read over a new block (the block
+  itself by default; a typed NumPy array, a lazily made CuPy array, ...);
+- :meth:`KernelBase.reshape_storage`: the handle of a view with another shape (None by default:
+  the same handle, for backends whose handles carry no shape);
+- :meth:`KernelBase.check_output`: refuse an output the device cannot hold before allocating it;
+- :meth:`KernelBase.submit`: hand the work to the stream (abstract: each stream type takes
+  its work differently).
+
+:meth:`KernelBase.before_allocation` runs before each allocation (a backend whose frees wait for
+device events returns completed ones to the pool there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from accelkit.tensor import Tensor
+
+if TYPE_CHECKING:
+    from accelkit._core.positions import PositionStream
+    from accelkit._core.stream_backend import StreamBackend
+    from accelkit.abc.memory import DeviceBuffer
+    from accelkit.dtype import DType
+
+__all__ = ["KernelBase", "other_writers"]
+
+
+def other_writers(stream: PositionStream, inputs: Iterable[Any]) -> list[tuple[Any, int]]:
+    """The ``(stream, position)`` of each input's last writer on another stream whose work has
+    not completed yet: what work on ``stream`` must wait for. Non-tensors are skipped."""
+    deps: list[tuple[Any, int]] = []
+    for t in inputs:
+        if type(t) is Tensor:
+            writer, seq = t._stream, t._seq
+            if writer is not stream and seq > writer.completed:
+                deps.append((writer, seq))
+    return deps
+
+
+class KernelBase:
+    """Allocation and stream-ordered submission for a backend's kernel objects (see the module
+    docstring). A backend writes one subclass with its hooks and mixes it into its
+    TensorKernels, FactoryKernels and FusedKernels."""
+
+    def __init__(self, backend: StreamBackend[Any]) -> None:
+        self.backend = backend  # type: ignore[misc]  # a plain attribute: read on every launch
+
+    if TYPE_CHECKING:
+        # Read-only to the type checker, so that a backend's kernels may narrow it to their own
+        # backend class (``backend: MyBackend``).
+        @property
+        def backend(self) -> StreamBackend[Any]: ...
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def make_storage(self, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: DType) -> Any:
+        """The native handle a new tensor's kernels read (the pooled block itself by default)."""
+        return buffer.handle
+
+    def reshape_storage(self, x: Tensor, shape: tuple[int, ...]) -> Any:
+        """The handle of a view of ``x`` with ``shape``; None keeps x's (the default)."""
+        return None
+
+    def check_output(self, shape: tuple[int, ...], dtype: DType) -> None:
+        """Raise before allocating an output this device cannot hold (nothing by default)."""
+
+    def before_allocation(self) -> None:
+        """Run before each allocation (nothing by default)."""
+
+    def submit(
+        self,
+        stream: Any,
+        fn: Callable[..., Any],
+        deps: list[tuple[Any, int]],
+        hold: tuple[Any, ...],
+        **options: Any,
+    ) -> int:
+        """Enqueue ``fn`` on ``stream`` after the positions ``deps`` of other streams, keeping
+        ``hold`` (the inputs, the outputs, anything else the work reads) referenced until it
+        has run; return the position it got. ``options`` are the backend's own (a cost, a
+        label), passed through from :meth:`launch`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement KernelBase.submit")
+
+    # -- what the kernels call --------------------------------------------------------------------
+    @property
+    def current_stream(self) -> Any:
+        """The stream work is submitted to in this context."""
+        return self.backend.current_stream
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        """A new tensor on the current stream, not yet written."""
+        self.check_output(shape, dtype)
+        self.before_allocation()
+        backend = self.backend
+        size = 1
+        for d in shape:
+            size *= d
+        buf = backend.pool.allocate(size * dtype.itemsize)
+        stream = backend.current_stream
+        data = self.make_storage(buf, shape, dtype)
+        return Tensor(backend, buf, data, shape, dtype, stream.device, size, stream, 0)
+
+    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """A tensor sharing ``x``'s buffer and last writer with another shape of the same size."""
+        data = self.reshape_storage(x, shape)
+        return Tensor(
+            x._backend, x._buffer, x._data if data is None else data, shape, x._dtype,
+            x._device, x._size, x._stream, x._seq,
+        )  # fmt: skip
+
+    def launch(
+        self,
+        fn: Callable[..., Any],
+        inputs: Iterable[Any],
+        outputs: Iterable[Tensor],
+        **options: Any,
+    ) -> int:
+        """Enqueue ``fn`` on the current stream after the inputs' writers on other streams,
+        and record ``outputs`` as written by it; returns its position."""
+        stream = self.backend.current_stream
+        inputs = tuple(inputs)
+        outputs = tuple(outputs)
+        seq = self.submit(stream, fn, other_writers(stream, inputs), (inputs, outputs), **options)
+        write = (stream, seq)
+        for o in outputs:
+            o._stream = stream
+            o._seq = seq
+            o._buffer.last_write = write
+        return seq
+
+    def skip(self, outputs: Iterable[Tensor]) -> None:
+        """Record outputs with nothing to compute (empty tensors) as written: by nothing."""
+        stream = self.backend.current_stream
+        write = (stream, 0)
+        for o in outputs:
+            o._stream = stream
+            o._seq = 0
+            o._buffer.last_write = write
