@@ -94,3 +94,121 @@ def test_the_slot_check_catches_a_private_read(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f(x, self):\n    return x._data, self._data, x.shape\n")
     assert [expr for _, expr in _slot_reads(bad)] == ["x._data"]
+
+
+#: The SDK classes a plugin derives from or holds; their underscore members are theirs alone.
+SDK_CLASSES = (
+    "StreamBackend", "QueuedBackend", "PooledMemoryManager", "KernelBase", "PositionStream",
+    "TensorKernels", "FactoryKernels", "FusedKernels", "CachingPool", "DeviceBuffer",
+    "DeviceErrors", "Waiters",
+)  # fmt: skip
+#: Hooks: underscore methods a plugin defines (overrides) and may call on ``super()``.
+HOOKS = {
+    "_initialize", "_shutdown", "_synchronize", "_device_count", "_device_capabilities",
+    "_open_stream", "_event_done", "_default_device", "_settle",
+}  # fmt: skip
+
+
+def _privates_of(cls: type) -> set[str]:
+    """The underscore names ``cls`` and its accelkit bases define: class members and ``self._x``
+    attributes assigned in their source (not dunders, not hooks)."""
+    import inspect
+
+    names: set[str] = set()
+    for c in cls.__mro__:
+        if not c.__module__.startswith("accelkit."):
+            continue
+        names.update(vars(c))
+        for node in ast.walk(ast.parse(inspect.getsource(c))):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")} - HOOKS
+
+
+def _sdk_privates() -> dict[str, set[str]]:
+    import accelkit.sdk as sdk
+
+    return {name: _privates_of(getattr(sdk, name)) for name in SDK_CLASSES}
+
+
+def _private_uses(paths: list[Path], sdk: dict[str, set[str]]) -> list[tuple[Path, int, str]]:
+    """Uses of the SDK classes' underscore members: ``self._x`` in a class deriving (through the
+    package's own classes too) from an SDK class that defines ``_x``, and ``obj._x`` on any
+    other object where ``_x`` is an SDK class's and no class of the package defines it. A
+    hook's name on ``super()`` is allowed (hooks are not in the sets)."""
+    trees = {path: ast.parse(path.read_text(), str(path)) for path in paths}
+    bases: dict[str, list[str]] = {}
+    own: set[str] = set()  # underscore attributes the package's own non-SDK classes assign
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [ast.unparse(b).split("[")[0].split(".")[-1] for b in node.bases]
+
+    def inherited(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        if name in sdk:
+            return sdk[name]
+        found: set[str] = set()
+        for b in bases.get(name, []):
+            if b not in seen:
+                found |= inherited(b, seen | {name})
+        return found
+
+    for tree in trees.values():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            if inherited(cls.name):
+                continue
+            for node in ast.walk(cls):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    own.add(node.attr)
+    every = set().union(*sdk.values()) - own
+    found: list[tuple[Path, int, str]] = []
+    for path, tree in trees.items():
+        in_class: dict[int, set[str]] = {}
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            banned = inherited(cls.name)
+            for node in ast.walk(cls):
+                in_class[id(node)] = banned
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+            banned = in_class.get(id(node), set()) if on_self else every
+            if node.attr in banned:
+                found.append((path, node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
+    return found
+
+
+@pytest.mark.parametrize("package", [*PLUGIN_SOURCES, EXAMPLE], ids=lambda p: p.name)
+def test_a_plugin_touches_no_private_member_of_the_sdk(package: Path) -> None:
+    sdk = _sdk_privates()
+    assert {"_streams", "_pool", "_stream_var", "_state", "_caps"} <= sdk["StreamBackend"]
+    problems = [
+        f"{path.relative_to(ROOT)}:{line}: {expr}"
+        for path, line, expr in _private_uses(sorted(package.rglob("*.py")), sdk)
+    ]
+    assert not problems, (
+        "a plugin uses the SDK classes' public members and hooks only:\n" + "\n".join(problems)
+    )
+
+
+def test_the_private_member_check_catches_a_use(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "class B(StreamBackend):\n"
+        "    async def _initialize(self, d):\n"
+        "        await super()._initialize(d)\n"
+        "        self._streams = []\n"
+        "        return self._own\n"
+        "class Other:\n"
+        "    def __init__(self, backend):\n"
+        "        self._lock = None\n"
+        "        backend._stream_var.get()\n"
+        "        self._lock, backend._lock\n"
+    )
+    found = [e for _, _, e in _private_uses([bad], _sdk_privates())]
+    assert found == ["self._streams", "backend._stream_var"]

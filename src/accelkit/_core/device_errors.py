@@ -20,29 +20,30 @@ class DeviceErrors:
     """Checks per stream position (see the module docstring)."""
 
     _lock: threading.Lock
-    _checks: list[tuple[int, Check]]
+    #: The pending checks, oldest first (guarded by the stream's ``_lock``).
+    checks: list[tuple[int, Check]]
 
     def add_check(self, seq: int, check: Check) -> None:
         """Report ``check()``'s error (if any) when position ``seq`` or a later one is awaited.
 
         ``check`` only reads host memory the device wrote in the same stream."""
         with self._lock:
-            self._checks.append((seq, check))
+            self.checks.append((seq, check))
 
     def raise_errors(self, seq: int) -> None:
         """Raise the first error of a check at or before ``seq`` (its work has completed); each
         error is raised once, and later ones stay for the next await."""
         with self._lock:
-            if not self._checks:
+            if not self.checks:
                 return
             error: BaseException | None = None
             keep = []
-            for entry in self._checks:
+            for entry in self.checks:
                 if error is None and entry[0] <= seq:
                     error = entry[1]()
                     continue
                 keep.append(entry)
-            self._checks = keep
+            self.checks = keep
         if error is not None:
             try:
                 raise error
@@ -52,9 +53,9 @@ class DeviceErrors:
     def discard_errors(self) -> None:
         """Forget unreported errors (at shutdown)."""
         with self._lock:
-            self._checks = []
+            self.checks = []
 
-    def _prune_checks_locked(self, completed: int) -> None:
+    def prune_checks_locked(self, completed: int) -> None:
         """Drop the checks of completed work that found nothing (``_lock`` held)."""
-        if self._checks:
-            self._checks = [(s, c) for s, c in self._checks if s > completed or c() is not None]
+        if self.checks:
+            self.checks = [(s, c) for s, c in self.checks if s > completed or c() is not None]

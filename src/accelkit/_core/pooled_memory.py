@@ -24,15 +24,21 @@ class PooledMemoryManager(DeviceMemoryManager):
     """A :class:`DeviceMemoryManager` over a :class:`CachingPool` (see the module docstring)."""
 
     def __init__(self, backend: StreamBackend[Any], pool: CachingPool) -> None:
-        self._backend = backend
+        self.backend = backend  # type: ignore[misc]  # a plain attribute at run time
         self.pool = pool
+
+    if TYPE_CHECKING:
+        # Read-only to the type checker, so that a backend's memory manager may narrow it to
+        # its own backend class (``backend: MyBackend``).
+        @property
+        def backend(self) -> StreamBackend[Any]: ...
 
     def _settle(self) -> None:
         """Return blocks whose last use has completed, before statistics are read (a backend
         that defers frees until its device work finishes overrides this)."""
 
     def allocate(self, nbytes: int, alignment: int | None = None) -> DeviceBuffer:
-        self._backend.check_ready()
+        self.backend.check_ready()
         n = check_int(nbytes, "nbytes", minimum=0)
         if alignment is not None:
             a = check_int(alignment, "alignment", minimum=1)
@@ -47,7 +53,7 @@ class PooledMemoryManager(DeviceMemoryManager):
         for a freed buffer or another backend's, InvalidArgumentError naming ``name`` for a
         wrong type. Transfers and kernel launchers check their arguments with it."""
         if isinstance(obj, Tensor):
-            check_tensor(self._backend, obj, name)
+            check_tensor(self.backend, obj, name)
             return obj._buffer
         if not isinstance(obj, DeviceBuffer):
             raise InvalidArgumentError(
@@ -58,7 +64,7 @@ class PooledMemoryManager(DeviceMemoryManager):
         return obj
 
     # -- argument checks of the transfers (the same on every backend) -------------------------------
-    def _host_source(self, dst: DeviceBuffer | Tensor, src: Any) -> tuple[DeviceBuffer, memoryview]:
+    def check_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> tuple[DeviceBuffer, memoryview]:
         """``copy_htod``'s checked arguments: the destination buffer and the source's bytes."""
         buf = self.owned_buffer(dst, "dst")
         try:
@@ -73,7 +79,7 @@ class PooledMemoryManager(DeviceMemoryManager):
             )
         return buf, view
 
-    def _host_destination(self, dst: Any, src: DeviceBuffer | Tensor) -> DeviceBuffer:
+    def check_dtoh(self, dst: Any, src: DeviceBuffer | Tensor) -> DeviceBuffer:
         """``copy_dtoh``'s checked arguments: the source buffer (``dst`` is a host array)."""
         buf = self.owned_buffer(src, "src")
         if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
@@ -84,7 +90,7 @@ class PooledMemoryManager(DeviceMemoryManager):
             )
         return buf
 
-    def _device_pair(
+    def check_dtod(
         self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor
     ) -> tuple[DeviceBuffer, DeviceBuffer]:
         """``copy_dtod``'s checked arguments."""

@@ -124,7 +124,7 @@ class DeviceMemory:
     goes with the process, which must exit anyway."""
 
     def __init__(self, backend: CUDABackend) -> None:
-        self._backend = backend
+        self.backend = backend
         self._lock = threading.Lock()
         #: Every block allocated (or queued for allocation) and not yet freed.
         self._live: dict[int, Block] = {}
@@ -133,7 +133,7 @@ class DeviceMemory:
 
     def _run(self, fn: Any) -> bool:
         """Run ``fn`` on the submission thread (queued); True if it ran here and now."""
-        thread = self._backend._thread
+        thread = self.backend._thread
         if thread is None or thread.closed or thread.on_thread():
             fn()
             return True
@@ -141,7 +141,7 @@ class DeviceMemory:
         return False
 
     def alloc(self, size: int) -> Block:
-        backend = self._backend
+        backend = self.backend
         backend._check_usable()
         block = Block(0, size)
         block.pending = True
@@ -179,7 +179,7 @@ class DeviceMemory:
         if block.freed:
             return
         block.freed = True
-        backend = self._backend
+        backend = self.backend
 
         def free() -> None:
             with self._lock:
@@ -217,7 +217,7 @@ class DeviceMemory:
             _log.warning(
                 "%s: %d blocks (%d bytes) of device memory left to the process: the CUDA context"
                 " is poisoned (%s), so they cannot be freed; the process must be restarted",
-                self._backend._device_obj, count, nbytes, self._backend._poisoned,
+                self.backend._device_obj, count, nbytes, self.backend._poisoned,
             )  # fmt: skip
             self._left = [0, 0]
 
@@ -247,7 +247,7 @@ class CUDAMemoryManager(PooledMemoryManager):
             device, self.blocks.alloc, self.blocks.free, total_bytes, config, block_is_live
         )
         super().__init__(backend, pool)
-        self._backend: CUDABackend = backend
+        self.backend: CUDABackend = backend
 
     def release_blocks(self) -> None:
         """The backend's teardown (after ``pool.invalidate_all``): free what is still held."""
@@ -255,22 +255,22 @@ class CUDAMemoryManager(PooledMemoryManager):
             self.blocks.release_all()
 
     def _settle(self) -> None:
-        self._backend._prune_streams()
+        self.backend._prune_streams()
 
     def _current(self) -> CUDAStream:
-        return self._backend.current_stream  # type: ignore[return-value]
+        return self.backend.current_stream  # type: ignore[return-value]
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        self._backend._check_usable()
+        self.backend._check_usable()
         buf = self.owned_buffer(buffer, "buffer")
-        streams = self._backend._streams
+        streams = self.backend._streams
         if len(streams) < 2:
             self.pool.free(buf)  # one stream: every later use is in order after this point
             return
         # Returned once every stream has passed this point: work queued so far on any of them
         # may still use the block, and the pool may hand it to any stream next.
         points = [s.position() for s in streams]
-        self.pool.free(buf, lambda recycle: self._backend._after_events(points, recycle))
+        self.pool.free(buf, lambda recycle: self.backend._after_events(points, recycle))
 
     def _submit_copy(
         self, stream: CUDAStream, dst: Any, src: Any, nbytes: int, kind: int,
@@ -278,7 +278,7 @@ class CUDAMemoryManager(PooledMemoryManager):
     ) -> int:  # fmt: skip
         """Queue ``cudaMemcpyAsync(dst(), src(), ...)`` on ``stream`` (pointers are read on the
         submission thread, where the blocks' mallocs ran); returns its position."""
-        self._backend._check_usable()
+        self.backend._check_usable()
 
         def run() -> None:
             cupy.cuda.runtime.memcpyAsync(dst(), src(), nbytes, kind, stream.cp.ptr)
@@ -286,19 +286,19 @@ class CUDAMemoryManager(PooledMemoryManager):
         return stream.submit(run, keep, depend(stream, inputs), what)
 
     def configure_pool(self, config: MemoryPoolConfig) -> None:
-        self._backend._check_usable()
+        self.backend._check_usable()
         super().configure_pool(config)
 
     async def _pinned(self, nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
         """Pinned staging memory, allocated on the submission thread."""
         try:
-            return await self._backend._thread.call(lambda: pinned_empty(nbytes))
+            return await self.backend._thread.call(lambda: pinned_empty(nbytes))
         except CUDA_ERRORS as exc:
-            raise self._backend._failed(translate(exc, "pinned staging memory")) from None
+            raise self.backend._failed(translate(exc, "pinned staging memory")) from None
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        self._backend._check_usable()
-        buf, view = self._host_source(dst, src)
+        self.backend._check_usable()
+        buf, view = self.check_htod(dst, src)
         if view.nbytes == 0:
             return
         block, staging = await self._pinned(view.nbytes)
@@ -319,7 +319,7 @@ class CUDAMemoryManager(PooledMemoryManager):
     ) -> tuple[int, list[np.ndarray[Any, Any]]]:  # fmt: skip
         """Queue a copy of ``buf`` into pinned memory allocated there; returns the position and
         a list that holds the pinned array once the submission thread has made it."""
-        self._backend._check_usable()
+        self.backend._check_usable()
         cell: list[np.ndarray[Any, Any]] = []
         handle = buf.handle
 
@@ -334,8 +334,8 @@ class CUDAMemoryManager(PooledMemoryManager):
         return stream.submit(run, (buf,), depend(stream, inputs), what), cell
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        self._backend._check_usable()
-        buf = self._host_destination(dst, src)
+        self.backend._check_usable()
+        buf = self.check_dtoh(dst, src)
         if dst.nbytes == 0:
             return
         stream = self._current()
@@ -344,8 +344,8 @@ class CUDAMemoryManager(PooledMemoryManager):
         await copy_into(dst.reshape(-1).view(np.uint8), cell[0])
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        self._backend._check_usable()
-        d, s = self._device_pair(dst, src)
+        self.backend._check_usable()
+        d, s = self.check_dtod(dst, src)
         if s.nbytes == 0:
             return
         stream = self._current()
@@ -360,8 +360,8 @@ class CUDAMemoryManager(PooledMemoryManager):
 
     # -- tensor transfers -------------------------------------------------------------------------
     def _read(self, tensor: Tensor) -> tuple[int, list[np.ndarray[Any, Any]], CUDAStream]:
-        self._backend._check_usable()
-        check_tensor(self._backend, tensor, "tensor")
+        self.backend._check_usable()
+        check_tensor(self.backend, tensor, "tensor")
         stream: CUDAStream = last_writer(tensor)[0]  # type: ignore[assignment]
         # On the writer's stream: in order after the writer, with no cross-stream dependency.
         seq, cell = self._to_staging(
@@ -371,10 +371,10 @@ class CUDAMemoryManager(PooledMemoryManager):
 
     def _start_read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any]:
         """The host array to fill, and the queued copy to staging (None for an empty tensor)."""
-        self._backend._check_usable()
+        self.backend._check_usable()
         out = np.empty(tensor.shape, tensor.dtype.to_numpy())
         if out.nbytes == 0:
-            check_tensor(self._backend, tensor, "tensor")
+            check_tensor(self.backend, tensor, "tensor")
             return out, None
         return out, self._read(tensor)
 

@@ -121,7 +121,7 @@ class CUDAStream(DeviceErrors, Stream):
         self._work_cv = threading.Condition(self._lock)
         self.submitted = 0
         self._completed_upto = 0
-        self._checks: list[tuple[int, Callable[[], BaseException | None]]] = []
+        self.checks: list[tuple[int, Callable[[], BaseException | None]]] = []
         #: Keep tensors referenced until their work completes (set once there are two streams).
         self.track = False
         #: (seq, event, objects kept alive until it completes), for the completer.
@@ -190,7 +190,7 @@ class CUDAStream(DeviceErrors, Stream):
     def _fail(self, seq: int, error: AccelError) -> None:
         error.__traceback__ = None
         with self._lock:
-            self._checks.append((seq, _Failure(error)))
+            self.checks.append((seq, _Failure(error)))
 
     def _recorded(self, seq: int, keep: object) -> None:
         """On the submission thread: mark the end of position ``seq`` for the completer."""
@@ -244,7 +244,7 @@ class CUDAStream(DeviceErrors, Stream):
         ready = []
         while waiters and waiters[0][0] <= self._completed_upto:
             ready.append(heapq.heappop(waiters)[2])
-        self._prune_checks_locked(self._completed_upto)
+        self.prune_checks_locked(self._completed_upto)
         return ready
 
     def prune(self) -> None:
@@ -343,7 +343,7 @@ class CUDAStream(DeviceErrors, Stream):
         """Forget everything queued (the context died): no CUDA call is made for it."""
         self._abandoned = True
         with self._lock:
-            self._checks = []
+            self.checks = []
             self._closed = True
             self._work_cv.notify()
 
@@ -356,7 +356,7 @@ class CUDAStream(DeviceErrors, Stream):
         if thread is not None:
             thread.join(60.0)
         with self._lock:
-            self._checks = []
+            self.checks = []
             self._pending.clear()
             self._completed_upto = self.submitted
             ready = self._due_locked()

@@ -54,7 +54,7 @@ class DaskMemoryManager(PooledMemoryManager):
 
     # -- host transfers ---------------------------------------------------------------------------
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf, view = self._host_source(dst, src)
+        buf, view = self.check_htod(dst, src)
         data = await h.copy_to_host(np.frombuffer(view, np.uint8))  # a snapshot, off-loop if large
         factory = self._dask.tensor_factory.kernels
         if isinstance(dst, Tensor):
@@ -70,7 +70,7 @@ class DaskMemoryManager(PooledMemoryManager):
         await self._stream().synchronize()
 
     async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
-        buf = self._host_destination(dst, src)
+        buf = self.check_dtoh(dst, src)
         if isinstance(src, Tensor):
             data = await self.read_tensor(src)
         else:
@@ -79,7 +79,7 @@ class DaskMemoryManager(PooledMemoryManager):
         dst.reshape(-1).view(np.uint8)[: raw.size] = raw
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._device_pair(dst, src)
+        d, s = self.check_dtod(dst, src)
         kernels: DaskComponent = self._dask.tensor_factory.kernels  # type: ignore[assignment]
         if isinstance(dst, Tensor) and isinstance(src, Tensor) and dst.dtype == src.dtype:
             kernels.launch(lambda: kernels.arr(src).reshape(dst.shape), (src,), (dst,))

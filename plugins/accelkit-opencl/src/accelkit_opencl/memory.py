@@ -82,13 +82,13 @@ class OpenCLMemoryManager(PooledMemoryManager):
         super().__init__(
             backend, CachingPool(device, _raw_alloc(context), _raw_free, total_bytes, config)
         )
-        self._backend: OpenCLBackend = backend
+        self.backend: OpenCLBackend = backend
 
     def _settle(self) -> None:
-        self._backend._prune_streams()
+        self.backend._prune_streams()
 
     def _current(self) -> CLStream:
-        return self._backend.current_stream  # type: ignore[return-value]
+        return self.backend.current_stream  # type: ignore[return-value]
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         buf = self.owned_buffer(buffer, "buffer")
@@ -96,7 +96,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         # already queued, so the block may be reused at once. With several, the pool may hand it
         # to any queue next, so it returns once the work queued so far on all of them is done
         # (positions, answered from the streams' counters: no OpenCL call here).
-        streams: list[CLStream] = self._backend._streams
+        streams: list[CLStream] = self.backend._streams
         if len(streams) < 2:
             self.pool.free(buf)
             return
@@ -104,10 +104,10 @@ class OpenCLMemoryManager(PooledMemoryManager):
         if not busy:
             self.pool.free(buf)
         else:
-            self.pool.free(buf, lambda recycle: self._backend._after_events(busy, recycle))
+            self.pool.free(buf, lambda recycle: self.backend._after_events(busy, recycle))
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf, view = self._host_source(dst, src)
+        buf, view = self.check_htod(dst, src)
         if view.nbytes == 0:
             return
         # A snapshot: the caller may reuse src at once (after a cancelled wait too).
@@ -131,7 +131,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         stream.raise_failure(seq)
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        buf = self._host_destination(dst, src)
+        buf = self.check_dtoh(dst, src)
         if dst.nbytes == 0:
             return
         stream = self._current()
@@ -154,7 +154,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
             target[...] = staging
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._device_pair(dst, src)
+        d, s = self.check_dtod(dst, src)
         if s.nbytes == 0:
             return
         stream = self._current()
@@ -170,7 +170,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
 
     # -- tensor transfers -------------------------------------------------------------------------
     def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], int, CLStream]:
-        check_tensor(self._backend, tensor, "tensor")
+        check_tensor(self.backend, tensor, "tensor")
         out = np.empty(tensor.shape, tensor.dtype.to_numpy())
         stream: CLStream = last_writer(tensor)[0]  # type: ignore[assignment]
         if out.nbytes == 0:

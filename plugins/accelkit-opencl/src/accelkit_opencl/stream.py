@@ -214,7 +214,7 @@ class CLStream(DeviceErrors, Stream):
         #: (seq, check) of commands that can fail on the device (an index out of range), and of
         #: commands that failed to enqueue (a :class:`_Failure`): once position seq has
         #: completed, check() returns the error to raise, or None.
-        self._checks: list[tuple[int, Callable[[], BaseException | None]]] = []
+        self.checks: list[tuple[int, Callable[[], BaseException | None]]] = []
         #: Every thread started (joined by close); the running submitter and completer.
         self._threads: list[threading.Thread] = []
         self._submitter: threading.Thread | None = None
@@ -327,7 +327,7 @@ class CLStream(DeviceErrors, Stream):
 
     def _fail_locked(self, seq: int, error: BaseException) -> None:
         if not self._quiet:
-            self._checks.append((seq, _Failure(error)))
+            self.checks.append((seq, _Failure(error)))
 
     def _event_once_enqueued(self, seq: int) -> Any | None:
         """The event of position ``seq`` once the submitter has enqueued it; None if it has
@@ -383,7 +383,7 @@ class CLStream(DeviceErrors, Stream):
                         seq, DeviceError(f"OpenCL reported error {status} for work on {self.name}")
                     )
                 self._completed_upto = seq
-                self._prune_checks_locked(seq)
+                self.prune_checks_locked(seq)
                 self._done_cv.notify_all()
                 ready = self._ready_waiters_locked(seq)
                 gates = self._ready_gates_locked(seq) if self._gates else []
@@ -516,10 +516,10 @@ class CLStream(DeviceErrors, Stream):
         """Raise (once) the error of position ``seq``'s own command, if it failed; the errors of
         other positions stay for the awaits that cover them."""
         with self._lock:
-            for i, (s, check) in enumerate(self._checks):
+            for i, (s, check) in enumerate(self.checks):
                 if s == seq and isinstance(check, _Failure) and check.error is not None:
                     error = check.error
-                    del self._checks[i]
+                    del self.checks[i]
                     break
             else:
                 return
@@ -546,7 +546,7 @@ class CLStream(DeviceErrors, Stream):
     def discard_errors(self) -> None:
         """Forget unreported errors, and drop those of work still queued (at shutdown)."""
         with self._lock:
-            self._checks = []
+            self.checks = []
             self._quiet = True
 
     def close(self) -> None:
@@ -565,7 +565,7 @@ class CLStream(DeviceErrors, Stream):
         except cl.Error as exc:  # a broken device: closing still releases everything
             _log.warning("accelkit-opencl: %s: finishing the queue failed: %s", self.name, exc)
         with self._lock:
-            self._checks = []
+            self.checks = []
             self._todo.clear()
             self._events.clear()
             self._hooks.clear()

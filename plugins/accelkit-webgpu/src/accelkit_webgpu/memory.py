@@ -62,7 +62,7 @@ class WebGPUMemoryManager(PooledMemoryManager):
         h.free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), self._stream())
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf, view = self._host_source(dst, src)
+        buf, view = self.check_htod(dst, src)
         data = np.array(np.frombuffer(view, np.uint8), copy=True)  # a snapshot
         gpu, target = self._gpu, buf.handle
         is_tensor = isinstance(dst, Tensor)
@@ -74,7 +74,7 @@ class WebGPUMemoryManager(PooledMemoryManager):
         await self._stream().synchronize()
 
     async def copy_dtoh(self, dst: Any, src: DeviceBuffer | Tensor) -> None:
-        buf = self._host_destination(dst, src)
+        buf = self.check_dtoh(dst, src)
         if isinstance(src, Tensor):
             for stream, seq in self._pending(src):
                 await stream.wait_for(seq)
@@ -84,7 +84,7 @@ class WebGPUMemoryManager(PooledMemoryManager):
         dst.reshape(-1).view(np.uint8)[:] = data
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._device_pair(dst, src)
+        d, s = self.check_dtod(dst, src)
         gpu, n = self._gpu, s.nbytes
         self._launch(
             lambda: gpu.copy(d.handle, s.handle, n),

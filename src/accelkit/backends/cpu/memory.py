@@ -43,31 +43,31 @@ class CPUMemoryManager(PooledMemoryManager):
     # -- buffers ----------------------------------------------------------------------------------
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        stream: HostStream = self._backend.current_stream
+        stream: HostStream = self.backend.current_stream
         free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), stream)
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf, view = self._host_source(dst, src)
+        buf, view = self.check_htod(dst, src)
         data = await copy_to_host(np.frombuffer(view, np.uint8))  # the snapshot, off-loop if large
         if isinstance(dst, Tensor):
             await dst._stream.synchronize()
         self._copies.launch(
             lambda: buf.handle[: data.size].__setitem__(slice(None), data), (), (), cost=data.size
         )
-        await self._backend.current_stream.synchronize()
+        await self.backend.current_stream.synchronize()
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        buf = self._host_destination(dst, src)
+        buf = self.check_dtoh(dst, src)
         if isinstance(src, Tensor):
             for stream, seq in pending_writes(src):
                 await stream.wait_for(seq)
         elif buf.last_write is not None:
             await buf.last_write[0].wait_for(buf.last_write[1])
-        await self._backend.current_stream.synchronize()
+        await self.backend.current_stream.synchronize()
         await copy_into(dst.reshape(-1).view(np.uint8), buf.handle[: dst.nbytes])
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._device_pair(dst, src)
+        d, s = self.check_dtod(dst, src)
         n = s.nbytes
         inputs = [src] if isinstance(src, Tensor) else []
         outputs = [dst] if isinstance(dst, Tensor) else []
@@ -79,20 +79,20 @@ class CPUMemoryManager(PooledMemoryManager):
 
     # -- tensor transfers -------------------------------------------------------------------------
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
-        check_tensor(self._backend, tensor, "tensor")
+        check_tensor(self.backend, tensor, "tensor")
         # The tensor's writer, and the last write to its memory through another view.
         for stream, seq in pending_writes(tensor):
             await stream.wait_for(seq)
         return await copy_to_host(tensor._data)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
-        check_tensor(self._backend, tensor, "tensor")
+        check_tensor(self.backend, tensor, "tensor")
         for stream, seq in pending_writes(tensor):
             stream.wait_for_blocking(seq)
         return np.array(tensor._data, copy=True)
 
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
-        check_tensor(self._backend, tensor, "tensor")
+        check_tensor(self.backend, tensor, "tensor")
         for s, seq in pending_writes(tensor):
             s.wait_for_blocking(seq)
         return export_dlpack(tensor._buffer, tensor._data, **kwargs)

@@ -48,7 +48,7 @@ class ExampleMemoryManager(PooledMemoryManager):
         h.free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), self._stream())
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf, view = self._host_source(dst, src)
+        buf, view = self.check_htod(dst, src)
         data = await h.copy_to_host(np.frombuffer(view, np.uint8))  # a snapshot, off-loop if large
 
         def run() -> None:
@@ -59,7 +59,7 @@ class ExampleMemoryManager(PooledMemoryManager):
         await self._stream().synchronize()
 
     async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
-        buf = self._host_destination(dst, src)
+        buf = self.check_dtoh(dst, src)
         if isinstance(src, Tensor):
             for stream, seq in self._pending(src):
                 await stream.wait_for(seq)
@@ -67,7 +67,7 @@ class ExampleMemoryManager(PooledMemoryManager):
         await h.copy_into(dst.reshape(-1).view(np.uint8), buf.handle[: dst.nbytes])
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self._device_pair(dst, src)
+        d, s = self.check_dtod(dst, src)
         n = s.nbytes
 
         def run() -> None:
