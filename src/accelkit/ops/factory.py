@@ -26,7 +26,7 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit.ops._mixins.base import OpsBase
 from accelkit.ops._mixins.elementwise import check_int_scalar
-from accelkit.sdk.kernels import FactoryKernels
+from accelkit.sdk.kernels import FactoryKernels, RandomDraw
 from accelkit.tensor import Tensor
 
 __all__ = ["TensorFactory"]
@@ -159,7 +159,11 @@ class TensorFactory(OpsBase[FactoryKernels]):
         seed: int | None = None,
         dtype: DType | str = DType.F32,
     ) -> Tensor:
-        """Uniform samples in ``[low, high)``; the same ``seed`` gives the same values."""
+        """Uniform samples in ``[low, high)``; the same ``seed`` gives the same values on the
+        same backend. Backends that draw on the host (``kernels.device_random`` false: the CPU
+        backend and most others) draw NumPy's PCG64 stream, so their seeds agree with
+        ``numpy.random.default_rng(seed).uniform``; a backend with a device generator draws its
+        own."""
         lo = check_float_param(low, "low", finite=True)
         hi = check_float_param(high, "high", finite=True)
         seed = check_seed(seed, "uniform")
@@ -167,7 +171,7 @@ class TensorFactory(OpsBase[FactoryKernels]):
             raise InvalidArgumentError(f"uniform: high ({hi}) must be >= low ({lo})")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
         out = self._empty(dims, dt)
-        self.kernels.generate(out, lambda: np.random.default_rng(seed).uniform(lo, hi, size=dims))
+        self.kernels.random(out, RandomDraw("uniform", lo, hi, dims, seed))
         return out
 
     def normal(
@@ -179,7 +183,8 @@ class TensorFactory(OpsBase[FactoryKernels]):
         seed: int | None = None,
         dtype: DType | str = DType.F32,
     ) -> Tensor:
-        """Normal samples; the same ``seed`` gives the same values."""
+        """Normal samples; the same ``seed`` gives the same values on the same backend (see
+        :meth:`uniform` for which generator)."""
         mu = check_float_param(mean, "mean", finite=True)
         sd = check_float_param(std, "std", finite=True)
         seed = check_seed(seed, "normal")
@@ -187,7 +192,7 @@ class TensorFactory(OpsBase[FactoryKernels]):
             raise InvalidArgumentError(f"normal: std must be >= 0; got {sd}")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "normal")
         out = self._empty(dims, dt)
-        self.kernels.generate(out, lambda: np.random.default_rng(seed).normal(mu, sd, size=dims))
+        self.kernels.random(out, RandomDraw("normal", mu, sd, dims, seed))
         return out
 
     def _float_dtype(self, dtype: DType | str, op: str) -> DType:

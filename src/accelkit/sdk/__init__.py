@@ -60,7 +60,14 @@ from accelkit.abc.stream import Event, Stream
 from accelkit.capabilities import BackendCapabilities, LifecycleState
 from accelkit.memory import MemoryPoolConfig
 from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
-from accelkit.sdk.kernels import ComposedOnly, FactoryKernels, FusedKernels, Operand, TensorKernels
+from accelkit.sdk.kernels import (
+    ComposedOnly,
+    FactoryKernels,
+    FusedKernels,
+    Operand,
+    RandomDraw,
+    TensorKernels,
+)
 from accelkit.sdk.tensors import (
     buffer_of,
     last_writer,
@@ -72,6 +79,7 @@ from accelkit.sdk.tensors import (
 )
 
 __all__ = [
+    "RandomDraw",
     "other_writers",
     "Waiters",
     "PositionStream",

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -35,7 +36,9 @@ from accelkit.tensor import Tensor
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
 
-__all__ = ["ComposedOnly", "FactoryKernels", "FusedKernels", "Operand", "TensorKernels"]
+__all__ = [
+    "ComposedOnly", "FactoryKernels", "FusedKernels", "Operand", "RandomDraw", "TensorKernels",
+]  # fmt: skip
 
 Operand = Tensor | int | float | bool
 
@@ -285,6 +288,26 @@ _OPTIONAL_KERNELS = (
 )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class RandomDraw:
+    """What :meth:`FactoryKernels.random` draws: ``kind`` is ``"uniform"`` (in ``[a, b)``) or
+    ``"normal"`` (mean ``a``, standard deviation ``b``), ``shape`` the output's, ``seed`` an
+    int or None (fresh entropy)."""
+
+    kind: Literal["uniform", "normal"]
+    a: float
+    b: float
+    shape: tuple[int, ...]
+    seed: int | None
+
+    def host(self) -> np.ndarray[Any, Any]:
+        """The draw on the host, from NumPy's PCG64 (float64)."""
+        rng = np.random.default_rng(self.seed)
+        if self.kind == "uniform":
+            return rng.uniform(self.a, self.b, size=self.shape)
+        return rng.normal(self.a, self.b, size=self.shape)
+
+
 class FactoryKernels(_Allocating):
     """The kernels TensorFactory calls."""
 
@@ -296,6 +319,22 @@ class FactoryKernels(_Allocating):
     def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         """Copy ``array`` (any dtype, same shape; cast with NumPy's unsafe casting) into
         ``out``. Must snapshot ``array`` before returning: the caller may reuse it at once."""
+
+    def random(self, out: Tensor, draw: RandomDraw) -> None:
+        """Fill ``out`` with the random numbers ``draw`` describes.
+
+        The default draws them on the host from NumPy's PCG64 (:meth:`RandomDraw.host`, through
+        :meth:`generate`): every backend that keeps it gives the same numbers for a seed. A
+        backend with a device generator overrides this to draw on the device (its numbers then
+        differ from the host's for the same seed, and are the same on every run of it) and says
+        so in :attr:`device_random`."""
+        self.generate(out, draw.host)
+
+    @property
+    def device_random(self) -> bool:
+        """Whether :meth:`random` draws on the device (from its own generator) rather than from
+        NumPy's PCG64 on the host: true where the backend's class overrides it."""
+        return type(self).random is not FactoryKernels.random
 
     def generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         """Fill ``out`` with the host array ``make()`` returns (random numbers, ranges).
