@@ -449,7 +449,7 @@ def docs(session: nox.Session) -> None:
     ``__all__`` of ``accelkit`` and ``accelkit.sdk`` must be documented (tools/docs_check.py).
     Also a part of ``nox -s tests``. ``python -m http.server -d site`` serves the result;
     ``mkdocs serve`` in this session's environment rebuilds it as you edit."""
-    # ruff: mkdocstrings formats the separate signatures with it, as in the tests session
+    # with ruff, mkdocstrings formats the separate signatures, as in the tests session
     session.install("-e", ".[docs]", STATIC_TOOLS[0])
     for command in _static_commands(session.bin)["docs"]:
         session.run(*command)
