@@ -191,7 +191,7 @@ def test_listing_imports_no_backend_module_in_a_fresh_interpreter(tmp_path: Path
 
         names = [d.name for d in registry.descriptors()]
         devices = [d.device for d in accelkit.devices()]
-        chosen = accelkit.select().device
+        chosen = str(accelkit.select().device)
         statuses = {s.name: s.status for s in registry.statuses()}
         listed = sorted(sys.modules)
         accelkit.create_backend("fakegpu")

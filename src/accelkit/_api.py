@@ -37,10 +37,10 @@ def _resolve(
 
     reg = registry or default_registry
     if isinstance(target, Selection):
-        return target.backend, Device.parse(target.device)
+        return target.backend, target.device
     if target is None or isinstance(target, Device):
         sel = select(target, requires, policy, registry=reg)
-        return sel.backend, Device.parse(sel.device)
+        return sel.backend, sel.device
     if not isinstance(target, str):
         raise InvalidArgumentError(
             "expected a backend name ('cpu'), a device ('cuda:0'), a Device or a Selection; got"
@@ -49,10 +49,10 @@ def _resolve(
     text = target.strip().lower()
     if ":" in text:  # a device: the best backend for exactly that device
         sel = select(Device.parse(text), requires, policy, registry=reg)
-        return sel.backend, Device.parse(sel.device)
+        return sel.backend, sel.device
     if text in reg.names():  # a backend name: its best device
         sel = select(None, requires, policy, backend=text, registry=reg)
-        return sel.backend, Device.parse(sel.device)
+        return sel.backend, sel.device
     kinds = {kind for d in reg.descriptors() for kind in d.device_kinds}
     if text not in kinds:
         from accelkit.errors import BackendNotFoundError
@@ -64,7 +64,7 @@ def _resolve(
             + not_found_hint(text, [*reg.names(), *kinds])
         )
     sel = select(text, requires, policy, registry=reg)  # a device kind ('cuda')
-    return sel.backend, Device.parse(sel.device)
+    return sel.backend, sel.device
 
 
 def create_backend(

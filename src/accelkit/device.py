@@ -111,6 +111,18 @@ class Device:
     def __hash__(self) -> int:
         return hash((self._kind, self._index, self._address))
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """As a field of a pydantic model: validated from a Device or its string form (parsed
+        once, where the model is made), serialized as the string (``"cuda:1"``)."""
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_plain_validator_function(
+            cls.parse,
+            serialization=core_schema.plain_serializer_function_ser_schema(str),
+            json_schema_input_schema=core_schema.str_schema(),
+        )
+
     def __reduce__(self) -> tuple[Any, ...]:
         if self._address is not None:
             return (_addressed, (self._kind, self._address))

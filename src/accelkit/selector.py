@@ -38,7 +38,7 @@ class Candidate(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     backend: str
-    device: str
+    device: Device
     name: str
     score: float
     basis: Literal["calibrated", "declared", "none"]
@@ -94,7 +94,8 @@ class Selection(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     backend: str
-    device: str
+    #: The chosen device, parsed once here (``str(device)`` is ``"cuda:1"``).
+    device: Device
     report: SelectionReport
 
 
@@ -235,7 +236,7 @@ def select(
             scored.append(
                 Candidate(
                     backend=desc.name,
-                    device=info.device,
+                    device=dev,
                     name=info.name,
                     score=score,
                     basis=basis,
@@ -243,7 +244,7 @@ def select(
                     detail=detail,
                 )
             )
-    scored.sort(key=lambda c: (-c.score, -c.priority, c.backend, c.device))
+    scored.sort(key=lambda c: (-c.score, -c.priority, c.backend, str(c.device)))
     report = SelectionReport(
         policy=policy,
         requested_backend=backend,

@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(
             {
                 "backend": selection.backend,
-                "device": selection.device,
+                "device": str(selection.device),
                 "quick": mode == "quick",
                 "full": mode == "full",
                 "results": [{**asdict(r), "ratio": r.ratio} for r in results],
