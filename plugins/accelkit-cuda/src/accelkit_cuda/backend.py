@@ -122,11 +122,11 @@ class CUDABackend(QueuedBackend):
 
     def _build(self, device: Device, props: DeviceProps) -> None:
         """Everything that lives in the CUDA context."""
-        from accelkit_cuda.factory import CUDAFactoryKernels
-        from accelkit_cuda.kernel_ops import CUDAFusedKernels, FusedProgram
-        from accelkit_cuda.kernels import CUDAKernelExecutor
+        from accelkit_cuda.factory_kernels import CUDAFactoryKernels
+        from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
+        from accelkit_cuda.executor import CUDAKernelExecutor
         from accelkit_cuda.memory import CUDAMemoryManager
-        from accelkit_cuda.ops import CUDATensorKernels
+        from accelkit_cuda.tensor_kernels import CUDATensorKernels
 
         default = CUDAStream(device, f"{device}/default", self._thread, self._failed)
         default.check_usable = self._check_usable
