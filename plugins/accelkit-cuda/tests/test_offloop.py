@@ -202,7 +202,7 @@ async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> No
             raise RuntimeError("boom")
 
         y = ops.add(x, 1.0)
-        ops.kernels._launch(fail, (x,), (y,), what="a failing kernel")  # returns: no raise
+        ops.kernels.launch(fail, (x,), (y,), what="a failing kernel")  # returns: no raise
         with pytest.raises(DeviceError, match="a failing kernel failed: RuntimeError"):
             await y.to_host()
         # Reported once; later work runs as usual.
@@ -211,7 +211,7 @@ async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> No
         def sticky() -> None:
             raise fake_cupy.CUDARuntimeError(700)
 
-        ops.kernels._launch(sticky, (x,), (y,), what="a trapping kernel")
+        ops.kernels.launch(sticky, (x,), (y,), what="a trapping kernel")
         with pytest.raises(ContextPoisonedError, match="cudaErrorIllegalAddress"):
             await y.to_host()
         assert backend.poisoned
@@ -284,7 +284,7 @@ async def test_shutdown_finishes_failed_work_without_raising(plugin: Plugin) -> 
 
     gate = threading.Event()
     backend._thread.submit(lambda: gate.wait(30))  # the failure comes after shutdown began
-    backend.tensor_ops.kernels._launch(fail, (x,), (x,))
+    backend.tensor_ops.kernels.launch(fail, (x,), (x,))
     threading.Timer(0.05, gate.set).start()
     await backend.shutdown()  # the error has nobody to go to: dropped, not raised
     assert backend.memory_manager.memory_info().used == 0

@@ -26,15 +26,15 @@ __all__ = ["CUDAFactoryKernels"]
 class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
     def fill(self, out: Tensor, value: int | float | bool) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         with np.errstate(all="ignore"):
             scalar = np.array(value).astype(out.dtype.to_numpy())
-        self._launch(lambda: storage(out).fill(scalar), (), (out,), what="fill")
+        self.launch(lambda: storage(out).fill(scalar), (), (out,), what="fill")
 
     def _upload(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]], what: str) -> None:
         """Queue: ``make()`` the host data, cast it into pinned memory, copy it to ``out``."""
-        stream = self._stream
+        stream = self.current_stream
         handle = buffer_of(out).handle
         dtype, shape, nbytes = out.dtype.to_numpy(), out.shape, out.nbytes
 
@@ -47,11 +47,11 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
             )  # fmt: skip
             return block  # alive until the copy has completed
 
-        self._launch(run, (), (out,), what=what)
+        self.launch(run, (), (out,), what=what)
 
     def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         # The snapshot is taken now (the caller may reuse `array` at once): a NumPy copy, no
         # CUDA call; the cast into pinned memory and the copy run on the submission thread.
@@ -60,6 +60,6 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
 
     def generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         self._upload(out, make, "generate")
