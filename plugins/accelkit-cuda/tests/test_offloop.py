@@ -220,6 +220,8 @@ async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> No
         # For good: there is no in-process rebuild (a sticky error cannot be cleared).
         assert not hasattr(backend, "recover")
         with pytest.raises(ContextPoisonedError, match="must be restarted"):
+            await backend.reopen()  # the base's rebuild after a lost device refuses too
+        with pytest.raises(ContextPoisonedError, match="must be restarted"):
             backend.tensor_factory.full((4,), 5.0)
     finally:
         await backend.shutdown()
