@@ -1,9 +1,14 @@
-"""The CUDA backend's TensorFactory: fills on the device, host data by pinned async copies.
+"""The CUDA backend's TensorFactory: fills and random numbers on the device, host data by pinned
+async copies.
 
 ``from_host`` snapshots its input on the caller's thread (plain NumPy, as the contract asks);
 the pinned staging block, the copy into it and the ``cudaMemcpyAsync`` happen on the submission
-thread. Random and range tensors are made there too (``generate``): the same NumPy generators as
-every other backend, so a seed gives the same values everywhere, but never on the loop's thread.
+thread. Range tensors are made there too (``generate``), never on the loop's thread.
+
+Random tensors (``uniform``, ``normal``) are drawn on the device by CuPy's generator
+(``cupy.random.default_rng(seed)``), launched from the submission thread in stream order like
+every other kernel (:meth:`CUDAFactoryKernels.random`): a seed gives the same numbers on every
+CUDA run, and not the numbers of NumPy's PCG64 that the host backends draw.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from typing import Any
 import cupy
 import numpy as np
 
-from accelkit.sdk import FactoryKernels, buffer_of
+from accelkit.dtype import DType
+from accelkit.sdk import FactoryKernels, RandomDraw, buffer_of
 from accelkit.sdk import host_assign as assign
 from accelkit.tensor import Tensor
+from accelkit_cuda.cupy_tensor import cast_into
 from accelkit_cuda.memory import pinned_empty
 from accelkit_cuda.submit import CUDAComponent, storage
 
@@ -63,3 +70,36 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
             self.skip([out])
             return
         self._upload(out, make, "generate")
+
+    def random(self, out: Tensor, draw: RandomDraw) -> None:
+        """Draw on the device: ``cupy.random.default_rng(draw.seed)`` (CuPy's XORWOW) makes
+        ``U`` in [0, 1) (``Generator.random``) or ``Z`` standard normal
+        (``Generator.standard_normal``), and ``out`` gets ``a + (b - a) * U`` (uniform) or
+        ``a + b * Z`` (normal). The arithmetic is float32 (float64 for f64 tensors, and where
+        a bound or the scale exceeds float32's range), drawn straight into ``out`` when it has
+        that dtype, else cast once (f16, bf16). It runs on the submission thread, in stream
+        order like every launch; nothing here touches CUDA on the caller's thread."""
+        if out.size == 0:
+            self.skip([out])
+            return
+        kind, a, b, shape, seed = draw.kind, draw.a, draw.b, draw.shape, draw.seed
+        scale = b - a if kind == "uniform" else b
+        wide = out.dtype is DType.F64 or max(abs(a), abs(b), abs(scale)) > _F32_MAX
+        dtype = np.float64 if wide else np.float32
+
+        def run() -> None:
+            dst = storage(out)
+            direct = dst.dtype == dtype  # f32 (or f64): drawn into the output itself
+            rng = cupy.random.default_rng(seed)
+            draw_fn = rng.random if kind == "uniform" else rng.standard_normal
+            x = draw_fn(shape, dtype=dtype, out=dst if direct else None)
+            x *= scale  # a + (b - a) * U, a + b * Z, in x's dtype (the scalars rounded to it)
+            x += a
+            if not direct:
+                cast_into(x, dst)
+
+        self.launch(run, (), (out,), what=f"random numbers ({kind})")
+
+
+#: The largest finite float32: bounds beyond it are computed in float64.
+_F32_MAX = float(np.finfo(np.float32).max)
