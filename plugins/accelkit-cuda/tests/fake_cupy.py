@@ -2,7 +2,8 @@
 
 Enough of CuPy's surface for the CUDA backend to run end to end without a GPU: arrays are NumPy
 arrays (a subclass) over host memory that ``runtime.malloc`` hands out, copies are ``memmove``,
-streams and events complete at once, modules load anything and their kernels do nothing.
+streams and events complete at once, modules load anything and their kernels do nothing, and
+``cupy.random``'s generator is NumPy's PCG64.
 Every function, array operation, launch, copy, stream and event call appends ``(name, thread
 ident)`` to :data:`CALLS`; what counts as a call is what reaches CUDA in real CuPy (making an
 array over memory it is given does not; a ufunc, a copy, ``astype`` or a new array does).
@@ -271,6 +272,29 @@ def _scatter(name: str, ufunc: Any) -> Callable[..., None]:
     return scatter
 
 
+class Generator:
+    """``cupy.random.Generator``: NumPy's PCG64 under the stand-in (CuPy's own is XORWOW, so the
+    numbers differ from a GPU's; what the tests check is where the draw runs and the arithmetic
+    around it). ``out``, as in CuPy, must have the dtype and the shape asked for."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def _draw(self, name: str, size: Any, dtype: Any, out: Any) -> Any:
+        record(f"random.Generator.{name}")
+        target = None if out is None else np.asarray(out)
+        if target is not None and (target.dtype != np.dtype(dtype) or target.shape != size):
+            raise ValueError(f"{name}: out is {target.dtype}{target.shape}")
+        values = getattr(self._rng, name)(size, dtype=dtype, out=target)
+        return out if out is not None else values.view(ndarray)
+
+    def random(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Any:
+        return self._draw("random", size, dtype, out)
+
+    def standard_normal(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Any:
+        return self._draw("standard_normal", size, dtype, out)
+
+
 class _FakeCupy(types.ModuleType):
     """``cupy``: the names above, and NumPy's functions (recorded) for the rest."""
 
@@ -319,6 +343,10 @@ def install() -> dict[str, types.ModuleType]:
     }.items():  # fmt: skip
         setattr(cuda, name, value)
     cupy.cuda = cuda  # type: ignore[attr-defined]
+    random = types.ModuleType("cupy.random")
+    random.default_rng = recorded("random.default_rng", Generator)  # type: ignore[attr-defined]
+    random.Generator = Generator  # type: ignore[attr-defined]
+    cupy.random = random  # type: ignore[attr-defined]
     util = types.ModuleType("cupy._util")
     util.clear_memo = recorded("clear_memo", lambda: None)  # type: ignore[attr-defined]
     cupy._util = util  # type: ignore[attr-defined]
@@ -333,7 +361,7 @@ def install() -> dict[str, types.ModuleType]:
     return {
         "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime,
         "cupy.cuda.driver": driver, "cupy.cuda.memory": memory, "cupy.cuda.function": function,
-        "cupy._util": util, "cupyx": cupyx, "cupyx.scipy": scipy,
+        "cupy._util": util, "cupy.random": random, "cupyx": cupyx, "cupyx.scipy": scipy,
         "cupyx.scipy.special": special,
     }  # fmt: skip
 

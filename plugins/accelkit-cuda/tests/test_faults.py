@@ -28,12 +28,14 @@ from accelkit_cuda import backend as backend_module  # noqa: E402
 from accelkit_cuda.backend import CUDABackend  # noqa: E402
 from accelkit_cuda.driver import Attr, DeviceProps  # noqa: E402
 from accelkit_cuda.errors import STICKY_ERRORS  # noqa: E402
-from accelkit_cuda.probe import capabilities  # noqa: E402
-from accelkit_cuda.submission import SubmissionThread  # noqa: E402
 
 import accelkit as ak  # noqa: E402
 from accelkit.capabilities import LifecycleState  # noqa: E402
-from accelkit.errors import ContextPoisonedError, OutOfMemoryError  # noqa: E402
+from accelkit.errors import (  # noqa: E402
+    ContextPoisonedError,
+    KernelCompileError,
+    OutOfMemoryError,
+)
 from accelkit.sdk import KernelHandle  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -152,20 +154,21 @@ PROPS = DeviceProps(
 
 
 @pytest.fixture
-async def backend(gpu: StandInGPU) -> AsyncIterator[CUDABackend]:
-    """The real backend on the stand-in device (``_initialize``'s steps without the driver)."""
+async def backend(gpu: StandInGPU, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[CUDABackend]:
+    """The real backend on the stand-in device, opened by ``initialize`` (the driver's device
+    list, the NVRTC compile of the fused program and the warm-up of CuPy's kernels left out)."""
+    from accelkit_cuda import nvrtc
+
+    def no_nvrtc(*args: Any, **kwargs: Any) -> Any:
+        raise KernelCompileError("no NVRTC on the stand-in device")
+
+    monkeypatch.setattr(backend_module, "_devices", lambda: [PROPS])
+    monkeypatch.setattr(backend_module, "cupy_status", lambda: None)
+    monkeypatch.setattr(backend_module, "_warm_up", lambda: None)
+    monkeypatch.setattr(nvrtc, "compile_cached", no_nvrtc)  # fused ops run as compositions
     b = CUDABackend()
-    dev = ak.Device("cuda", 0)
-    b._cp_device = contextlib.nullcontext()
-    b._arch = "sm_90"
-    b._caps = capabilities(PROPS)
-    b.supported_dtypes = b._caps.dtypes
-    b._device_obj = dev
-    b._thread = SubmissionThread(0, str(dev))
-    b._build(dev, PROPS)
-    b._device = dev
-    b._state = LifecycleState.READY
-    await b._thread.call(lambda: None)  # its streams are made (as initialize's awaits do)
+    await b.initialize("cuda:0")
+    assert b.capabilities.device == "cuda:0"
     yield b
     await b.shutdown()
 

@@ -15,16 +15,18 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
 cupy = pytest.importorskip("cupy")
 from accelkit_cuda import memory  # noqa: E402
 from accelkit_cuda.backend import CUDABackend  # noqa: E402
 
-from accelkit.capabilities import LifecycleState  # noqa: E402
 from accelkit.device import Device  # noqa: E402
+from accelkit.dtype import DType  # noqa: E402
 from accelkit.errors import DeviceError  # noqa: E402
 from accelkit.memory import MemoryPoolConfig  # noqa: E402
+from accelkit.sdk import HostStream, Opened  # noqa: E402
 
 GIB = 1 << 30
 
@@ -39,6 +41,7 @@ class Runtime:
         self.freed: list[int] = []
         self.free_outside_the_pool: list[int] = []
         self.pool: Any = None
+        self.memory: Any = None
 
     def malloc(self, size: int) -> int:
         ptr, self.next = self.next, self.next + max(size, 1) + 4096
@@ -49,8 +52,13 @@ class Runtime:
         if ptr == 0:
             return  # cudaFree(0) is a no-op (CuPy's context probe)
         assert ptr in self.live, f"cudaFree({ptr:#x}) of memory that is not allocated"
-        # The one owner: the pool, under its lock (or the backend's teardown, which takes it).
-        if self.pool is not None and not self.pool._lock.locked():
+        # The one owner: the pool, under its lock, or the backend's teardown (after the pool
+        # was released: DeviceMemory.release_all), never a garbage collector.
+        if (
+            self.pool is not None
+            and not self.pool._lock.locked()
+            and not self.memory.blocks.torn_down
+        ):
             self.free_outside_the_pool.append(ptr)
         self.live.remove(ptr)
         self.freed.append(ptr)
@@ -65,6 +73,37 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Runtime:
     return rt
 
 
+class StandInBackend(CUDABackend):
+    """The CUDA backend with a real memory manager over the stand-in runtime, and no submission
+    thread: DeviceMemory runs its CUDA calls in place (under the pool's lock). Its one stream
+    is a host stream (no kernel runs here)."""
+
+    def _device_count(self) -> int:
+        return 1
+
+    async def _initialize(self, device: Device) -> Opened[Any]:
+        from accelkit_cuda.factory_kernels import CUDAFactoryKernels
+        from accelkit_cuda.tensor_kernels import CUDATensorKernels
+
+        self._cp_device = contextlib.nullcontext()
+        self._device_obj = device
+        mm = self._memory = memory.CUDAMemoryManager(self, device, 8 * GIB, MemoryPoolConfig())
+        return Opened(
+            streams=[QuietStream(device, f"{device}/default")],
+            memory=mm,
+            tensor=CUDATensorKernels(self),
+            factory=CUDAFactoryKernels(self),
+            dtypes=frozenset({DType.F32}),
+        )
+
+
+class QuietStream(HostStream):
+    """A host stream that a poisoned backend's teardown can abandon (as it does CUDA streams)."""
+
+    def abandon(self) -> None:
+        pass
+
+
 @pytest.fixture
 def backend(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[CUDABackend]:
     """A CUDA backend whose memory manager is real and whose device is the stand-in."""
@@ -73,16 +112,12 @@ def backend(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[CUDAB
     # A poisoning here must not mark the real cuda:0 of this process (tests/test_gpu.py).
     monkeypatch.setattr(backend_module, "_POISONED_DEVICES", {}, raising=False)
     monkeypatch.setattr(backend_module, "_LEFT_TO_THE_PROCESS", [], raising=False)
-    b = CUDABackend()
-    b._cp_device = contextlib.nullcontext()
-    b._device_obj = Device("cuda", 0)
-    # No submission thread: DeviceMemory runs its CUDA calls in place (under the pool's lock).
-    mm = memory.CUDAMemoryManager(b, Device("cuda", 0), 8 * GIB, MemoryPoolConfig())
-    b._memory_manager, b._pool = mm, mm.pool
-    b._state = LifecycleState.READY
-    runtime.pool = mm.pool
+    b = StandInBackend()
+    anyio.run(b.initialize, "cuda:0")
+    runtime.pool = b.pool
+    runtime.memory = b.memory_manager
     yield b
-    runtime.pool = None
+    runtime.pool = runtime.memory = None
 
 
 def _park_in_a_cycle(backend: CUDABackend, nbytes: int) -> int:

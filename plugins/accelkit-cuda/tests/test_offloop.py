@@ -155,11 +155,13 @@ async def test_no_cuda_call_on_the_loop_thread(plugin: Plugin) -> None:
     for expected in (
         "runtime.malloc", "runtime.memcpyAsync", "alloc_pinned_memory", "Stream()",
         "Module.load", "launch rms_norm_f32", "ufunc matmul", "runtime.free",
+        "random.default_rng", "random.Generator.standard_normal", "random.Generator.random",
     ):  # fmt: skip
         assert expected in on_submission, (expected, on_submission)
     np.testing.assert_array_equal(got["x"], host)
-    rng = np.random.default_rng(3).normal(0.0, 1.0, size=(4, 6)).astype(np.float32)
-    np.testing.assert_array_equal(got["n"], rng)
+    # Drawn on the device (the stand-in's generator is NumPy's PCG64): 0 + 1 * Z in float32.
+    z = np.random.default_rng(3).standard_normal((4, 6), dtype=np.float32)
+    np.testing.assert_array_equal(got["n"], z)
     np.testing.assert_array_equal(got["r"], np.arange(8))
     np.testing.assert_array_equal(got["z"], np.arange(16, dtype=np.float32).reshape(4, 4))
     np.testing.assert_array_equal(back, np.arange(16, dtype=np.float32))
@@ -202,7 +204,7 @@ async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> No
             raise RuntimeError("boom")
 
         y = ops.add(x, 1.0)
-        ops.kernels._launch(fail, (x,), (y,), what="a failing kernel")  # returns: no raise
+        ops.kernels.launch(fail, (x,), (y,), what="a failing kernel")  # returns: no raise
         with pytest.raises(DeviceError, match="a failing kernel failed: RuntimeError"):
             await y.to_host()
         # Reported once; later work runs as usual.
@@ -211,7 +213,7 @@ async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> No
         def sticky() -> None:
             raise fake_cupy.CUDARuntimeError(700)
 
-        ops.kernels._launch(sticky, (x,), (y,), what="a trapping kernel")
+        ops.kernels.launch(sticky, (x,), (y,), what="a trapping kernel")
         with pytest.raises(ContextPoisonedError, match="cudaErrorIllegalAddress"):
             await y.to_host()
         assert backend.poisoned
@@ -219,6 +221,8 @@ async def test_errors_of_a_submission_surface_at_the_await(plugin: Plugin) -> No
             ops.add(x, 1.0)  # refused at the call once the context is known poisoned
         # For good: there is no in-process rebuild (a sticky error cannot be cleared).
         assert not hasattr(backend, "recover")
+        with pytest.raises(ContextPoisonedError, match="must be restarted"):
+            await backend.reopen()  # the base's rebuild after a lost device refuses too
         with pytest.raises(ContextPoisonedError, match="must be restarted"):
             backend.tensor_factory.full((4,), 5.0)
     finally:
@@ -284,7 +288,86 @@ async def test_shutdown_finishes_failed_work_without_raising(plugin: Plugin) -> 
 
     gate = threading.Event()
     backend._thread.submit(lambda: gate.wait(30))  # the failure comes after shutdown began
-    backend.tensor_ops.kernels._launch(fail, (x,), (x,))
+    backend.tensor_ops.kernels.launch(fail, (x,), (x,))
     threading.Timer(0.05, gate.set).start()
     await backend.shutdown()  # the error has nobody to go to: dropped, not raised
     assert backend.memory_manager.memory_info().used == 0
+
+
+def _random_calls() -> list[tuple[str, int]]:
+    return [(name, t) for name, t in fake_cupy.CALLS if name.startswith("random.")]
+
+
+def _reference(kind: str, a: float, b: float, shape: tuple[int, ...], seed: int, dt: Any) -> Any:
+    """What CUDAFactoryKernels.random computes, in NumPy: the generator's U or Z in float32
+    (float64 for f64), then a + (b - a) * U or a + b * Z in that dtype, cast once."""
+    wide = np.float64 if dt == np.float64 else np.float32
+    rng = np.random.default_rng(seed)  # the stand-in's generator
+    if kind == "uniform":
+        x = rng.random(shape, dtype=wide) * wide(b - a) + wide(a)
+    else:
+        x = rng.standard_normal(shape, dtype=wide) * wide(b) + wide(a)
+    return x.astype(dt)
+
+
+async def test_random_numbers_are_drawn_on_the_device_in_stream_order(plugin: Plugin) -> None:
+    """uniform and normal launch CuPy's generator from the submission thread, queued like any
+    kernel: the calls return while that thread is busy, no draw runs on the loop's thread, and
+    the values are the generator's numbers scaled and shifted in float32 (f64: float64)."""
+    from accelkit.sdk import last_writer
+
+    loop_thread = threading.get_ident()
+    backend = await _open(plugin)
+    f = backend.tensor_factory
+    assert f.kernels.device_random
+    dtypes = [DType.F32, DType.F64, DType.F16]
+    if DType.BF16 in backend.capabilities.dtypes:
+        dtypes.append(DType.BF16)
+    gate = threading.Event()
+    try:
+        backend._thread.submit(lambda: gate.wait(30))  # the submission thread is busy
+        fake_cupy.CALLS.clear()
+        drawn = {}
+        for dt in dtypes:
+            drawn["uniform", dt] = f.uniform((5, 7), -3.0, 5.0, seed=11, dtype=dt)
+            drawn["normal", dt] = f.normal((5, 7), 2.0, 0.5, seed=4, dtype=dt)
+        wide = f.uniform((64,), -3e38, 3e38, seed=2)  # b - a exceeds float32: drawn in float64
+        empty = f.normal((0, 3), seed=1)  # nothing to draw
+        fresh = f.normal((3,))  # no seed: fresh entropy
+        other = backend.create_stream()
+        with backend.use_stream(other):
+            on_other = f.uniform((4,), seed=5)
+        assert last_writer(on_other)[0] is other  # in that stream's order
+        assert not _random_calls(), "drawn before the submission thread was free"
+        gate.set()
+        got = {key: await t.to_host() for key, t in drawn.items()}
+        got_wide = await wide.to_host()
+        assert (await empty.to_host()).shape == (0, 3)
+        assert np.isfinite(await fresh.to_host()).all()
+        np.testing.assert_array_equal(
+            await on_other.to_host(), _reference("uniform", 0.0, 1.0, (4,), 5, np.float32)
+        )
+        submission = backend._thread.ident
+    finally:
+        gate.set()
+        await backend.shutdown()
+    calls = _random_calls()
+    assert {
+        "random.default_rng",
+        "random.Generator.random",
+        "random.Generator.standard_normal",
+    } <= {name for name, _ in calls}
+    threads = {t for _, t in calls}
+    assert loop_thread not in threads, "random numbers drawn on the event loop's thread"
+    assert threads == {submission}
+    for (kind, dt), values in got.items():
+        a, b, seed = (-3.0, 5.0, 11) if kind == "uniform" else (2.0, 0.5, 4)
+        expected = _reference(kind, a, b, (5, 7), seed, dt.to_numpy())
+        assert values.dtype == expected.dtype, (kind, dt)
+        np.testing.assert_array_equal(
+            values.astype(np.float64), expected.astype(np.float64), err_msg=f"{kind} {dt}"
+        )
+    assert np.isfinite(got_wide).all()
+    np.testing.assert_allclose(
+        got_wide, _reference("uniform", -3e38, 3e38, (64,), 2, np.float64).astype(np.float32)
+    )

@@ -6,7 +6,7 @@ Imported only when a user creates a ``cuda`` backend; CuPy is imported here.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -16,15 +16,21 @@ from accelkit.errors import (
     AccelError,
     ContextPoisonedError,
     DeviceError,
+    NotInitializedError,
 )
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import QueuedBackend
+from accelkit.sdk import Opened, QueuedBackend
 from accelkit_cuda import __version__
 from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
 from accelkit_cuda.errors import RESTART, translate
 from accelkit_cuda.probe import capabilities, cupy_status
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 from accelkit_cuda.submission import SubmissionThread
+
+if TYPE_CHECKING:
+    from accelkit_cuda.executor import CUDAKernelExecutor
+    from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
+    from accelkit_cuda.memory import CUDAMemoryManager
 
 _log = logging.getLogger("accelkit.cuda")
 __all__ = ["CUDABackend"]
@@ -45,7 +51,7 @@ def _devices() -> list[DeviceProps]:
         raise DeviceError(f"no CUDA devices: {exc}") from None
 
 
-class CUDABackend(QueuedBackend):
+class CUDABackend(QueuedBackend[CUDAStream]):
     """An NVIDIA GPU (``cuda:N``, numbered as the driver lists them)."""
 
     name = "cuda"
@@ -54,14 +60,20 @@ class CUDABackend(QueuedBackend):
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
         super().__init__(pool_config)
-        self._streams: list[CUDAStream] = []
-        self._default: CUDAStream | None = None
         self._device_obj = Device("cuda", 0)
         self._cp_device: Any = None
         self._arch = "sm_80"
         #: The first sticky fault (see :meth:`_failed`); never cleared.
         self._poisoned: ContextPoisonedError | None = None
-        self._thread: SubmissionThread = None  # type: ignore[assignment]  # made at initialize
+        #: The device's submission thread (made at initialize; None before).
+        self._thread: SubmissionThread | None = None
+        #: What ``_build`` made (the base holds them too; these stay for the teardown of a
+        #: poisoned context, which keeps them referenced, and for the fused program's users).
+        self._memory: CUDAMemoryManager | None = None
+        self._executor: CUDAKernelExecutor | None = None
+        self._fused: FusedProgram | None = None
+        #: The fused kernels (TensorOps' attention launches their flash kernel).
+        self._fused_kernels: CUDAFusedKernels | None = None
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -76,17 +88,33 @@ class CUDABackend(QueuedBackend):
     def _event_done(event: Any) -> bool:
         return bool(event.done)
 
-    def _prune_streams(self) -> None:
+    def prune_streams(self) -> None:
         # Here before every allocation and statistics query: a poisoned backend stops here,
         # and a fault first seen by an event query is told as one.
         self._check_usable()
         try:
-            super()._prune_streams()
+            super().prune_streams()
         except CUDA_ERRORS as exc:
             raise self._failed(translate(exc, "checking which work has completed")) from None
 
+    @property
+    def thread(self) -> SubmissionThread:
+        """The device's submission thread, where every CUDA call is made."""
+        thread = self._thread
+        if thread is None:
+            raise NotInitializedError(f"backend {self.name!r} has no submission thread yet")
+        return thread
+
+    @property
+    def fused(self) -> FusedProgram:
+        """The fused NVRTC program (loaded at initialize)."""
+        fused = self._fused
+        if fused is None:
+            raise NotInitializedError(f"backend {self.name!r} has no fused program yet")
+        return fused
+
     # -- lifecycle --------------------------------------------------------------------------------
-    async def _initialize(self, device: Device) -> None:
+    async def _initialize(self, device: Device) -> Opened[CUDAStream]:
         missing = cupy_status()
         if missing is not None:
             raise DeviceError(missing)
@@ -99,76 +127,88 @@ class CUDABackend(QueuedBackend):
             )
         import cupy
 
+        old = self._thread
+        if old is not None and not old.closed:
+            # reopen(): the old pool was released; what tensors still hold goes too, then the
+            # old thread runs its queued frees and ends.
+            self._release_blocks()
+            await anyio.to_thread.run_sync(old.close)
         props = devices[device.index]
         self._cp_device = cupy.cuda.Device(device.index)
-        self._thread = SubmissionThread(device.index, str(device))
+        thread = self._thread = SubmissionThread(device.index, str(device))
 
         def open_context() -> None:
             cupy.cuda.runtime.free(0)  # creates the primary context (can take a second)
 
         try:
-            await self._thread.call(open_context)
+            await thread.call(open_context)
         except CUDA_ERRORS as exc:
-            await anyio.to_thread.run_sync(self._thread.close)
+            await anyio.to_thread.run_sync(thread.close)
             raise DeviceError(f"cannot open a CUDA context on {device}: {exc}") from None
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
-        self._caps = capabilities(props)
-        self.supported_dtypes = self._caps.dtypes
         self._device_obj = device
-        self._build(device, props)
-        await self._fused.load()
-        await self._thread.call(_warm_up)
+        opened = self._build(device, props)
+        await self.fused.load()
+        await thread.call(_warm_up)
+        return opened
 
-    def _build(self, device: Device, props: DeviceProps) -> None:
+    def _build(self, device: Device, props: DeviceProps) -> Opened[CUDAStream]:
         """Everything that lives in the CUDA context."""
-        from accelkit_cuda.factory import CUDAFactoryKernels
-        from accelkit_cuda.kernel_ops import CUDAFusedKernels, FusedProgram
-        from accelkit_cuda.kernels import CUDAKernelExecutor
+        from accelkit_cuda.executor import CUDAKernelExecutor
+        from accelkit_cuda.factory_kernels import CUDAFactoryKernels
+        from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
         from accelkit_cuda.memory import CUDAMemoryManager
-        from accelkit_cuda.ops import CUDATensorKernels
+        from accelkit_cuda.tensor_kernels import CUDATensorKernels
 
-        default = CUDAStream(device, f"{device}/default", self._thread, self._failed)
+        caps = capabilities(props)
+        default = CUDAStream(device, f"{device}/default", self.thread, self._failed)
         default.check_usable = self._check_usable
-        self._streams = []
-        self._add_stream(default)
-        self._memory_manager = CUDAMemoryManager(
-            self, device, props.total_memory, self._pool_config
+        memory = self._memory = CUDAMemoryManager(
+            self, device, props.total_memory, self.pool_config
         )
-        self._pool = self._memory_manager.pool
-        self._kernel_executor = CUDAKernelExecutor(self)
+        self._executor = CUDAKernelExecutor(self)
         self._fused = FusedProgram(self)
-        self.install_kernels(
-            CUDATensorKernels(self), CUDAFactoryKernels(self), CUDAFusedKernels(self)
+        fused = self._fused_kernels = CUDAFusedKernels(self)
+        return Opened(
+            streams=[default],
+            memory=memory,
+            tensor=CUDATensorKernels(self),
+            factory=CUDAFactoryKernels(self),
+            fused=fused,
+            executor=self._executor,
+            dtypes=caps.dtypes,
+            capabilities=caps,
         )
+
+    def _release_blocks(self) -> None:
+        """Queue the frees of the blocks tensors still hold (stale now: the pool was released);
+        left to the process when poisoned."""
+        if self._memory is not None:
+            self._memory.release_blocks()
 
     async def _shutdown(self) -> None:
-        thread = self._thread
+        thread, streams = self._thread, self.streams
         try:
-            with anyio.CancelScope(shield=True):
-                for stream in list(self._streams):
-                    stream.discard_errors()
-                    if self._poisoned is None:
-                        await stream.wait_quietly(stream.submitted)  # errors: nobody to tell
-                        await anyio.to_thread.run_sync(stream.close)
+            for stream in streams:
+                stream.discard_errors()
+                if self._poisoned is None:
+                    await stream.wait_for_quietly(stream.submitted)  # errors: nobody to tell
+                    await anyio.to_thread.run_sync(stream.close)
         except ContextPoisonedError:
             pass  # the fault is noted (status); shutdown still releases what it can
         finally:
-            self._forget_deferred()
+            # The deferred frees are forgotten by QueuedBackend after this.
             self.pool.invalidate_all(close=True)  # the frees are queued on the thread
             # Blocks still held by tensors that outlive the backend (stale now): their frees
             # queued here, once, by their one owner (or left to the process when poisoned).
-            self._memory_manager.release_blocks()  # type: ignore[union-attr]
+            self._release_blocks()
             if self._poisoned is not None:
-                for stream in self._streams:
+                for stream in streams:
                     stream.abandon()
-                _LEFT_TO_THE_PROCESS.append(
-                    (self._streams, getattr(self, "_fused", None), self._kernel_executor)
-                )
-            self._streams = []
+                _LEFT_TO_THE_PROCESS.append((streams, self._fused, self._executor))
             if thread is not None:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(thread.close)  # runs them, then ends
+                await anyio.to_thread.run_sync(thread.close)  # runs them, then ends
 
     # -- a poisoned context -----------------------------------------------------------------------
     def _failed(self, error: AccelError) -> AccelError:
@@ -177,7 +217,7 @@ class CUDABackend(QueuedBackend):
         reported as the poisoning, naming the first fault. Returns the error to raise."""
         if self._poisoned is None and isinstance(error, ContextPoisonedError):
             self._poisoned = error
-            self._error = f"poisoned: {error}"
+            self.report_error(f"poisoned: {error}")
             _POISONED_DEVICES.setdefault(self._device_obj.index, error)
             return error
         if self._poisoned is not None and error is not self._poisoned:
@@ -193,14 +233,14 @@ class CUDABackend(QueuedBackend):
     def _check_usable(self) -> None:
         # After shutdown the memory manager still answers memory_info() (everything released),
         # without a CUDA call: the streams are gone.
-        if self._poisoned is not None and self._state is LifecycleState.READY:
+        if self._poisoned is not None and self.state is LifecycleState.READY:
             raise self._poison_error()
 
-    def _require_ready(self) -> None:
+    def check_ready(self) -> None:
         # Every component's entry (the facades, the memory manager, kernels, synchronize,
         # streams) checks readiness here, so a poisoned backend refuses them all alike;
         # ``status`` and ``shutdown`` do not come here.
-        super()._require_ready()
+        super().check_ready()
         if self._poisoned is not None:
             raise self._poison_error()
 
@@ -213,32 +253,31 @@ class CUDABackend(QueuedBackend):
     def status(self) -> BackendStatus:
         if self._poisoned is None:
             return super().status
-        # Without a CUDA call (every one would fail): the counts as last seen.
-        done = sum(s._completed_upto for s in self._streams)
+        # Without a CUDA call (every one would fail, and memory_info refuses): the counts as
+        # last seen, the pool's own accounting.
         return BackendStatus(
             backend=self.name,
-            state=self._state,
-            device=str(self._device) if self._device else None,
-            generation=self._generation(),
-            pending_operations=sum(s.submitted for s in self._streams) - done,
-            completed_operations=done,
-            memory_used_bytes=self._pool.info().used if self._pool is not None else 0,
-            error=self._error,
+            state=self.state,
+            device=str(self.device) if self.device else None,
+            generation=self.generation,
+            pending_operations=self.pending_operations,
+            completed_operations=self.completed_operations,
+            memory_used_bytes=self._memory.pool.info().used if self._memory is not None else 0,
+            error=f"poisoned: {self._poisoned}",
         )
 
     # -- streams ----------------------------------------------------------------------------------
-    def create_stream(self) -> CUDAStream:
-        self._require_ready()
-        self._check_usable()
+    def _open_stream(self) -> CUDAStream:
         # Blocks recycled while there was one stream may still be in use by queued work:
         # the new stream starts after everything queued so far (on the submission thread).
+        streams = self.streams
+        dev = self._device_obj
         stream = CUDAStream(
-            self._device_obj, f"{self._device_obj}/stream{len(self._streams)}", self._thread,
-            self._failed, after=list(self._streams),
-        )  # fmt: skip
+            dev, f"{dev}/stream{len(streams)}", self.thread, self._failed, after=streams
+        )
         stream.check_usable = self._check_usable
-        self._add_stream(stream)
-        for s in self._streams:
+        # With two streams and more, work keeps its tensors referenced until it has completed.
+        for s in (*streams, stream):
             s.track = True
         return stream
 

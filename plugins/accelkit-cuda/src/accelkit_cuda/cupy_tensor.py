@@ -511,4 +511,7 @@ def warm_up() -> None:
         softmax(x, 1, out, False)
         layer_norm(x, w[0], w[1], 1e-5, out)
         rms_norm(x, w[0], 1e-6, out)
+    rng = cp.random.default_rng(0)  # uniform and normal (factory_kernels: random)
+    rng.random(8, dtype=cp.float32)
+    rng.standard_normal(8, dtype=cp.float32)
     cp.cuda.get_current_stream().synchronize()

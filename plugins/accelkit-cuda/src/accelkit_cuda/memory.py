@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import cupy
 import numpy as np
@@ -42,12 +42,12 @@ from accelkit.sdk import (
     check_tensor,
     last_writer,
     mark_written,
+    other_writers,
 )
 from accelkit.sdk.host import copy_into
 from accelkit.tensor import Tensor
 from accelkit_cuda.errors import OUT_OF_MEMORY, error_code, translate
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
-from accelkit_cuda.submit import depend
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -130,6 +130,9 @@ class DeviceMemory:
         self._live: dict[int, Block] = {}
         #: Blocks (and bytes) not freed because the context was poisoned: logged at teardown.
         self._left = [0, 0]
+        #: Set by :meth:`release_all`: the pool was released, and the frees from now on are
+        #: the teardown's (the pool frees nothing more: its buffers are stale).
+        self.torn_down = False
 
     def _run(self, fn: Any) -> bool:
         """Run ``fn`` on the submission thread (queued); True if it ran here and now."""
@@ -204,8 +207,13 @@ class DeviceMemory:
     def release_all(self) -> None:
         """The backend's teardown: free every block still allocated (held by tensors that
         outlive the backend; they are stale now, so nothing reads the memory again). The frees
-        are queued on the submission thread, after everything queued so far."""
+        are queued on the submission thread, after everything queued so far.
+
+        It runs after ``pool.invalidate_all``: the pool calls :meth:`free` no more (every buffer
+        is stale, the cache is empty, allocations refuse), so it needs no pool lock; each
+        block is freed once, under this object's lock."""
         with self._lock:
+            self.torn_down = True
             blocks = list(self._live.values())
         for block in blocks:
             self.free(block)
@@ -239,6 +247,8 @@ def pinned_empty(nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
 
 
 class CUDAMemoryManager(PooledMemoryManager):
+    backend: CUDABackend
+
     def __init__(
         self, backend: CUDABackend, device: Device, total_bytes: int, config: MemoryPoolConfig
     ) -> None:
@@ -247,30 +257,28 @@ class CUDAMemoryManager(PooledMemoryManager):
             device, self.blocks.alloc, self.blocks.free, total_bytes, config, block_is_live
         )
         super().__init__(backend, pool)
-        self.backend: CUDABackend = backend
 
     def release_blocks(self) -> None:
         """The backend's teardown (after ``pool.invalidate_all``): free what is still held."""
-        with self.pool._lock:
-            self.blocks.release_all()
+        self.blocks.release_all()
 
     def _settle(self) -> None:
-        self.backend._prune_streams()
+        self.backend.prune_streams()
 
     def _current(self) -> CUDAStream:
-        return self.backend.current_stream  # type: ignore[return-value]
+        return self.backend.current_stream
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         self.backend._check_usable()
         buf = self.owned_buffer(buffer, "buffer")
-        streams = self.backend._streams
+        streams = self.backend.streams
         if len(streams) < 2:
             self.pool.free(buf)  # one stream: every later use is in order after this point
             return
         # Returned once every stream has passed this point: work queued so far on any of them
         # may still use the block, and the pool may hand it to any stream next.
         points = [s.position() for s in streams]
-        self.pool.free(buf, lambda recycle: self.backend._after_events(points, recycle))
+        self.pool.free(buf, lambda recycle: self.backend.after_events(points, recycle))
 
     def _submit_copy(
         self, stream: CUDAStream, dst: Any, src: Any, nbytes: int, kind: int,
@@ -283,7 +291,7 @@ class CUDAMemoryManager(PooledMemoryManager):
         def run() -> None:
             cupy.cuda.runtime.memcpyAsync(dst(), src(), nbytes, kind, stream.cp.ptr)
 
-        return stream.submit(run, keep, depend(stream, inputs), what)
+        return stream.submit(run, keep, other_writers(stream, inputs), what)
 
     def configure_pool(self, config: MemoryPoolConfig) -> None:
         self.backend._check_usable()
@@ -292,7 +300,7 @@ class CUDAMemoryManager(PooledMemoryManager):
     async def _pinned(self, nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
         """Pinned staging memory, allocated on the submission thread."""
         try:
-            return await self.backend._thread.call(lambda: pinned_empty(nbytes))
+            return await self.backend.thread.call(lambda: pinned_empty(nbytes))
         except CUDA_ERRORS as exc:
             raise self.backend._failed(translate(exc, "pinned staging memory")) from None
 
@@ -331,7 +339,7 @@ class CUDAMemoryManager(PooledMemoryManager):
             cell.append(staging)
             return block
 
-        return stream.submit(run, (buf,), depend(stream, inputs), what), cell
+        return stream.submit(run, (buf,), other_writers(stream, inputs), what), cell
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
         self.backend._check_usable()
@@ -362,7 +370,8 @@ class CUDAMemoryManager(PooledMemoryManager):
     def _read(self, tensor: Tensor) -> tuple[int, list[np.ndarray[Any, Any]], CUDAStream]:
         self.backend._check_usable()
         check_tensor(self.backend, tensor, "tensor")
-        stream: CUDAStream = last_writer(tensor)[0]  # type: ignore[assignment]
+        # A tensor of this backend (checked) was last written on one of its CUDA streams.
+        stream = cast(CUDAStream, last_writer(tensor)[0])
         # On the writer's stream: in order after the writer, with no cross-stream dependency.
         seq, cell = self._to_staging(
             stream, buffer_of(tensor), tensor.nbytes, [], "reading a tensor"

@@ -21,8 +21,6 @@ waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +30,7 @@ import cupy
 
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, OutOfMemoryError
-from accelkit.sdk import DeviceErrors, Event, Stream, wait_for_callback
+from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters
 from accelkit_cuda.errors import translate
 from accelkit_cuda.submission import SubmissionThread
 
@@ -43,7 +41,9 @@ __all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error
 CUDA_ERRORS = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
 
 OnError = Callable[[AccelError], AccelError]
-_ids = itertools.count()
+#: What other streams a submission waits for: ``(stream, position)`` of each pending writer of
+#: its inputs (:func:`accelkit.sdk.other_writers`).
+Deps = Sequence[tuple[Any, int]]
 
 
 def _same(error: AccelError) -> AccelError:
@@ -96,8 +96,14 @@ class Position:
         return self.stream._completed_upto >= self.seq
 
 
-class CUDAStream(DeviceErrors, Stream):
-    """One CUDA stream fed by the device's submission thread (see the module docstring)."""
+class CUDAStream(DeviceErrors, PositionStream):
+    """One CUDA stream fed by the device's submission thread (see the module docstring).
+
+    A :class:`~accelkit.sdk.PositionStream` whose errors are :class:`~accelkit.sdk.DeviceErrors`
+    checks (DeviceErrors comes first: its ``raise_errors``/``discard_errors`` are the ones)."""
+
+    #: The last position handed out (a plain attribute, counted under ``_lock``).
+    submitted: int
 
     def __init__(
         self,
@@ -126,7 +132,7 @@ class CUDAStream(DeviceErrors, Stream):
         self.track = False
         #: (seq, event, objects kept alive until it completes), for the completer.
         self._pending: deque[tuple[int, Any, object]] = deque()
-        self._waiters: list[tuple[int, int, Callable[[], None]]] = []
+        self._waiters = Waiters(self._lock)
         self._completer: threading.Thread | None = None
         self._closed = False
         self._abandoned = False
@@ -156,16 +162,18 @@ class CUDAStream(DeviceErrors, Stream):
     def submit(
         self,
         fn: Callable[[], object],
-        keepalive: Iterable[Any] = (),
-        after: Iterable[CUDAStream] = (),
+        keepalive: object = (),
+        after: Deps = (),
         what: str = "a kernel",
     ) -> int:
         """Queue ``fn`` (which launches on :attr:`cp`) for the submission thread; returns its
-        position at once. ``after``: streams whose work queued so far must complete first (on
-        the device). ``fn``'s result and ``keepalive`` stay referenced until the work is done."""
+        position at once. ``after``: the ``(stream, position)`` of pending writers on other
+        streams; the work waits (on the device) for everything queued on those streams when it
+        is launched. ``fn``'s result and ``keepalive`` stay referenced until the work is done."""
         self.check_usable()
-        deps = tuple(after)
-        keep = tuple(keepalive)
+        deps: tuple[CUDAStream, ...] = ()
+        if after:  # each stream once
+            deps = tuple({id(s): s for s, _ in after}.values())
         with self._lock:
             self.submitted += 1
             seq = self.submitted
@@ -182,7 +190,7 @@ class CUDAStream(DeviceErrors, Stream):
                     result = fn()
             except BaseException as exc:
                 self._fail(seq, as_accel_error(exc, what, self.on_error))
-            self._recorded(seq, (keep, result))
+            self._recorded(seq, (keepalive, result))
 
         self.thread.submit(work)
         return seq
@@ -240,15 +248,11 @@ class CUDAStream(DeviceErrors, Stream):
 
     def _due_locked(self) -> list[Callable[[], None]]:
         self._done_cv.notify_all()
-        waiters = self._waiters
-        ready = []
-        while waiters and waiters[0][0] <= self._completed_upto:
-            ready.append(heapq.heappop(waiters)[2])
+        ready = self._waiters.due(self._completed_upto)
         self.prune_checks_locked(self._completed_upto)
         return ready
 
-    def prune(self) -> None:
-        """Nothing to do: the completer thread follows completion (kept for the backend)."""
+    # ``prune`` is PositionStream's (nothing): the completer thread follows completion.
 
     @property
     def completed(self) -> int:
@@ -258,7 +262,7 @@ class CUDAStream(DeviceErrors, Stream):
         """Keep ``objects`` (a kernel's module, pinned host blocks) alive until the work queued
         so far on this stream has completed; the completer thread drops them then (never the
         loop's thread). Returns the position that marks that point."""
-        return self.submit(lambda: None, objects, what="holding objects")
+        return self.submit(lambda: None, tuple(objects), what="holding objects")
 
     def position(self) -> Position:
         """The current end of the stream, as an event-like :class:`Position`."""
@@ -267,33 +271,15 @@ class CUDAStream(DeviceErrors, Stream):
     # -- waiting ----------------------------------------------------------------------------------
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) once position ``seq`` has completed."""
-        entry = (seq, next(_ids), callback)
-        with self._lock:
-            if self._completed_upto < seq:
-                heapq.heappush(self._waiters, entry)
-
-                def unregister() -> None:
-                    with self._lock:
-                        if entry in self._waiters:
-                            self._waiters.remove(entry)
-                            heapq.heapify(self._waiters)
-
-                return unregister
-        callback()
-        return None
+        return self._waiters.add(seq, callback, lambda: self._completed_upto)
 
     async def wait_for(self, seq: int) -> None:
-        """Wait, without blocking the loop, until position ``seq`` has completed."""
+        """Wait, without blocking the loop, until position ``seq`` has completed (a poisoned
+        backend refuses first)."""
         self.check_usable()
-        if seq > self._completed_upto:
-            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
-        self.raise_errors(seq)
+        await super().wait_for(seq)
 
-    async def wait_quietly(self, seq: int) -> None:
-        """Wait like :meth:`wait_for` but drop errors instead of raising them (shutdown)."""
-        if seq > self._completed_upto:
-            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
-        self.discard_errors()
+    # ``wait_for_quietly`` (shutdown: errors dropped, no poison check) is PositionStream's.
 
     def wait_for_blocking(self, seq: int) -> None:
         self.check_usable()
@@ -333,11 +319,8 @@ class CUDAStream(DeviceErrors, Stream):
         self.check_usable()
         return self._completed_upto >= self.submitted
 
-    async def synchronize(self) -> None:
-        await self.wait_for(self.submitted)
-
-    def synchronize_blocking(self) -> None:
-        self.wait_for_blocking(self.submitted)
+    # ``synchronize`` and ``synchronize_blocking`` are PositionStream's (through wait_for and
+    # wait_for_blocking, which check usability).
 
     def abandon(self) -> None:
         """Forget everything queued (the context died): no CUDA call is made for it."""

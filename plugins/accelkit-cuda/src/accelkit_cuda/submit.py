@@ -2,7 +2,8 @@
 
 Nothing here makes a CUDA call on the caller's thread: a tensor's CuPy array is built where it is
 first used, on the submission thread (:class:`Storage`), and work is a closure queued there
-(:meth:`CUDAComponent._launch`, see :mod:`accelkit_cuda.stream`).
+(:meth:`CUDAComponent.submit`, under :meth:`accelkit.sdk.KernelBase.launch`; see
+:mod:`accelkit_cuda.stream`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from accelkit.dtype import DType
 from accelkit.errors import AccelError, InvalidArgumentError, OutOfMemoryError
-from accelkit.sdk import DeviceBuffer, last_writer, mark_written, new_tensor, view_of
+from accelkit.sdk import DeviceBuffer, KernelBase
 from accelkit.sdk import storage as native
 from accelkit.tensor import Tensor
 from accelkit_cuda.stream import CUDAStream
@@ -23,7 +24,7 @@ from accelkit_cuda.stream import CUDAStream
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["CUDAComponent", "Storage", "depend", "device_array", "numpy_dtype", "storage", "xa"]
+__all__ = ["CUDAComponent", "Storage", "device_array", "numpy_dtype", "storage", "xa"]
 
 
 def _numpy_dtypes() -> dict[DType, Any]:
@@ -99,78 +100,58 @@ def device_array(buffer: DeviceBuffer, device_id: int, shape: tuple[int, ...], d
     return cupy.ndarray(shape, _NUMPY[dtype], memptr=memptr(buffer, device_id))
 
 
-def depend(stream: CUDAStream, inputs: Iterable[Any]) -> list[CUDAStream]:
-    """The other streams whose pending work writes the inputs (``stream`` waits for them on the
-    device). Pure Python: no CUDA call."""
-    seen: dict[int, CUDAStream] = {}
-    for t in inputs:
-        if type(t) is Tensor:
-            writer, seq = last_writer(t)
-            s: CUDAStream = writer  # type: ignore[assignment]
-            if s is not stream and seq > s._completed_upto:
-                seen[id(s)] = s
-    return list(seen.values())
-
-
-class CUDAComponent:
-    """Allocation and submission shared by the CUDA backend's components."""
+class CUDAComponent(KernelBase):
+    """Allocation and submission shared by the CUDA backend's kernel objects, on
+    :class:`~accelkit.sdk.KernelBase`: a tensor's storage is a :class:`Storage` (its CuPy array
+    is made on the submission thread), and a launch is a closure queued for that thread on the
+    current stream (:meth:`submit`)."""
 
     backend: CUDABackend
 
-    def __init__(self, backend: CUDABackend) -> None:
-        self.backend = backend
+    # -- KernelBase's hooks -----------------------------------------------------------------------
+    def make_storage(self, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: DType) -> Storage:
+        return Storage(buffer, shape, dtype, self.backend._device_obj.index)
 
-    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        backend = self.backend
-        size = 1
-        for d in shape:
-            size *= d
+    def reshape_storage(self, x: Tensor, shape: tuple[int, ...]) -> Storage:
+        self.backend._check_usable()
+        s: Storage = native(x)
+        return s.reshaped(shape)
+
+    def check_output(self, shape: tuple[int, ...], dtype: DType) -> None:
         if dtype not in _NUMPY:
             raise InvalidArgumentError(
                 f"the CUDA backend holds no {dtype.value} tensors with this CuPy"
                 " (bf16 needs CuPy 14 and ml_dtypes)"
             )
-        backend._prune_streams()  # deferred frees return to the pool first
-        buf = backend.pool.allocate(size * dtype.itemsize)
-        stream = backend._stream_var.get() or backend._default
-        assert stream is not None
-        data = Storage(buf, shape, dtype, backend._device_obj.index)
-        return new_tensor(backend, buf, data, shape, dtype, backend._device_obj, stream)
 
-    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        self.backend._check_usable()
-        s: Storage = native(x)
-        return view_of(x, shape, s.reshaped(shape))
+    def before_allocation(self) -> None:
+        self.backend.prune_streams()  # a poisoned backend refuses; deferred frees return first
+
+    def submit(
+        self,
+        stream: CUDAStream,
+        fn: Callable[..., Any],
+        deps: list[tuple[Any, int]],
+        hold: tuple[Any, ...],
+        what: str = "a kernel",
+        keepalive: tuple[Any, ...] = (),
+        **options: Any,
+    ) -> int:
+        """Queue ``fn`` (which launches CuPy or NVRTC kernels) on ``stream``, after the pending
+        writers ``deps`` on other streams. Returns at once; ``fn`` runs on the submission
+        thread, and its errors are raised by the await that covers the outputs (``what`` names
+        it there). ``keepalive`` (and, with more than one stream, the tensors in ``hold``) stay
+        referenced until the work has completed; with one stream, stream order alone keeps a
+        recycled block from being reused early."""
+        keep = (hold, keepalive) if stream.track else keepalive
+        return stream.submit(fn, keep, deps, what)
 
     @property
-    def _stream(self) -> CUDAStream:
-        backend = self.backend
-        stream = backend._stream_var.get() or backend._default
-        assert stream is not None
-        return stream  # type: ignore[return-value]
+    def current_stream(self) -> CUDAStream:
+        """The stream work is submitted to in this context."""
+        return self.backend.current_stream
 
-    def _launch(
-        self,
-        fn: Callable[[], object],
-        inputs: Iterable[Any],
-        outputs: Iterable[Tensor],
-        keepalive: Iterable[Any] = (),
-        what: str = "a kernel",
-    ) -> int:
-        """Submit ``fn`` (which launches CuPy or NVRTC kernels) on the current stream, after the
-        inputs' writers on other streams; record the outputs as written by it. Returns at once;
-        ``fn`` runs on the submission thread, and its errors are raised by the await that
-        covers the outputs."""
-        backend = self.backend
-        backend._check_usable()
-        stream = self._stream
-        inputs = [t for t in inputs if t is not None]
-        outputs = list(outputs)
-        keep = (*inputs, *outputs, *keepalive) if stream.track else tuple(keepalive)
-        seq = stream.submit(fn, keep, depend(stream, inputs), what)
-        mark_written(outputs, stream, seq)
-        return seq
-
+    # -- the CUDA backend's own -------------------------------------------------------------------
     def _launch_checked(
         self,
         fn: Callable[[], Any],
@@ -178,14 +159,14 @@ class CUDAComponent:
         outputs: Iterable[Tensor],
         error: Callable[[int, int], BaseException],
     ) -> None:
-        """Like :meth:`_launch`, for work that finds bad input only on the device.
+        """Like :meth:`launch`, for work that finds bad input only on the device.
 
         ``fn()`` returns a CuPy int64 array of two elements: ``[flag, value]``; once the work has
         completed, ``error(flag, value)`` is raised to whoever awaits the outputs if ``flag`` is set.
         The flag is copied to pinned host memory in the same stream, so checking it is free.
         """
         self.backend._check_usable()  # before anything is queued
-        stream = self._stream
+        stream = self.current_stream
         cell: list[np.ndarray[Any, Any]] = []
         # The pinned flag is allocated on the submission thread; a CUDA error there is
         # translated (and a sticky one poisons the backend) by the stream (as_accel_error).
@@ -201,7 +182,7 @@ class CUDAComponent:
             cell.append(host)
             return pinned, flag  # alive until the copy has completed
 
-        seq = self._launch(run, inputs, outputs)
+        seq = self.launch(run, inputs, outputs)
 
         def check() -> BaseException | None:
             if not cell or not cell[0][0]:
@@ -210,7 +191,3 @@ class CUDAComponent:
             return error(int(host[0]), int(host[1]))
 
         stream.add_check(seq, check)
-
-    def _skip(self, outputs: Iterable[Tensor]) -> None:
-        stream = self._stream
-        mark_written(outputs, stream, 0)

@@ -25,42 +25,42 @@ def range_error(op: str, what: str, low: int, high: int) -> Any:
 class CUDATensorKernels(CUDAComponent, TensorKernels):
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
-        self._launch(lambda: ck.unary(op, storage(x), storage(out)), (x,), (out,), what=op)
+        self.launch(lambda: ck.unary(op, storage(x), storage(out)), (x,), (out,), what=op)
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         if op == "add" and type(a) is Tensor and type(b) is Tensor and a.dtype is b.dtype:
-            self._launch(
+            self.launch(
                 lambda: cp.add(storage(a), storage(b), out=storage(out)), (a, b), (out,), what=op
             )
             return
-        self._launch(lambda: ck.binary(op, xa(a), xa(b), storage(out)), (a, b), (out,), what=op)
+        self.launch(lambda: ck.binary(op, xa(a), xa(b), storage(out)), (a, b), (out,), what=op)
 
     def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.where(storage(cond), xa(a), xa(b), storage(out)), (cond, a, b), (out,),
             what="where",
         )  # fmt: skip
 
     def cast(self, x: Tensor, out: Tensor) -> None:
-        self._launch(lambda: ck.cast_into(storage(x), storage(out)), (x,), (out,), what="cast")
+        self.launch(lambda: ck.cast_into(storage(x), storage(out)), (x,), (out,), what="cast")
 
     # -- linear algebra ---------------------------------------------------------------------------
     def gemm(
         self, a: Tensor, b: Tensor, c: Tensor | None, out: Tensor, trans_a: bool, trans_b: bool,
         alpha: float, beta: float,
     ) -> None:  # fmt: skip
-        self._launch(
+        self.launch(
             lambda: ck.gemm(storage(a), storage(b), xa(c), storage(out), trans_a, trans_b, alpha, beta),
             (a, b, c), (out,), what="gemm",
         )  # fmt: skip
 
     def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.matmul(storage(a), storage(b), storage(out)), (a, b), (out,), what="matmul"
         )
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.linear(storage(x), storage(weight), xa(bias), storage(out)), (x, weight, bias),
             (out,), what="linear",
         )  # fmt: skip
@@ -69,19 +69,19 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def reduce(
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
     ) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.reduce(op, storage(x), axes, keepdims, storage(out)), (x,), (out,), what=op
         )
 
     # -- shape ------------------------------------------------------------------------------------
     def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: cp.copyto(storage(out), cp.transpose(storage(x), axes)), (x,), (out,),
             what="permute",
         )  # fmt: skip
 
     def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: cp.concatenate([storage(t) for t in tensors], axis=axis, out=storage(out)),
             tensors, (out,), what="concat",
         )  # fmt: skip
@@ -92,23 +92,23 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             index[axis] = slice(start, start + out.shape[axis])
             cp.copyto(storage(out), storage(x)[tuple(index)])
 
-        self._launch(run, (x,), (out,), what="narrow")
+        self.launch(run, (x,), (out,), what="narrow")
 
     def take(self, x: Tensor, axis: int, index: Any, out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.take(storage(x), axis, index, storage(out)), (x,), (out,), what="take"
         )
 
     def cumulative(
         self, op: str, x: Tensor, axis: int, exclusive: bool, reverse: bool, out: Tensor
     ) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.cumulative(op, storage(x), axis, exclusive, reverse, storage(out)),
             (x,), (out,), what=f"cum{op}",
         )  # fmt: skip
 
     def argsort(self, x: Tensor, axis: int, descending: bool, out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.argsort(storage(x), axis, descending, storage(out)), (x,), (out,),
             what="argsort",
         )  # fmt: skip
@@ -160,7 +160,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor,
         stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int], groups: int,
     ) -> None:  # fmt: skip
-        self._launch(
+        self.launch(
             lambda: ck.conv2d(
                 storage(x), storage(weight), xa(bias), storage(out), stride, padding, dilation, groups
             ),
@@ -171,36 +171,34 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
         causal: bool,
     ) -> None:  # fmt: skip
-        kernel_ops = self.backend._kernel_ops
-        if kernel_ops is not None and mask is None:
-            # The flash kernel: no score matrix in memory at all.
-            flash: Any = kernel_ops.kernels
-            if flash.can_flash(q, k, v):
-                try:
-                    flash.attention(q, k, v, None, out, scale, causal)
-                    return
-                except UnsupportedOperationError:
-                    pass  # the fused program is unavailable (no NVRTC): cuBLAS below
-        self._launch(
+        flash = self.backend._fused_kernels
+        # The flash kernel: no score matrix in memory at all.
+        if flash is not None and mask is None and flash.can_flash(q, k, v):
+            try:
+                flash.attention(q, k, v, None, out, scale, causal)
+                return
+            except UnsupportedOperationError:
+                pass  # the fused program is unavailable (no NVRTC): cuBLAS below
+        self.launch(
             lambda: ck.attention(storage(q), storage(k), storage(v), xa(mask), storage(out), scale, causal),
             (q, k, v, mask), (out,), what="attention",
         )  # fmt: skip
 
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.softmax(storage(x), axis, storage(out), log), (x,), (out,), what="softmax"
         )
 
     def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.layer_norm(storage(x), xa(weight), xa(bias), eps, storage(out)),
             (x, weight, bias), (out,), what="layer_norm",
         )  # fmt: skip
 
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
-        self._launch(
+        self.launch(
             lambda: ck.rms_norm(storage(x), xa(weight), eps, storage(out)), (x, weight), (out,),
             what="rms_norm",
         )  # fmt: skip
@@ -227,7 +225,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self, param: Tensor, grad: Tensor, m: Tensor, v: Tensor, lr: float, beta1: float,
         beta2: float, eps: float, step: int, weight_decay: float,
     ) -> None:  # fmt: skip
-        self._launch(
+        self.launch(
             lambda: ck.adam_update(
                 storage(param), storage(grad), storage(m), storage(v), lr, beta1, beta2, eps, step,
                 weight_decay,

@@ -94,7 +94,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         self, source: str, name: str, *, language: str = "cuda", options: Sequence[str] = ()
     ) -> KernelHandle:
         backend = self.backend
-        backend._require_ready()
+        backend.check_ready()
         if language != "cuda":
             raise UnsupportedOperationError(
                 f"the CUDA backend compiles CUDA C++ kernels; got language {language!r}"
@@ -106,7 +106,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         opts = tuple(options)
         if not all(isinstance(o, str) for o in opts):
             raise InvalidArgumentError("load_kernel: options must be strings")
-        generation = backend._generation()
+        generation = backend.generation
 
         def build() -> Any:
             from accelkit_cuda.nvrtc import compile_cached
@@ -135,7 +135,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         # NVRTC needs no context: a worker thread, so the submission thread keeps launching.
         compiled = await anyio.to_thread.run_sync(build)
         key = compiled.key
-        module, function, params, attrs = await backend._thread.call(lambda: load(compiled.binary))
+        module, function, params, attrs = await backend.thread.call(lambda: load(compiled.binary))
         with self._lock:
             # A kernel loaded twice keeps its first module: replacing it would unload a module
             # that queued launches may still use.
@@ -148,8 +148,8 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
     def _entry(self, handle: KernelHandle) -> tuple[Any, Any, list[int] | None, dict[str, int]]:
         if not isinstance(handle, KernelHandle):
             raise InvalidArgumentError(f"expected a KernelHandle; got {type(handle).__name__}")
-        self.backend._require_ready()
-        if handle.generation != self.backend._generation():
+        self.backend.check_ready()
+        if handle.generation != self.backend.generation:
             raise StaleHandleError(
                 f"kernel {handle.name!r} was loaded before the CUDA context was rebuilt; load it"
                 " again"
@@ -172,7 +172,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         if isinstance(value, Tensor):
             return check_tensor(self.backend, value, f"args[{index}]")  # its array: at launch
         if isinstance(value, DeviceBuffer):
-            buf = self.backend.memory_manager.owned_buffer(value, f"args[{index}]")  # type: ignore[attr-defined]
+            buf = self.backend.memory_manager.owned_buffer(value, f"args[{index}]")
             return _BufferArg(buf, buf.nbytes, self.backend._device_obj.index)
         if isinstance(value, np.generic):
             if size is not None and value.nbytes != size:
@@ -232,7 +232,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
             self._arg(a, params[i] if params is not None else None, i) for i, a in enumerate(plain)
         )
         tensors = [a for a in plain if isinstance(a, Tensor)]
-        stream = self._stream
+        stream = self.current_stream
 
         def run() -> None:
             if smem > 48 * 1024:
@@ -242,7 +242,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
             launch = tuple(_native(v) for v in values)
             function(g, b, launch, shared_mem=smem, stream=stream.cp)
 
-        self._launch(run, tensors, tensors, keepalive=values, what=f"kernel {handle.name!r}")
+        self.launch(run, tensors, tensors, keepalive=values, what=f"kernel {handle.name!r}")
 
     def kernel_info(self, handle: KernelHandle) -> KernelInfo:
         _, _, params, attrs = self._entry(handle)
@@ -262,5 +262,5 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
         entry = self._entry(handle)
         with self._lock:
             self._loaded.pop(f"{handle.key}:{handle.name}:{handle.generation}", None)
-        for stream in self.backend._streams:
+        for stream in self.backend.streams:
             stream.hold((entry,))

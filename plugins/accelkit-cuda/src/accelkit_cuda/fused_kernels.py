@@ -76,7 +76,7 @@ class FusedProgram:
             compiled = await anyio.to_thread.run_sync(
                 compile_cached, SOURCE, self._backend._arch, (), "accelkit_fused.cu"
             )
-            self._functions = await self._backend._thread.call(lambda: _load(compiled.binary))
+            self._functions = await self._backend.thread.call(lambda: _load(compiled.binary))
             self._module = True
         except Exception as exc:
             self._error = exc
@@ -107,7 +107,7 @@ class _Fused(CUDAComponent):
         suffix = _SUFFIX.get(dtype)
         if suffix is None:
             raise UnsupportedOperationError(f"no fused CUDA {op} kernel for {dtype.value}")
-        return self.backend._fused.function(f"{op}_{suffix}")
+        return self.backend.fused.function(f"{op}_{suffix}")
 
     def _run(
         self, fn: Any, grid: int | tuple[int, ...], block: int,
@@ -118,13 +118,13 @@ class _Fused(CUDAComponent):
         runs inside the launch, on the stream and device, so that conversions it makes (CuPy
         kernels) are ordered after the inputs' writers and before the kernel."""
         g = grid if isinstance(grid, tuple) else (grid,)
-        stream = self._stream
+        stream = self.current_stream
 
         def run() -> None:
             values = _resolve(args() if callable(args) else args)
             fn(g, (block,), values, shared_mem=smem, stream=stream.cp)
 
-        self._launch(run, inputs, outputs, what="a fused kernel")
+        self.launch(run, inputs, outputs, what="a fused kernel")
 
     def _rows(self, x: Tensor) -> tuple[int, int]:
         d = x.shape[-1] if x.shape else 1
@@ -237,7 +237,7 @@ class CUDAAttentionKernels(_Fused):
             raise UnsupportedOperationError("paged_attention: the composition handles this case")
         fn = self._fn("paged_attention", q.dtype)
         max_len = mb * bs
-        stream = self._stream
+        stream = self.current_stream
 
         def run() -> Any:
             table = storage(block_table).astype(cp.int64, copy=False)
@@ -272,7 +272,7 @@ class CUDAActivationKernels(_Fused):
     def silu_mul(self, gate: Tensor, up: Tensor, out: Tensor) -> None:
         n = gate.size
         if n == 0:
-            return self._skip([out])
+            return self.skip([out])
         fn = self._fn("silu_mul", gate.dtype)
         self._run(
             fn, self._elementwise_grid(n), _THREADS, (gate, up, out, np.int64(n)),
@@ -283,7 +283,7 @@ class CUDAActivationKernels(_Fused):
     def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
         n = x.size
         if n == 0:
-            return self._skip([out])
+            return self.skip([out])
         fn = self._fn("gelu_erf" if approximate == "none" else "gelu_tanh", x.dtype)
         self._run(
             fn,
