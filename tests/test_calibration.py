@@ -131,8 +131,8 @@ def test_the_slow_device_calibrated_fast_wins(reg: Registry) -> None:
     after = accelkit.select("fakegpu", registry=reg)
     assert after.device == "fakegpu:0"
     best, other = after.report.candidates
-    assert (best.device, best.score, best.basis) == ("fakegpu:0", 100.0, "calibrated")
-    assert (other.device, other.score, other.basis) == ("fakegpu:1", 4.0, "declared")
+    assert (str(best.device), best.score, best.basis) == ("fakegpu:0", 100.0, "calibrated")
+    assert (str(other.device), other.score, other.basis) == ("fakegpu:1", 4.0, "declared")
     assert "[calibrated]" in after.report.explain()
 
 
@@ -141,7 +141,7 @@ def test_calibrated_figures_follow_the_required_dtype(reg: Registry) -> None:
     sel = accelkit.select(
         "fakegpu", requires=accelkit.Requirements(dtypes={DType.F64}), registry=reg
     )
-    assert [(c.device, c.score) for c in sel.report.candidates] == [
+    assert [(str(c.device), c.score) for c in sel.report.candidates] == [
         ("fakegpu:0", 3.0),
         ("fakegpu:1", 2.0),
     ]

@@ -49,7 +49,7 @@ def _ranked(sel: Selection) -> list[str]:
 # -- policies ---------------------------------------------------------------------------------------
 def test_the_cpu_stays_the_default_choice_with_the_test_plugins_installed(reg: Registry) -> None:
     sel = accelkit.select(registry=reg)
-    assert (sel.backend, sel.device) == ("cpu", "cpu:0")
+    assert (sel.backend, str(sel.device)) == ("cpu", "cpu:0")
     ranked = _ranked(sel)
     # every candidate is in the report, best first
     assert ranked[0] == "cpu@cpu:0"
@@ -62,7 +62,7 @@ def test_the_cpu_stays_the_default_choice_with_the_test_plugins_installed(reg: R
 )
 def test_performance_picks_the_fast_device(reg: Registry, how: dict[str, object]) -> None:
     sel = accelkit.select(**how, registry=reg)  # type: ignore[arg-type]
-    assert (sel.backend, sel.device) == ("fakegpu", "fakegpu:1")
+    assert (sel.backend, str(sel.device)) == ("fakegpu", "fakegpu:1")
     best = sel.report.candidates[0]
     assert (best.score, best.basis, best.name) == (4.0, "declared", "FakeGPU Fast 900")
     if how != {"device": Device("fakegpu", 1)}:
@@ -259,7 +259,7 @@ def test_accelkit_backend_overrides_the_argument(
 ) -> None:
     monkeypatch.setenv("ACCELKIT_BACKEND", " FakeGPU ")
     sel = accelkit.select(backend="cpu", registry=reg)
-    assert (sel.backend, sel.device) == ("fakegpu", "fakegpu:1")
+    assert (sel.backend, str(sel.device)) == ("fakegpu", "fakegpu:1")
     assert sel.report.requested_backend == "fakegpu"
     monkeypatch.setenv("ACCELKIT_BACKEND", "nope")
     with pytest.raises(BackendNotFoundError, match="'nope'"):

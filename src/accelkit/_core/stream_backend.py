@@ -190,8 +190,10 @@ class StreamBackend(ComputeBackend, Generic[S]):
             generation=self.generation,
             pending_operations=self.pending_operations,
             completed_operations=self.completed_operations,
-            memory_used_bytes=self._memory_manager.memory_info().used
-            if self._memory_manager is not None and self.is_ready
+            # The pool's count, without the memory manager (which a backend in a failure state
+            # of its own may refuse): frees are counted when they are made.
+            memory_used_bytes=self._pool.info().used
+            if self._pool is not None and self.is_ready
             else 0,
             error=self._error,
         )
