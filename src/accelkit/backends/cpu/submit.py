@@ -69,5 +69,21 @@ class CPUComponent(KernelBase):
         outputs: Iterable[Tensor],
     ) -> None:
         """Submit ``fn`` (about ``cost`` element-operations) to the current stream after the
-        inputs' writers on other streams (:meth:`KernelBase.launch`)."""
-        self.launch(fn, inputs, outputs, cost=cost)
+        inputs' writers on other streams: :meth:`KernelBase.launch` with :meth:`submit`, in one
+        frame (the CPU backend's small ops are a few microseconds in all)."""
+        backend = self.backend
+        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
+        deps: list[tuple[Any, int]] | None = None
+        for t in inputs:
+            if type(t) is Tensor:
+                s = t._stream
+                if s is not stream and s.completed < t._seq:
+                    if deps is None:
+                        deps = []
+                    deps.append((s, t._seq))
+        seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or (), (inputs, outputs))  # type: ignore[arg-type]  # fn's result is dropped
+        write = (stream, seq)
+        for o in outputs:  # sdk.mark_written, inlined: this is the hot path of every small op
+            o._stream = stream
+            o._seq = seq
+            o._buffer.last_write = write

@@ -46,7 +46,8 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             # written on this stream, or are done) no dependency bookkeeping. The ufunc runs
             # through a partial: no Python frame of our own.
             run = partial(ufunc, a._data, b._data, out=out._data)
-            stream: HostStream = self.backend.current_stream
+            backend = self.backend
+            stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
             sa = a._stream
             sb = b._stream
             if (sa is stream or sa.completed >= a._seq) and (
