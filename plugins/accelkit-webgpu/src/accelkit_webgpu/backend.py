@@ -136,10 +136,10 @@ class WebGPUBackend(StreamBackend):
 
     async def _open(self, device: Device) -> None:
         from accelkit_webgpu.executor import WebGPUKernelExecutor
-        from accelkit_webgpu.factory import WebGPUFactoryKernels
-        from accelkit_webgpu.kernel_ops import WebGPUFusedKernels
+        from accelkit_webgpu.factory_kernels import WebGPUFactoryKernels
+        from accelkit_webgpu.fused_kernels import WebGPUFusedKernels
         from accelkit_webgpu.memory import WebGPUMemoryManager
-        from accelkit_webgpu.ops import WebGPUTensorKernels
+        from accelkit_webgpu.tensor_kernels import WebGPUTensorKernels
 
         adapter = adapters()[device.index]
         caps = capabilities(adapter, device.index)
