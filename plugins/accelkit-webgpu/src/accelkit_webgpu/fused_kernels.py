@@ -343,7 +343,7 @@ class WebGPUFusedKernels(WebGPUComponent, FusedKernels):
     # -- helpers ----------------------------------------------------------------------------------
     @property
     def _ops(self) -> WebGPUTensorKernels:
-        return self.backend.tensor_ops.kernels  # type: ignore[return-value]
+        return self.backend.tensor_kernels
 
     def _supported(self, op: str, *tensors: Tensor | None) -> None:
         for t in tensors:
