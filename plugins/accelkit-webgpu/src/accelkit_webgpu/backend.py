@@ -74,11 +74,11 @@ class WebGPUBackend(StreamBackend[HostStream]):
     @property
     def tensor_kernels(self) -> WebGPUTensorKernels:
         """The backend's TensorKernels as their own class (``tensor_ops.kernels`` is typed as
-        any backend's): the fused kernels, the memory manager and the variant checks use it."""
+        any backend's): the fused kernels, the memory manager and the variant checks use it.
+        NotInitializedError unless the backend is ready, as ``tensor_ops``."""
+        self.check_ready()
         kernels = self._kernels
-        if kernels is None:
-            self.check_ready()
-            raise DeviceError("the WebGPU device is not open")
+        assert kernels is not None
         return kernels
 
     async def initialize(self, device: Device | str | None = None) -> None:
@@ -88,14 +88,12 @@ class WebGPUBackend(StreamBackend[HostStream]):
     async def _verify_variants(self) -> None:
         """Device-dependent kernel choices are verified by a run before they are used (the
         medium GEMM tile runs until then); the run's memory does not count in the peak."""
-        self.check_ready()
         await self.tensor_kernels.verify_large_tiles()
         self.memory_manager.reset_peak()
 
     @property
     def kernel_variants(self) -> dict[str, str]:
         """What each device-dependent choice runs, and why."""
-        self.check_ready()
         kernels = self.tensor_kernels
         if kernels.large_tiles:
             return {"gemm_tile": "large (verified)"}
