@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from accelkit.capabilities import BackendCapabilities, LifecycleState
+from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.errors import DeviceError
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import HostStream, StreamBackend
+from accelkit.sdk import HostStream, Opened, StreamBackend
 from accelkit_webgpu import __version__
 from accelkit_webgpu.gpu import GPU
 from accelkit_webgpu.probe import adapters, capabilities
+
+if TYPE_CHECKING:
+    from accelkit_webgpu.tensor_kernels import WebGPUTensorKernels
 
 __all__ = ["WebGPUBackend"]
 
@@ -40,7 +43,7 @@ _WANTED_LIMITS = (
 )
 
 
-class WebGPUBackend(StreamBackend):
+class WebGPUBackend(StreamBackend[HostStream]):
     """A WebGPU adapter (``webgpu:N``, in the order wgpu-py enumerates them)."""
 
     name = "webgpu"
@@ -50,6 +53,7 @@ class WebGPUBackend(StreamBackend):
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
         super().__init__(pool_config)
         self._gpu: GPU | None = None
+        self._kernels: WebGPUTensorKernels | None = None
         #: When the device was recovered (monotonic seconds), for the failure rule of recover().
         self._recoveries: list[float] = []
 
@@ -63,9 +67,19 @@ class WebGPUBackend(StreamBackend):
     def gpu(self) -> GPU:
         gpu = self._gpu
         if gpu is None:
-            self._require_ready()
+            self.check_ready()
             raise DeviceError("the WebGPU device is not open")
         return gpu
+
+    @property
+    def tensor_kernels(self) -> WebGPUTensorKernels:
+        """The backend's TensorKernels as their own class (``tensor_ops.kernels`` is typed as
+        any backend's): the fused kernels, the memory manager and the variant checks use it.
+        NotInitializedError unless the backend is ready, as ``tensor_ops``."""
+        self.check_ready()
+        kernels = self._kernels
+        assert kernels is not None
+        return kernels
 
     async def initialize(self, device: Device | str | None = None) -> None:
         await super().initialize(device)
@@ -74,17 +88,16 @@ class WebGPUBackend(StreamBackend):
     async def _verify_variants(self) -> None:
         """Device-dependent kernel choices are verified by a run before they are used (the
         medium GEMM tile runs until then); the run's memory does not count in the peak."""
-        kernels = self.tensor_ops.kernels
-        await kernels.verify_large_tiles()  # type: ignore[attr-defined]
+        await self.tensor_kernels.verify_large_tiles()
         self.memory_manager.reset_peak()
 
     @property
     def kernel_variants(self) -> dict[str, str]:
         """What each device-dependent choice runs, and why."""
-        kernels = self.tensor_ops.kernels
-        if kernels.large_tiles:  # type: ignore[attr-defined]
+        kernels = self.tensor_kernels
+        if kernels.large_tiles:
             return {"gemm_tile": "large (verified)"}
-        reason = kernels.large_tiles_reason or "not verified yet"  # type: ignore[attr-defined]
+        reason = kernels.large_tiles_reason or "not verified yet"
         return {"gemm_tile": f"medium ({reason})"}
 
     # -- a lost device ----------------------------------------------------------------------------
@@ -98,49 +111,41 @@ class WebGPUBackend(StreamBackend):
         """Open a new device after the old one was lost.
 
         Every tensor, buffer and kernel handle from before becomes stale (StaleHandleError: their
-        memory went with the device); streams, the pool and the kernels are built anew. More than
-        three recoveries within ten minutes mark the backend failed (DeviceError): a device that
-        keeps getting lost needs a person.
+        memory went with the device); streams, the pool and the kernels are built anew
+        (:meth:`reopen`). More than three recoveries within ten minutes mark the backend failed
+        (DeviceError): a device that keeps getting lost needs a person.
         """
-        self._require_ready()
+        self.check_ready()
         gpu = self._gpu
         if gpu is None or gpu.lost is None:
             return
         now = time.monotonic()
         self._recoveries = [t for t in self._recoveries if now - t < 600.0] + [now]
         if len(self._recoveries) > 3:
-            self._state = LifecycleState.FAILED
-            raise DeviceError(
-                f"{self._device} was lost {len(self._recoveries)} times in ten minutes; the"
+            reason = (
+                f"{self.device} was lost {len(self._recoveries)} times in ten minutes; the"
                 " backend is marked failed: shut it down"
             )
-        device = self._device
-        assert device is not None
-        old_pool = self._pool
-        # Work queued on the old device is abandoned: its results went with it.
-        for stream in self._streams:
-            await anyio.to_thread.run_sync(stream.close)
-        if old_pool is not None:
-            old_pool.invalidate_all(close=True)
-        gpu.close()
-        await self._open(device)
-        if old_pool is not None:
-            # a new pool continues the old one's generations, so no old handle can look live
-            self.pool.generation = old_pool.generation + 1
+            self.mark_failed(reason)
+            raise DeviceError(reason)
+        # Work queued on the old device is abandoned (its results went with it); _initialize
+        # closes the old device once the streams are closed and the pool released.
+        await self.reopen()
         await self._verify_variants()
 
     # -- lifecycle --------------------------------------------------------------------------------
-    async def _initialize(self, device: Device) -> None:
-        self._recoveries = []
-        await self._open(device)
-
-    async def _open(self, device: Device) -> None:
+    async def _initialize(self, device: Device) -> Opened[HostStream]:
         from accelkit_webgpu.executor import WebGPUKernelExecutor
-        from accelkit_webgpu.factory import WebGPUFactoryKernels
-        from accelkit_webgpu.kernel_ops import WebGPUFusedKernels
+        from accelkit_webgpu.factory_kernels import WebGPUFactoryKernels
+        from accelkit_webgpu.fused_kernels import WebGPUFusedKernels
         from accelkit_webgpu.memory import WebGPUMemoryManager
-        from accelkit_webgpu.ops import WebGPUTensorKernels
+        from accelkit_webgpu.tensor_kernels import WebGPUTensorKernels
 
+        old = self._gpu
+        if old is None:  # a first open (not reopen() after a lost device)
+            self._recoveries = []
+        else:  # reopen(): the old device's streams are closed and its pool released
+            old.close()  # (the backend stays `poisoned` until the new device is open)
         adapter = adapters()[device.index]
         caps = capabilities(adapter, device.index)
         limits = dict(adapter.limits)
@@ -157,43 +162,37 @@ class WebGPUBackend(StreamBackend):
         # wgpu-py's first calls parse C types holding the GIL: pay that here, off the loop
         await anyio.to_thread.run_sync(gpu.warm_up)
         self._gpu = gpu
-        self._caps = caps
-        self.supported_dtypes = caps.dtypes
-        self._streams = []
-        self._add_stream(HostStream(device, f"{device}/default"))
-        self._memory_manager = WebGPUMemoryManager(
-            self, device, gpu, caps.limits.memory_bytes, self._pool_config
-        )
-        self._pool = self._memory_manager.pool
-        self._kernel_executor = WebGPUKernelExecutor(self)
-        self.install_kernels(
-            WebGPUTensorKernels(self), WebGPUFactoryKernels(self), WebGPUFusedKernels(self)
+        self._kernels = kernels = WebGPUTensorKernels(self)
+        return Opened(
+            streams=[HostStream(device, f"{device}/default")],
+            memory=WebGPUMemoryManager(
+                self, device, gpu, caps.limits.memory_bytes, self.pool_config
+            ),
+            tensor=kernels,
+            factory=WebGPUFactoryKernels(self),
+            fused=WebGPUFusedKernels(self),
+            executor=WebGPUKernelExecutor(self),
+            dtypes=caps.dtypes,
+            capabilities=caps,
         )
 
     async def _shutdown(self) -> None:
+        """The base's (queued work finishes, the streams close, the pool is released), then the
+        device: idle, then destroyed."""
         gpu = self._gpu
         try:
-            # Let queued work finish (shielded: a cancelled shutdown still releases everything).
-            with anyio.CancelScope(shield=True):
-                for stream in list(self._streams):
-                    await stream.wait_for_quietly(stream.submitted)
-                    await anyio.to_thread.run_sync(stream.close)
-                if gpu is not None and gpu.lost is None:
-                    await anyio.to_thread.run_sync(gpu.wait_idle)
+            await super()._shutdown()
+            if gpu is not None and gpu.lost is None:
+                await anyio.to_thread.run_sync(gpu.wait_idle)
         finally:
-            self.pool.invalidate_all(close=True)
-            self._streams = []
-            self._gpu = None
+            self._gpu = self._kernels = None
             if gpu is not None:
                 gpu.close()
 
     # -- streams ----------------------------------------------------------------------------------
-    def create_stream(self) -> HostStream:
-        self._require_ready()
+    def _open_stream(self) -> HostStream:
         device = self.default_stream.device
-        stream = HostStream(device, f"{device}/stream{len(self._streams)}")
-        self._add_stream(stream)
-        return stream
+        return HostStream(device, f"{device}/stream{len(self.streams)}")
 
     async def _synchronize(self) -> None:
         await super()._synchronize()

@@ -561,7 +561,7 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
         wgpu's message (line and column). ``options`` must be empty: WGSL has no compiler
         options (use ``override`` constants or generate the source)."""
         backend = self.backend
-        backend._require_ready()
+        backend.check_ready()
         self.gpu.check()
         if not isinstance(name, str) or not name:
             raise InvalidArgumentError("load_kernel: name must be a non-empty string")
@@ -590,7 +590,7 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
             key=key,
             backend="webgpu",
             device=str(backend.device),
-            generation=backend._generation(),
+            generation=backend.generation,
         )
 
     def _pipeline(self, loaded: _Loaded) -> Any:
@@ -600,7 +600,7 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
         if isinstance(loaded.code, str):
             return gpu.pipeline(loaded.code, loaded.writable, loaded.entry)
         # SPIR-V pipelines share the device's cache (its keys are (source, entry) pairs).
-        cache: dict[Any, Any] = gpu._pipelines
+        cache = gpu._pipelines
         key = (loaded.code, loaded.entry)
         found = cache.get(key)
         if found is not None:
@@ -622,14 +622,14 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
         return found
 
     def _get(self, handle: KernelHandle) -> _Loaded:
-        self.backend._require_ready()
+        self.backend.check_ready()
         if not isinstance(handle, KernelHandle):
             raise InvalidArgumentError(f"expected a KernelHandle; got {type(handle).__name__}")
         loaded = self._loaded.get((handle.key, handle.name))
         if (
             loaded is None
             or handle.backend != "webgpu"
-            or handle.generation != self.backend._generation()
+            or handle.generation != self.backend.generation
         ):
             raise StaleHandleError(
                 f"kernel {handle.name!r} was unloaded, or belongs to another backend or session"
@@ -681,7 +681,7 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
                     writes.append(arg)
                 resources.append((blk, size))
             elif isinstance(arg, DeviceBuffer):
-                buf = self.backend.memory_manager.owned_buffer(arg, f"args[{i}]")  # type: ignore[attr-defined]
+                buf = self.backend.memory_manager.owned_buffer(arg, f"args[{i}]")
                 keep.append(buf)
                 size = int(buf.nbytes)
                 resources.append((buf.handle, size))
@@ -787,7 +787,7 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
         pipeline is compiled (once per source) on the stream's worker, so a compile error is
         raised (KernelCompileError) when a tensor it writes is awaited. WebGPU has no push
         constants: pass them as a ``var<storage, read>`` binding instead."""
-        self.backend._require_ready()
+        self.backend.check_ready()
         self.gpu.check()
         if push_constants:
             raise UnsupportedOperationError(
@@ -841,7 +841,7 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
             v.code == loaded.code and v.entry == loaded.entry for v in self._loaded.values()
         ):
             with self.gpu.lock:
-                self.gpu._pipelines.pop((loaded.code, loaded.entry), None)  # type: ignore[arg-type]
+                self.gpu._pipelines.pop((loaded.code, loaded.entry), None)
 
 
 _WG_VAR = re.compile(r"var\s*<\s*workgroup\s*>\s*\w+\s*:\s*([^;]+);")

@@ -98,7 +98,8 @@ class GPU:
         self._usage = (
             wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         )
-        self._pipelines: dict[tuple[str, str], Any] = {}
+        #: Compute pipelines by (WGSL source or SPIR-V module, entry point).
+        self._pipelines: dict[tuple[str | bytes, str], Any] = {}
         self._layouts: dict[tuple[bool, ...], tuple[Any, Any]] = {}
         #: Set (with the reason) when the device was lost: every later call raises.
         self.lost: str | None = None
@@ -120,6 +121,7 @@ class GPU:
                 buf.destroy()
 
     def check(self) -> None:
+        # RLock._is_owned is CPython's (both lock implementations have it), not in typeshed
         if self.graveyard and self.lock._is_owned():  # type: ignore[attr-defined]
             self.bury()
         if self.lost is not None:

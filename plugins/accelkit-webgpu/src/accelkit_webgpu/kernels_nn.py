@@ -241,7 +241,7 @@ class NNKernels(WebGPUComponent):
         if isinstance(src, Tensor) and src.dtype is not x.dtype:
             # values of another dtype are converted first (as the CPU backend's assignment does)
             converted = self.empty(src.shape, x.dtype)
-            self.cast(src, converted)  # type: ignore[attr-defined]
+            self.backend.tensor_kernels.cast(src, converted)
             src = converted
         gpu = self.gpu
         dim = x.shape[axis]

@@ -8,6 +8,7 @@ maps the buffer on a worker thread; a write is recorded on the current stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -22,6 +23,7 @@ from accelkit.sdk import (
     DeviceBuffer,
     HostStream,
     PooledMemoryManager,
+    PositionStream,
     check_tensor,
     pending_writes,
 )
@@ -39,6 +41,8 @@ _OFF_LOOP = h.OFF_LOOP_COPY_BYTES
 
 
 class WebGPUMemoryManager(PooledMemoryManager):
+    backend: WebGPUBackend
+
     def __init__(
         self, backend: WebGPUBackend, device: Device, gpu: GPU, total: int, config: MemoryPoolConfig
     ) -> None:
@@ -48,14 +52,16 @@ class WebGPUMemoryManager(PooledMemoryManager):
             return Block(gpu, size)
 
         super().__init__(backend, CachingPool(device, alloc, Block.release, total, config))
-        self._webgpu = backend
         self._gpu = gpu
 
     def _stream(self) -> HostStream:
-        return self._webgpu.current_stream  # type: ignore[return-value]
+        return self.backend.current_stream
 
-    def _launch(self, fn: Any, inputs: Any, outputs: Any) -> None:
-        self._webgpu.tensor_factory.kernels.launch(fn, inputs, outputs)  # type: ignore[attr-defined]
+    def _launch(
+        self, fn: Callable[[], None], inputs: Sequence[Any], outputs: Sequence[Any]
+    ) -> None:
+        """Ordered with the streams' work, as a kernel's launch."""
+        self.backend.tensor_kernels.launch(fn, inputs, outputs)
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         # Stream-ordered: the block returns to the pool after the work submitted so far.
@@ -93,9 +99,9 @@ class WebGPUMemoryManager(PooledMemoryManager):
         )
 
     # -- tensor transfers -------------------------------------------------------------------------
-    def _pending(self, tensor: Tensor) -> list[tuple[HostStream, int]]:
-        check_tensor(self._webgpu, tensor, "tensor")
-        return pending_writes(tensor)  # type: ignore[return-value]
+    def _pending(self, tensor: Tensor) -> list[tuple[PositionStream, int]]:
+        check_tensor(self.backend, tensor, "tensor")
+        return pending_writes(tensor)
 
     def _typed(self, tensor: Tensor, raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         return raw.view(tensor.dtype.to_numpy()).reshape(tensor.shape)

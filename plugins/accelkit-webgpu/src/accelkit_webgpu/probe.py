@@ -24,7 +24,7 @@ from accelkit_webgpu import kernels_linalg as _linalg
 from accelkit_webgpu import kernels_nn as _nn
 from accelkit_webgpu import kernels_reduce as _reduce
 from accelkit_webgpu import kernels_shape as _shape
-from accelkit_webgpu.kernel_ops import FUSED
+from accelkit_webgpu.fused_kernels import FUSED
 
 __all__ = [
     "DTYPES",

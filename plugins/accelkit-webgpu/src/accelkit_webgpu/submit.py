@@ -9,7 +9,7 @@ order. So a stream's position is reached when its commands are *submitted*; read
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from accelkit import Tensor
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
-from accelkit.sdk import HostStream, last_writer, mark_written, new_tensor, prod, storage, view_of
+from accelkit.sdk import HostStream, KernelBase, prod, storage
 from accelkit_webgpu.gpu import GPU, Block, groups_for
 from accelkit_webgpu.wgsl import WG, elements_per_word
 
@@ -52,23 +52,21 @@ def scalar_words(value: int | float | bool, dtype: DType) -> tuple[int, int]:
     return v & 0xFFFFFFFF, v >> 32
 
 
-class WebGPUComponent:
-    """Allocation and submission shared by the WebGPU backend's components."""
+class WebGPUComponent(KernelBase):
+    """Allocation and submission shared by the WebGPU backend's components (see the module
+    docstring): a tensor's storage is its pool block (KernelBase's default, shared by views);
+    a lost device refuses work at once (ContextPoisonedError)."""
 
-    def __init__(self, backend: WebGPUBackend) -> None:
-        self._backend = backend
-
-    @property
-    def backend(self) -> WebGPUBackend:
-        return self._backend
+    backend: WebGPUBackend
 
     @property
     def gpu(self) -> GPU:
-        return self._backend.gpu
+        return self.backend.gpu
 
-    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        backend = self._backend
-        backend.gpu.check()
+    def check_output(self, shape: tuple[int, ...], dtype: DType) -> None:
+        backend = self.backend
+        gpu = backend.gpu
+        gpu.check()
         if dtype not in backend.supported_dtypes:
             raise UnsupportedOperationError(
                 f"webgpu on {backend.device} does not support dtype {dtype.value} (WGSL has no"
@@ -76,23 +74,37 @@ class WebGPUComponent:
                 + ", ".join(sorted(d.value for d in backend.supported_dtypes))
             )
         size = prod(shape) * dtype.itemsize
-        limit = backend.gpu.max_binding
-        # (more than the device holds is the pool's OutOfMemoryError, raised below)
+        limit = gpu.max_binding
+        # (more than the device holds is the pool's OutOfMemoryError, raised when allocating)
         if limit < size <= backend.pool.total:
             raise InvalidArgumentError(
                 f"a {dtype.value} tensor of shape {shape} needs {size} bytes, more than one"
                 f" storage binding of {backend.device} holds ({limit} bytes,"
                 " maxStorageBufferBindingSize); split it into smaller tensors"
             )
-        buf = backend.pool.allocate(size)
-        stream = backend.current_stream
-        return new_tensor(backend, buf, buf.handle, shape, dtype, stream.device, stream)
+
+    def submit(
+        self,
+        stream: HostStream,
+        fn: Callable[..., Any],
+        deps: list[tuple[Any, int]],
+        hold: tuple[Any, ...],
+        **options: Any,
+    ) -> int:
+        """Run ``fn`` on the stream's worker after ``deps``.
+
+        The stream holds ``hold`` (the tensors themselves, not only their blocks) until ``fn``
+        has run: a tensor the caller drops meanwhile keeps its block out of the pool, where
+        another stream could otherwise take it and write it before this work has read it.
+        """
+        self.backend.gpu.check()  # a lost device refuses work at once: ContextPoisonedError
+        return stream.submit(fn, True, deps, hold)
 
     @property
     def loops_capped(self) -> bool:
         """A software adapter: Mesa's llvmpipe ends an invocation's loops after 65,535
         iterations in all, silently. A real GPU has no such limit."""
-        return bool(self._backend.capabilities.extra.get("software"))
+        return bool(self.backend.capabilities.extra.get("software"))
 
     def check_loop(self, op: str, what: str, trips: int, limit: int) -> None:
         """Refuse work whose invocations would loop more than ``limit`` times where loops are
@@ -100,43 +112,10 @@ class WebGPUComponent:
         if trips > limit and self.loops_capped:
             raise UnsupportedOperationError(
                 f"webgpu: {op} with {what} {trips} is more than the software adapter"
-                f" {self._backend.device} runs correctly (at most {limit}: llvmpipe stops an"
+                f" {self.backend.device} runs correctly (at most {limit}: llvmpipe stops an"
                 " invocation's loops after 65,535 iterations); use a GPU adapter or another"
                 " backend"
             )
-
-    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return view_of(x, shape)
-
-    def launch(
-        self, fn: Callable[[], None], inputs: Iterable[Any], outputs: Iterable[Tensor]
-    ) -> None:
-        """Run ``fn`` on the current stream's worker after the inputs' writers on other streams;
-        the outputs are then written by it.
-
-        The queued work holds the tensors themselves (not only their blocks) until it has run:
-        a tensor the caller drops meanwhile keeps its block out of the pool, where another
-        stream could otherwise take it and write it before this work has read it.
-        """
-        self._backend.gpu.check()  # a lost device refuses work at once: ContextPoisonedError
-        stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
-        deps: list[tuple[HostStream, int]] = []
-        held: list[Tensor] = []
-        for t in inputs:
-            if isinstance(t, Tensor):
-                held.append(t)
-                writer, seq = last_writer(t)
-                if writer is not stream:
-                    deps.append((writer, seq))  # type: ignore[arg-type]
-        outs = list(outputs)
-        held.extend(outs)
-
-        def run() -> None:
-            fn()
-            held.clear()
-
-        seq = stream.submit(run, True, deps)
-        mark_written(outs, stream, seq)
 
     def run_map(
         self,

@@ -1,8 +1,9 @@
 """The WebGPU backend's fused KernelOps: WGSL kernels on the adapter.
 
 Ops that TensorOps already runs here (rms_norm, layer_norm, attention, linear, gelu, argmax)
-launch the same kernels through :class:`~accelkit_webgpu.ops.WebGPUTensorKernels`; silu_mul and
-rotary_embedding are map kernels; rms_norm_residual is one workgroup per row; quantized_linear
+launch the same kernels through
+:class:`~accelkit_webgpu.tensor_kernels.WebGPUTensorKernels`; silu_mul and rotary_embedding
+are map kernels; rms_norm_residual is one workgroup per row; quantized_linear
 expands Q8_0/Q4_0 blocks in registers, one output column per invocation with the input row's
 block in workgroup memory; paged_attention walks each sequence's block table with an online
 softmax, one invocation per (sequence, query head). sample_token is left to the core's
@@ -33,7 +34,7 @@ from accelkit_webgpu.submit import WebGPUComponent, block, f32_bits, nbytes
 from accelkit_webgpu.wgsl import WG, Binding, elements_per_word, header, map_kernel, storer
 
 if TYPE_CHECKING:
-    from accelkit_webgpu.ops import WebGPUTensorKernels
+    from accelkit_webgpu.tensor_kernels import WebGPUTensorKernels
 
 __all__ = ["FUSED", "WebGPUFusedKernels"]
 
@@ -342,7 +343,7 @@ class WebGPUFusedKernels(WebGPUComponent, FusedKernels):
     # -- helpers ----------------------------------------------------------------------------------
     @property
     def _ops(self) -> WebGPUTensorKernels:
-        return self.backend.tensor_ops.kernels  # type: ignore[return-value]
+        return self.backend.tensor_kernels
 
     def _supported(self, op: str, *tensors: Tensor | None) -> None:
         for t in tensors:

@@ -10,6 +10,7 @@ neural-network kernels in :mod:`accelkit_webgpu.kernels_shape`, ``kernels_reduce
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 from accelkit import Tensor
 from accelkit.dtype import DType, result_type, scalar_result_type
@@ -64,7 +65,7 @@ class WebGPUTensorKernels(
     # -- elementwise ------------------------------------------------------------------------------
     def _elementwise(
         self,
-        source_for: object,
+        source_for: Callable[[bool], str],
         operands: list[tuple[str, Operand]],
         scalar_dtype: DType,
         out: Tensor,
@@ -83,7 +84,7 @@ class WebGPUTensorKernels(
             params.extend(out.shape)
             for t in tensors:
                 params.extend(broadcast_strides(t.shape, out.shape))
-        source = source_for(flat)  # type: ignore[operator]
+        source = source_for(flat)
         self.run_map(source, params, tensors, out)
 
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
