@@ -47,7 +47,7 @@ class TensorOps(
     PoolingOps,
     ImageOps,
 ):
-    """All tensor operations of one backend (see the module docstring): built by
-    :meth:`~accelkit.abc.ComputeBackend.install_kernels` over the backend's TensorKernels."""
+    """All tensor operations of one backend (see the module docstring), over the backend's
+    TensorKernels (``StreamBackend`` builds it from the ``Opened`` record)."""
 
     __slots__ = ()

@@ -455,7 +455,7 @@ class FusedKernels(_Allocating):
 
 class ComposedOnly(FusedKernels):
     """No fused kernel at all: every KernelOps op runs as the composition (what
-    :meth:`~accelkit.abc.ComputeBackend.install_kernels` uses when a backend passes none)."""
+    ``StreamBackend`` uses when a backend's ``Opened`` record has none)."""
 
     def __init__(self, tensor: TensorKernels) -> None:
         super().__init__(tensor.backend)
