@@ -190,10 +190,10 @@ class DaskBackend(StreamBackend):
         await self._open(device)
 
     async def _open(self, device: Device) -> None:
-        from accelkit_dask.factory import DaskFactoryKernels
-        from accelkit_dask.kernel_ops import DaskFusedKernels
+        from accelkit_dask.factory_kernels import DaskFactoryKernels
+        from accelkit_dask.fused_kernels import DaskFusedKernels
         from accelkit_dask.memory import DaskMemoryManager
-        from accelkit_dask.ops import DaskTensorKernels
+        from accelkit_dask.tensor_kernels import DaskTensorKernels
 
         if device.address is not None:
             cluster = await anyio.to_thread.run_sync(Cluster.connect, device.address)

@@ -1,7 +1,7 @@
 """What the workers run: one block of one kernel, on the block's NumPy arrays.
 
-Every function here is a task body of the graphs :mod:`accelkit_dask.graphs` builds. A block runs
-accelkit's CPU kernels (:mod:`accelkit.sdk.host`, the bodies the CPU backend runs), so a block's
+Every function here is a task body of the graphs :mod:`accelkit_dask.tensor_kernels` builds. A
+block runs accelkit's CPU kernels (:mod:`accelkit.sdk.host`, the bodies the CPU backend runs), so a block's
 result is bit for bit the CPU backend's result on that block: promotion, integer wrapping, F16/BF16
 computed in F32 and rounded once, index errors raised as InvalidArgumentError. Functions are
 module-level (they pickle by name: a worker needs accelkit-dask installed) and take their
