@@ -51,6 +51,13 @@ def capabilities(
     )
 
 
+def capabilities_of(info: DeviceInfo) -> BackendCapabilities:
+    """The capabilities of a probed device (the probe always fills them in)."""
+    caps = info.capabilities
+    assert caps is not None
+    return caps
+
+
 def local_info() -> DeviceInfo:
     size = local_size()
     threads = size.workers * size.threads_per_worker
