@@ -1,4 +1,5 @@
-"""Test sessions: ``nox`` runs tests, lint and typecheck; ``nox -s bench`` the benchmarks.
+"""Test sessions: ``nox`` runs tests, lint, typecheck and the docs build; ``nox -s bench`` the
+benchmarks; ``nox -s docs`` builds the docs site into site/.
 
 Sessions use the interpreter that runs nox (CI has exactly one), through uv when it is installed
 (about four times faster than pip here) and pip otherwise.
@@ -24,8 +25,11 @@ from typing import Any
 import nox
 
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+# MkDocs and Material print a banner about MkDocs 2.0 on every build; it says nothing of this one
+os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")
 nox.options.default_venv_backend = "uv" if shutil.which("uv") else "virtualenv"
-# ``nox``: the tests session, which runs lint and typecheck as parts of its own, beside the tests
+# ``nox``: the tests session, which runs lint, typecheck and docs as parts of its own, beside the
+# tests
 nox.options.sessions = ["tests"]
 nox.options.reuse_venv = "yes"
 
@@ -59,7 +63,8 @@ def tests(session: nox.Session) -> None:
     """
     session.install(
         "-e",
-        ".[test,jit]",
+        # [docs]: the docs build runs as a part (static_parts)
+        ".[test,jit,docs]",
         "-e",
         "./plugins/accelkit-opencl[pocl]",
         "-e",
@@ -81,7 +86,7 @@ def tests(session: nox.Session) -> None:
         "./tests/plugins/accelkit-testplug-badprobe",
         "./tests/plugins/accelkit-testplug-subset",
         "./tests/plugins/accelkit-testplug-crash",
-        # lint and typecheck run as parts beside the tests (static_parts)
+        # lint and typecheck run as parts beside the tests (static_parts), as does the docs build
         *STATIC_TOOLS,
     )
     # The CPU backend's JIT kernels compile on first use rather than in the background, so that
@@ -141,6 +146,8 @@ SHARES: dict[str, float] = {
     "plugin accelkit-webgpu": 90,
     "plugin accelkit-cuda": 90,
     "lint": 60,
+    # measured 2026-11-26 alone on a 2-core machine: 14 s (mkdocs build --strict 13 s, the check 1 s)
+    "docs": 60,
 }
 
 
@@ -365,29 +372,44 @@ def _test_parts(parts: Any, python: str, env: dict[str, str]) -> list[Any]:
 #: What lint and typecheck install (the tests session installs them too).
 STATIC_TOOLS = ("ruff>=0.6", "mypy>=1.10")
 #: The folders ruff checks and formats.
-LINTED = ("src", "tests", "benchmarks", "plugins", "noxfile.py")
+LINTED = (
+    "src", "tests", "benchmarks", "plugins", "noxfile.py", "tools/docs_check.py",
+    "tools/docs_roles.py",
+)  # fmt: skip
 #: What mypy --strict checks: the core, the device plugins and the tests (tests/ holds the example
 #: backend, tests/plugins/accelkit-example/src/accelkit_example: naming it too would make mypy
 #: see the module twice, and the other test plugins).
 TYPECHECKED = (
     "src/accelkit", "plugins/accelkit-opencl/src/accelkit_opencl",
     "plugins/accelkit-cuda/src/accelkit_cuda", "plugins/accelkit-webgpu/src/accelkit_webgpu",
-    "plugins/accelkit-dask/src/accelkit_dask", "tests",
+    "plugins/accelkit-dask/src/accelkit_dask", "tests", "tools/docs_check.py", "tools/docs_roles.py",
 )  # fmt: skip
+#: Where the docs site builds (mkdocs.yml's site_dir), and the inventory the docs check reads.
+SITE = ROOT / "site"
 
 
 def _static_commands(bin_dir: str) -> dict[str, list[tuple[str, ...]]]:
-    """lint's and typecheck's commands, with the tools of the environment in ``bin_dir``."""
+    """lint's, typecheck's and docs' commands, with the tools of the environment in ``bin_dir``.
+    docs: the site, with every warning an error, then the check that its API reference holds
+    every public name of ``accelkit`` and ``accelkit.sdk`` (tools/docs_check.py)."""
     ruff, mypy = os.path.join(bin_dir, "ruff"), os.path.join(bin_dir, "mypy")
+    mkdocs, python = os.path.join(bin_dir, "mkdocs"), os.path.join(bin_dir, "python")
     return {
         "lint": [(ruff, "check", *LINTED), (ruff, "format", "--check", *LINTED)],
         "typecheck": [(mypy, "--strict", *TYPECHECKED)],
-    }
+        "docs": [
+            (mkdocs, "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+             "--site-dir", str(SITE)),
+            (python, str(ROOT / "tools" / "docs_check.py"), "--inventory",
+             str(SITE / "objects.inv")),
+        ],
+    }  # fmt: skip
 
 
 def static_parts(parts: Any, bin_dir: str) -> list[Any]:
-    """lint and typecheck as parts of the tests session, each one process, run beside the tests
-    (the commands of the ``lint`` and ``typecheck`` sessions, chained with ``&&``)."""
+    """lint, typecheck and docs as parts of the tests session, each one process, run beside the
+    tests (the commands of the ``lint``, ``typecheck`` and ``docs`` sessions, chained with
+    ``&&``)."""
     found = []
     for name, commands in _static_commands(bin_dir).items():
         chained = " && ".join(shlex.join(c) for c in commands)
@@ -408,14 +430,28 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict on the core, the device plugins, the example backend and the tests (CuPy
     has no type information: its imports are Any). Also a part of ``nox -s tests``, which runs
     it in the tests' environment (the drivers installed)."""
-    # [test,testing]: what the tests import (pytest, hypothesis, the service test's web stack).
+    # [test,testing]: what the tests import (pytest, hypothesis, the service test's web stack);
+    # [docs]: griffe, which tools/docs_roles.py extends.
     session.install(
-        "-e", ".[test,testing]", "-e", "./plugins/accelkit-opencl", "-e", "./plugins/accelkit-cuda",
+        "-e", ".[test,testing,docs]", "-e", "./plugins/accelkit-opencl", "-e", "./plugins/accelkit-cuda",
         "-e", "./plugins/accelkit-webgpu", "-e", "./plugins/accelkit-dask",
         "-e", "./tests/plugins/accelkit-example",
     )  # fmt: skip
     session.install(STATIC_TOOLS[1])
     for command in _static_commands(session.bin)["typecheck"]:
+        session.run(*command)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The docs site (mkdocs.yml: the guide in docs/ and an API reference generated from the
+    docstrings) built into site/ with ``mkdocs build --strict``, then checked: every name in the
+    ``__all__`` of ``accelkit`` and ``accelkit.sdk`` must be documented (tools/docs_check.py).
+    Also a part of ``nox -s tests``. ``python -m http.server -d site`` serves the result;
+    ``mkdocs serve`` in this session's environment rebuilds it as you edit."""
+    # with ruff, mkdocstrings formats the separate signatures, as in the tests session
+    session.install("-e", ".[docs]", STATIC_TOOLS[0])
+    for command in _static_commands(session.bin)["docs"]:
         session.run(*command)
 
 

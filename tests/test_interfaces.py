@@ -47,8 +47,8 @@ def test_an_empty_subclass_cannot_be_instantiated(interface: type) -> None:
 def test_tensor_kernels_missing_one_kernel_fails_naming_it() -> None:
     """The defect seen in 1.x: a NormOps subclass with no hooks instantiated, and rms_norm
     returned uninitialised pool memory. Now the class cannot be instantiated at all."""
-    from accelkit.backends.cpu.ops import CPUTensorKernels
     from accelkit.backends.cpu.submit import CPUComponent
+    from accelkit.backends.cpu.tensor_kernels import CPUTensorKernels
 
     members = {k: v for k, v in vars(CPUTensorKernels).items() if k != "rms_norm"}
     forgetful = type("Forgetful", (CPUComponent, accelkit.sdk.TensorKernels), members)

@@ -106,7 +106,7 @@ def _descriptor_module(name: str, module: str, *, declared_name: str | None = No
             name={declared_name or name!r},
             distribution="accelkit-{name}",
             version="0.1.0",
-            api_version="2.0",
+            api_version="3.0",
             device_kinds=frozenset({{{name!r}}}),
             backend_class="accelkit.backends.cpu.backend:CPUBackend",
             probe="{module}:probe",
@@ -323,10 +323,10 @@ def test_a_plugin_for_another_api_version_is_refused_before_its_backend_is_impor
     record = {r.name: r for r in reg.quarantined()}["future"]
     assert record.stage == "version"
     assert record.error.startswith("IncompatiblePluginError:")
-    assert "3.0" in record.error
+    assert "4.0" in record.error
     assert PLUGIN_API_VERSION in record.error
     assert "accelkit-testplug-future" in record.error
-    with pytest.raises(BackendNotFoundError, match=r"2\.0"):
+    with pytest.raises(BackendNotFoundError, match=r"3\.0"):
         accelkit.select(backend="future", registry=reg)
     with pytest.raises(BackendNotFoundError):
         reg.backend_class("future")
@@ -579,7 +579,7 @@ def _manual(
     name: str,
     *,
     backend_class: str = "accelkit.backends.cpu.backend:CPUBackend",
-    api_version: str = "2.0",
+    api_version: str = "3.0",
     priority: int = 0,
 ) -> PluginDescriptor:
     return PluginDescriptor(
@@ -627,14 +627,21 @@ def test_a_registered_plugin_shadows_an_installed_one_until_unregistered(reg: Re
 
 
 def test_register_refuses_another_api_major_and_non_descriptors(reg: Registry) -> None:
-    with pytest.raises(IncompatiblePluginError, match=r"3\.0.*2\.0"):
-        reg.register(_manual("later", api_version="3.0"))
+    with pytest.raises(IncompatiblePluginError, match=r"4\.0.*3\.0"):
+        reg.register(_manual("later", api_version="4.0"))
     assert "later" not in reg.names()
     with pytest.raises(
-        IncompatiblePluginError, match=r"1\.0.*what changed: API 2\.0.*TensorKernels"
+        IncompatiblePluginError,
+        match=r"1\.0.*what changed: API 2\.0.*TensorKernels.*API 3\.0.*Opened.*_open_stream",
     ):
         reg.register(_manual("older", api_version="1.0"))
-    reg.register(_manual("minor", api_version="2.7"))  # a newer minor of the same major is fine
+    # a 2.x plugin is told exactly what 3.0 changed, and only that
+    with pytest.raises(IncompatiblePluginError, match=r"2\.0.*what changed: API 3\.0") as info:
+        reg.register(_manual("twoish", api_version="2.0"))
+    assert "API 2.0 (" not in str(info.value)
+    for change in ("Opened", "install_kernels", "check_ready", "PositionStream", "KernelBase"):
+        assert change in str(info.value)
+    reg.register(_manual("minor", api_version="3.7"))  # a newer minor of the same major is fine
     assert "minor" in [d.name for d in reg.descriptors()]
     with pytest.raises(InvalidArgumentError, match="PluginDescriptor; got dict"):
         reg.register({"name": "x"})  # type: ignore[arg-type]
@@ -681,7 +688,7 @@ def test_a_malformed_descriptor_is_rejected(field: str, value: object) -> None:
         "name": "ok",
         "distribution": "accelkit-ok",
         "version": "1",
-        "api_version": "2.0",
+        "api_version": "3.0",
         "device_kinds": frozenset({"ok"}),
         "backend_class": "pkg.module:Backend",
         field: value,

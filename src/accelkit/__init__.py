@@ -21,7 +21,7 @@ import os as _os
 import sys as _sys
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: OpenBLAS's worker threads spin for up to 2**28 cycles (tens of ms) after each GEMM before they
 #: sleep, holding a core that the CPU backend's next kernel wants: its JIT kernels split between

@@ -31,7 +31,7 @@ __all__ = [
 
 #: The plugin API this accelkit implements ("MAJOR.MINOR"). A plugin built for another MAJOR is
 #: refused before its backend is imported; a newer MINOR of the same MAJOR is accepted.
-PLUGIN_API_VERSION = "2.0"
+PLUGIN_API_VERSION = "3.0"
 
 #: What changed for a plugin author at each major version of the plugin API (the version gate
 #: quotes it when it refuses a plugin built for an older major).
@@ -46,6 +46,24 @@ API_CHANGES: dict[int, str] = {
         " accelkit.sdk, never accelkit._core or accelkit.backends; capabilities list TensorOps"
         " names in ops and fused KernelOps names in fused_ops; sdk.StreamBackend owns streams,"
         " pool and counters. docs/backend-authors.md walks through it"
+    ),
+    3: (
+        "API 3.0 (accelkit 0.3): _initialize returns an accelkit.sdk.Opened record (streams,"
+        " memory, tensor, factory, dtypes, optional fused, executor, capabilities) instead of"
+        " setting _streams/_pool/_memory_manager/_caps/_kernel_executor and calling"
+        " install_kernels (gone); create_stream is concrete and calls the hook _open_stream;"
+        " StreamBackend is generic in its stream type and its members are public"
+        " (check_ready replaces _require_ready; pool_config, streams, prune_streams,"
+        " after_events, report_error, mark_failed, reopen); streams derive from"
+        " sdk.PositionStream (wait_quietly is wait_for_quietly); kernel objects derive from"
+        " sdk.KernelBase (hooks make_storage, reshape_storage, check_output,"
+        " before_allocation, submit) and get empty/view/launch/skip; PooledMemoryManager's"
+        " transfer checks are check_htod/check_dtoh/check_dtod and its backend is public;"
+        " FactoryKernels.random(out, RandomDraw) draws random numbers (default: NumPy's PCG64"
+        " on the host); the user facades moved from accelkit.abc to accelkit.ops, the kernel"
+        " contracts into accelkit.sdk.kernels, KERNEL_OP_GROUPS became KERNEL_OPS_IN_ORDER,"
+        " KernelDispatcher became backend.kernel_ops.twin(); plugins may use no underscore"
+        " member of the SDK's classes. docs/backend-authors.md lists the contract"
     ),
 }
 

@@ -4,7 +4,7 @@ them to describe capabilities before any backend is loaded)."""
 from __future__ import annotations
 
 __all__ = [
-    "BINARY_OPS", "COMPOSED_OPS", "KERNEL_OPS", "KERNEL_OP_GROUPS", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS",
+    "BINARY_OPS", "COMPOSED_OPS", "KERNEL_OPS", "KERNEL_OPS_IN_ORDER", "REDUCE_OPS", "TENSOR_OPS", "UNARY_OPS",
 ]  # fmt: skip
 
 #: unary op -> "float" (integer input gives F32), "same" (keeps the dtype) or "int" (integer
@@ -60,14 +60,11 @@ COMPOSED_OPS: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 
-#: KernelOps sub-interface attribute -> the fused ops it provides.
-KERNEL_OP_GROUPS: dict[str, tuple[str, ...]] = {
-    "norm_ops": ("rms_norm", "rms_norm_residual", "layer_norm"),
-    "position_ops": ("rotary_embedding",),
-    "attention_ops": ("attention", "paged_attention"),
-    "activation_ops": ("silu_mul", "gelu"),
-    "linear_ops": ("linear", "quantized_linear"),
-    "sampling_ops": ("argmax", "sample_token"),
-}
+#: Every KernelOps operation, in KernelOps's order (norms, position, attention, activations,
+#: linear, sampling).
+KERNEL_OPS_IN_ORDER: tuple[str, ...] = (
+    "rms_norm", "rms_norm_residual", "layer_norm", "rotary_embedding", "attention",
+    "paged_attention", "silu_mul", "gelu", "linear", "quantized_linear", "argmax", "sample_token",
+)  # fmt: skip
 #: Names of every KernelOps operation, as listed in capabilities.
-KERNEL_OPS: frozenset[str] = frozenset(op for ops in KERNEL_OP_GROUPS.values() for op in ops)
+KERNEL_OPS: frozenset[str] = frozenset(KERNEL_OPS_IN_ORDER)

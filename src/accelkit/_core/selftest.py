@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from accelkit._core.child import run_child
+from accelkit._core.child import crash_line, run_child, signal_name
 
 if TYPE_CHECKING:
     import numpy as np
@@ -114,55 +112,6 @@ class SelfTestReport:
 
 
 # -- the parent ------------------------------------------------------------------------------------
-
-
-def signal_name(returncode: int) -> str:
-    """``SIGABRT`` for a return code of -6 (a process killed by a signal)."""
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
-#: Lines that say what went wrong, from native code or Python, best first within one line.
-_ERROR_LINE = re.compile(
-    r"(LLVM ERROR|Fatal Python error|terminate called|Assertion .* failed|"
-    r"Segmentation fault|\bSIG[A-Z]+\b|\bpanicked at\b|\berror\b|\bError\b|ERROR|"
-    r"\bfailed\b|\bexception\b|\bException\b|\babort)",
-)
-#: Lines that are noise when looking for the reason: faulthandler's stack dump, compiler
-#: warnings, progress, and Python's warnings machinery.
-_NOISE_LINE = re.compile(
-    r"^(\s|File \"|Current thread|Thread 0x|Extension modules|Stack \(most recent|"
-    r"warning:|.*Warning:|\d+ warnings? generated|accelkit selftest:|Traceback|<no Python frame>)"
-)
-_MAX_REASON = 200
-
-
-def crash_line(stderr: str) -> str:
-    """The last meaningful line of a crashed process's stderr: the last line that names an
-    error (``LLVM ERROR: ...``, ``terminate called ...``, ``Fatal Python error: ...`` only where
-    nothing better precedes it), else the last line that is not noise; shortened."""
-    # pytest's progress dots leave no newline before a fatal error's first line
-    text = stderr.replace("Fatal Python error", "\nFatal Python error")
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
-    candidates = [line for line in lines if not _NOISE_LINE.match(line)]
-    fatal = [line for line in candidates if line.startswith("Fatal Python error")]
-    errors = [
-        line
-        for line in candidates
-        if _ERROR_LINE.search(line) and not line.startswith("Fatal Python error")
-    ]
-    pick = (errors or fatal or candidates or [""])[-1]
-    if pick.startswith("LLVM ERROR"):  # LLVM names the function it gave up on further down
-        after = candidates[candidates.index(pick) + 1 :]
-        where = next((line for line in after if line.startswith("In function:")), "")
-        if where:
-            pick += f" ({where.rstrip()})"
-    # Addresses differ on every run and say nothing to a reader.
-    pick = re.sub(r"\s*\b0x[0-9a-fA-F]{6,}\b:?", "", pick)
-    pick = re.sub(r"(\s*,)+(?=\s*(\(|$))", "", pick).strip()
-    return pick if len(pick) <= _MAX_REASON else pick[: _MAX_REASON - 3] + "..."
 
 
 def _command(backend: str, device: str, loop: str) -> list[str]:

@@ -48,7 +48,7 @@ from accelkit._core.kernel_validation import (
     check_sampling,
     check_silu_mul,
 )
-from accelkit._core.op_names import KERNEL_OP_GROUPS, KERNEL_OPS
+from accelkit._core.op_names import KERNEL_OPS, KERNEL_OPS_IN_ORDER
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.ops import composite
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KERNEL_OPS",
-    "KERNEL_OP_GROUPS",
+    "KERNEL_OPS_IN_ORDER",
     "GeluApproximation",
     "KernelOps",
     "SamplingParams",

@@ -40,8 +40,8 @@ from accelkit._core.loop import wait_for_callback
 from accelkit._core.op_names import (
     BINARY_OPS,
     COMPOSED_OPS,
-    KERNEL_OP_GROUPS,
     KERNEL_OPS,
+    KERNEL_OPS_IN_ORDER,
     REDUCE_OPS,
     TENSOR_OPS,
     UNARY_OPS,
@@ -89,7 +89,7 @@ __all__ = [
     "COMPOSED_OPS",
     "GUMBEL_UNIFORM_MAX",
     "KERNEL_OPS",
-    "KERNEL_OP_GROUPS",
+    "KERNEL_OPS_IN_ORDER",
     "PLUGIN_API_VERSION",
     "REDUCE_OPS",
     "TENSOR_OPS",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 
 from accelkit._core.kernel_validation import GeluApproximation, SamplingParams
-from accelkit._core.op_names import KERNEL_OP_GROUPS
+from accelkit._core.op_names import KERNEL_OPS_IN_ORDER
 from accelkit.dtype import DType
 from accelkit.quant import QuantFormat
 from accelkit.tensor import Tensor
@@ -357,7 +357,7 @@ class FusedKernels(_Allocating):
     """
 
     #: The op names of this interface, in KernelOps's order.
-    OPS: ClassVar[tuple[str, ...]] = tuple(op for ops in KERNEL_OP_GROUPS.values() for op in ops)
+    OPS: ClassVar[tuple[str, ...]] = KERNEL_OPS_IN_ORDER
 
     @property
     def fused_ops(self) -> frozenset[str]:

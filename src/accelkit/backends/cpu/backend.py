@@ -34,10 +34,10 @@ class CPUBackend(StreamBackend[HostStream]):
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> Opened[HostStream]:
-        from accelkit.backends.cpu.factory import CPUFactoryKernels
-        from accelkit.backends.cpu.kernel_ops import CPUFusedKernels
+        from accelkit.backends.cpu.factory_kernels import CPUFactoryKernels
+        from accelkit.backends.cpu.fused_kernels import CPUFusedKernels
         from accelkit.backends.cpu.memory import CPUMemoryManager
-        from accelkit.backends.cpu.ops import CPUTensorKernels
+        from accelkit.backends.cpu.tensor_kernels import CPUTensorKernels
 
         return Opened(
             streams=[HostStream(device, f"{device}/default")],

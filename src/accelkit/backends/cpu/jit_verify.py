@@ -170,8 +170,7 @@ def _verify(names: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _run_child(names: list[str]) -> dict[str, dict[str, Any]]:
-    from accelkit._core.child import run_child
-    from accelkit._core.selftest import crash_line, signal_name
+    from accelkit._core.child import crash_line, run_child, signal_name
 
     def progress(msg: dict[str, Any]) -> None:
         if msg.get("done") in names:

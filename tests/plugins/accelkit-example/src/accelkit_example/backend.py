@@ -31,9 +31,9 @@ class ExampleBackend(StreamBackend[HostStream]):
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> Opened[HostStream]:
-        from accelkit_example.factory import ExampleFactoryKernels
+        from accelkit_example.factory_kernels import ExampleFactoryKernels
         from accelkit_example.memory import ExampleMemoryManager
-        from accelkit_example.ops import ExampleTensorKernels
+        from accelkit_example.tensor_kernels import ExampleTensorKernels
 
         # No FusedKernels: every KernelOps op runs as the core's composition of TensorOps.
         return Opened(

@@ -9,7 +9,7 @@ DESCRIPTOR = PluginDescriptor(
     name="example",                       # == the entry point's name
     distribution="accelkit-example",      # == the distribution's name
     version=__version__,
-    api_version="2.0",                    # the accelkit plugin API this was built for
+    api_version="3.0",                    # the accelkit plugin API this was built for
     device_kinds=frozenset({"example"}),  # devices are "example:0", "example:1", ...
     priority=0,                           # breaks ties between equally good candidates
     backend_class="accelkit_example.backend:ExampleBackend",

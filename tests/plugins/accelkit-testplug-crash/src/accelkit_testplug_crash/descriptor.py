@@ -8,7 +8,7 @@ DESCRIPTOR = PluginDescriptor(
     name="crash",
     distribution="accelkit-testplug-crash",
     version="0.1.0",
-    api_version="2.0",
+    api_version="3.0",
     device_kinds=frozenset({"crash"}),
     # Below the CPU backend's, with declared figures far below the CPU's: never selected unless
     # asked for by name.

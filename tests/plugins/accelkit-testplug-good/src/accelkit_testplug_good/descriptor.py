@@ -8,7 +8,7 @@ DESCRIPTOR = PluginDescriptor(
     name="fakegpu",
     distribution="accelkit-testplug-good",
     version="0.1.0",
-    api_version="2.0",
+    api_version="3.0",
     device_kinds=frozenset({"fakegpu"}),
     # Below the CPU backend's, and its declared figures are far below the CPU's, so that having
     # the test plugins installed does not change what the rest of the suite selects by default.

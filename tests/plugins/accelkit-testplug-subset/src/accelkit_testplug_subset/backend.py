@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from accelkit.backends.cpu.backend import CPUBackend
-from accelkit.backends.cpu.factory import CPUFactoryKernels
-from accelkit.backends.cpu.kernel_ops import CPUFusedKernels
-from accelkit.backends.cpu.ops import CPUTensorKernels
+from accelkit.backends.cpu.factory_kernels import CPUFactoryKernels
+from accelkit.backends.cpu.fused_kernels import CPUFusedKernels
+from accelkit.backends.cpu.tensor_kernels import CPUTensorKernels
 from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
