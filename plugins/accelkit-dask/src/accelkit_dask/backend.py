@@ -17,14 +17,14 @@ from typing import Any
 import anyio
 import numpy as np
 
-from accelkit.capabilities import BackendCapabilities, LifecycleState
+from accelkit.capabilities import BackendCapabilities
 from accelkit.device import Device
 from accelkit.errors import DeviceError, InvalidArgumentError
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import HostStream, StreamBackend, env_str
+from accelkit.sdk import HostStream, Opened, StreamBackend, env_str
 from accelkit_dask import __version__
 from accelkit_dask.cluster import Cluster, LocalSize, WorkerInfo, device_address
-from accelkit_dask.probe import capabilities, local_info, remote_info
+from accelkit_dask.probe import capabilities, capabilities_of, local_info, remote_info
 from accelkit_dask.submit import Graphs, first_error, lost_or, wait_futures
 
 #: (scheduler, worker) pairs whose worker has run warm_up for this process.
@@ -54,7 +54,7 @@ class Plan:
     reason: str
 
 
-class DaskBackend(StreamBackend):
+class DaskBackend(StreamBackend[HostStream]):
     """A Dask cluster: tensors are dask arrays chunked over its workers."""
 
     name = "dask"
@@ -102,7 +102,7 @@ class DaskBackend(StreamBackend):
         return 1
 
     def _device_capabilities(self, index: int) -> BackendCapabilities:
-        return local_info().capabilities  # type: ignore[return-value]
+        return capabilities_of(local_info())
 
     def supports_device(self, device: Device | str) -> bool:
         try:
@@ -119,19 +119,19 @@ class DaskBackend(StreamBackend):
 
     @property
     def capabilities(self) -> BackendCapabilities:
-        if self._caps is not None:
-            return self._caps
-        device = self._device or self._default_device()
+        if self.device is not None:  # opened (and maybe shut down since): the opened cluster's
+            return super().capabilities
+        device = self._default_device()
         if device.address is not None:
-            return remote_info(device.address).capabilities  # type: ignore[return-value]
-        return local_info().capabilities  # type: ignore[return-value]
+            return capabilities_of(remote_info(device.address))
+        return capabilities_of(local_info())
 
     # -- the cluster ------------------------------------------------------------------------------
     @property
     def graphs(self) -> Graphs:
         graphs = self._graphs
         if graphs is None:
-            self._require_ready()
+            self.check_ready()
             raise DeviceError("the Dask backend has no cluster")
         return graphs
 
@@ -174,7 +174,10 @@ class DaskBackend(StreamBackend):
             return ()
         if 0 in shape:
             return tuple((n,) for n in shape)
-        return normalize_chunks("auto", shape, limit=self.chunk_bytes, dtype=dtype)  # type: ignore[no-any-return]
+        chunks: tuple[tuple[int, ...], ...] = normalize_chunks(
+            "auto", shape, limit=self.chunk_bytes, dtype=dtype
+        )  # dask is untyped
+        return chunks
 
     def record_plan(self, op: str, *, gathered: bool, reason: str) -> None:
         self.plans.append(Plan(op, gathered, reason))
@@ -184,16 +187,21 @@ class DaskBackend(StreamBackend):
         return self.plans[-1] if self.plans else None
 
     # -- lifecycle --------------------------------------------------------------------------------
-    async def _initialize(self, device: Device) -> None:
-        self._recoveries = []
-        self.plans.clear()
-        await self._open(device)
+    async def _initialize(self, device: Device) -> Opened[HostStream]:
+        if self._cluster is not None:
+            # reopen() (recover() after a lost scheduler): the old cluster goes first; the
+            # recoveries keep counting.
+            await self._close_cluster()
+        else:
+            self._recoveries = []
+            self.plans.clear()
+        return await self._open(device)
 
-    async def _open(self, device: Device) -> None:
-        from accelkit_dask.factory import DaskFactoryKernels
-        from accelkit_dask.kernel_ops import DaskFusedKernels
+    async def _open(self, device: Device) -> Opened[HostStream]:
+        from accelkit_dask.factory_kernels import DaskFactoryKernels
+        from accelkit_dask.fused_kernels import DaskFusedKernels
         from accelkit_dask.memory import DaskMemoryManager
-        from accelkit_dask.ops import DaskTensorKernels
+        from accelkit_dask.tensor_kernels import DaskTensorKernels
 
         if device.address is not None:
             cluster = await anyio.to_thread.run_sync(Cluster.connect, device.address)
@@ -228,21 +236,22 @@ class DaskBackend(StreamBackend):
         caps = capabilities(str(device), threads, memory, extra)
         self._cluster = cluster
         self._graphs = Graphs(cluster, self.chunk_bytes, lambda: self.pool.reclaim())
-        self._caps = caps
-        self.supported_dtypes = caps.dtypes
-        self._streams = []
-        self._add_stream(HostStream(device, f"{device}/default"))
-        self._memory_manager = DaskMemoryManager(self, device, memory, self._pool_config)
-        self._pool = self._memory_manager.pool
-        self.install_kernels(
-            DaskTensorKernels(self), DaskFactoryKernels(self), DaskFusedKernels(self)
+        factory = DaskFactoryKernels(self)
+        return Opened(
+            streams=[HostStream(device, f"{device}/default")],
+            memory=DaskMemoryManager(self, device, memory, self.pool_config, factory),
+            tensor=DaskTensorKernels(self),
+            factory=factory,
+            fused=DaskFusedKernels(self),
+            dtypes=caps.dtypes,
+            capabilities=caps,
         )
 
     async def _synchronize(self) -> None:
         """Every op submitted so far has run on the cluster (its errors raised here)."""
         await super()._synchronize()
         graphs = self.graphs
-        stream = self._default
+        stream = self.default_stream
         box: list[Any] = []
         await stream.wait_for(stream.submit(lambda: box.extend(graphs.flush()), True))
         await wait_futures(box, lambda: graphs.cancel(box))
@@ -258,12 +267,8 @@ class DaskBackend(StreamBackend):
                 del error  # no cycle error -> traceback -> this frame -> error
 
     async def _close_cluster(self) -> None:
+        """Close the cluster (a local one) or disconnect from it (an external one)."""
         with anyio.CancelScope(shield=True):
-            for stream in list(self._streams):
-                await stream.wait_for_quietly(stream.submitted)
-                await anyio.to_thread.run_sync(stream.close)
-            if self._pool is not None:
-                self._pool.invalidate_all(close=True)
             cluster = self._cluster
             self._cluster = None
             if cluster is not None:
@@ -279,20 +284,19 @@ class DaskBackend(StreamBackend):
 
     async def _shutdown(self) -> None:
         try:
-            await self._close_cluster()
+            try:
+                await super()._shutdown()  # the streams' work, then the pool (its chunks)
+            finally:
+                await self._close_cluster()
         finally:
-            self._streams = []
             self._graphs = None
 
     # -- streams ----------------------------------------------------------------------------------
-    def create_stream(self) -> HostStream:
+    def _open_stream(self) -> HostStream:
         """A stream: ops on it build their graphs in its order (the cluster runs them as their
         data allows)."""
-        self._require_ready()
         device = self.default_stream.device
-        stream = HostStream(device, f"{device}/stream{len(self._streams)}")
-        self._add_stream(stream)
-        return stream
+        return HostStream(device, f"{device}/stream{len(self.streams)}")
 
     # -- a lost scheduler -------------------------------------------------------------------------
     @property
@@ -315,21 +319,18 @@ class DaskBackend(StreamBackend):
         with the scheduler). More than three recoveries within ten minutes mark the backend
         failed (DeviceError).
         """
-        self._require_ready()
+        self.check_ready()
         if not self.poisoned:
             return
         now = time.monotonic()
         self._recoveries = [t for t in self._recoveries if now - t < 600.0] + [now]
         if len(self._recoveries) > 3:
-            self._state = LifecycleState.FAILED
-            raise DeviceError(
-                f"the Dask scheduler of {self._device} was lost {len(self._recoveries)} times in"
+            reason = (
+                f"the Dask scheduler of {self.device} was lost {len(self._recoveries)} times in"
                 " ten minutes; the backend is marked failed: shut it down"
             )
-        device = self._device
-        assert device is not None
-        old_pool = self._pool
-        await self._close_cluster()
-        await self._open(device)
-        if old_pool is not None:
-            self.pool.generation = old_pool.generation + 1
+            self.mark_failed(reason)
+            raise DeviceError(reason)
+        # The streams are closed, the pool goes stale (its generations continue) and
+        # _initialize closes the old cluster and opens a new one.
+        await self.reopen()

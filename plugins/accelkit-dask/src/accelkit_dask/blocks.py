@@ -1,15 +1,16 @@
 """What the workers run: one block of one kernel, on the block's NumPy arrays.
 
-Every function here is a task body of the graphs :mod:`accelkit_dask.graphs` builds. A block runs
-accelkit's CPU kernels (:mod:`accelkit.sdk.host`, the bodies the CPU backend runs), so a block's
-result is bit for bit the CPU backend's result on that block: promotion, integer wrapping, F16/BF16
-computed in F32 and rounded once, index errors raised as InvalidArgumentError. Functions are
-module-level (they pickle by name: a worker needs accelkit-dask installed) and take their
+Every function here is a task body of the graphs :mod:`accelkit_dask.tensor_kernels` builds. A
+block runs accelkit's CPU kernels (:mod:`accelkit.sdk.host`, the bodies the CPU backend runs), so a
+block's result is bit for bit the CPU backend's result on that block: promotion, integer wrapping,
+F16/BF16 computed in F32 and rounded once, index errors raised as InvalidArgumentError. Functions
+are module-level (they pickle by name: a worker needs accelkit-dask installed) and take their
 parameters as arguments. Floating-point warnings are off, as on every accelkit backend.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ def _quiet(fn: F) -> F:
         with np.errstate(all="ignore"):
             return fn(*args, **kwargs)
 
-    return run  # type: ignore[return-value]
+    return typing.cast(F, run)  # wraps keeps fn's signature
 
 
 def _shape(*operands: Any) -> tuple[int, ...]:

@@ -17,13 +17,13 @@ from accelkit.sdk import (
     DeviceBuffer,
     HostStream,
     PooledMemoryManager,
+    PositionStream,
     check_tensor,
     pending_writes,
 )
 from accelkit.sdk import host as h
 from accelkit_dask.submit import (
     Array,
-    DaskComponent,
     Graphs,
     Slot,
     first_error,
@@ -35,17 +35,27 @@ from accelkit_dask.submit import (
 
 if TYPE_CHECKING:
     from accelkit_dask.backend import DaskBackend
+    from accelkit_dask.factory_kernels import DaskFactoryKernels
 
 
 class DaskMemoryManager(PooledMemoryManager):
+    """Transfers go through ``kernels`` (the backend's FactoryKernels, opened with it)."""
+
+    backend: DaskBackend
+
     def __init__(
-        self, backend: DaskBackend, device: Device, total: int, config: MemoryPoolConfig
+        self,
+        backend: DaskBackend,
+        device: Device,
+        total: int,
+        config: MemoryPoolConfig,
+        kernels: DaskFactoryKernels,
     ) -> None:
         super().__init__(backend, CachingPool(device, lambda n: Slot(), release, total, config))
-        self._dask = backend
+        self.kernels = kernels
 
     def _stream(self) -> HostStream:
-        return self._dask.current_stream  # type: ignore[return-value]
+        return self.backend.current_stream
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         # Stream-ordered: the block (and its chunks on the cluster) go after the work submitted so
@@ -56,17 +66,17 @@ class DaskMemoryManager(PooledMemoryManager):
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         buf, view = self.check_htod(dst, src)
         data = await h.copy_to_host(np.frombuffer(view, np.uint8))  # a snapshot, off-loop if large
-        factory = self._dask.tensor_factory.kernels
+        factory = self.kernels
         if isinstance(dst, Tensor):
             typed = data[: dst.nbytes].view(dst.dtype.to_numpy()).reshape(dst.shape)
-            factory.put(dst, typed)  # type: ignore[attr-defined]
+            factory.put(dst, typed)
         else:
-            graphs = self._dask.graphs
+            graphs = self.backend.graphs
 
             def run() -> None:
                 graphs.upload(buf, data, ((data.size,),))
 
-            factory.run_heavy(run)  # type: ignore[attr-defined]
+            factory.run_heavy(run)
         await self._stream().synchronize()
 
     async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
@@ -80,13 +90,13 @@ class DaskMemoryManager(PooledMemoryManager):
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
         d, s = self.check_dtod(dst, src)
-        kernels: DaskComponent = self._dask.tensor_factory.kernels  # type: ignore[assignment]
+        kernels = self.kernels
         if isinstance(dst, Tensor) and isinstance(src, Tensor) and dst.dtype == src.dtype:
             kernels.launch(lambda: kernels.arr(src).reshape(dst.shape), (src,), (dst,))
             return
         # A raw copy: the destination holds the source's array (dask arrays are immutable, so
         # sharing it is a copy); a typed read reinterprets its bytes.
-        graphs = self._dask.graphs
+        graphs = self.backend.graphs
 
         def run() -> None:
             slot: Slot = s.handle
@@ -96,17 +106,17 @@ class DaskMemoryManager(PooledMemoryManager):
         kernels.run_heavy(run, [dst] if isinstance(dst, Tensor) else [])
 
     # -- reading ----------------------------------------------------------------------------------
-    def _pending(self, tensor: Tensor) -> list[tuple[HostStream, int]]:
-        check_tensor(self._dask, tensor, "tensor")
-        return pending_writes(tensor)  # type: ignore[return-value]
+    def _pending(self, tensor: Tensor) -> list[tuple[PositionStream, int]]:
+        check_tensor(self.backend, tensor, "tensor")
+        return pending_writes(tensor)
 
     async def read_tensor(self, tensor: Tensor) -> Array:
         for stream, seq in self._pending(tensor):
             await stream.wait_for(seq)
         if tensor.size == 0:
             return np.empty(tensor.shape, tensor.dtype.to_numpy())
-        kernels = self._dask.tensor_factory.kernels
-        return await self._compute(lambda: kernels.arr(tensor), f"reading {tensor!r}")  # type: ignore[attr-defined]
+        kernels = self.kernels
+        return await self._compute(lambda: kernels.arr(tensor), f"reading {tensor!r}")
 
     async def _read_slot(self, slot: Slot) -> Array:
         if slot.array is None:
@@ -118,7 +128,7 @@ class DaskMemoryManager(PooledMemoryManager):
         without blocking the loop; cancelling the wait cancels its futures."""
         from distributed import futures_of
 
-        graphs = self._dask.graphs
+        graphs = self.backend.graphs
         box: dict[str, Any] = {}
 
         def submit() -> None:
@@ -159,13 +169,13 @@ class DaskMemoryManager(PooledMemoryManager):
             stream.wait_for_blocking(seq)
         if tensor.size == 0:
             return np.empty(tensor.shape, tensor.dtype.to_numpy())
-        graphs = self._dask.graphs
+        graphs = self.backend.graphs
         stream = self._stream()
         box: dict[str, Any] = {}
-        kernels = self._dask.tensor_factory.kernels
+        kernels = self.kernels
 
         def submit() -> None:
-            graphs.flush(kernels.arr(tensor))  # type: ignore[attr-defined]
+            graphs.flush(kernels.arr(tensor))
             box["array"] = graphs.extra
 
         stream.wait_for_blocking(stream.submit(submit, True))

@@ -64,7 +64,7 @@ def lower_priority(nice: int) -> list[int]:
     return now
 
 
-class Background(WorkerPlugin):  # type: ignore[misc]
+class Background(WorkerPlugin):  # type: ignore[misc]  # distributed is untyped: WorkerPlugin is Any
     """Lowers each worker's priority when it starts (a worker the nanny restarts too)."""
 
     name = "accelkit-background"

@@ -21,7 +21,7 @@ from accelkit_dask.cluster import device_address, local_size, normalize_address
 
 #: Every dtype: the workers run the CPU backend's kernels.
 DTYPES = frozenset(DType)
-#: The KernelOps with a kernel of their own (accelkit_dask.kernel_ops).
+#: The KernelOps with a kernel of their own (accelkit_dask.fused_kernels).
 FUSED_OPS = frozenset({"sample_token", "silu_mul", "rms_norm_residual"})
 #: How long a probe waits for a configured scheduler.
 PROBE_TIMEOUT_S = 2.0
@@ -49,6 +49,13 @@ def capabilities(
         ),
         extra=extra,
     )
+
+
+def capabilities_of(info: DeviceInfo) -> BackendCapabilities:
+    """The capabilities of a probed device (the probe always fills them in)."""
+    caps = info.capabilities
+    assert caps is not None
+    return caps
 
 
 def local_info() -> DeviceInfo:

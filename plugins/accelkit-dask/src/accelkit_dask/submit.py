@@ -27,18 +27,15 @@ import anyio
 import numpy as np
 
 from accelkit import Tensor
-from accelkit.dtype import DType
 from accelkit.errors import AccelError, ContextPoisonedError, DeviceError
 from accelkit.sdk import (
     DeviceBuffer,
     HostStream,
+    KernelBase,
     buffer_of,
-    last_writer,
     mark_written,
-    new_tensor,
     prod,
     storage,
-    view_of,
     wait_for_callback,
 )
 from accelkit_dask import blocks
@@ -477,34 +474,24 @@ def reshape(a: da.Array, shape: tuple[int, ...]) -> da.Array:
         return a.rechunk(-1).reshape(shape)
 
 
-class DaskComponent:
-    """Allocation and submission shared by the Dask backend's components."""
+class DaskComponent(KernelBase):
+    """Allocation and submission shared by the Dask backend's components: a tensor's storage is
+    its pool block's :class:`Slot` (a view shares it: :func:`arr` reshapes), and a launch builds
+    its graph on a host stream."""
 
-    def __init__(self, backend: DaskBackend) -> None:
-        self._backend = backend
-
-    @property
-    def backend(self) -> DaskBackend:
-        return self._backend
+    backend: DaskBackend
 
     @property
     def graphs(self) -> Graphs:
-        return self._backend.graphs
+        return self.backend.graphs
 
-    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        backend = self._backend
-        backend.graphs.check()
-        buf = backend.pool.allocate(prod(shape) * dtype.itemsize)
-        stream = backend.current_stream
-        return new_tensor(backend, buf, buf.handle, shape, dtype, stream.device, stream)
-
-    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return view_of(x, shape)
+    def before_allocation(self) -> None:
+        self.backend.graphs.check()  # ContextPoisonedError once the scheduler is gone
 
     # -- tensors as dask arrays -------------------------------------------------------------------
     def chunks(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[tuple[int, ...], ...]:
         """The backend's chunking of a new array (about ``chunk_bytes`` per block)."""
-        return self._backend.chunks_for(shape, dtype)
+        return self.backend.chunks_for(shape, dtype)
 
     def arr(self, x: Tensor) -> da.Array:
         """The dask array of ``x`` (its block's array, reshaped through a view)."""
@@ -544,28 +531,35 @@ class DaskComponent:
         return self.arr(x) if isinstance(x, Tensor) else x
 
     # -- submission -------------------------------------------------------------------------------
+    def submit(
+        self,
+        stream: Any,
+        fn: Callable[..., Any],
+        deps: list[tuple[Any, int]],
+        hold: tuple[Any, ...],
+        **options: Any,
+    ) -> int:
+        """Graph building runs inline when the stream is idle (it only builds a graph); the
+        stream holds ``hold`` until ``fn`` has run."""
+        s: HostStream = stream
+        return s.submit(fn, False, deps, hold)
+
     def launch(
         self,
-        fn: Callable[[], Any],
+        fn: Callable[..., Any],
         inputs: Iterable[Any],
         outputs: Iterable[Tensor],
         literal: bool = False,
-    ) -> None:
+        **options: Any,
+    ) -> int:
         """Build ``fn``'s graph on the current stream, after the inputs' writers on other
         streams; its outputs are then written by it. ``fn`` returns the arrays of ``outputs``,
         in order, which are stored lazily in their slots. A ``literal`` (small host data in the
         graph) is never persisted on its own: it travels inside the graphs that use it, so that
         reading a result does not wait for it to be fetched from another worker."""
-        self.graphs.check()
-        outs = [o for o in outputs]
-        stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
-        deps: list[tuple[HostStream, int]] = []
-        for t in inputs:
-            if isinstance(t, Tensor):
-                writer, seq = last_writer(t)
-                if writer is not stream:
-                    deps.append((writer, seq))  # type: ignore[arg-type]
         graphs = self.graphs
+        graphs.check()
+        outs = tuple(outputs)
 
         def run() -> None:
             results = fn()
@@ -579,16 +573,16 @@ class DaskComponent:
                 elif graphs.write(buffer_of(o), r):
                     graphs.due = True
 
-        seq = stream.submit(run, False, deps)
-        mark_written(outs, stream, seq)
+        seq = super().launch(run, inputs, outs)
         if graphs.due:
             graphs.due = False
-            stream.submit(graphs.flush_pending, True)
+            self.backend.current_stream.submit(graphs.flush_pending, True)
+        return seq
 
     def run_heavy(self, fn: Callable[[], None], outputs: Iterable[Tensor] = ()) -> int:
         """Run blocking work (a scatter, a flush) on the current stream's worker thread."""
         self.graphs.check()
-        stream: HostStream = self._backend.current_stream  # type: ignore[assignment]
+        stream = self.backend.current_stream
         outs = list(outputs)
         seq = stream.submit(fn, True)
         if outs:

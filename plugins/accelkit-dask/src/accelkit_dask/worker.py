@@ -58,6 +58,8 @@ class WorkerBackend:
     async def _run(self, op: str, arrays: list[Array | None], params: dict[str, Any]) -> Array:
         f, ops = self.backend.tensor_factory, self.backend.tensor_ops
         t = [f.from_host(a) if a is not None else None for a in arrays]
+        # The arg-type ignores below: t holds None only where the op takes None (a bias,
+        # a mask, gemm's c); the operands it requires are always sent.
         if op == "gemm":
             y = ops.gemm(t[0], t[1], t[2], **params)  # type: ignore[arg-type]
         elif op == "matmul":
@@ -136,7 +138,7 @@ def plugin(target: str) -> Any:
     that join later), and unsets it when removed."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
-    class WorkerBackendPlugin(WorkerPlugin):  # type: ignore[misc]
+    class WorkerBackendPlugin(WorkerPlugin):  # type: ignore[misc]  # distributed is untyped
         name = f"accelkit-worker-backend-{target}"
 
         def setup(self, worker: Any) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 from accelkit import Tensor
 from accelkit.sdk import FusedKernels, SamplingParams
 from accelkit_dask import blocks
-from accelkit_dask.ops import LETTERS, conform, meta, one_task, whole
 from accelkit_dask.submit import DaskComponent, unique
+from accelkit_dask.tensor_kernels import LETTERS, conform, meta, one_task, whole
 
 
 class DaskFusedKernels(DaskComponent, FusedKernels):
