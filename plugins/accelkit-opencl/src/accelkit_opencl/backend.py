@@ -68,11 +68,11 @@ class OpenCLBackend(QueuedBackend):
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> None:
-        from accelkit_opencl.factory import OpenCLFactoryKernels
-        from accelkit_opencl.kernel_ops import OpenCLFusedKernels
-        from accelkit_opencl.kernels import OpenCLKernelExecutor
+        from accelkit_opencl.factory_kernels import OpenCLFactoryKernels
+        from accelkit_opencl.fused_kernels import OpenCLFusedKernels
+        from accelkit_opencl.executor import OpenCLKernelExecutor
         from accelkit_opencl.memory import OpenCLMemoryManager
-        from accelkit_opencl.ops import OpenCLTensorKernels
+        from accelkit_opencl.tensor_kernels import OpenCLTensorKernels
         from accelkit_opencl.programs import ProgramCache
 
         cl_device = cl_devices()[device.index]

@@ -1,7 +1,7 @@
 """The OpenCL backend's KernelOps: every sub-interface, each hook enqueueing OpenCL kernels.
 
 Ops that TensorOps already runs on this device (rms_norm, layer_norm, attention, linear, gelu,
-argmax) enqueue the same kernels through :class:`~accelkit_opencl.ops.OpenCLTensorKernels`'s hooks;
+argmax) enqueue the same kernels through :class:`~accelkit_opencl.tensor_kernels.OpenCLTensorKernels`'s hooks;
 silu_mul is one generated elementwise kernel; the rest are the kernels of
 :mod:`accelkit_opencl.opencl_fused`. Nothing is computed on the host: the only host data sent
 are constants a kernel reads (rotary frequencies, sample_token's seeded noise, which is the
@@ -46,7 +46,7 @@ from accelkit_opencl.stream import cl_errors
 from accelkit_opencl.submit import CLComponent, launch
 
 if TYPE_CHECKING:
-    from accelkit_opencl.ops import OpenCLTensorKernels
+    from accelkit_opencl.tensor_kernels import OpenCLTensorKernels
 
 __all__ = [
     "OpenCLActivationKernels",
