@@ -15,13 +15,13 @@ submissions, so the threads cannot wait on each other in a cycle). A closure tha
 kernel that fails to build, an OpenCL error) does not stop the thread: its position gets no
 command, and its error, as an accelkit error (a ``KernelCompileError`` as it is, anything else a
 ``DeviceError``), is raised by the next await that covers that position, like the errors that
-kernels find on the device (:class:`~accelkit._core.device_errors.DeviceErrors`).
+kernels find on the device (:class:`~accelkit.sdk.DeviceErrors`).
 
 **Completion** is followed by the stream's *completer* thread, which waits for the positions'
 events in order, drops what each kept alive (so the pool may hand its buffers out again), notes
 failed commands, and wakes waiters: an ``await`` registers a callback that the completer calls,
 which wakes the loop through its own thread-safe entry point
-(:func:`~accelkit._core.loop.wait_for_callback`). Waiting is pure Python on the loop's thread;
+(:func:`~accelkit.sdk.wait_for_callback`). Waiting is pure Python on the loop's thread;
 blocking waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
 
 A position of another stream that a command depends on is complete on this stream's side only
