@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
 
 
 async def test_every_op_is_an_opencl_kernel(backend: Any) -> None:
-    from accelkit_opencl.kernel_ops import OpenCLFusedKernels
+    from accelkit_opencl.fused_kernels import OpenCLFusedKernels
 
     kernel_ops = backend.kernel_ops
     assert isinstance(kernel_ops.kernels, OpenCLFusedKernels)
@@ -25,7 +25,7 @@ async def test_every_op_is_an_opencl_kernel(backend: Any) -> None:
     assert backend.capabilities.fused_ops == KERNEL_OPS
     for op in KERNEL_OPS:
         method = getattr(type(kernel_ops.kernels), op)
-        assert method.__module__ == "accelkit_opencl.kernel_ops", op
+        assert method.__module__ == "accelkit_opencl.fused_kernels", op
 
 
 async def test_fused_kernels_wait_for_inputs_written_on_another_stream(backend: Any) -> None:

@@ -6,7 +6,7 @@ import anyio
 import numpy as np
 import pytest
 from accelkit_opencl.backend import OpenCLBackend
-from accelkit_opencl.kernels import LocalMemory
+from accelkit_opencl.executor import LocalMemory
 
 from accelkit.errors import (
     InvalidArgumentError,
@@ -143,7 +143,7 @@ SPIRV_HEADER = np.array([0x07230203, 0x00010000, 0, 1, 0], np.uint32).tobytes()
 async def test_spirv_is_refused_clearly_where_the_device_takes_no_il(
     backend: OpenCLBackend,
 ) -> None:
-    from accelkit_opencl.kernels import il_versions
+    from accelkit_opencl.executor import il_versions
 
     ex = backend.kernel_executor
     with pytest.raises(InvalidArgumentError, match="not a SPIR-V module"):

@@ -101,7 +101,7 @@ def _gate(backend: OpenCLBackend) -> threading.Event:
         return None
 
     out = backend.tensor_factory.empty((1,))
-    backend.tensor_ops.kernels._enqueue(hold, (), (out,))  # type: ignore[attr-defined]
+    backend.tensor_ops.kernels.launch(hold, (), (out,))  # type: ignore[attr-defined]
     return gate
 
 
@@ -211,7 +211,7 @@ async def test_a_failing_command_is_an_accelkit_error_at_await(backend: OpenCLBa
         # a real OpenCL error: more bytes than the buffers have
         return cl.enqueue_copy(queue, out._data, x._data, byte_count=1 << 40, wait_for=wait_for)
 
-    ops.kernels._enqueue(bad_copy, [x], [out])  # type: ignore[attr-defined]
+    ops.kernels.launch(bad_copy, [x], [out])  # type: ignore[attr-defined]
     with pytest.raises(DeviceError) as info:
         await out.to_host()
     assert not isinstance(info.value, cl.Error)
@@ -223,7 +223,7 @@ async def test_a_failing_command_is_an_accelkit_error_at_await(backend: OpenCLBa
     # An internal kernel that does not build: KernelCompileError (with the log) at the await.
     broken = backend._kernel("__kernel void broken(__global float* x) { x[0] = nope; }", "broken")
     y = f.empty((4,))
-    ops.kernels._enqueue(launch(broken, [y._data], (1,), None), [], [y])  # type: ignore[attr-defined]
+    ops.kernels.launch(launch(broken, [y._data], (1,), None), [], [y])  # type: ignore[attr-defined]
     z = y + 1.0  # runs after the failed command, and waits for nothing that hangs
     with pytest.raises(KernelCompileError) as compile_info:
         await z.to_host()
@@ -234,10 +234,10 @@ async def test_a_failing_command_is_an_accelkit_error_at_await(backend: OpenCLBa
     def raises(queue: Any, wait_for: list[Any] | None) -> Any:
         raise ValueError("boom")
 
-    ops.kernels._enqueue(raises, [], [f.empty((1,))])  # type: ignore[attr-defined]
+    ops.kernels.launch(raises, [], [f.empty((1,))])  # type: ignore[attr-defined]
     with pytest.raises(DeviceError, match="boom"):
         await backend.synchronize()
-    ops.kernels._enqueue(raises, [], [f.empty((1,))])  # type: ignore[attr-defined]
+    ops.kernels.launch(raises, [], [f.empty((1,))])  # type: ignore[attr-defined]
     with pytest.raises(DeviceError, match="boom"):
         backend.default_stream.synchronize_blocking()  # type: ignore[attr-defined]
     await backend.synchronize()
@@ -252,7 +252,7 @@ async def test_a_failure_on_one_stream_does_not_hang_another(backend: OpenCLBack
         def fail(queue: Any, wait_for: list[Any] | None) -> Any:
             raise cl.LogicError("injected")
 
-        ops.kernels._enqueue(fail, [], [a])  # type: ignore[attr-defined]
+        ops.kernels.launch(fail, [], [a])  # type: ignore[attr-defined]
     with backend.use_stream(s2):
         b = a + 1.0  # depends on the failed position of s1
     assert (await b.to_host()).shape == (8,)
@@ -355,7 +355,7 @@ async def test_errors_are_accel_errors_not_pyopencl_ones(backend: OpenCLBackend)
     def fail(queue: Any, wait_for: list[Any] | None) -> Any:
         return cl.enqueue_fill_buffer(queue, out._data, np.zeros(1, np.float32), 0, 1 << 40)
 
-    backend.tensor_ops.kernels._enqueue(fail, [], [out])  # type: ignore[attr-defined]
+    backend.tensor_ops.kernels.launch(fail, [], [out])  # type: ignore[attr-defined]
     with pytest.raises(AccelError) as info:
         await backend.synchronize()
     assert not isinstance(info.value, cl.Error)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pyopencl as cl
@@ -17,7 +17,7 @@ from accelkit.device import Device
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError, UnsupportedOperationError
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import QueuedBackend
+from accelkit.sdk import Opened, QueuedBackend
 from accelkit_opencl import __version__
 from accelkit_opencl.probe import capabilities, cl_devices
 from accelkit_opencl.programs import KernelRef
@@ -31,12 +31,15 @@ from accelkit_opencl.variants import (
     verifier_for,
 )
 
+if TYPE_CHECKING:
+    from accelkit_opencl.executor import OpenCLKernelExecutor
+
 __all__ = ["OpenCLBackend"]
 
 log = logging.getLogger("accelkit.opencl")
 
 
-class OpenCLBackend(QueuedBackend):
+class OpenCLBackend(QueuedBackend[CLStream]):
     """An OpenCL device (``opencl:N``, numbered over every platform as the probe lists them)."""
 
     name = "opencl"
@@ -45,12 +48,11 @@ class OpenCLBackend(QueuedBackend):
 
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
         super().__init__(pool_config)
-        self._streams: list[CLStream] = []
-        self._default: CLStream | None = None
         self._device_obj = Device("opencl", 0)
         self._cl_device: Any = None
         self._context: Any = None
         self._kernels: dict[tuple[str, str], Any] = {}
+        self._executor: OpenCLKernelExecutor | None = None
         self._variants: dict[str, Candidate] = {}
         self._fallbacks: dict[str, tuple[Candidate, str]] = {}
         self._forced: dict[str, str] = {}
@@ -67,14 +69,16 @@ class OpenCLBackend(QueuedBackend):
         return bool(status == cl.command_execution_status.COMPLETE or status < 0)
 
     # -- lifecycle --------------------------------------------------------------------------------
-    async def _initialize(self, device: Device) -> None:
-        from accelkit_opencl.factory import OpenCLFactoryKernels
-        from accelkit_opencl.kernel_ops import OpenCLFusedKernels
-        from accelkit_opencl.kernels import OpenCLKernelExecutor
+    async def _initialize(self, device: Device) -> Opened[CLStream]:
+        from accelkit_opencl.executor import OpenCLKernelExecutor
+        from accelkit_opencl.factory_kernels import OpenCLFactoryKernels
+        from accelkit_opencl.fused_kernels import OpenCLFusedKernels
         from accelkit_opencl.memory import OpenCLMemoryManager
-        from accelkit_opencl.ops import OpenCLTensorKernels
         from accelkit_opencl.programs import ProgramCache
+        from accelkit_opencl.tensor_kernels import OpenCLTensorKernels
 
+        if self._executor is not None:  # reopen(): the old context's programs go first
+            self._release_programs()
         cl_device = cl_devices()[device.index]
         try:
             context = await anyio.to_thread.run_sync(lambda: cl.Context([cl_device]))
@@ -82,45 +86,47 @@ class OpenCLBackend(QueuedBackend):
             raise DeviceError(f"cannot create an OpenCL context on {device}: {exc}") from None
         self._cl_device = cl_device
         self._context = context
-        self._caps = capabilities(cl_device, device.index)
+        caps = capabilities(cl_device, device.index)
         self._device_obj = device
-        self._streams = []
-        self._add_stream(CLStream(context, cl_device, device, f"{device}/default"))
+        default = CLStream(context, cl_device, device, f"{device}/default")
         self._kernels = {}
         self._programs = ProgramCache(context, cl_device)
         self._verifier = verifier_for(cl_device, device.index)
         self._forced = overrides_from_env()
         self._variants = {}
         self._fallbacks = {}
-        self._refresh_dtypes()
-        self._memory_manager = OpenCLMemoryManager(
-            self, device, context, int(cl_device.global_mem_size), self._pool_config
-        )
-        self._pool = self._memory_manager.pool
-        self._kernel_executor = OpenCLKernelExecutor(self)
-        self.install_kernels(
-            OpenCLTensorKernels(self), OpenCLFactoryKernels(self), OpenCLFusedKernels(self)
+        self._executor = OpenCLKernelExecutor(self)
+        tensor = OpenCLTensorKernels(self)
+        return Opened(
+            streams=[default],
+            memory=OpenCLMemoryManager(
+                self, device, context, int(cl_device.global_mem_size), self.pool_config
+            ),
+            tensor=tensor,
+            factory=OpenCLFactoryKernels(self),
+            fused=OpenCLFusedKernels(self, tensor),
+            executor=self._executor,
+            dtypes=self._dtypes(caps),
+            capabilities=caps,
         )
 
     async def _shutdown(self) -> None:
         try:
-            with anyio.CancelScope(shield=True):
-                for stream in list(self._streams):
-                    stream.discard_errors()  # unreported kernel errors die with the backend
-                    await stream.synchronize()
-                    await anyio.to_thread.run_sync(stream.close)
+            # Each stream's queued work finishes (its errors are dropped: nobody is left to
+            # tell), the stream closes off the loop, and the pool is released.
+            await super()._shutdown()
         finally:
-            self._forget_deferred()
-            self.pool.invalidate_all(close=True)
-            self._streams = []
-            # Release in the order the driver needs: kernels, then programs, then the context
-            # (PoCL aborts at exit when a context goes while programs of it are alive).
-            self._kernels.clear()
-            self._kernels = {}
-            executor = self._kernel_executor
-            if executor is not None:
-                executor._loaded.clear()  # type: ignore[attr-defined]
-            self._programs.clear()
+            self._release_programs()
+
+    def _release_programs(self) -> None:
+        """Release in the order the driver needs: kernels, then programs, then (later, with the
+        last reference) the context: PoCL aborts at exit when a context goes while programs
+        of it are alive."""
+        self._kernels.clear()
+        self._kernels = {}
+        if self._executor is not None:
+            self._executor.release()
+        self._programs.clear()
 
     # -- device programs --------------------------------------------------------------------------
     def _kernel(self, source: str, name: str) -> KernelRef:
@@ -180,7 +186,7 @@ class OpenCLBackend(QueuedBackend):
         candidate passed: the portable one runs, or the dtype is refused), ``forced``,
         ``portable`` (verification is off) or ``fallback`` (the verified variant failed to build
         here)."""
-        self._require_ready()
+        self.check_ready()
         out = []
         for family in self._verifier.families:
             fallback = self._fallbacks.get(family)
@@ -193,21 +199,21 @@ class OpenCLBackend(QueuedBackend):
     async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
         """Verify this device's kernel variants now (in child processes, off the loop), rather
         than in the background on first need; verdicts are stored, so later runs skip it."""
-        self._require_ready()
+        self.check_ready()
         await anyio.to_thread.run_sync(self._verifier.run, progress)
         self._variants.clear()
         self._refresh_dtypes()
 
     def _refresh_dtypes(self) -> None:
+        """Update ``supported_dtypes`` after verification (see :meth:`_dtypes`)."""
+        self.supported_dtypes = self._dtypes(self.capabilities)
+
+    def _dtypes(self, caps: BackendCapabilities) -> frozenset[DType]:
         """The dtypes the device reports, less F64 where cl_khr_fp64 is reported but its kernels
         failed verification here."""
-        caps = self._caps
-        if caps is None:
-            return
         if self._verifier.enabled() and self._verifier.choice("fp64")[1].state == "failed":
-            self.supported_dtypes = caps.dtypes - {DType.F64}
-        else:
-            self.supported_dtypes = caps.dtypes
+            return caps.dtypes - {DType.F64}
+        return caps.dtypes
 
     def _require_fp64(self) -> None:
         """Wait for the fp64 verdict (off the loop: kernels are built in stream threads); refuse
@@ -223,13 +229,12 @@ class OpenCLBackend(QueuedBackend):
             )
 
     # -- streams ----------------------------------------------------------------------------------
-    def create_stream(self) -> CLStream:
-        self._require_ready()
+    def _open_stream(self) -> CLStream:
         stream = CLStream(
             self._context,
             self._cl_device,
             self._device_obj,
-            f"{self._device_obj}/stream{len(self._streams)}",
+            f"{self._device_obj}/stream{len(self.streams)}",
         )
         # Blocks freed while there was one queue went back to the pool at once; work queued
         # before may still use them, so the new queue starts after it.
@@ -237,12 +242,12 @@ class OpenCLBackend(QueuedBackend):
         if busy:
             with cl_errors(stream.name):
                 stream.record(cl.enqueue_barrier(stream.queue, wait_for=busy))
-        return self._add_stream(stream)  # type: ignore[no-any-return]
+        return stream
 
     def _busy_events(self, exclude: CLStream | None = None) -> list[Any]:
         """The last pending event of every stream but ``exclude``."""
         events = []
-        for s in self._streams:
+        for s in self.streams:
             if s is not exclude:
                 event = s.last_event()
                 if event is not None:

@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     async def run() -> None:
         async with ak.open_backend(f"opencl:{args.device}") as backend:
             winners = await tune(
-                backend,  # type: ignore[arg-type]
+                backend,  # type: ignore[arg-type]  # open_backend("opencl:N") opens an OpenCLBackend
                 dtypes,
                 progress=lambda msg: print(msg, file=sys.stderr, flush=True),
             )

@@ -58,7 +58,7 @@ class CLLinalgOps(CLComponent):
     ) -> None:
         m, n, k = mnk
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         bshape, bstrides = collapse(batch, batch_strides) if batch else ((1,), [(0,)] * 3)
         if len(bshape) > 3:
@@ -77,7 +77,7 @@ class CLLinalgOps(CLComponent):
                 out, a, b, c, mnk, a_mk, b_kn, c_mn, bshape, bstrides, alpha, beta, tiled
             )
             return
-        self._enqueue(tiled, [a, b, c], [out])
+        self.launch(tiled, [a, b, c], [out])
 
     def _tiled_gemm(
         self,
@@ -127,7 +127,7 @@ class CLLinalgOps(CLComponent):
         block = self.__dict__.get("_gemm_blocks", {}).get(dtype)
         if block is None:
             block = self.backend._variant(f"gemm_packed.{dtype.value}")
-        return block  # type: ignore[no-any-return]
+        return block  # type: ignore[no-any-return]  # variants' values are Any (per family)
 
     def _packed_gemm(
         self,
@@ -202,7 +202,7 @@ class CLLinalgOps(CLComponent):
                 wait_for = None  # the queue is in order
             return event
 
-        self._enqueue(run, [a, b, c], [out], keepalive=packed)
+        self.launch(run, [a, b, c], [out], keepalive=packed)
 
     def gemm(
         self,

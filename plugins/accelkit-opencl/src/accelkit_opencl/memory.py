@@ -27,11 +27,11 @@ from accelkit.sdk import (
     check_tensor,
     last_writer,
     mark_written,
+    other_writers,
     storage,
 )
 from accelkit.tensor import Tensor
 from accelkit_opencl.stream import CLStream
-from accelkit_opencl.submit import positions
 
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
@@ -71,6 +71,8 @@ def _raw_free(handle: Any) -> None:
 
 
 class OpenCLMemoryManager(PooledMemoryManager):
+    backend: OpenCLBackend
+
     def __init__(
         self,
         backend: OpenCLBackend,
@@ -82,13 +84,12 @@ class OpenCLMemoryManager(PooledMemoryManager):
         super().__init__(
             backend, CachingPool(device, _raw_alloc(context), _raw_free, total_bytes, config)
         )
-        self.backend: OpenCLBackend = backend
 
     def _settle(self) -> None:
-        self.backend._prune_streams()
+        self.backend.prune_streams()
 
     def _current(self) -> CLStream:
-        return self.backend.current_stream  # type: ignore[return-value]
+        return self.backend.current_stream
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         buf = self.owned_buffer(buffer, "buffer")
@@ -96,7 +97,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         # already queued, so the block may be reused at once. With several, the pool may hand it
         # to any queue next, so it returns once the work queued so far on all of them is done
         # (positions, answered from the streams' counters: no OpenCL call here).
-        streams: list[CLStream] = self.backend._streams
+        streams = self.backend.streams
         if len(streams) < 2:
             self.pool.free(buf)
             return
@@ -104,7 +105,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         if not busy:
             self.pool.free(buf)
         else:
-            self.pool.free(buf, lambda recycle: self.backend._after_events(busy, recycle))
+            self.pool.free(buf, lambda recycle: self.backend.after_events(busy, recycle))
 
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         buf, view = self.check_htod(dst, src)
@@ -118,7 +119,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
             data = _snapshot(view)
         stream = self._current()
         # After every use of dst queued so far (the writer on another stream too).
-        deps = positions(stream, [dst]) if isinstance(dst, Tensor) else []
+        deps = other_writers(stream, [dst]) if isinstance(dst, Tensor) else []
         handle = buf.handle
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
@@ -135,7 +136,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         if dst.nbytes == 0:
             return
         stream = self._current()
-        deps = positions(stream, [src]) if isinstance(src, Tensor) else []
+        deps = other_writers(stream, [src]) if isinstance(src, Tensor) else []
         # Copied into a staging array the stream keeps alive, so that a cancelled wait never
         # leaves the device writing into the caller's array later.
         staging = np.empty(dst.nbytes, np.uint8)
@@ -164,7 +165,7 @@ class OpenCLMemoryManager(PooledMemoryManager):
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
             return cl.enqueue_copy(queue, dh, sh, byte_count=nbytes, wait_for=wait_for)
 
-        seq = stream.submit(run, (d, s), positions(stream, tensors))
+        seq = stream.submit(run, (d, s), other_writers(stream, tensors))
         if isinstance(dst, Tensor):
             mark_written((dst,), stream, seq)
 
@@ -172,6 +173,8 @@ class OpenCLMemoryManager(PooledMemoryManager):
     def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], int, CLStream]:
         check_tensor(self.backend, tensor, "tensor")
         out = np.empty(tensor.shape, tensor.dtype.to_numpy())
+        # A tensor of this backend was written on one of its CLStreams (last_writer says
+        # PositionStream).
         stream: CLStream = last_writer(tensor)[0]  # type: ignore[assignment]
         if out.nbytes == 0:
             return out, 0, stream

@@ -131,6 +131,7 @@ def capabilities(device: Any, index: int) -> BackendCapabilities:
         ),
         extra={
             "platform": device.platform.name.strip(),
+            # PyOpenCL's stubs do not declare the enum classes' to_string:
             "device_type": cl.device_type.to_string(device.type),  # type: ignore[operator]
             "opencl_version": device.version.strip(),
             "driver_version": device.driver_version.strip(),

@@ -15,13 +15,13 @@ submissions, so the threads cannot wait on each other in a cycle). A closure tha
 kernel that fails to build, an OpenCL error) does not stop the thread: its position gets no
 command, and its error, as an accelkit error (a ``KernelCompileError`` as it is, anything else a
 ``DeviceError``), is raised by the next await that covers that position, like the errors that
-kernels find on the device (:class:`~accelkit._core.device_errors.DeviceErrors`).
+kernels find on the device (:class:`~accelkit.sdk.DeviceErrors`).
 
 **Completion** is followed by the stream's *completer* thread, which waits for the positions'
 events in order, drops what each kept alive (so the pool may hand its buffers out again), notes
 failed commands, and wakes waiters: an ``await`` registers a callback that the completer calls,
 which wakes the loop through its own thread-safe entry point
-(:func:`~accelkit._core.loop.wait_for_callback`). Waiting is pure Python on the loop's thread;
+(:func:`~accelkit.sdk.wait_for_callback`). Waiting is pure Python on the loop's thread;
 blocking waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
 
 A position of another stream that a command depends on is complete on this stream's side only
@@ -39,8 +39,6 @@ finished).
 from __future__ import annotations
 
 import contextlib
-import heapq
-import itertools
 import logging
 import threading
 from collections import deque
@@ -52,7 +50,7 @@ import pyopencl as cl
 
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
-from accelkit.sdk import DeviceErrors, Event, Stream, wait_for_callback
+from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters, wait_for_callback
 
 __all__ = [
     "CLEvent",
@@ -82,7 +80,6 @@ _IDLE_EXIT = 10.0
 #: The submitter flushes the queue when it has nothing more to enqueue, and at least this often.
 _FLUSH_EVERY = 32
 
-_ids = itertools.count()
 _log = logging.getLogger("accelkit.opencl")
 
 
@@ -167,7 +164,7 @@ class Position:
 
     @property
     def done(self) -> bool:
-        return self.stream._completed_upto >= self.seq
+        return self.stream.completed >= self.seq
 
     @property
     def command_execution_status(self) -> int:
@@ -177,8 +174,12 @@ class Position:
         return f"<Position {self.seq} of {self.stream.name}{' done' if self.done else ''}>"
 
 
-class CLStream(DeviceErrors, Stream):
+class CLStream(DeviceErrors, PositionStream):
     """One in-order OpenCL command queue fed by its own thread (see the module docstring)."""
+
+    #: Positions handed out / completed (plain attributes: read on every launch).
+    submitted: int
+    completed: int
 
     def __init__(self, context: Any, device: Any, dev: Device, name: str) -> None:
         with cl_errors(name):
@@ -197,7 +198,7 @@ class CLStream(DeviceErrors, Stream):
         #: Positions handed out / enqueued by the submitter (or failed) / completed.
         self.submitted = 0
         self._enqueued = 0
-        self._completed_upto = 0
+        self.completed = 0
         self._todo: deque[_Work] = deque()
         #: seq -> the event of its command (None: no command), from enqueue to completion
         self._events: dict[int, Any] = {}
@@ -209,8 +210,8 @@ class CLStream(DeviceErrors, Stream):
         self._deps: dict[int, Sequence[tuple[CLStream, int]]] = {}
         #: (seq, user event): set complete by the completer when position seq completes
         self._gates: list[tuple[int, Any]] = []
-        #: (seq, id, callback): async waiters, soonest first
-        self._waiters: list[tuple[int, int, Callable[[], None]]] = []
+        #: Async waiters, soonest first (called by the completer, or by close)
+        self._waiters = Waiters(self._lock)
         #: (seq, check) of commands that can fail on the device (an index out of range), and of
         #: commands that failed to enqueue (a :class:`_Failure`): once position seq has
         #: completed, check() returns the error to raise, or None.
@@ -250,7 +251,8 @@ class CLStream(DeviceErrors, Stream):
             seq = self.submitted + 1
             self.submitted = seq
             self._keep[seq] = (fn, *keepalive)
-            self._todo.append(_Work(seq, fn, [d for d in deps if d[0] is not self], hook))
+            own = [d for d in deps if d[0] is not self] if deps else ()
+            self._todo.append(_Work(seq, fn, own, hook))
             if self._submitter is None:
                 self._submitter = self._spawn_locked(self._submit_loop, "submit")
             if self._completer is None:
@@ -335,7 +337,7 @@ class CLStream(DeviceErrors, Stream):
         with self._lock:
             while self._enqueued < seq and not (self._closed and not self._threads_alive()):
                 self._enqueued_cv.wait(1.0)
-            if seq <= self._completed_upto:
+            if seq <= self.completed:
                 return None
             return self._events.get(seq)
 
@@ -346,14 +348,14 @@ class CLStream(DeviceErrors, Stream):
         timed_out = False
         while True:
             with self._lock:
-                while self._enqueued <= self._completed_upto:
-                    idle = self.submitted <= self._completed_upto
+                while self._enqueued <= self.completed:
+                    idle = self.submitted <= self.completed
                     if idle and (self._closed or timed_out):
                         self._completer = None  # the next submission starts another thread
                         return
                     timed_out = not self._enqueued_cv.wait(_IDLE_EXIT)
                 timed_out = False
-                seq = self._completed_upto + 1
+                seq = self.completed + 1
                 event = self._events.get(seq)
                 hook = self._hooks.pop(seq, None)
                 deps = self._deps.pop(seq, ())
@@ -382,10 +384,10 @@ class CLStream(DeviceErrors, Stream):
                     self._fail_locked(
                         seq, DeviceError(f"OpenCL reported error {status} for work on {self.name}")
                     )
-                self._completed_upto = seq
+                self.completed = seq
                 self.prune_checks_locked(seq)
                 self._done_cv.notify_all()
-                ready = self._ready_waiters_locked(seq)
+                ready = self._waiters.due(seq)
                 gates = self._ready_gates_locked(seq) if self._gates else []
             del event, hook, deps
             _open(gates)
@@ -396,13 +398,6 @@ class CLStream(DeviceErrors, Stream):
         ready = [gate for s, gate in self._gates if s <= seq]
         if ready:
             self._gates = [(s, gate) for s, gate in self._gates if s > seq]
-        return ready
-
-    def _ready_waiters_locked(self, seq: int) -> list[Callable[[], None]]:
-        waiters = self._waiters
-        ready: list[Callable[[], None]] = []
-        while waiters and waiters[0][0] <= seq:
-            ready.append(heapq.heappop(waiters)[2])
         return ready
 
     # -- positions and their events ---------------------------------------------------------------
@@ -425,7 +420,7 @@ class CLStream(DeviceErrors, Stream):
 
     def _event_or_gate(self, seq: int, last: bool) -> Any | None:
         with self._lock:
-            if seq <= self._completed_upto:
+            if seq <= self.completed:
                 return None
             if self._enqueued >= seq:
                 if not last:
@@ -440,14 +435,6 @@ class CLStream(DeviceErrors, Stream):
                 gate = cl.UserEvent(self.context)
             self._gates.append((seq, gate))
             return gate
-
-    def prune(self) -> None:
-        """Completed positions release what they kept alive as they complete (on the completer
-        thread); there is nothing left to do here. Kept for the backend's pruning pass."""
-
-    @property
-    def completed(self) -> int:
-        return self._completed_upto
 
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> CLEvent:
@@ -477,39 +464,30 @@ class CLStream(DeviceErrors, Stream):
     ) -> None:
         """Make work submitted to this stream from now on wait for positions of other streams
         (a barrier with a wait list, enqueued by the submitter). No OpenCL call here."""
-        deps = [(s, q) for s, q in positions if s is not self and q > s._completed_upto]
+        deps = [(s, q) for s, q in positions if s is not self and q > s.completed]
         if deps:
             self.submit(_barrier, keepalive, deps)
 
-    def query(self) -> bool:
-        return self._completed_upto >= self.submitted
-
     # -- waiting ----------------------------------------------------------------------------------
-    def _add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
-        entry = (seq, next(_ids), callback)
-        with self._lock:
-            if self._completed_upto < seq:
-                heapq.heappush(self._waiters, entry)
+    # Completed positions release what they kept alive as they complete (on the completer
+    # thread): ``prune`` has nothing to do (PositionStream's default). ``wait_for``, ``query``,
+    # ``synchronize`` and ``synchronize_blocking`` are PositionStream's, over ``add_waiter``,
+    # ``wait_for_blocking`` and DeviceErrors' ``raise_errors``.
+    def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
+        return self._waiters.add(seq, callback, self._completed_count)
 
-                def unregister() -> None:
-                    with self._lock:
-                        if entry in self._waiters:
-                            self._waiters.remove(entry)
-                            heapq.heapify(self._waiters)
-
-                return unregister
-        callback()
-        return None
+    def _completed_count(self) -> int:
+        return self.completed
 
     async def reach(self, seq: int) -> None:
         """Wait, without any OpenCL call on the loop's thread, until position ``seq`` has
-        completed; raises nothing."""
-        if self._completed_upto < seq:
-            await wait_for_callback(lambda cb: self._add_waiter(seq, cb))
+        completed; raises nothing (the errors stay for the awaits that cover them)."""
+        if self.completed < seq:
+            await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
 
     def reach_blocking(self, seq: int) -> None:
         with self._lock:
-            while self._completed_upto < seq:
+            while self.completed < seq:
                 self._done_cv.wait()
 
     def raise_failure(self, seq: int) -> None:
@@ -527,17 +505,6 @@ class CLStream(DeviceErrors, Stream):
             raise error
         finally:
             del error
-
-    async def synchronize(self) -> None:
-        await self.wait_for(self.submitted)
-
-    def synchronize_blocking(self) -> None:
-        self.wait_for_blocking(self.submitted)
-
-    async def wait_for(self, seq: int) -> None:
-        """Wait until position ``seq`` has completed; raise the first error at or before it."""
-        await self.reach(seq)
-        self.raise_errors(seq)
 
     def wait_for_blocking(self, seq: int) -> None:
         self.reach_blocking(seq)
@@ -572,9 +539,9 @@ class CLStream(DeviceErrors, Stream):
             self._deps.clear()
             keep = list(self._keep.values())
             self._keep.clear()
-            self._enqueued = self._completed_upto = self.submitted
+            self._enqueued = self.completed = self.submitted
             self._done_cv.notify_all()
-            ready = self._ready_waiters_locked(self.submitted)
+            ready = self._waiters.due(self.submitted)
             gates = [gate for _, gate in self._gates]
             self._gates = []
             self._threads = [t for t in self._threads if t.is_alive()]
@@ -639,7 +606,7 @@ class CLEvent(Event):
             self._end_ns = int(event.profile.end)
 
     def query(self) -> bool:
-        return self._stream._completed_upto >= self.seq
+        return self._stream.completed >= self.seq
 
     async def wait(self) -> None:
         await self._stream.wait_for(self.seq)

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
-from accelkit.dtype import DType
-from accelkit.sdk import last_writer, mark_written, new_tensor, view_of
+from accelkit.sdk import KernelBase, other_writers
 from accelkit.tensor import Tensor
 from accelkit_opencl.programs import enqueue_kernel
 from accelkit_opencl.stream import CLStream
@@ -17,88 +16,57 @@ from accelkit_opencl.stream import CLStream
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
 
-__all__ = ["CLComponent", "dependencies", "launch", "positions"]
-
-
-def positions(stream: CLStream, inputs: Iterable[Any]) -> list[tuple[CLStream, int]]:
-    """The pending positions of the inputs' writers on other streams (the same in-order queue
-    needs none: its commands run in order). Pure Python: no OpenCL call."""
-    deps: list[tuple[CLStream, int]] = []
-    for t in inputs:
-        if type(t) is Tensor:
-            writer, seq = last_writer(t)
-            s: CLStream = writer  # type: ignore[assignment]
-            if s is not stream and seq > s._completed_upto:
-                deps.append((s, seq))
-    return deps
+__all__ = ["CLComponent", "dependencies", "launch"]
 
 
 def dependencies(stream: CLStream, inputs: Iterable[Any]) -> list[Any]:
     """OpenCL events for the inputs' pending writers on other streams, for code that enqueues
     on a stream's queue itself (see :meth:`CLStream.event_for`: never waits). Submissions pass
-    :func:`positions` to :meth:`CLStream.submit` instead."""
+    positions (:func:`accelkit.sdk.other_writers`) to :meth:`CLStream.submit` instead."""
     deps = []
-    for s, seq in positions(stream, inputs):
+    for s, seq in other_writers(stream, inputs):
         event = s.event_for(seq)
         if event is not None:
             deps.append(event)
     return deps
 
 
-class CLComponent:
-    """Allocation and submission shared by the OpenCL backend's components."""
+class CLComponent(KernelBase):
+    """Allocation and submission shared by the OpenCL backend's components.
+
+    :class:`accelkit.sdk.KernelBase` allocates outputs (a tensor's storage is its ``cl.Buffer``
+    block) and launches work after the writers of its inputs on other streams; this class says
+    how a :class:`CLStream` takes it (:meth:`submit`) and what runs before an allocation.
+    Work is ``fn(queue, wait_for) -> event``, run on the stream's submitter thread
+    (:mod:`accelkit_opencl.stream`): launching makes no OpenCL call. The tensors (and the
+    ``keepalive`` option) stay referenced until the command has completed, so that their
+    buffers do not go back to the pool while the device still uses them.
+    """
 
     backend: OpenCLBackend
 
-    def __init__(self, backend: OpenCLBackend) -> None:
-        self.backend = backend
+    def before_allocation(self) -> None:
+        # Completed commands released the buffers they kept alive; deferred frees whose
+        # events have completed return to the pool now, so it can reuse them.
+        self.backend.prune_streams()
 
-    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
-        backend = self.backend
-        size = 1
-        for d in shape:
-            size *= d
-        # Completed commands release the buffers they kept alive, so the pool can reuse them.
-        backend._prune_streams()
-        buf = backend.pool.allocate(size * dtype.itemsize)
-        stream = backend._stream_var.get() or backend._default
-        assert stream is not None
-        return new_tensor(backend, buf, buf.handle, shape, dtype, backend._device_obj, stream)
-
-    def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
-        return view_of(x, shape)
+    def submit(
+        self,
+        stream: CLStream,
+        fn: Callable[..., Any],
+        deps: list[tuple[Any, int]],
+        hold: tuple[Any, ...],
+        keepalive: Iterable[Any] | None = None,
+        **options: Any,
+    ) -> int:
+        """Queue ``fn(queue, wait_for) -> event`` on ``stream`` after ``deps`` (positions of
+        other streams: the submitter passes their events in ``wait_for``), keeping ``hold``
+        and ``keepalive`` referenced until it has completed."""
+        return stream.submit(fn, hold if keepalive is None else (*hold, keepalive), deps)
 
     @property
-    def _stream(self) -> CLStream:
-        backend = self.backend
-        stream = backend._stream_var.get() or backend._default
-        assert stream is not None
-        return stream  # type: ignore[return-value]
-
-    def _enqueue(
-        self,
-        fn: Callable[[Any, list[Any]], Any],
-        inputs: Iterable[Any],
-        outputs: Iterable[Tensor],
-        keepalive: Iterable[Any] = (),
-    ) -> None:
-        """Submit ``fn(queue, wait_for) -> event`` on the current stream after the inputs'
-        writers, and record the outputs as written by it.
-
-        ``fn`` runs on the stream's submitter thread (:mod:`accelkit_opencl.stream`): this
-        makes no OpenCL call. The tensors (and ``keepalive``) stay referenced until the command
-        has completed, so that their buffers do not go back to the pool while the device still
-        uses them.
-        """
-        stream = self._stream
-        inputs = [t for t in inputs if t is not None]
-        outputs = list(outputs)
-        seq = stream.submit(
-            fn,  # type: ignore[arg-type]
-            (*inputs, *outputs, *keepalive),
-            positions(stream, inputs),
-        )
-        mark_written(outputs, stream, seq)
+    def current_stream(self) -> CLStream:
+        return self.backend.current_stream
 
     def _enqueue_checked(
         self,
@@ -109,7 +77,7 @@ class CLComponent:
         *,
         unsigned: bool = False,
     ) -> None:
-        """Like :meth:`_enqueue`, for a kernel that can find bad input only on the device.
+        """Like :meth:`launch`, for a kernel that can find bad input only on the device.
 
         ``fn(queue, wait_for, err)`` enqueues the kernel with ``err``, a zeroed buffer of two
         longs: a work-item that finds a bad value sets ``err[0]`` (atomically, so one wins) and
@@ -129,8 +97,7 @@ class CLComponent:
             fn(queue, wait_for, flag)
             return cl.enqueue_copy(queue, host, flag, is_blocking=False)
 
-        outputs = list(outputs)
-        self._enqueue(run, inputs, outputs, (host,))
+        seq = self.launch(run, inputs, outputs, keepalive=(host,))
 
         def check() -> BaseException | None:
             if not host[0]:
@@ -138,12 +105,7 @@ class CLComponent:
             value = int(host[1:].view(np.uint64)[0]) if unsigned else int(host[1])
             return error(value)
 
-        self._stream.add_check(last_writer(outputs[0])[1], check)
-
-    def _skip(self, outputs: Iterable[Tensor]) -> None:
-        """Record empty outputs (nothing to compute) as written now."""
-        stream = self._stream
-        mark_written(outputs, stream, 0)
+        self.current_stream.add_check(seq, check)
 
 
 def launch(kernel: Any, args: Sequence[Any], global_size: tuple[int, ...], local: Any) -> Any:

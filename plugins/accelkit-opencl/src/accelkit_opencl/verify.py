@@ -151,10 +151,11 @@ def _inject_nokernel() -> Callable[[], None]:
             return program
         return original(self, source, options)
 
+    # Patching the class's methods for this child process (undone below) on purpose:
     programs.ProgramCache._compile = empty  # type: ignore[method-assign]
     programs.ProgramCache._load = lambda self, key, options: None  # type: ignore[method-assign]
 
-    def undo() -> None:
+    def undo() -> None:  # restores the methods patched above
         programs.ProgramCache._compile = original  # type: ignore[method-assign]
         programs.ProgramCache._load = original_load  # type: ignore[method-assign]
 

@@ -113,7 +113,7 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
     async def load_kernel(
         self, source: str, name: str, *, language: str = "opencl", options: Sequence[str] = ()
     ) -> KernelHandle:
-        self.backend._require_ready()
+        self.backend.check_ready()
         if language not in ("opencl", "spirv"):
             raise UnsupportedOperationError(
                 f"the opencl backend takes OpenCL C (language='opencl') or SPIR-V"
@@ -176,15 +176,15 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
             key=key,
             backend="opencl",
             device=str(self.backend.device),
-            generation=self.backend._generation(),
+            generation=self.backend.generation,
         )
 
     def _get(self, handle: KernelHandle) -> _Loaded:
-        self.backend._require_ready()
+        self.backend.check_ready()
         if not isinstance(handle, KernelHandle):
             raise InvalidArgumentError(f"expected a KernelHandle; got {type(handle).__name__}")
         loaded = self._loaded.get((handle.key, handle.name))
-        if loaded is None or handle.generation != self.backend._generation():
+        if loaded is None or handle.generation != self.backend.generation:
             raise StaleHandleError(
                 f"kernel {handle.name!r} was unloaded, or belongs to another backend or context"
             )
@@ -241,7 +241,7 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
         def launch(queue: Any, wait_for: list[Any] | None) -> Any:
             return enqueue_kernel(queue, kernel, values, global_size, block_t, wait_for)
 
-        self._enqueue(launch, tensors, tensors, (*keep, loaded))
+        self.launch(launch, tensors, tensors, keepalive=(*keep, loaded))
 
     def _untyped_arg(self, i: int, arg: Any, tensors: list[Tensor], keep: list[Any]) -> Any:
         """An argument of a kernel without argument info (SPIR-V): taken by its own type."""
@@ -277,8 +277,7 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
                 tensors.append(arg)
                 return storage(arg)
             if isinstance(arg, DeviceBuffer):
-                if arg._pool is not self.backend.pool or not arg.is_alive:
-                    raise StaleHandleError(f"args[{i}] {arg!r} was freed or is another backend's")
+                self.backend.memory_manager.owned_buffer(arg, f"args[{i}]")  # live and ours
                 keep.append(arg)
                 return arg.handle
             raise InvalidArgumentError(
@@ -335,3 +334,8 @@ class OpenCLKernelExecutor(CLComponent, KernelExecutor):
         self._loaded.pop((handle.key, handle.name), None)
         if not any(k == handle.key for k, _ in self._loaded):
             self.programs.forget(handle.key)
+
+    def release(self) -> None:
+        """Drop every loaded kernel and its program (at shutdown, before the program cache: the
+        driver releases kernels before their programs)."""
+        self._loaded.clear()

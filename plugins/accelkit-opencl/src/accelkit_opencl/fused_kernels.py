@@ -1,7 +1,7 @@
 """The OpenCL backend's KernelOps: every sub-interface, each hook enqueueing OpenCL kernels.
 
 Ops that TensorOps already runs on this device (rms_norm, layer_norm, attention, linear, gelu,
-argmax) enqueue the same kernels through :class:`~accelkit_opencl.ops.OpenCLTensorKernels`'s hooks;
+argmax) enqueue the same kernels through :class:`~accelkit_opencl.tensor_kernels.OpenCLTensorKernels`'s hooks;
 silu_mul is one generated elementwise kernel; the rest are the kernels of
 :mod:`accelkit_opencl.opencl_fused`. Nothing is computed on the host: the only host data sent
 are constants a kernel reads (rotary frequencies, sample_token's seeded noise, which is the
@@ -24,7 +24,6 @@ from accelkit.sdk import (
     FusedKernels,
     GeluApproximation,
     SamplingParams,
-    last_writer,
     rotary_inv_freq,
     storage,
 )
@@ -46,7 +45,8 @@ from accelkit_opencl.stream import cl_errors
 from accelkit_opencl.submit import CLComponent, launch
 
 if TYPE_CHECKING:
-    from accelkit_opencl.ops import OpenCLTensorKernels
+    from accelkit_opencl.backend import OpenCLBackend
+    from accelkit_opencl.tensor_kernels import OpenCLTensorKernels
 
 __all__ = [
     "OpenCLActivationKernels",
@@ -75,9 +75,10 @@ class _FusedComponent(CLComponent):
                     f"opencl: no fused {op} for {t.dtype.value} (OpenCL C has no such type)"
                 )
 
-    @property
-    def _ops(self) -> OpenCLTensorKernels:
-        return self.backend.tensor_ops.kernels  # type: ignore[return-value]
+    def __init__(self, backend: OpenCLBackend, tensor: OpenCLTensorKernels) -> None:
+        super().__init__(backend)
+        #: The backend's TensorKernels, whose kernels the ops TensorOps also has enqueue.
+        self._ops = tensor
 
     def _enqueue_reporting(
         self,
@@ -102,12 +103,12 @@ class _FusedComponent(CLComponent):
             fn(queue, wait_for, flag)
             return cl.enqueue_copy(queue, host, flag, is_blocking=False)
 
-        self._enqueue(run, inputs, outputs, (flag, host, *keepalive))
+        seq = self.launch(run, inputs, outputs, keepalive=(flag, host, *keepalive))
 
         def check() -> BaseException | None:
             return error(int(host[1]), int(host[2])) if host[0] else None
 
-        self._stream.add_check(last_writer(outputs[0])[1], check)
+        self.current_stream.add_check(seq, check)
 
 
 def _with_err(
@@ -133,7 +134,7 @@ class OpenCLNormKernels(_FusedComponent):
     ) -> None:  # fmt: skip
         self._supported("rms_norm_residual", x)
         if x.size == 0:
-            self._skip([normed, summed])
+            self.skip([normed, summed])
             return
         d = x.shape[-1]
         wg = self.backend._reduce_wg
@@ -143,7 +144,7 @@ class OpenCLNormKernels(_FusedComponent):
         if weight is not None:
             args.append(storage(weight))
         args += [_i64(d), numpy_scalar(load_type(x.dtype), eps)]
-        self._enqueue(
+        self.launch(
             launch(kernel, args, ((x.size // d) * wg,), (wg,)),
             [x, residual, weight], [normed, summed],
         )  # fmt: skip
@@ -161,7 +162,7 @@ class OpenCLPositionKernels(_FusedComponent):
     ) -> None:
         self._supported("rotary_embedding", x)
         if x.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         _, h, s, d = x.shape
         half = d // 2
@@ -175,7 +176,7 @@ class OpenCLPositionKernels(_FusedComponent):
         if positions is not None:
             args.append(storage(positions))
         args += [_i64(h), _i64(s), _i64(half), _i64(offset)]
-        self._enqueue(launch(kernel, args, (x.size // 2,), None), [x, inv_freq, positions], [out])
+        self.launch(launch(kernel, args, (x.size // 2,), None), [x, inv_freq, positions], [out])
 
 
 class OpenCLAttentionKernels(_FusedComponent):
@@ -192,7 +193,7 @@ class OpenCLAttentionKernels(_FusedComponent):
     ) -> None:  # fmt: skip
         self._supported("paged_attention", q)
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         b, h, d = q.shape
         num_blocks, block_size, hk, _ = k_cache.shape
@@ -231,7 +232,7 @@ class OpenCLActivationKernels(_FusedComponent):
         self._supported("silu_mul", gate)
         n = out.size
         if n == 0:
-            self._skip([out])
+            self.skip([out])
             return
         dt = gate.dtype
         operands = [Operand("a", dt, True), Operand("b", dt, True)]
@@ -248,7 +249,7 @@ class OpenCLActivationKernels(_FusedComponent):
             _i64(n),
         ]
         args += [_i64(1)] * 3  # contiguous strides of out, a and b
-        self._enqueue(launch(kernel, args, (n,), None), [gate, up], [out])
+        self.launch(launch(kernel, args, (n,), None), [gate, up], [out])
 
     def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
         self._supported("gelu", x)
@@ -266,7 +267,7 @@ class OpenCLLinearKernels(_FusedComponent):
     ) -> None:  # fmt: skip
         self._supported("quantized_linear", x)
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         n_out, n_in = qweight.shape[0], x.shape[-1]
         rows = x.size // n_in
@@ -276,7 +277,7 @@ class OpenCLLinearKernels(_FusedComponent):
         if bias is not None:
             args.append(storage(bias))
         args += [_i64(n_out), _i64(n_in)]
-        self._enqueue(launch(kernel, args, (n_out, rows), None), [x, qweight, scales, bias], [out])
+        self.launch(launch(kernel, args, (n_out, rows), None), [x, qweight, scales, bias], [out])
 
 
 class OpenCLSamplingKernels(_FusedComponent):
@@ -291,7 +292,7 @@ class OpenCLSamplingKernels(_FusedComponent):
         vocab = logits.shape[-1]
         rows = logits.size // vocab
         if rows == 0:
-            self._skip([out])
+            self.skip([out])
             return
         ct = _compute(logits.dtype)
         greedy = params.temperature == 0.0
@@ -325,7 +326,7 @@ class OpenCLSamplingKernels(_FusedComponent):
         ]  # fmt: skip
         launch_size = ((rows * wg,), (wg,))
         if previous is None:
-            self._enqueue(launch(kernel, args, *launch_size), inputs, [out, z, p])
+            self.launch(launch(kernel, args, *launch_size), inputs, [out, z, p])
             return
 
         def error(kind: int, value: int) -> BaseException:

@@ -17,7 +17,7 @@ import pyopencl as cl
 
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import UnsupportedOperationError
-from accelkit.sdk import Operand, TensorKernels, last_writer, prod, storage
+from accelkit.sdk import Operand, TensorKernels, prod, storage
 from accelkit.tensor import Tensor
 from accelkit_opencl.linalg_ops import CLLinalgOps
 from accelkit_opencl.opencl_attention import attention_key_tile, attention_source
@@ -101,7 +101,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     ) -> None:
         n = prod(shape)
         if n == 0:
-            self._skip([out])
+            self.skip([out])
             return
         tensors = [it for it in items if it.is_tensor]
         if out_strides is None:
@@ -118,6 +118,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         kernel = self.backend._kernel(source, "ew")
         args: list[Any] = [storage(out), _i64(out_offset)]
         for it in items:
+            # is_tensor says what value is (a property mypy cannot narrow through):
             if it.is_tensor:
                 args += [storage(it.value), _i64(it.offset)]  # type: ignore[arg-type]
             else:
@@ -126,7 +127,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         args += [_i64(d) for d in cshape]
         for strides in cstrides:
             args += [_i64(s) for s in strides]
-        self._enqueue(launch(kernel, args, (n,), None), [it.value for it in tensors], [out])
+        self.launch(launch(kernel, args, (n,), None), [it.value for it in tensors], [out])
 
     def _operand(self, name: str, v: Operand, compute: DType, shape: tuple[int, ...]) -> _Item:
         if type(v) is Tensor:
@@ -151,6 +152,8 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
             elif type(a) is Tensor:
                 compute = scalar_result_type(a.dtype, b)
             else:
+                # b is the Tensor here (a is not; both are not scalars): `type(x) is` checks
+                # do not narrow a union for mypy.
                 compute = scalar_result_type(b.dtype, a)  # type: ignore[union-attr]
             compute = _wide_enough(compute, a, b)
         else:
@@ -193,7 +196,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
     ) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         strides = contiguous_strides(x.shape)
         keep = [i for i in range(x.ndim) if i not in axes]
@@ -210,7 +213,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         kernel = self.backend._kernel(source, "reduce")
         args = [storage(out), storage(x), _i64(n_red)]
         args += [_i64(v) for v in (*kshape, *kstrides, *rshape, *rstrides)]
-        self._enqueue(launch(kernel, args, (out.size * wg,), (wg,)), [x], [out])
+        self.launch(launch(kernel, args, (out.size * wg,), (wg,)), [x], [out])
 
     # -- shape ------------------------------------------------------------------------------------
     def _copy(
@@ -249,7 +252,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
                 wrote = True
             position += t.shape[axis]
         if not wrote:
-            self._skip([out])
+            self.skip([out])
 
     def narrow(self, x: Tensor, axis: int, start: int, out: Tensor) -> None:
         strides = contiguous_strides(x.shape)
@@ -262,7 +265,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
 
         n = out.size
         if n == 0:
-            self._skip([out])
+            self.skip([out])
             return
         strides = contiguous_strides(x.shape)
         if isinstance(index, range):
@@ -278,14 +281,14 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         kernel = self.backend._kernel(take_source(x.dtype, x.ndim, axis), "take")
         args: list[Any] = [storage(out), storage(x), storage(table), _i64(n)]
         args += [_i64(d) for d in out.shape] + [_i64(s) for s in strides]
-        self._enqueue(launch(kernel, args, (n,), None), [x, table], [out])
+        self.launch(launch(kernel, args, (n,), None), [x, table], [out])
 
     def gather(self, x: Tensor, axis: int, index: Tensor, out: Tensor) -> None:
         from accelkit_opencl.opencl_index import checked_launch, gather_source, index_error
 
         n = out.size
         if n == 0:
-            self._skip([out])
+            self.skip([out])
             return
         dim = x.shape[axis]
         kernel = self.backend._kernel(gather_source(x.dtype, index.dtype, x.ndim, axis), "gather")
@@ -328,7 +331,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         lines = index.size // length if length else 0
         if lines == 0:
             if not out.size:
-                self._skip([out])
+                self.skip([out])
             return
         dim = x.shape[axis]
         scalar: str | None = None
@@ -368,7 +371,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
 
         n, o, oh, ow = out.shape
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         _, c, h, w = x.shape
         _, cg, kh, kw = weight.shape
@@ -378,7 +381,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
             args.append(storage(bias))
         dims = (c, h, w, o, cg, kh, kw, oh, ow, *stride, *padding, *dilation, o // groups)
         args += [np.int32(v) for v in dims]
-        self._enqueue(launch(kernel, args, (ow, oh, n * o), None), [x, weight, bias], [out])
+        self.launch(launch(kernel, args, (ow, oh, n * o), None), [x, weight, bias], [out])
 
     def attention(
         self,
@@ -391,7 +394,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         causal: bool,
     ) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         b, h, sq, d = q.shape
         hk, skv, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -414,11 +417,11 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         if mask is not None:
             args += [_i64(st) for st in broadcast_strides(mask.shape, (b, h, sq, skv))]
         global_size = (-(-sq // bq) * bq, b * h)
-        self._enqueue(launch(kernel, args, global_size, (bq, 1)), [q, k, v, mask], [out])
+        self.launch(launch(kernel, args, global_size, (bq, 1)), [q, k, v, mask], [out])
 
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         length = x.shape[axis]
         inner = prod(x.shape[axis + 1 :])
@@ -426,7 +429,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         wg = self.backend._reduce_wg
         kernel = self.backend._kernel(softmax_source(x.dtype, out.dtype, log, wg), "softmax")
         args = [storage(out), storage(x), _i64(length), _i64(inner)]
-        self._enqueue(launch(kernel, args, (rows * wg,), (wg,)), [x], [out])
+        self.launch(launch(kernel, args, (rows * wg,), (wg,)), [x], [out])
 
     def _norm(
         self,
@@ -438,7 +441,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         out: Tensor,
     ) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         d = x.shape[-1]
         wg = self.backend._reduce_wg
@@ -447,9 +450,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         args: list[Any] = [storage(out), storage(x)]
         args += [storage(t) for t in (weight, bias) if t is not None]
         args += [_i64(d), numpy_scalar(load_type(x.dtype), eps)]
-        self._enqueue(
-            launch(kernel, args, ((out.size // d) * wg,), (wg,)), [x, weight, bias], [out]
-        )
+        self.launch(launch(kernel, args, ((out.size // d) * wg,), (wg,)), [x, weight, bias], [out])
 
     def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
@@ -489,13 +490,13 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         def check() -> BaseException | None:
             return target_error(c, int(flag[1])) if flag[0] else None
 
-        self._enqueue(run_rows, [logits, targets], [probs, rows, err], keepalive=[flag])
-        self._stream.add_check(last_writer(probs)[1], check)
+        seq = self.launch(run_rows, [logits, targets], [probs, rows, err], keepalive=[flag])
+        self.current_stream.add_check(seq, check)
         if reduction == "none":
             self.cast(rows, loss)
             return
         red = self.backend._kernel(loss_reduce_source(dt, reduction == "mean", wg), "loss_reduce")
-        self._enqueue(
+        self.launch(
             launch(red, [storage(loss), storage(rows), _i64(n)], (wg,), (wg,)), [rows], [loss]
         )
 
@@ -504,7 +505,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
 
         n = out.size
         if n == 0:
-            self._skip([out])
+            self.skip([out])
             return
         rows, width = weight.shape
         kernel = self.backend._kernel(embedding_source(weight.dtype, indices.dtype), "embedding")
@@ -540,11 +541,11 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
     ) -> None:
         n = param.size
         if n == 0:
-            self._skip([param, m, v])
+            self.skip([param, m, v])
             return
         t = load_type(param.dtype)
         kernel = self.backend._kernel(adam_source(param.dtype, bool(weight_decay)), "adam")
         hyper = (lr, beta1, beta2, eps, 1.0 - beta1**step, 1.0 - beta2**step, weight_decay)
         args = [storage(param), storage(grad), storage(m), storage(v), _i64(n)]
         args += [numpy_scalar(t, x) for x in hyper]
-        self._enqueue(launch(kernel, args, (n,), None), [param, grad, m, v], [param, m, v])
+        self.launch(launch(kernel, args, (n,), None), [param, grad, m, v], [param, m, v])

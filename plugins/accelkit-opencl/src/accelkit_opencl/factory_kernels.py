@@ -29,7 +29,7 @@ __all__ = ["OpenCLFactoryKernels"]
 class OpenCLFactoryKernels(CLComponent, FactoryKernels):
     def fill(self, out: Tensor, value: int | float | bool) -> None:
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         with np.errstate(all="ignore"):
             if out.dtype is DType.BOOL:
@@ -43,13 +43,13 @@ class OpenCLFactoryKernels(CLComponent, FactoryKernels):
                 queue, storage(out), pattern, 0, nbytes, wait_for=wait_for
             )
 
-        self._enqueue(run, (), (out,), (pattern,))
+        self.launch(run, (), (out,), keepalive=(pattern,))
 
     def _upload(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         """Fill ``out`` from the host array ``make()``, which the submitter runs in stream order
         and converts to ``out``'s dtype before it enqueues the copy."""
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         shape, dtype = out.shape, out.dtype.to_numpy()
         hosts: list[np.ndarray[Any, Any]] = []  # the uploaded array, kept with the closure
@@ -65,7 +65,7 @@ class OpenCLFactoryKernels(CLComponent, FactoryKernels):
             hosts.append(host)
             return cl.enqueue_copy(queue, storage(out), host, is_blocking=False, wait_for=wait_for)
 
-        self._enqueue(run, (), (out,))
+        self.launch(run, (), (out,))
 
     def generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         # Generating a large random tensor takes milliseconds: the submitter does it.
@@ -74,7 +74,7 @@ class OpenCLFactoryKernels(CLComponent, FactoryKernels):
     def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         # The snapshot is made now: the caller may reuse `array` at once.
         if out.size == 0:
-            self._skip([out])
+            self.skip([out])
             return
         dtype = out.dtype.to_numpy()
         if array.dtype == dtype or max(array.nbytes, out.nbytes) <= LARGE_COPY:
