@@ -223,7 +223,7 @@ def _reset_after_fork() -> None:
     _warm_queue = None
     _pending.clear()  # what the dead warm-up thread was doing starts again when wanted
     for lock in (_lock, _compile_lock):
-        lock._at_fork_reinit()  # type: ignore[attr-defined]
+        lock._at_fork_reinit()  # type: ignore[attr-defined]  # CPython's, not in typeshed
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

@@ -82,7 +82,7 @@ def machine_key() -> str:
         source = hashlib.sha256(__version__.encode())
         for module in (_numba_kernels, jit):
             with contextlib.suppress(OSError, TypeError):  # no file: the version stands for it
-                source.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]
+                source.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]  # a module loaded from a file
         _key = (
             f"numba {numba.__version__}, llvmlite {llvmlite.__version__},"
             f" python {sys.version_info[0]}.{sys.version_info[1]}, cpu {cpu},"

@@ -22,9 +22,9 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 
 
 def _erf(x: Array) -> Array:
-    from scipy.special import erf  # type: ignore[import-untyped]
+    from scipy.special import erf  # type: ignore[import-untyped]  # SciPy ships no types
 
-    return erf(x)  # type: ignore[no-any-return]
+    return erf(x)  # type: ignore[no-any-return]  # (the same)
 
 
 def _unary_float(op: str, x: Array, out: Array) -> None:

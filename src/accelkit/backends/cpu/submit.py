@@ -11,7 +11,7 @@ from accelkit._core.host_stream import HostStream
 from accelkit._core.kernel_base import KernelBase
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.dtype import DType
-from accelkit.sdk.tensors import storage
+from accelkit.sdk.tensors import mark_written, storage
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class CPUComponent(KernelBase):
         inputs' writers on other streams: :meth:`KernelBase.launch` with :meth:`submit`, in one
         frame (the CPU backend's small ops are a few microseconds in all)."""
         backend = self.backend
-        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
+        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]  # set while ready
         deps: list[tuple[Any, int]] | None = None
         for t in inputs:
             if type(t) is Tensor:
@@ -82,8 +82,4 @@ class CPUComponent(KernelBase):
                         deps = []
                     deps.append((s, t._seq))
         seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or (), (inputs, outputs))  # type: ignore[arg-type]  # fn's result is dropped
-        write = (stream, seq)
-        for o in outputs:  # sdk.mark_written, inlined: this is the hot path of every small op
-            o._stream = stream
-            o._seq = seq
-            o._buffer.last_write = write
+        mark_written(outputs, stream, seq)

@@ -47,7 +47,7 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             # through a partial: no Python frame of our own.
             run = partial(ufunc, a._data, b._data, out=out._data)
             backend = self.backend
-            stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]
+            stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]  # set while ready
             sa = a._stream
             sb = b._stream
             if (sa is stream or sa.completed >= a._seq) and (
