@@ -20,7 +20,7 @@ device events returns completed ones to the pool there).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from accelkit.tensor import Tensor
 
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from accelkit.dtype import DType
 
 __all__ = ["KernelBase", "other_writers"]
+
+#: The backend's stream type (``KernelBase[HostStream]``).
+S = TypeVar("S")
 
 
 def other_writers(stream: PositionStream, inputs: Iterable[Any]) -> list[tuple[Any, int]]:
@@ -45,10 +48,11 @@ def other_writers(stream: PositionStream, inputs: Iterable[Any]) -> list[tuple[A
     return deps
 
 
-class KernelBase:
+class KernelBase(Generic[S]):
     """Allocation and stream-ordered submission for a backend's kernel objects (see the module
-    docstring). A backend writes one subclass with its hooks and mixes it into its
-    TensorKernels, FactoryKernels and FusedKernels."""
+    docstring), generic in the backend's stream type. A backend writes one subclass with its
+    hooks (``class MyKernels(KernelBase[MyStream])``) and mixes it into its TensorKernels,
+    FactoryKernels and FusedKernels."""
 
     def __init__(self, backend: StreamBackend[Any]) -> None:
         self.backend = backend  # type: ignore[misc]  # a plain attribute: read on every launch
@@ -81,7 +85,7 @@ class KernelBase:
 
     def submit(
         self,
-        stream: Any,
+        stream: S,
         fn: Callable[..., Any],
         deps: list[tuple[Any, int]],
         hold: tuple[Any, ...],
@@ -95,9 +99,10 @@ class KernelBase:
 
     # -- what the kernels call --------------------------------------------------------------------
     @property
-    def current_stream(self) -> Any:
+    def current_stream(self) -> S:
         """The stream work is submitted to in this context."""
-        return self.backend.current_stream
+        stream: S = self.backend.current_stream
+        return stream
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
         """A new tensor on the current stream, not yet written."""

@@ -100,7 +100,7 @@ def device_array(buffer: DeviceBuffer, device_id: int, shape: tuple[int, ...], d
     return cupy.ndarray(shape, _NUMPY[dtype], memptr=memptr(buffer, device_id))
 
 
-class CUDAComponent(KernelBase):
+class CUDAComponent(KernelBase[CUDAStream]):
     """Allocation and submission shared by the CUDA backend's kernel objects, on
     :class:`~accelkit.sdk.KernelBase`: a tensor's storage is a :class:`Storage` (its CuPy array
     is made on the submission thread), and a launch is a closure queued for that thread on the
@@ -145,11 +145,6 @@ class CUDAComponent(KernelBase):
         recycled block from being reused early."""
         keep = (hold, keepalive) if stream.track else keepalive
         return stream.submit(fn, keep, deps, what)
-
-    @property
-    def current_stream(self) -> CUDAStream:
-        """The stream work is submitted to in this context."""
-        return self.backend.current_stream
 
     # -- the CUDA backend's own -------------------------------------------------------------------
     def _launch_checked(

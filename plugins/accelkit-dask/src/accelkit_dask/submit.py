@@ -474,7 +474,7 @@ def reshape(a: da.Array, shape: tuple[int, ...]) -> da.Array:
         return a.rechunk(-1).reshape(shape)
 
 
-class DaskComponent(KernelBase):
+class DaskComponent(KernelBase[HostStream]):
     """Allocation and submission shared by the Dask backend's components: a tensor's storage is
     its pool block's :class:`Slot` (a view shares it: :func:`arr` reshapes), and a launch builds
     its graph on a host stream."""

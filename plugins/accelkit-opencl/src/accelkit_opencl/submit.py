@@ -31,7 +31,7 @@ def dependencies(stream: CLStream, inputs: Iterable[Any]) -> list[Any]:
     return deps
 
 
-class CLComponent(KernelBase):
+class CLComponent(KernelBase[CLStream]):
     """Allocation and submission shared by the OpenCL backend's components.
 
     :class:`accelkit.sdk.KernelBase` allocates outputs (a tensor's storage is its ``cl.Buffer``
@@ -63,10 +63,6 @@ class CLComponent(KernelBase):
         other streams: the submitter passes their events in ``wait_for``), keeping ``hold``
         and ``keepalive`` referenced until it has completed."""
         return stream.submit(fn, hold if keepalive is None else (*hold, keepalive), deps)
-
-    @property
-    def current_stream(self) -> CLStream:
-        return self.backend.current_stream
 
     def _enqueue_checked(
         self,

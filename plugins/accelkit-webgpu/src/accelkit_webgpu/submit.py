@@ -52,7 +52,7 @@ def scalar_words(value: int | float | bool, dtype: DType) -> tuple[int, int]:
     return v & 0xFFFFFFFF, v >> 32
 
 
-class WebGPUComponent(KernelBase):
+class WebGPUComponent(KernelBase[HostStream]):
     """Allocation and submission shared by the WebGPU backend's components (see the module
     docstring): a tensor's storage is its pool block (KernelBase's default, shared by views);
     a lost device refuses work at once (ContextPoisonedError)."""

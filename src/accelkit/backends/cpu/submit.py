@@ -34,7 +34,7 @@ def arr(x: Any) -> Any:
     return x._data if type(x) is Tensor else x
 
 
-class CPUComponent(KernelBase):
+class CPUComponent(KernelBase[HostStream]):
     """Allocation and submission shared by the CPU backend's components: NumPy arrays over the
     pool's blocks, work on host streams (inline when small and the stream is idle)."""
 

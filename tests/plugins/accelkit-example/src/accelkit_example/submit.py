@@ -30,7 +30,7 @@ def array(x: Any) -> Any:
     return raw[: x.nbytes].view(x.dtype.to_numpy()).reshape(x.shape)
 
 
-class ExampleComponent(KernelBase):
+class ExampleComponent(KernelBase[HostStream]):
     """Allocation and submission shared by the example backend's components.
 
     :class:`accelkit.sdk.KernelBase` allocates outputs from the pool on the current stream,
