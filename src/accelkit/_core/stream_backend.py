@@ -283,7 +283,9 @@ class StreamBackend(ComputeBackend, Generic[S]):
         """Open the device anew after it was lost: the streams are closed (their queued work is
         abandoned), every tensor, buffer and handle from before becomes stale, and
         ``_initialize`` runs again; the new pool continues the old one's generations, so that
-        no old handle can look live."""
+        no old handle can look live. If the device cannot be opened again, the backend is
+        marked failed (every component then refuses, saying why) and the error propagates;
+        ``shutdown`` still returns."""
         self.check_ready()
         device = self._device
         assert device is not None
@@ -291,15 +293,18 @@ class StreamBackend(ComputeBackend, Generic[S]):
         for stream in list(self._streams):
             stream.discard_errors()
             await anyio.to_thread.run_sync(stream.close)
+        self._streams = []
         if old_pool is not None:
             old_pool.invalidate_all(close=True)
-        fallback = self._fallback_ops
-        self._install(await self._initialize(device))
+        try:
+            self._install(await self._initialize(device))
+        except BaseException as exc:
+            self.mark_failed(f"reopening {device} failed: {exc!r}")
+            raise
         if old_pool is not None:
             self.pool.generation = old_pool.generation + 1
-        if fallback is not None:  # the same fallback, over the new TensorOps
-            self._fallback_ops = None
-            self.enable_fallback(fallback.fallback_backend).events = fallback.events
+        if self._fallback_ops is not None and self._tensor_ops is not None:
+            self._fallback_ops.rebind(self._tensor_ops)  # the same records, the new TensorOps
 
     async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
         """Nothing by default (see :meth:`accelkit.abc.ComputeBackend.prepare`)."""
@@ -314,9 +319,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
         await self._synchronize()
 
     async def shutdown(self) -> None:
-        if self._state not in (LifecycleState.READY, LifecycleState.FAILED) or (
-            self._state is LifecycleState.FAILED and self._memory_manager is None
-        ):
+        # A backend that opened something (ready, or failed after opening) releases it once.
+        if self._state is LifecycleState.SHUT_DOWN or self._memory_manager is None:
             return
         try:
             with anyio.CancelScope(shield=True):

@@ -8,7 +8,7 @@ whose frees wait for device events). It implements four hooks: ``_device_count``
 :class:`Opened` record: its streams, memory manager, kernel objects, executor, dtypes and
 capabilities) and ``_open_stream``; the base class does the rest. Its streams are
 :class:`PositionStream`\ s (:class:`HostStream` runs work on a worker thread). Its kernel
-objects derive from :class:`KernelBase` (allocation, views, ordered launches; four hooks) and
+objects derive from :class:`KernelBase` (allocation, views, ordered launches; five hooks) and
 implement:
 
 - :class:`TensorKernels`: every TensorOps kernel (abstract: all required);
