@@ -24,7 +24,8 @@ class Device:
     ``Device.parse("cuda:1")`` and ``str(Device("cuda", 1)) == "cuda:1"``; ``"cpu"`` means
     ``cpu:0``. A device on another machine is named by its address:
     ``Device.parse("dask://10.0.0.5:8786")`` is ``Device("dask", address="10.0.0.5:8786")``
-    (index 0). Devices are immutable, hashable and compare equal to their string form.
+    (index 0). Devices are immutable, hashable and compare equal to their string form; a
+    Device and its canonical string (``"cuda:1"``) are the same dict key.
     """
 
     __slots__ = ("_address", "_index", "_kind")
@@ -109,16 +110,19 @@ class Device:
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self._kind, self._index, self._address))
+        # The hash of the string form, as equality with it requires: a Device and "cuda:1" are
+        # the same key of a dict or set.
+        return hash(str(self))
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
-        """As a field of a pydantic model: validated from a Device or its string form (parsed
-        once, where the model is made), serialized as the string (``"cuda:1"``)."""
+        """As a field of a pydantic model: validated from a Device (kept as it is) or its string
+        form (parsed once, where the model is made), serialized as the string (``"cuda:1"``) in
+        both ``model_dump`` modes and in JSON."""
         from pydantic_core import core_schema
 
         return core_schema.no_info_plain_validator_function(
-            cls.parse,
+            _validate,
             serialization=core_schema.plain_serializer_function_ser_schema(str),
             json_schema_input_schema=core_schema.str_schema(),
         )
@@ -129,17 +133,30 @@ class Device:
         return (Device, (self._kind, self._index))
 
 
+def _validate(value: Any) -> Device:
+    """A pydantic field's validator: a Device as it is, anything else through ``Device.parse``
+    (looked up on each call, so that a test can count the parses)."""
+    if isinstance(value, Device):
+        return value
+    return Device.parse(value)  # refuses a non-string, saying what it expected
+
+
 def _addressed(kind: str, address: str) -> Device:
     """Unpickle a device named by its address."""
     return Device(kind, 0, address=address)
 
 
 class DeviceInfo(BaseModel):
-    """What a backend's probe reports about one device (cheap to obtain, no context created)."""
+    """What a backend's probe reports about one device (cheap to obtain, no context created).
+
+    ``device`` is a :class:`Device`; a probe may pass ``Device("cuda", 1)`` or its string form
+    ``"cuda:1"`` (parsed once, here). In ``model_dump`` and JSON it is the string, so
+    ``accelkit info --json`` shows ``"device": "cuda:1"`` and a dumped record validates back.
+    """
 
     model_config = ConfigDict(frozen=True)
 
-    device: str = Field(description="the device as 'kind:index' (or 'kind://address')")
+    device: Device = Field(description="the device ('kind:index' or 'kind://address' in JSON)")
     backend: str = Field(description="the backend that can drive it")
     name: str = Field(description="human-readable device name")
     vendor: str = ""
