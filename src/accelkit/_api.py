@@ -32,25 +32,37 @@ def _resolve(
     policy: str,
     registry: Registry | None,
 ) -> tuple[str, Device]:
+    """(backend name, device) for what the user asked for. The public boundary: a device's
+    string form is parsed here, once; everything further in takes the :class:`Device`."""
     from accelkit.registry import default_registry
     from accelkit.selector import Selection, select
 
     reg = registry or default_registry
     if isinstance(target, Selection):
         return target.backend, target.device
+    if isinstance(target, str):
+        text = target.strip()
+        if ":" in text:  # a device ('cuda:1', 'dask://host:8786'): the best backend for it
+            target = Device.parse(text)
+        else:
+            return _resolve_name(text.lower(), requires, policy, reg)
     if target is None or isinstance(target, Device):
         sel = select(target, requires, policy, registry=reg)
         return sel.backend, sel.device
-    if not isinstance(target, str):
-        raise InvalidArgumentError(
-            "expected a backend name ('cpu'), a device ('cuda:0'), a Device or a Selection; got"
-            f" {type(target).__name__}"
-        )
-    text = target.strip().lower()
-    if ":" in text:  # a device: the best backend for exactly that device
-        sel = select(Device.parse(text), requires, policy, registry=reg)
-        return sel.backend, sel.device
-    if text in reg.names():  # a backend name: its best device
+    raise InvalidArgumentError(
+        "expected a backend name ('cpu'), a device ('cuda:0'), a Device or a Selection; got"
+        f" {type(target).__name__}"
+    )
+
+
+def _resolve_name(
+    text: str, requires: Requirements | None, policy: str, reg: Registry
+) -> tuple[str, Device]:
+    """(backend name, device) for a backend name ('cpu': its best device) or a device kind
+    ('cuda': the best backend and device of that kind)."""
+    from accelkit.selector import select
+
+    if text in reg.names():
         sel = select(None, requires, policy, backend=text, registry=reg)
         return sel.backend, sel.device
     kinds = {kind for d in reg.descriptors() for kind in d.device_kinds}
@@ -132,7 +144,7 @@ def open_backend(
     requires: Requirements | None = None,
     policy: str = "performance",
     registry: Registry | None = None,
-    fallback: str | None = None,
+    fallback: str | Device | None = None,
 ) -> BackendContext:
     """Select, create and initialize a backend; shut it down on exit, whatever happens::
 
@@ -145,8 +157,12 @@ def open_backend(
     A backend whose ``initialize`` fails is quarantined (``accelkit doctor`` shows why) and the
     error propagates: an explicit request never turns silently into another backend.
 
-    ``fallback`` (a backend name or device, e.g. ``"cpu"``) opts in to running the operations
-    the backend refuses on that one instead; ``backend.fallback.events`` reports each.
+    ``fallback`` (a backend name or device, e.g. ``"cpu"`` or ``Device("cpu")``) opts in to
+    running the operations the backend refuses on that one instead; ``backend.fallback.events``
+    reports each.
+
+    ``target`` and ``fallback`` are where a device's string form (``"cuda:1"``) is parsed, once;
+    the backend is handed the :class:`~accelkit.Device`.
     """
     return BackendContext(
         _open_backend(
@@ -162,7 +178,7 @@ async def _open_backend(
     requires: Requirements | None = None,
     policy: str = "performance",
     registry: Registry | None = None,
-    fallback: str | None = None,
+    fallback: str | Device | None = None,
 ) -> AsyncIterator[ComputeBackend]:
     from accelkit.registry import default_registry
 

@@ -30,6 +30,7 @@ from accelkit.dtype import DType
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
+    from accelkit.device import Device
 
 __all__ = [
     "CalibrationEntry",
@@ -95,7 +96,7 @@ def calibration_path() -> Path:
     return cache_dir() / "calibration.json"
 
 
-def _key(backend: str, device: str) -> str:
+def _key(backend: str, device: Device | str) -> str:
     return f"{backend}/{device}"
 
 
@@ -157,8 +158,9 @@ def save(entries: dict[str, CalibrationEntry]) -> Path:
     return path
 
 
-def lookup(backend: str, device: str, device_name: str) -> CalibrationEntry | None:
-    """The stored entry for this device, if it was measured on the same hardware."""
+def lookup(backend: str, device: Device | str, device_name: str) -> CalibrationEntry | None:
+    """The stored entry for this device, if it was measured on the same hardware (the entries
+    are keyed by the device's string form, ``"cuda:1"``: a Device is not parsed again)."""
     entry = load().get(_key(backend, device))
     if entry is None or entry.device_name != device_name:
         return None

@@ -50,7 +50,8 @@ class Rejection(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     backend: str
-    device: str | None
+    #: The device turned down (None: the whole backend was).
+    device: Device | None
     reasons: tuple[str, ...]
 
 
@@ -113,7 +114,8 @@ def _policy(policy: str) -> tuple[str, str | None]:
 
 
 def _device_filter(device: str | Device | None) -> tuple[str | None, Device | None]:
-    """(kind, exact device): 'cuda' means any CUDA device, 'cuda:1' that one."""
+    """(kind, exact device): 'cuda' means any CUDA device, 'cuda:1' that one. ``select`` is a
+    public boundary: a string is parsed here, once; a Device is taken as it is."""
     if device is None:
         return None, None
     if isinstance(device, Device):
@@ -150,7 +152,7 @@ def _score(
             return 0.0, basis, f"power unknown; {perf}"
         return gflops / watts, basis, f"{gflops / watts:.2f} GFLOP/s per W ({watts:.0f} W)"
     if mode == "prefer":
-        bonus = 1e9 if info.device.split(":")[0] == kind else 0.0
+        bonus = 1e9 if info.device.kind == kind else 0.0
         return bonus + gflops, basis, perf + (f"; preferred kind {kind}" if bonus else "")
     return gflops, basis, perf
 
@@ -205,12 +207,10 @@ def select(
             rejected.append(Rejection(backend=desc.name, device=None, reasons=(reason,)))
             continue
         for info in infos:
-            dev = Device.parse(info.device)
+            dev = info.device  # a Device, parsed once where the probe's record was made
             if want_device is not None and dev != want_device:
                 rejected.append(
-                    Rejection(
-                        backend=desc.name, device=info.device, reasons=(f"not {want_device}",)
-                    )
+                    Rejection(backend=desc.name, device=dev, reasons=(f"not {want_device}",))
                 )
                 continue
             if want_kind is not None and dev.kind != want_kind:
@@ -219,15 +219,13 @@ def select(
             if caps is not None:
                 check = caps.meets(requires)
                 if not check.ok:
-                    rejected.append(
-                        Rejection(backend=desc.name, device=info.device, reasons=check.reasons)
-                    )
+                    rejected.append(Rejection(backend=desc.name, device=dev, reasons=check.reasons))
                     continue
             elif requires != Requirements():
                 rejected.append(
                     Rejection(
                         backend=desc.name,
-                        device=info.device,
+                        device=dev,
                         reasons=("its probe reports no capabilities to check requirements",),
                     )
                 )
@@ -262,7 +260,7 @@ def select(
             if x
         )
         reasons = "; ".join(
-            f"{r.backend}{' on ' + r.device if r.device else ''}: {', '.join(r.reasons)}"
+            f"{r.backend}{f' on {r.device}' if r.device else ''}: {', '.join(r.reasons)}"
             for r in rejected
         )
         hint = ""

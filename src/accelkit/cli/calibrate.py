@@ -29,7 +29,6 @@ async def _calibrate(
     infos: list[DeviceInfo], quick: bool, bar: Progress
 ) -> tuple[list[CalibrationEntry], list[dict[str, str]]]:
     from accelkit import calibration, registry
-    from accelkit.device import Device
     from accelkit.dtype import DType
 
     entries, failures = [], []
@@ -40,7 +39,7 @@ async def _calibrate(
         try:
             backend = registry.backend_class(info.backend)()
             try:
-                await backend.initialize(Device.parse(info.device))
+                await backend.initialize(info.device)
             except Exception as exc:  # as open_backend does: doctor shows why
                 dist = registry.descriptor(info.backend).distribution
                 registry.quarantine(info.backend, "initialize", exc, distribution=dist)
@@ -58,7 +57,9 @@ async def _calibrate(
             finally:
                 await backend.shutdown()
         except Exception as exc:
-            failures.append({"backend": info.backend, "device": info.device, "error": str(exc)})
+            failures.append(
+                {"backend": info.backend, "device": str(info.device), "error": str(exc)}
+            )
         bar.done = start + steps  # this device's steps are done, however it went
     return entries, failures
 

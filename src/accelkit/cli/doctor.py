@@ -101,7 +101,7 @@ def selftest_targets(statuses: list[Any]) -> list[tuple[str, str]]:
             continue
         devices = registry.probe(status.name)
         if devices:
-            targets.append((status.name, devices[0].device))
+            targets.append((status.name, str(devices[0].device)))  # a child process's argument
     return targets
 
 

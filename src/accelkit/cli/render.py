@@ -15,6 +15,8 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel
 
+from accelkit.device import Device
+
 __all__ = ["Progress", "fmt_bytes", "jsonable", "print_json", "table"]
 
 
@@ -61,7 +63,8 @@ def fmt_bytes(n: int) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """Plain JSON data with a stable order: sets become sorted lists, enums their values."""
+    """Plain JSON data with a stable order: sets become sorted lists, enums their values,
+    devices their string form (``"cuda:1"``)."""
     if isinstance(value, BaseModel):
         return jsonable(value.model_dump(mode="python"))
     if isinstance(value, Mapping):
@@ -74,7 +77,7 @@ def jsonable(value: Any) -> Any:
         return jsonable(value.value)
     if isinstance(value, (datetime.datetime, datetime.date)):
         return value.isoformat()
-    if isinstance(value, PurePath):
+    if isinstance(value, (PurePath, Device)):
         return str(value)
     if isinstance(value, float) and value != value:  # NaN is not JSON
         return None
