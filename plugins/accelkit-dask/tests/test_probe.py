@@ -24,7 +24,7 @@ def test_the_probe_lists_the_local_cluster_without_starting_or_importing_it() ->
     # In a fresh interpreter: listing devices must not import distributed, let alone start it.
     code = (
         "import sys, json; from accelkit_dask.probe import probe;"
-        " d = probe(); print(json.dumps([d[0].device, d[0].compute_units,"
+        " d = probe(); print(json.dumps([str(d[0].device), d[0].compute_units,"
         " 'distributed' in sys.modules, 'dask.array' in sys.modules]))"
     )
     env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_DASK_SCHEDULER"}

@@ -12,7 +12,7 @@ import importlib.metadata
 import importlib.util
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
 from accelkit.sdk import BINARY_OPS, COMPOSED_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
@@ -174,7 +174,7 @@ def probe() -> list[DeviceInfo]:
         caps = capabilities(props)
         infos.append(
             DeviceInfo(
-                device=f"cuda:{props.index}",
+                device=Device("cuda", props.index),
                 backend="cuda",
                 name=props.name,
                 vendor="NVIDIA",

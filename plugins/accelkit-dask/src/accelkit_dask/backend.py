@@ -233,7 +233,7 @@ class DaskBackend(StreamBackend[HostStream]):
             "scheduler": cluster.address,
             "workers": len(workers),
         }
-        caps = capabilities(str(device), threads, memory, extra)
+        caps = capabilities(device, threads, memory, extra)
         self._cluster = cluster
         self._graphs = Graphs(cluster, self.chunk_bytes, lambda: self.pool.reclaim())
         factory = DaskFactoryKernels(self)

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
 from accelkit.sdk import TENSOR_OPS, env_str
@@ -30,11 +30,11 @@ _remote_cache: dict[str, tuple[float, DeviceInfo]] = {}
 
 
 def capabilities(
-    device: str, threads: int, memory: int, extra: dict[str, Any]
+    device: Device, threads: int, memory: int, extra: dict[str, Any]
 ) -> BackendCapabilities:
     return BackendCapabilities(
         backend="dask",
-        device=device,
+        device=str(device),
         dtypes=DTYPES,
         ops=TENSOR_OPS,
         fused_ops=FUSED_OPS,  # the rest compose from the blockwise TensorOps
@@ -67,15 +67,16 @@ def local_info() -> DeviceInfo:
         "workers": size.workers,
         "threads_per_worker": size.threads_per_worker,
     }
+    device = Device("dask", 0)
     return DeviceInfo(
-        device="dask:0",
+        device=device,
         backend="dask",
         name=f"local Dask cluster ({size.workers} worker processes x {size.threads_per_worker}"
         " threads)",
         vendor="Dask",
         memory_bytes=memory,
         compute_units=threads,
-        capabilities=capabilities("dask:0", threads, memory, extra),
+        capabilities=capabilities(device, threads, memory, extra),
     )
 
 
@@ -86,7 +87,7 @@ def remote_info(address: str, timeout: float = PROBE_TIMEOUT_S) -> DeviceInfo:
     hit = _remote_cache.get(address)
     if hit is not None and now - hit[0] < _CACHE_S:
         return hit[1]
-    name = f"dask://{device_address(address)}"
+    device = Device("dask", address=device_address(address))
     try:
         from distributed import Client
 
@@ -96,11 +97,11 @@ def remote_info(address: str, timeout: float = PROBE_TIMEOUT_S) -> DeviceInfo:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         extra = {"reachable": False, "reason": reason}
         info = DeviceInfo(
-            device=name,
+            device=device,
             backend="dask",
             name=f"Dask scheduler at {normalize_address(address)} (unreachable: {reason})",
             vendor="Dask",
-            capabilities=capabilities(name, 0, 0, extra),
+            capabilities=capabilities(device, 0, 0, extra),
             extra=extra,
         )
     else:
@@ -108,14 +109,14 @@ def remote_info(address: str, timeout: float = PROBE_TIMEOUT_S) -> DeviceInfo:
         memory = sum(int(w.get("memory_limit") or 0) for w in workers.values())
         extra = {"reachable": True, "workers": len(workers), "threads": threads}
         info = DeviceInfo(
-            device=name,
+            device=device,
             backend="dask",
             name=f"Dask cluster at {normalize_address(address)} ({len(workers)} workers,"
             f" {threads} threads)",
             vendor="Dask",
             memory_bytes=memory,
             compute_units=threads,
-            capabilities=capabilities(name, threads, memory, extra),
+            capabilities=capabilities(device, threads, memory, extra),
             extra=extra,
         )
     _remote_cache[address] = (now, info)

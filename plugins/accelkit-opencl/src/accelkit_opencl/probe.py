@@ -11,7 +11,7 @@ import importlib.util
 from typing import Any
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
 from accelkit.sdk import BINARY_OPS, COMPOSED_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
@@ -149,7 +149,7 @@ def probe() -> list[DeviceInfo]:
         caps = capabilities(device, index)
         infos.append(
             DeviceInfo(
-                device=f"opencl:{index}",
+                device=Device("opencl", index),
                 backend="opencl",
                 name=device.name.strip(),
                 vendor=device.vendor.strip(),

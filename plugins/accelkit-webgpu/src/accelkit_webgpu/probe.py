@@ -16,7 +16,7 @@ import importlib.util
 from typing import Any
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
 from accelkit.sdk import BINARY_OPS, COMPOSED_OPS, UNARY_OPS
@@ -166,7 +166,7 @@ def probe() -> list[DeviceInfo]:
         name = str(info.get("device") or info.get("description") or "WebGPU adapter")
         infos.append(
             DeviceInfo(
-                device=f"webgpu:{index}",
+                device=Device("webgpu", index),
                 backend="webgpu",
                 name=f"{name} ({caps.extra['backend_type']})",
                 vendor=str(info.get("vendor", "")),

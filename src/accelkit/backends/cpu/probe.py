@@ -7,7 +7,7 @@ import platform
 
 from accelkit._core.op_names import KERNEL_OPS, TENSOR_OPS
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 
 __all__ = ["cpu_capabilities", "probe", "system_memory_bytes"]
@@ -58,7 +58,7 @@ def probe() -> list[DeviceInfo]:
     caps = cpu_capabilities()
     return [
         DeviceInfo(
-            device="cpu:0",
+            device=Device("cpu", 0),
             backend="cpu",
             name=name,
             vendor=vendor,

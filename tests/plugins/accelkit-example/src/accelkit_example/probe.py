@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.errors import DeviceError
 from accelkit.plugins import TENSOR_OPS
@@ -41,7 +41,7 @@ def probe() -> list[DeviceInfo]:
         raise DeviceError("NumPy is not installed: pip install numpy")
     return [
         DeviceInfo(
-            device="example:0",
+            device=Device("example", 0),
             backend="example",
             name="Example device",
             vendor="accelkit",

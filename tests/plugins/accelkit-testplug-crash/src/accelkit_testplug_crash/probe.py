@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.plugins import KERNEL_OPS, TENSOR_OPS
 
@@ -28,7 +28,7 @@ def capabilities() -> BackendCapabilities:
 def probe() -> list[DeviceInfo]:
     return [
         DeviceInfo(
-            device="crash:0",
+            device=Device("crash", 0),
             backend="crash",
             name="Crash device",
             vendor="accelkit tests",

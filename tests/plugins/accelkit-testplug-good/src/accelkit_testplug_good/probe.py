@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
-from accelkit.device import DeviceInfo
+from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
 from accelkit.plugins import KERNEL_OPS, TENSOR_OPS
 
@@ -44,7 +44,7 @@ def probe() -> list[DeviceInfo]:
     CALLS += 1
     return [
         DeviceInfo(
-            device=f"fakegpu:{i}",
+            device=Device("fakegpu", i),
             backend="fakegpu",
             name=name,
             vendor="accelkit tests",
