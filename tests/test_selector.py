@@ -23,6 +23,7 @@ from accelkit.errors import BackendNotFoundError, DeviceError, InvalidArgumentEr
 from accelkit.plugins import PluginDescriptor
 from accelkit.registry import Registry
 from accelkit.sdk import HostStream, Opened
+from support.device_parses import count_parses, string_parses
 from support.entry_points import without_entry_point as _without_entry_point
 
 _SETTINGS = ("ACCELKIT_PLUGINS", "ACCELKIT_DISABLE_PLUGINS", "ACCELKIT_BACKEND", "ACCELKIT_DEVICE")
@@ -149,7 +150,7 @@ def test_requirements_no_backend_meets_list_every_rejection(reg: Registry) -> No
 def test_a_missing_op_rejects_only_the_backend_that_lacks_it(reg: Registry) -> None:
     sel = accelkit.select(requires=Requirements(ops={"attention"}), registry=reg)
     assert sel.backend == "cpu"
-    rejected = {(r.backend, r.device): r.reasons for r in sel.report.rejected}
+    rejected = {(r.backend, str(r.device)): r.reasons for r in sel.report.rejected}
     assert rejected[("subset", "subset:0")] == ("subset on subset:0 lacks ops: attention",)
     assert "subset@subset:0" not in _ranked(sel)
     with pytest.raises(BackendNotFoundError, match="subset on subset:0 lacks ops: attention"):
@@ -377,6 +378,61 @@ async def test_open_backend_initializes_the_selected_fake_device(
         assert y.device == Device.parse(device)
     assert not backend.is_ready
     assert backend.memory_manager.memory_info().used == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("target", "parsed", "device"),
+    [
+        ("cpu:0", ["cpu:0"], "cpu:0"),
+        ("example:0", ["example:0"], "example:0"),  # a plugin's device
+        ("example", [], "example:0"),  # a backend name is no device: nothing to parse
+        (Device("example", 0), [], "example:0"),
+    ],
+    ids=str,
+)
+async def test_open_backend_parses_the_users_device_string_once(
+    reg: Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    target: str | Device,
+    parsed: list[str],
+    device: str,
+) -> None:
+    # The string is parsed at the public boundary (open_backend's resolution) and the Device
+    # passed inward: selection, the probe's records (made with Devices, cached), create_backend,
+    # initialize and supports_device parse nothing more. The first round probes, the second
+    # reads the registry's cache.
+    calls = count_parses(monkeypatch)
+    for _ in range(2):
+        calls.clear()
+        async with accelkit.open_backend(target, registry=reg) as backend:
+            seen = string_parses(calls)
+            assert type(backend.device) is Device
+            assert str(backend.device) == device
+            assert backend.selected_device is backend.device
+            x = backend.tensor_factory.from_host(np.arange(3, dtype=np.float32))
+            np.testing.assert_array_equal(await backend.tensor_ops.add(x, x).to_host(), [0, 2, 4])
+        assert seen == parsed
+
+
+@pytest.mark.anyio
+async def test_a_selection_or_a_device_reaches_initialize_unparsed(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sel = accelkit.select("example:0", registry=reg)
+    assert type(sel.device) is Device
+    calls = count_parses(monkeypatch)
+    async with accelkit.open_backend(sel, registry=reg) as backend:
+        assert backend.device is sel.device
+    backend = accelkit.create_backend("example", registry=reg)
+    await backend.initialize()  # the selected device
+    await backend.shutdown()
+    assert string_parses(calls) == []
+    # initialize is a public boundary too: a user's string is parsed there, once
+    backend = accelkit.create_backend("example", registry=reg)
+    await backend.initialize("example:0")
+    await backend.shutdown()
+    assert string_parses(calls) == ["example:0"]
 
 
 @pytest.mark.anyio

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import json
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from accelkit import (
     Requirements,
 )
 from accelkit.dtype import result_type, scalar_result_type
+from support.device_parses import count_parses
 
 
 # -- Device -----------------------------------------------------------------------------------------
@@ -100,6 +102,13 @@ def test_device_equality_hashing_and_pickling() -> None:
     assert Device("cuda") != 5
     assert len({Device("cuda", 0), Device.parse("cuda"), Device("cuda", 1)}) == 2
     assert {Device("cpu"): 1}[Device.parse("cpu:0")] == 1
+    # a Device and its string form are the same key (equal, so hashed alike)
+    by_device: dict[object, int] = {Device("cuda", 1): 1}
+    by_string: dict[object, int] = {"cuda:1": 1}
+    assert by_device["cuda:1"] == by_string[Device("cuda", 1)] == 1
+    assert {Device("cpu"), Device("cuda", 1)} == {"cpu:0", "cuda:1"}
+    remote: set[tuple[str, object]] = {("dask", Device("dask", address="10.0.0.5:8786"))}
+    assert ("dask", "dask://10.0.0.5:8786") in remote
     d = Device("opencl", 3)
     assert pickle.loads(pickle.dumps(d)) == d
     with pytest.raises(AttributeError):
@@ -305,6 +314,8 @@ def test_models_are_frozen(model: BaseModel, field: str, value: object) -> None:
             lambda: DeviceInfo(device="cpu:0", backend="cpu", name="x", memory_bytes=-1),
             "memory_bytes",
         ),
+        (lambda: DeviceInfo(device="cuda:-1", backend="cuda", name="x"), "device"),
+        (lambda: DeviceInfo(device=0, backend="cuda", name="x"), "device"),
         (lambda: BackendStatus(backend="cpu", state="sleeping"), "state"),
         (
             lambda: BackendStatus(backend="cpu", state="ready", pending_operations=-1),
@@ -338,6 +349,35 @@ def test_capabilities_round_trip_through_json() -> None:
     again = BackendCapabilities.model_validate_json(caps.model_dump_json())
     assert again == caps
     assert again.performance.peak_gflops == {DType.F32: 100.0}
+
+
+@pytest.mark.parametrize("text", ["cuda:1", "dask://10.0.0.5:8786"])
+def test_device_info_holds_a_device_and_round_trips_through_json(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = count_parses(monkeypatch)
+    info = DeviceInfo(device=text, backend="x", name="n", capabilities=_caps())
+    assert calls == [text]  # a probe's string: parsed once, where the record is made
+    assert type(info.device) is Device
+    assert (info.device.kind, str(info.device)) == (text.split(":")[0], text)
+    # dumped, it is the string (as `accelkit info --json` shows it), in both modes
+    assert info.model_dump()["device"] == text
+    assert info.model_dump(mode="json")["device"] == text
+    data = info.model_dump_json()
+    assert json.loads(data)["device"] == text
+    calls.clear()
+    again = DeviceInfo.model_validate_json(data)
+    assert calls == [text]
+    assert again == info
+    assert type(again.device) is Device
+    assert DeviceInfo.model_validate(info.model_dump()) == info
+    assert pickle.loads(pickle.dumps(info)) == info
+    # a Device is taken as it is: not parsed, not copied
+    calls.clear()
+    made = DeviceInfo(device=info.device, backend="x", name="n")
+    assert made.device is info.device
+    assert calls == []
+    assert DeviceInfo.model_json_schema()["properties"]["device"]["type"] == "string"
 
 
 def test_capabilities_meets_explains_every_miss() -> None:
