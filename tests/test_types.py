@@ -59,6 +59,21 @@ def test_device_parse(text: str, kind: str, index: int) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "kind", "address"),
+    [
+        ("dask://10.0.0.5:8786", "dask", "10.0.0.5:8786"),
+        ("DASK://Sched.Example:8786", "dask", "Sched.Example:8786"),  # the kind's case only
+        (" dask://tls://h:1 ", "dask", "tls://h:1"),
+    ],
+)
+def test_device_parse_addresses(text: str, kind: str, address: str) -> None:
+    d = Device.parse(text)
+    assert (d.kind, d.index, d.address) == (kind, 0, address)
+    assert str(d) == f"{kind}://{address}"
+    assert Device.parse(str(d)) == d
+
+
+@pytest.mark.parametrize(
     "text",
     ["cuda:", "cuda:-1", "gpu:x", "", ":0", "cuda:0:1", "1cuda", "cu da", "cuda:1.5", "cuda:+1"],
 )

@@ -14,7 +14,7 @@ __all__ = ["Device", "DeviceInfo"]
 
 _DEVICE_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([0-9]+))?$")
 #: ``kind://address``: a device reached at an address (a Dask scheduler, ``dask://host:8786``).
-_ADDRESS_RE = re.compile(r"^([a-z][a-z0-9_]*)://(\S+)$")
+_ADDRESS_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)://(\S+)$")
 
 
 class Device:
@@ -62,8 +62,8 @@ class Device:
             )
         text = value.strip()
         a = _ADDRESS_RE.match(text)
-        if a is not None and a.group(1) == a.group(1).lower():
-            return cls(a.group(1), 0, address=a.group(2))
+        if a is not None:  # the kind is case-insensitive, as in 'CPU:0'; the address is kept
+            return cls(a.group(1).lower(), 0, address=a.group(2))
         m = _DEVICE_RE.match(text.lower())
         if m is None:
             raise InvalidArgumentError(
