@@ -83,7 +83,8 @@ class ComputeBackend(ABC):
     @abstractmethod
     async def initialize(self, device: Device | str | None = None) -> None:
         """Open ``device`` (the selected one, else the backend's first device, if None) and
-        build the components.
+        build the components. A public boundary: a string (``"cuda:1"``) is parsed here, once;
+        the backend's hooks receive the :class:`~accelkit.Device`.
 
         Initializing a ready backend again on the same device does nothing; on another device it
         raises: shut down first.
