@@ -67,7 +67,7 @@ async def _heartbeat(period: float, lateness: list[float], stop: anyio.Event) ->
 async def _prepare_cpu_jit(say: Callable[[str], None]) -> None:
     """Compile the CPU backend's JIT kernels before timing anything, on a worker thread (the
     loop stays free); seconds on the first run, a fraction of one from Numba's cache after."""
-    from accelkit.backends.cpu import jit
+    from accelkit._core.host_jit import jit
 
     info = jit.describe()
     if info["mode"] == "off" or info["numba"] is None:
