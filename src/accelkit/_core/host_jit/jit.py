@@ -322,6 +322,7 @@ def softmax_rows(s: Array, out: Array, *, empty_nan: bool, period: int = 0, base
 
 
 def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, out: Array) -> bool:
+    """Layer norm over the last axis on float32, with an optional per-column weight and bias."""
     if x.ndim == 0 or x.shape[-1] == 0 or not _plain(x, out) or x.shape != out.shape:
         return False
     d = x.shape[-1]
@@ -337,6 +338,7 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, out: Arra
 
 
 def rms_norm(x: Array, w: Array | None, eps: float, out: Array) -> bool:
+    """RMS norm over the last axis on float32, with an optional per-column weight."""
     if x.ndim == 0 or x.shape[-1] == 0 or not _plain(x, out) or x.shape != out.shape:
         return False
     d = x.shape[-1]
