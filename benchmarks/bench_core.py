@@ -39,8 +39,8 @@ import accelkit as ak
 import anyio
 import numpy as np
 
-from accelkit.backends.cpu import jit
 from accelkit.cli.bench import interleaved
+from accelkit.sdk.host import JIT
 from accelkit.workloads import (
     BlockConfig,
     block_weights,
@@ -212,7 +212,7 @@ async def block(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int
         entry.update(torch_ms=1e3 * t_t, vs_torch=t_t / t_ak, torch_threads=torch.get_num_threads())
 
     async def run_without_jit() -> None:
-        with jit.disabled():
+        with JIT.disabled():
             await run()
 
     # The same block on NumPy's kernels (what a plain `pip install .` runs), interleaved.
@@ -266,7 +266,7 @@ async def block_parts(backend: ak.ComputeBackend, report: dict[str, Any], repeat
             del out
 
         async def without_jit(op: Callable[[], Any] = ak_op) -> None:
-            with jit.disabled():
+            with JIT.disabled():
                 out = op()
                 await backend.synchronize()
             del out
@@ -452,7 +452,7 @@ async def main(quick: bool) -> dict[str, Any]:
     repeats = 3 if quick else 11
     # The CPU backend's JIT kernels, compiled before anything is timed (seconds on a cold cache).
     print("compiling the CPU JIT kernels ...", flush=True)
-    report["cpu_jit"] = {**jit.describe(), "kernels": jit.wait()}
+    report["cpu_jit"] = {**JIT.describe(), "kernels": JIT.wait()}
     report["openblas_thread_timeout"] = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
     async with ak.open_backend("cpu") as backend:
         steps = [

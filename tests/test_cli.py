@@ -676,7 +676,7 @@ def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("selected: cpu on cpu:0")
     assert "candidates (best first)" in out
     assert "transformer block, run 1/1" in out
-    from accelkit.backends.cpu import jit
+    from accelkit._core.host_jit import jit
 
     n = len(jit.KERNELS)
     assert f"CPU JIT kernels: {n} of {n} ready" in out  # the tests session installs [jit]

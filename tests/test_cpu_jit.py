@@ -1,4 +1,4 @@
-"""The CPU backend's optional JIT kernels (accelkit.backends.cpu.jit, Numba): each against a
+"""The CPU JIT kernels (accelkit._core.host_jit, Numba; ``accelkit.sdk.host.JIT``): each against a
 float64 reference written from the textbook formula, special values included; the split between
 threads; the check that refuses a wrong kernel; and the clean fallback without Numba, with
 ACCELKIT_CPU_JIT=0, and while a kernel compiles."""
@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 import accelkit as ak
-from accelkit.backends.cpu import jit
-from accelkit.backends.cpu import numpy_elementwise as ew
-from accelkit.backends.cpu import numpy_nn as nn
+from accelkit._core.host_jit import JIT, jit
+from accelkit._core.host_jit import verify as jit_verify
+from accelkit._core.host_kernels import elementwise as ew
+from accelkit._core.host_kernels import nn
 from accelkit.testing import reference
 
 Array = np.ndarray[Any, Any]
@@ -120,7 +121,7 @@ def test_unary_kernels_agree_with_float64(op: str, n: int, monkeypatch: pytest.M
     numpy_path_forbidden(monkeypatch)
     x = inputs(n)
     out = np.empty_like(x)
-    ew.unary(op, x, out)
+    ew.unary(op, x, out, accel=JIT)
     assert jit.status()[op] == "ready"
     with np.errstate(all="ignore"):
         x64 = x.astype(np.float64)
@@ -230,9 +231,9 @@ def test_norm_kernels_agree_with_float64(
     b = rng.standard_normal(d).astype(np.float32) if affine in ("both", "bias") else None
     out = np.empty_like(x)
     if rms:
-        nn.rms_norm(x, w, 1e-5, out)
+        nn.rms_norm(x, w, 1e-5, out, accel=JIT)
     else:
-        nn.layer_norm(x, w, b, 1e-5, out)
+        nn.layer_norm(x, w, b, 1e-5, out, accel=JIT)
     with np.errstate(all="ignore"):
         want = norm_reference(x, w, b, 1e-5, rms)
     np.testing.assert_array_equal(np.isnan(out), ~np.isfinite(want) | np.isnan(want))
@@ -280,7 +281,7 @@ def test_attention_kernels_agree_with_float64(
     elif mask == "float":
         m = (rng.standard_normal((1, h, sq, sk)) * 0.5).astype(np.float32)
     out = np.empty_like(q)
-    nn.attention(q, k, v, m, out, 0.25, causal)
+    nn.attention(q, k, v, m, out, 0.25, causal, accel=JIT)
     # float64 reference
     kk, vv = np.repeat(k, h // hk, axis=1).astype(np.float64), np.repeat(v, h // hk, axis=1)
     s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), kk) * 0.25
@@ -356,7 +357,7 @@ def test_a_faulty_kernel_is_refused_and_numpy_runs(
     """The check refuses a kernel that compiles but computes wrongly (1e-5 too much on every
     other element), or that the compiler cannot build for this CPU; it logs why, and NumPy's
     kernel runs."""
-    import accelkit.backends.cpu._numba_kernels as real
+    import accelkit._core.host_jit._numba_kernels as real
 
     def faulty(x: Array, out: Array) -> None:
         if fault == "no compile":
@@ -372,7 +373,7 @@ def test_a_faulty_kernel_is_refused_and_numpy_runs(
     x = inputs(1000)
     out = np.empty_like(x)
     with caplog.at_level("WARNING", logger="accelkit.cpu.jit"):
-        ew.unary("gelu_tanh", x, out)
+        ew.unary("gelu_tanh", x, out, accel=JIT)
     error = "AssertionError" if fault == "wrong results" else "RuntimeError: LLVM ERROR"
     assert jit.status()["gelu_tanh"].startswith(f"not used: {error}")
     assert "gelu_tanh JIT kernel is not used" in caplog.text
@@ -385,7 +386,7 @@ def test_a_faulty_kernel_is_refused_and_numpy_runs(
 # features the CPU lacks does (SIGILL), or hangs; every other kernel is checked for real.
 FAULTY_CHILD = """
 import os, signal, sys, time
-from accelkit.backends.cpu import jit, jit_verify
+from accelkit._core.host_jit import jit, verify as jit_verify
 
 def crash(fn):
     os.kill(os.getpid(), signal.SIGILL)
@@ -401,8 +402,6 @@ sys.exit(jit_verify.main())
 @pytest.fixture
 def verdicts(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A verdict file of the test's own, and no verdicts remembered by this process."""
-    from accelkit.backends.cpu import jit_verify
-
     path = tmp_path / "verdicts.json"
     monkeypatch.setenv(jit_verify.STORE_ENV, str(path))
     monkeypatch.delenv(jit_verify.ENV, raising=False)
@@ -412,8 +411,6 @@ def verdicts(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def faulty_child(fault: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelkit.backends.cpu import jit_verify
-
     (tmp_path / "faulty_jit_child.py").write_text(FAULTY_CHILD)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
     monkeypatch.setenv("ACCELKIT_TEST_FAULT", fault)
@@ -421,8 +418,6 @@ def faulty_child(fault: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def child_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
-    from accelkit.backends.cpu import jit_verify
-
     def forbidden(names: Any) -> Any:
         raise AssertionError(f"a child process was started for {names}")
 
@@ -437,8 +432,6 @@ def test_a_kernel_that_kills_its_checking_process_is_never_used(
     """Kernels are first compiled and checked in a child process: the one the child dies or
     hangs on is refused, the rest are checked by a second child and used; the verdicts are
     stored, so the next process runs no child and refuses the same kernel."""
-    from accelkit.backends.cpu import jit_verify
-
     if fault == "hang":
         # Compiled here first (Numba's disk cache, which the child shares), so that no
         # kernel but the hanging one comes near the short timeout on a loaded machine.
@@ -482,8 +475,6 @@ def test_verdicts_of_another_machine_or_numba_are_not_used(
     """A verdict is keyed by what decides the machine code: one recorded under another key
     (another CPU, Numba or kernel source) does not refuse the kernel here; a child checks it.
     The file keeps the newest keys only."""
-    from accelkit.backends.cpu import jit_verify
-
     others = [f"numba 0.{i}, llvmlite 0.1, python 3.0, cpu other, features 0, kernels 0"
               for i in range(jit_verify._KEEP)]  # fmt: skip
     assert jit_verify.machine_key() not in others
@@ -503,8 +494,6 @@ def test_without_a_child_the_kernels_are_checked_here(
     """A child that cannot run the check (here: its module is missing) stores nothing and
     says so; the kernels are still checked in this process and used. With
     ACCELKIT_CPU_JIT_VERIFY=0 no child is started at all."""
-    from accelkit.backends.cpu import jit_verify
-
     monkeypatch.setattr(jit_verify, "CHILD_MODULE", "accelkit_no_such_module")
     with caplog.at_level("WARNING", logger="accelkit.cpu.jit"):
         assert jit.wait(["exp"])["exp"] == "ready"
@@ -569,11 +558,11 @@ def test_without_numba_everything_runs_on_numpy(tmp_path: Any) -> None:
         import os
         os.environ["ACCELKIT_CPU_JIT"] = "eager"
         import numpy as np
-        from accelkit.backends.cpu import jit, numpy_elementwise as ew, numpy_nn as nn
+        from accelkit.sdk import host as h
         x = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
-        g = np.empty_like(x); ew.unary("gelu_tanh", x, g)
-        s = np.empty_like(x); nn.softmax(x, -1, s, False)
-        n = np.empty_like(x); nn.layer_norm(x, None, None, 1e-5, n)
+        g = np.empty_like(x); h.unary("gelu_tanh", x, g, accel=h.JIT)
+        s = np.empty_like(x); h.softmax(x, -1, s, False, accel=h.JIT)
+        n = np.empty_like(x); h.layer_norm(x, None, None, 1e-5, n, accel=h.JIT)
         x64 = x.astype(np.float64)
         want = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)))
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
@@ -581,7 +570,7 @@ def test_without_numba_everything_runs_on_numpy(tmp_path: Any) -> None:
         np.testing.assert_allclose(s, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-8)
         z = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
         np.testing.assert_allclose(n, z, rtol=1e-4, atol=1e-5)
-        st = jit.status()
+        st = h.JIT.status()
         assert st["gelu_tanh"] == st["softmax_rows"] == st["layer_norm"], st
         assert "Numba is not installed" in st["gelu_tanh"], st
         print("fallback ok")

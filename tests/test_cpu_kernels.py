@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from accelkit.backends.cpu.numpy_image import (
+from accelkit._core.host_kernels.image import (
     depthwise_replicate,
     grayscale,
     separable_filter,
@@ -144,7 +144,7 @@ def test_sobel_magnitude_and_grayscale_are_their_formulas(dtype: Any) -> None:
 def test_take_slices_evenly_spaced_indexes_and_gathers_the_rest(axis: int) -> None:
     """The CPU take kernel turns flips, strides and broadcasts into slices; every index form
     gives np.take's result."""
-    from accelkit.backends.cpu.numpy_elementwise import take
+    from accelkit._core.host_kernels.elementwise import take
 
     x = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
     n = x.shape[axis]

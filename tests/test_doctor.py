@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -92,7 +92,7 @@ async def test_every_check_passes_on_the_cpu_backend(anyio_backend: str) -> None
         "kernel_ops silu_mul f32 [64x256]",
     ):
         assert wanted in names
-    assert names[1] == selftest.CPU_JIT  # compiled and checked before the op checks
+    assert names[1] == selftest.PREPARE  # the JIT compiled and checked before the op checks
     assert all(r.max_error is not None and r.max_error < 1e-5 for r in results[2:-1])
     assert events[0] == {"event": "plan", "checks": names}
     starts = [e["check"] for e in events if e["event"] == "start"]
@@ -125,23 +125,67 @@ def test_the_child_self_test_of_the_cpu_backend_is_ok(loop: str) -> None:
     assert "-X faulthandler -m accelkit._core.selftest --backend cpu" in report.command
 
 
-def _jit_step(report: selftest.SelfTestReport) -> selftest.CheckResult:
-    return next(c for c in report.checks if c.name == selftest.CPU_JIT)
+def _prepare_step(report: selftest.SelfTestReport) -> selftest.CheckResult:
+    return next(c for c in report.checks if c.name == selftest.PREPARE)
 
 
 def test_the_cpu_self_test_compiles_and_checks_the_jit_kernels_first() -> None:
     """In the child, before the checks (which then run on them), whatever the mode: a kernel
-    that crashed the process would do it there."""
+    that crashed the process would do it there. The step is the backend's prepare, whose
+    progress lines come as events and on the child's stderr."""
     pytest.importorskip("numba")
-    from accelkit.backends.cpu import jit
+    from accelkit._core.host_jit import jit
 
     seen: list[dict[str, Any]] = []
     report = selftest.run_selftest("cpu", "cpu:0", on_event=seen.append)
     assert report.verdict == "ok", report.reason
     n = len(jit.KERNELS)
-    assert _jit_step(report).detail == f"{n} of {n} ready"
-    assert [c.name for c in report.checks][:2] == [selftest.INITIALIZE, selftest.CPU_JIT]
-    assert selftest.CPU_JIT not in report.passed  # a preparation, not one of the op checks
+    step = _prepare_step(report)
+    assert (step.status, step.detail) == ("ok", f"CPU JIT kernels: {n} of {n} ready")
+    assert [c.name for c in report.checks][:2] == [selftest.INITIALIZE, selftest.PREPARE]
+    assert selftest.PREPARE not in report.passed  # a preparation, not one of the op checks
+    lines = [e["line"] for e in seen if e["event"] == "progress"]
+    assert lines[-1] == step.detail
+    assert f"[2/16] prepare: CPU JIT kernels: {n} of {n} ready" in report.stderr_tail
+
+
+@pytest.mark.anyio
+async def test_the_prepare_step_asks_any_backend_and_knows_none(anyio_backend: str) -> None:
+    """The step awaits the backend's prepare, whatever the backend: None is ``ok`` (with the
+    last progress line), a note is ``limited`` (no fault: the backend still works), and an
+    exception is an error."""
+    from accelkit.backends.cpu.backend import CPUBackend
+
+    class Prepared(CPUBackend):
+        outcome: str | Exception | None = None
+
+        async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
+            assert progress is not None
+            progress("warming up")
+            progress("all warm")
+            if isinstance(self.outcome, Exception):
+                raise self.outcome
+            return self.outcome
+
+    events: list[dict[str, Any]] = []
+    results: list[selftest.CheckResult] = []
+    backend = Prepared()
+    await backend.initialize()
+    try:
+        for outcome, want in (
+            (None, ("ok", "all warm")),
+            ("2 of 3 kernels: one left out", ("limited", "2 of 3 kernels: one left out")),
+            (RuntimeError("no warmth\nat all"), ("error", "RuntimeError: no warmth")),
+        ):
+            backend.outcome = outcome
+            await selftest._prepare(backend, events.append, results.append)
+            assert (results[-1].name, results[-1].status, results[-1].detail) == (
+                selftest.PREPARE,
+                *want,
+            )
+    finally:
+        await backend.shutdown()
+    assert [e["line"] for e in events if e["event"] == "progress"] == ["warming up", "all warm"] * 3
 
 
 def test_the_jit_step_says_why_kernels_are_not_used(
@@ -149,9 +193,9 @@ def test_the_jit_step_says_why_kernels_are_not_used(
 ) -> None:
     monkeypatch.setenv("ACCELKIT_CPU_JIT", "0")
     report = selftest.run_selftest("cpu", "cpu:0")
-    assert (_jit_step(report).status, _jit_step(report).detail) == (
+    assert (_prepare_step(report).status, _prepare_step(report).detail) == (
         "ok",
-        "off (ACCELKIT_CPU_JIT=0)",
+        "CPU JIT kernels: off (ACCELKIT_CPU_JIT=0)",
     )
     status, out, _ = run(capsys, "doctor")
     assert "CPU JIT kernels" not in out  # off on purpose: nothing to say
@@ -178,7 +222,11 @@ def test_a_jit_kernel_left_out_is_a_note_not_a_problem(
     detail = "7 of 8 ready; exp: not used: AssertionError: exp differs from NumPy's kernel"
 
     def fake(backend: str, device: str, **_: Any) -> selftest.SelfTestReport:
-        checks = [selftest.CheckResult(selftest.CPU_JIT, "limited", detail, None, 1.0)]
+        checks = [
+            selftest.CheckResult(
+                selftest.PREPARE, "limited", f"CPU JIT kernels: {detail}", None, 1.0
+            )
+        ]
         return selftest.SelfTestReport(backend, device, "ok", "", checks)
 
     monkeypatch.setattr(selftest, "run_selftest", fake)

@@ -8,6 +8,9 @@ docs/plugins.md walks through is held to the same."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,3 +209,21 @@ def test_the_private_member_check_catches_a_use(tmp_path: Path) -> None:
     found = [e for _, _, e in _private_uses([bad], _sdk_privates())]
     # ``self._pool`` is Other's own; ``backend._pool`` may be the SDK backend's private pool
     assert sorted(found) == ["backend._pool", "backend._stream_var", "self._streams"]
+
+
+def test_the_sdk_and_its_host_bodies_load_no_backend() -> None:
+    """What a plugin imports sits on no backend: a fresh interpreter that imports
+    ``accelkit.sdk.host`` (the NumPy bodies, and the CPU JIT a host backend may pass them) has
+    loaded nothing under ``accelkit.backends``, and not Numba (the JIT imports it when a kernel
+    is first wanted)."""
+    code = (
+        "import json, sys\n"
+        "import accelkit.sdk, accelkit.sdk.host\n"
+        "print(json.dumps(sorted(m for m in sys.modules"
+        " if m.startswith(('accelkit.backends', 'numba')))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

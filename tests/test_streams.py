@@ -336,7 +336,7 @@ async def test_kernel_errors_surface_at_event_and_stream_waits(backend: ComputeB
 async def test_unexpected_kernel_failures_become_device_errors(
     backend: ComputeBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from accelkit.backends.cpu import numpy_nn
+    from accelkit._core.host_kernels import nn as numpy_nn
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the device caught fire")

@@ -29,6 +29,7 @@ from accelkit.workloads import (
 )
 
 if TYPE_CHECKING:
+    from accelkit.abc.backend import ComputeBackend
     from accelkit.selector import Selection
 
 __all__ = ["DemoResult", "run_demo"]
@@ -64,23 +65,23 @@ async def _heartbeat(period: float, lateness: list[float], stop: anyio.Event) ->
         lateness.append(time.perf_counter() - t0 - period)
 
 
-async def _prepare_cpu_jit(say: Callable[[str], None]) -> None:
-    """Compile the CPU backend's JIT kernels before timing anything, on a worker thread (the
-    loop stays free); seconds on the first run, a fraction of one from Numba's cache after."""
-    from accelkit.backends.cpu import jit
+async def _prepare(backend: ComputeBackend, say: Callable[[str], None]) -> None:
+    """Have the backend do its one-time work before timing anything (the CPU backend compiles
+    its JIT kernels: seconds on the first run, a fraction of one from Numba's cache after), off
+    the event loop."""
+    said: list[str] = []
 
-    info = jit.describe()
-    if info["mode"] == "off" or info["numba"] is None:
-        say("  CPU JIT kernels: " + ("off" if info["mode"] == "off" else "Numba not installed"))
-        return
+    def progress(line: str) -> None:
+        said.append(line)
+        say(f"  {line}")
+
     t0 = time.perf_counter()
-    say("  compiling the CPU JIT kernels (Numba caches them for later runs) ...")
-    status = await anyio.to_thread.run_sync(jit.wait)
-    ready = sum(v == "ready" for v in status.values())
-    say(f"  CPU JIT kernels: {ready} of {len(status)} ready in {time.perf_counter() - t0:.1f} s")
-    for name, state in status.items():
-        if state != "ready":
-            say(f"    {name}: {state}")
+    note = await backend.prepare(progress)
+    if note and note not in said:
+        say(f"  {note}")
+    seconds = time.perf_counter() - t0
+    if seconds >= 0.05:
+        say(f"  prepared in {seconds:.1f} s")
 
 
 async def run_demo(
@@ -92,8 +93,7 @@ async def run_demo(
     async with open_backend(target) as backend:
         result = DemoResult(backend=backend.name, device=str(backend.device))
         say(f"accelkit demo on backend {backend.name!r} ({backend.device})")
-        if backend.name == "cpu":
-            await _prepare_cpu_jit(say)
+        await _prepare(backend, say)
         rng = np.random.default_rng(0)
         x_host = rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
         w_host = block_weights(cfg)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from accelkit_webgpu.backend import WebGPUBackend
 
-from accelkit.backends.cpu import numpy_nn
 from accelkit.errors import InvalidArgumentError
+from accelkit.sdk import host
 
 # Kernel checks: one event loop per test function (accelkit.testing.plugin, one_loop).
 pytestmark = [pytest.mark.anyio, pytest.mark.one_loop]
@@ -98,7 +98,7 @@ async def test_adam_update_matches_the_cpu_backend(
         hyper = dict(lr=0.01, beta1=0.8, beta2=0.95, eps=1e-6, weight_decay=weight_decay)
         for step in (1, 2, 3):
             assert ops.adam_update(tp, tg, tm, tv, step=step, **hyper) is tp
-            numpy_nn.adam_update(p, g, m, v, 0.01, 0.8, 0.95, 1e-6, step, weight_decay)
+            host.adam_update(p, g, m, v, 0.01, 0.8, 0.95, 1e-6, step, weight_decay)
         for t, want in ((tp, p), (tm, m), (tv, v)):
             got = await t.to_host()
             np.testing.assert_allclose(

@@ -1,7 +1,7 @@
 """A child process that reports progress as JSON events, with a timeout on each step.
 
 What the self-test (:mod:`accelkit._core.selftest`) and the CPU JIT's crash check
-(:mod:`accelkit.backends.cpu.jit_verify`) share: code that may crash or hang its process runs
+(:mod:`accelkit._core.host_jit.verify`) share: code that may crash or hang its process runs
 in a child, which prints one JSON object per line on stdout (after ``marker``) as it goes; the
 parent kills it when a step (start-up until the first event, then from one event to the next,
 then the exit) takes longer than ``step_timeout``, and keeps the tail of its stderr to say why

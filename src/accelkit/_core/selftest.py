@@ -9,6 +9,11 @@ is reported and never takes the caller down::
 
     python -X faulthandler -m accelkit._core.selftest --backend opencl --device opencl:0
 
+Before the checks, the child has the backend do its one-time preparation
+(:meth:`~accelkit.abc.ComputeBackend.prepare`: the CPU backend compiles and checks its JIT
+kernels, the OpenCL backend verifies its kernel variants), so that the checks run on what a
+user's program gets and a kernel that crashes the process does it here, where it is reported.
+
 The child prints its progress on stderr (one line per check, readable) and, for the parent, one
 line per event on stdout: ``ACCELKIT_SELFTEST {json}``. :func:`run_selftest` starts the child,
 with a timeout on each step (start-up, then each check: a slow machine or a first compile makes
@@ -58,11 +63,12 @@ TOLERANCE = 1e-3
 #: Checks whose progress step names the backend's initialization and shutdown.
 INITIALIZE = "initialize"
 SHUTDOWN = "shutdown"
-#: The step that compiles and checks the CPU backend's JIT kernels (skipped on other backends).
-CPU_JIT = "CPU JIT kernels"
+#: The step that awaits the backend's ``prepare`` (any backend: most have nothing to prepare).
+PREPARE = "prepare"
 
 #: ``limited``: a step that ran, but part of what it prepares is left out, the detail says why
-#: (a JIT kernel not used: NumPy's runs instead); no fault of the backend.
+#: (the note ``prepare`` returned: a JIT kernel not used, NumPy's runs instead); no fault of the
+#: backend.
 CheckStatus = Literal["ok", "limited", "error", "wrong", "skipped"]
 
 
@@ -94,13 +100,13 @@ class SelfTestReport:
         return [
             c.name
             for c in self.checks
-            if c.status == "ok" and c.name not in (INITIALIZE, CPU_JIT, SHUTDOWN)
+            if c.status == "ok" and c.name not in (INITIALIZE, PREPARE, SHUTDOWN)
         ]
 
     def summary(self) -> str:
         """One line: ``ok (11 checks, 1.2 s)`` or ``broken: <reason>``."""
         if self.verdict == "ok":
-            skipped = sum(c.status == "skipped" and c.name != CPU_JIT for c in self.checks)
+            skipped = sum(c.status == "skipped" and c.name != PREPARE for c in self.checks)
             extra = f", {skipped} not applicable" if skipped else ""
             return f"ok ({len(self.passed)} checks{extra}, {self.seconds:.1f} s)"
         return f"broken: {self.reason}"
@@ -147,7 +153,9 @@ def run_selftest(
 
     ``on_event`` is called (from a reader thread) with each protocol event as it arrives:
     ``{"event": "plan", "checks": [...]}``, ``{"event": "start", "check": ...}``,
-    ``{"event": "check", ...}`` (a :class:`CheckResult` as a dict), ``{"event": "done"}``.
+    ``{"event": "progress", "check": ..., "line": ...}`` (a line of the backend's ``prepare``),
+    ``{"event": "check", ...}`` (a :class:`CheckResult` as a dict), ``{"event": "done"}``. Each
+    event, a progress line included, starts a new step of ``timeout``.
     """
     cmd = _command(backend, device, loop)
     shown = shlex.join(cmd[:-1])  # what a user runs to watch it: the same, without --events
@@ -392,7 +400,7 @@ async def run_checks(
         results.append(result)
         send({"event": "check", **asdict(result)})
 
-    plan = [INITIALIZE, CPU_JIT, *[n for n, _, _ in checks], SHUTDOWN]
+    plan = [INITIALIZE, PREPARE, *[n for n, _, _ in checks], SHUTDOWN]
     send({"event": "plan", "checks": plan})
     send({"event": "start", "check": INITIALIZE})
     t0 = time.perf_counter()
@@ -404,7 +412,7 @@ async def run_checks(
         return results
     record(CheckResult(INITIALIZE, "ok", f"{backend.name} {backend.version}", None, 0.0))
     try:
-        await _prepare_cpu_jit(backend, send, record)
+        await _prepare(backend, send, record)
         rng = np.random.default_rng(seed)
         for name, group, fn in checks:
             if group is not None and group not in backend.kernel_ops.ops:
@@ -436,42 +444,33 @@ async def run_checks(
     return results
 
 
-async def _prepare_cpu_jit(
+async def _prepare(
     backend: ComputeBackend,
     send: Callable[[dict[str, Any]], None],
     record: Callable[[CheckResult], None],
 ) -> None:
-    """On the CPU backend (and backends built on it), compile and check its JIT kernels now, in
-    this child: a kernel that crashes the process does it here, where it is reported, and the
-    checks after this one run on the kernels a user's program gets (in the default mode they
-    would still be compiling in the background). A kernel that is not used is no fault of the
-    backend (NumPy's kernel runs instead): the step is ``limited`` and its detail says why."""
-    import anyio
-
-    from accelkit.backends.cpu.backend import CPUBackend
-
-    if not isinstance(backend, CPUBackend):
-        record(CheckResult(CPU_JIT, "skipped", "not a CPU backend"))
-        return
-    from accelkit.backends.cpu import jit
-
-    send({"event": "start", "check": CPU_JIT})
+    """Await ``backend.prepare`` (:meth:`~accelkit.abc.ComputeBackend.prepare`), relaying its
+    progress lines as events. What it could not prepare is no fault of the backend (the CPU
+    backend's NumPy code runs where a JIT kernel is left out): the step is then ``limited``,
+    with the note it returned; otherwise ``ok``, with its last progress line."""
+    send({"event": "start", "check": PREPARE})
     t0 = time.perf_counter()
-    states = await anyio.to_thread.run_sync(jit.wait)
-    ready = [name for name, state in states.items() if state == "ready"]
-    unused = {name: state for name, state in states.items() if state != "ready"}
-    reasons = sorted(set(unused.values()))
-    status: CheckStatus = "limited"
-    if not ready and reasons == ["off"]:
-        status, detail = "ok", f"off ({jit.ENV}=0)"
-    elif not ready and len(reasons) == 1:  # Numba missing: one reason for all
-        detail = f"none used: {reasons[0].removeprefix('not used: ')}"
+    lines: list[str] = []
+
+    def progress(line: str) -> None:  # called from the loop's thread or a worker thread
+        lines.append(line)
+        send({"event": "progress", "check": PREPARE, "line": line})
+
+    try:
+        note = await backend.prepare(progress)
+    except Exception as exc:
+        record(CheckResult(PREPARE, "error", _first_line(exc), None, time.perf_counter() - t0))
+        return
+    seconds = time.perf_counter() - t0
+    if note:
+        record(CheckResult(PREPARE, "limited", note, None, seconds))
     else:
-        status = "ok" if not unused else "limited"
-        detail = f"{len(ready)} of {len(states)} ready" + "".join(
-            f"; {name}: {state}" for name, state in unused.items()
-        )
-    record(CheckResult(CPU_JIT, status, detail, None, time.perf_counter() - t0))
+        record(CheckResult(PREPARE, "ok", lines[-1] if lines else "", None, seconds))
 
 
 def _child_emit(device: str, events: bool) -> Callable[[dict[str, Any]], None]:
@@ -486,6 +485,8 @@ def _child_emit(device: str, events: bool) -> Callable[[dict[str, Any]], None]:
         if kind == "start":
             index["n"] += 1
             line = f"[{index['n']}/{total}] {event['check']} ..."
+        elif kind == "progress":
+            line = f"[{index['n']}/{total}] {event['check']}: {event['line']}"
         elif kind == "check":
             if event["status"] == "skipped":
                 index["n"] += 1

@@ -306,9 +306,10 @@ class StreamBackend(ComputeBackend, Generic[S]):
         if self._fallback_ops is not None and self._tensor_ops is not None:
             self._fallback_ops.rebind(self._tensor_ops)  # the same records, the new TensorOps
 
-    async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
-        """Nothing by default (see :meth:`accelkit.abc.ComputeBackend.prepare`)."""
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
+        """Nothing by default (see :meth:`accelkit.abc.ComputeBackend.prepare`): returns None."""
         self.check_ready()
+        return None
 
     async def synchronize(self, device: Device | str | None = None) -> None:
         self.check_ready()

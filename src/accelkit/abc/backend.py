@@ -91,10 +91,15 @@ class ComputeBackend(ABC):
         """
 
     @abstractmethod
-    async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
         """Do now, off the event loop, the one-time device work a backend would otherwise do on
         first need (verifying device-dependent kernel variants, warming a JIT); ``accelkit
-        calibrate`` calls it. ``progress`` receives one line per step."""
+        calibrate`` and the self-test of ``accelkit doctor`` call it. ``progress`` receives one
+        line per step.
+
+        Returns None when everything is prepared, else a note on what could not be and why (a
+        JIT kernel left out, whose NumPy code runs instead): the backend still works, with
+        less; ``accelkit doctor`` shows the note."""
 
     @abstractmethod
     async def synchronize(self, device: Device | str | None = None) -> None:

@@ -13,7 +13,7 @@ __all__ = ["run"]
 
 def run(args: argparse.Namespace) -> int:
     from accelkit import __version__, calibration, registry
-    from accelkit.backends.cpu import jit
+    from accelkit._core.host_jit import jit
     from accelkit.plugins import PLUGIN_API_VERSION
 
     statuses = registry.statuses()

@@ -14,6 +14,14 @@ in F32 and rounded once, index errors raised as InvalidArgumentError. The CPU ba
 same functions. A backend that computes elsewhere (a device) needs none of them; its results are
 compared with these by the suite's NumPy references.
 
+The bodies are plain NumPy. Those with a hot float32 step (``unary``, ``softmax``,
+``attention``, ``layer_norm``, ``rms_norm``, ``rms_norm_residual``, ``paged_attention``) take a
+keyword argument ``accel``, a :class:`HostAccelerator` asked first for that step: by default
+:data:`NUMPY_ONLY` (none); :data:`JIT` is the CPU JIT the CPU backend passes (Numba kernels,
+``pip install "accelkit[jit]"``, ``ACCELKIT_CPU_JIT``; docs/backends/cpu.md), which a host
+backend may pass too (``h.attention(..., accel=h.JIT)``) and warm up in its ``prepare``
+(``return await h.JIT.prepare(progress)``).
+
 Also here, for backends whose device memory is host memory: an aligned block allocator and its
 release for the caching pool, stream-ordered frees on a host stream, ``copy_to_host`` and
 ``copy_into`` (the copies of a ``read_tensor`` or a transfer, moved off the event loop when
@@ -23,16 +31,9 @@ large) and DLPack export.
 from __future__ import annotations
 
 from accelkit._core.host_arrays import assign, cast_into
-from accelkit._core.host_memory import (
-    OFF_LOOP_COPY_BYTES,
-    aligned_allocator,
-    copy_into,
-    copy_to_host,
-    export_dlpack,
-    free_in_stream_order,
-    release_block,
-)
-from accelkit.backends.cpu.numpy_elementwise import (
+from accelkit._core.host_jit import JIT, JITAccelerator
+from accelkit._core.host_kernels import NUMPY_ONLY, HostAccelerator
+from accelkit._core.host_kernels.elementwise import (
     argsort,
     binary,
     cumulative,
@@ -41,7 +42,7 @@ from accelkit.backends.cpu.numpy_elementwise import (
     unary,
     where,
 )
-from accelkit.backends.cpu.numpy_fused import (
+from accelkit._core.host_kernels.fused import (
     paged_attention,
     quantized_linear,
     rms_norm_residual,
@@ -49,15 +50,15 @@ from accelkit.backends.cpu.numpy_fused import (
     sample_token,
     silu_mul,
 )
-from accelkit.backends.cpu.numpy_image import (
+from accelkit._core.host_kernels.image import (
     depthwise_replicate as depthwise,
 )
-from accelkit.backends.cpu.numpy_image import (
+from accelkit._core.host_kernels.image import (
     grayscale,
     separable_filter,
     sobel_magnitude,
 )
-from accelkit.backends.cpu.numpy_nn import (
+from accelkit._core.host_kernels.nn import (
     adam_update,
     attention,
     conv2d,
@@ -73,9 +74,19 @@ from accelkit.backends.cpu.numpy_nn import (
     scatter_reduce,
     softmax,
 )
+from accelkit._core.host_memory import (
+    OFF_LOOP_COPY_BYTES,
+    aligned_allocator,
+    copy_into,
+    copy_to_host,
+    export_dlpack,
+    free_in_stream_order,
+    release_block,
+)
 
 __all__ = [
-    "OFF_LOOP_COPY_BYTES", "adam_update", "aligned_allocator", "argsort", "assign", "attention",
+    "JIT", "NUMPY_ONLY", "OFF_LOOP_COPY_BYTES", "HostAccelerator", "JITAccelerator",
+    "adam_update", "aligned_allocator", "argsort", "assign", "attention",
     "binary", "cast_into", "conv2d", "copy_into", "copy_to_host", "cross_entropy", "cumulative",
     "depthwise", "embedding", "export_dlpack", "free_in_stream_order", "gather", "gemm",
     "grayscale", "layer_norm", "linear", "matmul", "paged_attention", "quantized_linear",

@@ -463,9 +463,9 @@ async def test_quantized_linear(env: Env, fmt: QuantFormat, dtype: DType, with_b
 async def test_quantized_linear_in_slabs(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     cpu_only(env)
     # Expand at most 2 rows of 64 at a time: 5 slabs, the last one short.
-    from accelkit.backends.cpu import numpy_fused
+    from accelkit._core.host_kernels import fused
 
-    monkeypatch.setattr(numpy_fused, "_DEQUANT_CHUNK_ELEMS", 128)
+    monkeypatch.setattr(fused, "_DEQUANT_CHUNK_ELEMS", 128)
     qweight, scales = quantize(env.rng.standard_normal((9, 64)).astype(np.float32), "q4_0")
     x = env.data((4, 64), DType.F32)
     got = env.fused.quantized_linear(

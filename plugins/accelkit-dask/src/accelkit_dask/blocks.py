@@ -1,9 +1,10 @@
 """What the workers run: one block of one kernel, on the block's NumPy arrays.
 
 Every function here is a task body of the graphs :mod:`accelkit_dask.tensor_kernels` builds. A
-block runs accelkit's CPU kernels (:mod:`accelkit.sdk.host`, the bodies the CPU backend runs), so a
-block's result is bit for bit the CPU backend's result on that block: promotion, integer wrapping,
-F16/BF16 computed in F32 and rounded once, index errors raised as InvalidArgumentError. Functions
+block runs accelkit's CPU kernels (:mod:`accelkit.sdk.host`, the bodies the CPU backend runs, with
+the CPU JIT, ``accel=h.JIT``, where the CPU backend has it too), so a block's result is the CPU
+backend's result on that block: promotion, integer wrapping, F16/BF16 computed in F32 and rounded
+once, index errors raised as InvalidArgumentError. Functions
 are module-level (they pickle by name: a worker needs accelkit-dask installed) and take their
 parameters as arguments. Floating-point warnings are off, as on every accelkit backend.
 """
@@ -50,7 +51,7 @@ def accumulator(dtype: np.dtype[Any]) -> np.dtype[Any]:
 @_quiet
 def unary(x: Array, op: str, rt: np.dtype[Any]) -> Array:
     out = np.empty(x.shape, rt)
-    h.unary(op, x, out)
+    h.unary(op, x, out, accel=h.JIT)
     return out
 
 
@@ -261,14 +262,14 @@ def attention(
     if (done := worker.offload("attention", [q, k, v, mask], params)) is not None:
         return done.astype(rt, copy=False)
     out = np.empty((*q.shape[:3], v.shape[3]), rt)
-    h.attention(q, k, v, mask, out, scale, causal)
+    h.attention(q, k, v, mask, out, scale, causal, accel=h.JIT)
     return out
 
 
 @_quiet
 def softmax(x: Array, axis: int, log: bool, rt: np.dtype[Any]) -> Array:
     out = np.empty(x.shape, rt)
-    h.softmax(x, axis, out, log)
+    h.softmax(x, axis, out, log, accel=h.JIT)
     return out
 
 
@@ -277,14 +278,14 @@ def layer_norm(
     x: Array, w: Array | None, bias: Array | None, eps: float, rt: np.dtype[Any]
 ) -> Array:
     out = np.empty(x.shape, rt)
-    h.layer_norm(x, w, bias, eps, out)
+    h.layer_norm(x, w, bias, eps, out, accel=h.JIT)
     return out
 
 
 @_quiet
 def rms_norm(x: Array, w: Array | None, eps: float, rt: np.dtype[Any]) -> Array:
     out = np.empty(x.shape, rt)
-    h.rms_norm(x, w, eps, out)
+    h.rms_norm(x, w, eps, out, accel=h.JIT)
     return out
 
 
@@ -431,7 +432,7 @@ def rms_norm_residual(
     """One of the two results (0: normed, 1: summed) for a block of rows."""
     normed = np.empty(x.shape, normed_rt)
     summed = np.empty(x.shape, summed_rt)
-    h.rms_norm_residual(x, residual, w, eps, normed, summed)
+    h.rms_norm_residual(x, residual, w, eps, normed, summed, accel=h.JIT)
     return (normed, summed)[which]
 
 

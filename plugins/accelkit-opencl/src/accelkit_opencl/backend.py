@@ -196,13 +196,26 @@ class OpenCLBackend(QueuedBackend[CLStream]):
             out.append(pick(self._verifier, self._cl_device, family, self._forced)[1])
         return out
 
-    async def prepare(self, progress: Callable[[str], None] | None = None) -> None:
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
         """Verify this device's kernel variants now (in child processes, off the loop), rather
-        than in the background on first need; verdicts are stored, so later runs skip it."""
+        than in the background on first need; verdicts are stored, so later runs skip it.
+        Returns None when every family runs a verified variant (or verification is off), else a
+        note on the families that do not (:meth:`kernel_variants`: ``failed``, ``fallback``,
+        or ``pending`` where verification gave up)."""
         self.check_ready()
         await anyio.to_thread.run_sync(self._verifier.run, progress)
         self._variants.clear()
         self._refresh_dtypes()
+        left = [
+            c
+            for c in self.kernel_variants()
+            if c.state in ("failed", "fallback", "pending") and self._verifier.enabled()
+        ]
+        if not left:
+            return None
+        return "OpenCL kernel variants: " + "; ".join(
+            f"{c.family}: {c.state}" + (f" ({c.reason})" if c.reason else "") for c in left
+        )
 
     def _refresh_dtypes(self) -> None:
         """Update ``supported_dtypes`` after verification (see :meth:`_dtypes`)."""

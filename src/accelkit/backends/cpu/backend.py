@@ -3,11 +3,16 @@
 Work runs on host streams (:mod:`accelkit._core.host_stream`): large operations on each stream's
 worker thread, so the event loop stays free (NumPy releases the GIL in its loops and in BLAS),
 small ones inline when the stream is idle, because the hand-off would cost more than the work.
+The kernels are the host's NumPy bodies with the CPU JIT as their accelerator
+(:mod:`accelkit._core.host_jit`); :meth:`CPUBackend.prepare` compiles and checks the JIT now.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from accelkit import __version__
+from accelkit._core.host_jit import JIT
 from accelkit._core.host_stream import HostStream
 from accelkit._core.stream_backend import Opened, StreamBackend
 from accelkit.capabilities import BackendCapabilities
@@ -47,6 +52,13 @@ class CPUBackend(StreamBackend[HostStream]):
             fused=CPUFusedKernels(self),
             dtypes=frozenset(DType),
         )
+
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
+        """Compile and check the CPU JIT kernels now, on a worker thread (the loop stays free),
+        rather than in the background on first need; None when all are ready (or the JIT is off
+        on purpose), else a note on those left out (NumPy's code runs for them)."""
+        self.check_ready()
+        return await JIT.prepare(progress)
 
     # -- streams ----------------------------------------------------------------------------------
     def _open_stream(self) -> HostStream:

@@ -1,25 +1,21 @@
-"""The CPU backend's KernelOps: every sub-interface, each hook submitting a NumPy kernel.
+"""The CPU backend's KernelOps: every sub-interface, each hook submitting a NumPy body, with the
+CPU JIT as its accelerator where it takes one.
 
-Kernels that TensorOps already has on this backend (rms_norm, layer_norm, attention, linear,
-gelu) are shared with it; the rest live in :mod:`accelkit.backends.cpu.numpy_fused`. Costs passed
+Bodies that TensorOps already has on this backend (rms_norm, layer_norm, attention, linear,
+gelu) are shared with it; the rest live in :mod:`accelkit._core.host_kernels.fused`. Costs passed
 to ``_launch`` are rough element-operation counts: they only decide whether the work runs inline
 or on the stream's worker thread.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from accelkit.backends.cpu import numpy_elementwise as ew
-from accelkit.backends.cpu import numpy_fused as fused
-from accelkit.backends.cpu import numpy_nn as nn
+from accelkit._core.host_jit import JIT
+from accelkit._core.host_kernels import elementwise as ew
+from accelkit._core.host_kernels import fused, nn
 from accelkit.backends.cpu.submit import CPUComponent, arr
 from accelkit.quant import QuantFormat
 from accelkit.sdk import FusedKernels, GeluApproximation, SamplingParams
 from accelkit.tensor import Tensor
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "CPUActivationKernels",
@@ -35,7 +31,7 @@ __all__ = [
 class CPUNormKernels(CPUComponent):
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._launch(
-            lambda: nn.rms_norm(x._data, arr(weight), eps, out._data),
+            lambda: nn.rms_norm(x._data, arr(weight), eps, out._data, accel=JIT),
             3 * x._size, (x, weight), (out,),
         )  # fmt: skip
 
@@ -45,7 +41,8 @@ class CPUNormKernels(CPUComponent):
     ) -> None:  # fmt: skip
         self._launch(
             lambda: fused.rms_norm_residual(
-                x._data, residual._data, arr(weight), eps, normed._data, summed._data
+                x._data, residual._data, arr(weight), eps, normed._data, summed._data,
+                accel=JIT,
             ),
             4 * x._size, (x, residual, weight), (normed, summed),
         )  # fmt: skip
@@ -54,7 +51,7 @@ class CPUNormKernels(CPUComponent):
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         self._launch(
-            lambda: nn.layer_norm(x._data, arr(weight), arr(bias), eps, out._data),
+            lambda: nn.layer_norm(x._data, arr(weight), arr(bias), eps, out._data, accel=JIT),
             4 * x._size, (x, weight, bias), (out,),
         )  # fmt: skip
 
@@ -75,7 +72,9 @@ class CPUAttentionKernels(CPUComponent):
         causal: bool,
     ) -> None:  # fmt: skip
         self._launch(
-            lambda: nn.attention(q._data, k._data, v._data, arr(mask), out._data, scale, causal),
+            lambda: nn.attention(
+                q._data, k._data, v._data, arr(mask), out._data, scale, causal, accel=JIT
+            ),
             2 * q._size * k._shape[2], (q, k, v, mask), (out,),
         )  # fmt: skip
 
@@ -87,7 +86,7 @@ class CPUAttentionKernels(CPUComponent):
         self._launch(
             lambda: fused.paged_attention(
                 q._data, k_cache._data, v_cache._data, block_table._data, context_lens._data,
-                scale, out._data,
+                scale, out._data, accel=JIT,
             ),
             2 * q._size * max_len, (q, k_cache, v_cache, block_table, context_lens), (out,),
         )  # fmt: skip
@@ -102,7 +101,7 @@ class CPUActivationKernels(CPUComponent):
 
     def gelu(self, x: Tensor, approximate: GeluApproximation, out: Tensor) -> None:
         op = "gelu" if approximate == "none" else "gelu_tanh"
-        self._launch(lambda: ew.unary(op, x._data, out._data), 8 * x._size, (x,), (out,))
+        self._launch(lambda: ew.unary(op, x._data, out._data, accel=JIT), 8 * x._size, (x,), (out,))
 
 
 class CPULinearKernels(CPUComponent):

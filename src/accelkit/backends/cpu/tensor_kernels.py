@@ -1,4 +1,6 @@
-"""The CPU backend's TensorOps: each kernel hook submits a NumPy kernel to the current stream."""
+"""The CPU backend's TensorOps: each kernel hook submits a NumPy body
+(:mod:`accelkit._core.host_kernels`) to the current stream, with the CPU JIT as its accelerator
+where it takes one."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from accelkit._core.host_jit import JIT
+from accelkit._core.host_kernels import elementwise as ew
+from accelkit._core.host_kernels import image as img
+from accelkit._core.host_kernels import nn
 from accelkit._core.host_stream import HostStream
-from accelkit.backends.cpu import numpy_elementwise as ew
-from accelkit.backends.cpu import numpy_image as img
-from accelkit.backends.cpu import numpy_nn as nn
 from accelkit.backends.cpu.submit import INLINE_MAX_COST, CPUComponent, arr
 from accelkit.sdk.kernels import Operand, TensorKernels
 from accelkit.sdk.tensors import mark_written
@@ -32,7 +35,7 @@ _SAME_DTYPE_UFUNCS: dict[str, Any] = {
 class CPUTensorKernels(CPUComponent, TensorKernels):
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
-        self._launch(lambda: ew.unary(op, x._data, out._data), out._size, (x,), (out,))
+        self._launch(lambda: ew.unary(op, x._data, out._data, accel=JIT), out._size, (x,), (out,))
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         ufunc = _SAME_DTYPE_UFUNCS.get(op)
@@ -243,20 +246,24 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
     ) -> None:
         cost = q._size * k._shape[2] * 2
         self._launch(
-            lambda: nn.attention(q._data, k._data, v._data, arr(mask), out._data, scale, causal),
+            lambda: nn.attention(
+                q._data, k._data, v._data, arr(mask), out._data, scale, causal, accel=JIT
+            ),
             cost,
             (q, k, v, mask),
             (out,),
         )
 
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
-        self._launch(lambda: nn.softmax(x._data, axis, out._data, log), 4 * x._size, (x,), (out,))
+        self._launch(
+            lambda: nn.softmax(x._data, axis, out._data, log, accel=JIT), 4 * x._size, (x,), (out,)
+        )
 
     def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
         self._launch(
-            lambda: nn.layer_norm(x._data, arr(weight), arr(bias), eps, out._data),
+            lambda: nn.layer_norm(x._data, arr(weight), arr(bias), eps, out._data, accel=JIT),
             4 * x._size,
             (x, weight, bias),
             (out,),
@@ -264,7 +271,7 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
 
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
         self._launch(
-            lambda: nn.rms_norm(x._data, arr(weight), eps, out._data),
+            lambda: nn.rms_norm(x._data, arr(weight), eps, out._data, accel=JIT),
             3 * x._size,
             (x, weight),
             (out,),

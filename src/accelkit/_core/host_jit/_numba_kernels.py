@@ -1,6 +1,6 @@
 """Float32 kernels compiled by Numba: one pass per row or element where NumPy makes several.
 
-Imported only by :mod:`accelkit.backends.cpu.jit`, which checks each kernel before using it.
+Imported only by :mod:`accelkit._core.host_jit.jit`, which checks each kernel before using it.
 Every kernel releases the GIL (``nogil``), so that jit.py can split rows between threads, and
 keeps IEEE semantics: the fast-math flags allow reassociation (vectorised sums), contraction
 (FMA) and reciprocals, never ``nnan`` or ``ninf``, so NaN and infinities mean what they do in

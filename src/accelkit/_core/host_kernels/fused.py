@@ -1,8 +1,9 @@
-"""NumPy kernels for the KernelOps that TensorOps has no kernel for (inputs already validated).
+"""NumPy bodies of the KernelOps that TensorOps has no kernel for (inputs already validated).
 
 Each function is one launch of its whole op, with as few temporaries as NumPy allows; the ops
-that TensorOps already has (rms_norm, layer_norm, attention, linear, gelu) reuse its kernels in
-:mod:`accelkit.backends.cpu.numpy_nn`. F16 and BF16 are computed in F32 and rounded once when
+that TensorOps already has (rms_norm, layer_norm, attention, linear, gelu) reuse its bodies in
+:mod:`accelkit._core.host_kernels.nn`, and ``rms_norm_residual`` and ``paged_attention`` pass
+their ``accel`` on to them. F16 and BF16 are computed in F32 and rounded once when
 stored. Errors that depend on values (ids out of range) are raised here, and so surface when the
 result is awaited.
 """
@@ -16,8 +17,9 @@ import numexpr
 import numpy as np
 
 from accelkit._core.host_arrays import up
+from accelkit._core.host_kernels import NUMPY_ONLY, HostAccelerator
+from accelkit._core.host_kernels.nn import rms_norm, softmax_rows
 from accelkit._core.kernel_validation import GUMBEL_UNIFORM_MAX, SamplingParams, rotary_inv_freq
-from accelkit.backends.cpu.numpy_nn import rms_norm, softmax_rows
 from accelkit.errors import InvalidArgumentError
 from accelkit.quant import QuantFormat, dequantize
 
@@ -45,14 +47,22 @@ def _store(out: Array, value: Array) -> None:
 
 
 def rms_norm_residual(
-    x: Array, residual: Array, w: Array | None, eps: float, normed: Array, summed: Array
+    x: Array,
+    residual: Array,
+    w: Array | None,
+    eps: float,
+    normed: Array,
+    summed: Array,
+    *,
+    accel: HostAccelerator = NUMPY_ONLY,
 ) -> None:
-    """``summed = x + residual`` (rounded to its dtype), then ``normed = rms_norm(summed)``."""
+    """``summed = x + residual`` (rounded to its dtype), then ``normed = rms_norm(summed)``
+    (through ``accel`` where it takes it)."""
     if x.dtype in _LOW:
         summed[...] = up(x) + up(residual)
     else:
         np.add(x, residual, out=summed)
-    rms_norm(summed, w, eps, normed)
+    rms_norm(summed, w, eps, normed, accel=accel)
 
 
 def rotary_embedding(
@@ -82,8 +92,11 @@ def paged_attention(
     context_lens: Array,
     scale: float,
     out: Array,
+    *,
+    accel: HostAccelerator = NUMPY_ONLY,
 ) -> None:
-    """Per sequence: gather its blocks, attend its one query per head over them."""
+    """Per sequence: gather its blocks, attend its one query per head over them (the scores'
+    softmax through ``accel`` where it takes it)."""
     ct = _compute_dtype(q)
     b, h, d = q.shape
     num_blocks, block_size, hk = k_cache.shape[:3]
@@ -110,7 +123,7 @@ def paged_attention(
             k = k_cache[blocks].reshape(-1, hk, d)[:n].astype(ct, copy=False)  # [n, Hkv, D]
             v = v_cache[blocks].reshape(-1, hk, d)[:n].astype(ct, copy=False)
             scores = np.einsum("kgd,nkd->kgn", qg[i], k) * ct.type(scale)  # [Hkv, G, n]
-            p = softmax_rows(scores)
+            p = softmax_rows(scores, accel=accel)
             res[i] = np.einsum("kgn,nkd->kgd", p, v)
     _store(out, res.reshape(b, h, d))
 

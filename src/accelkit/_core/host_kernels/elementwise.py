@@ -1,7 +1,8 @@
-"""NumPy kernels for elementwise ops, reductions and shape ops (inputs already validated).
+"""NumPy bodies of elementwise ops, reductions and shape ops (inputs already validated).
 
 F16 and BF16 are computed in F32 and rounded once when stored, as GPUs do. Composite activations
-(GELU, SiLU, sigmoid) are chains of in-place passes, so they make no temporaries.
+(GELU, SiLU, sigmoid) are chains of in-place passes, so they make no temporaries; ``unary`` asks
+its ``accel`` (:class:`~accelkit._core.host_kernels.HostAccelerator`) first for them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from accelkit._core.host_arrays import _LOW, assign, cast_into, up
-from accelkit.backends.cpu import jit
+from accelkit._core.host_kernels import NUMPY_ONLY, HostAccelerator
 
 __all__ = [
     "argsort", "assign", "binary", "cast_into", "cumulative", "reduce", "take", "unary", "where",
@@ -27,10 +28,10 @@ def _erf(x: Array) -> Array:
     return erf(x)  # type: ignore[no-any-return]  # (the same)
 
 
-def _unary_float(op: str, x: Array, out: Array) -> None:
-    """x and out are F32 or F64 arrays of the same dtype: the JIT kernel where there is one
-    (float32, :mod:`accelkit.backends.cpu.jit`), else NumPy's."""
-    if not jit.unary(op, x, out):
+def _unary_float(op: str, x: Array, out: Array, accel: HostAccelerator) -> None:
+    """x and out are F32 or F64 arrays of the same dtype: ``accel``'s kernel where it has one,
+    else NumPy's."""
+    if not accel.unary(op, x, out):
         _unary_numpy(op, x, out)
 
 
@@ -73,7 +74,8 @@ def _unary_numpy(op: str, x: Array, out: Array) -> None:
 _SAME = {"abs": np.abs, "neg": np.negative, "floor": np.floor, "ceil": np.ceil, "round": np.rint}
 
 
-def unary(op: str, x: Array, out: Array) -> None:
+def unary(op: str, x: Array, out: Array, *, accel: HostAccelerator = NUMPY_ONLY) -> None:
+    """``out = op(x)``; the float activations through ``accel`` where it takes them."""
     if op == "bitwise_not":
         np.invert(x, out=out)
         return
@@ -94,12 +96,12 @@ def unary(op: str, x: Array, out: Array) -> None:
     with np.errstate(all="ignore"):
         if out.dtype in _LOW:
             tmp = np.empty(out.shape, np.float32)
-            _unary_float(op, x.astype(np.float32), tmp)
+            _unary_float(op, x.astype(np.float32), tmp, accel)
             out[...] = tmp
         elif x.dtype != out.dtype:
-            _unary_float(op, x.astype(out.dtype), out)
+            _unary_float(op, x.astype(out.dtype), out, accel)
         else:
-            _unary_float(op, x, out)
+            _unary_float(op, x, out, accel)
 
 
 _BINARY = {

@@ -1,6 +1,8 @@
-"""NumPy kernels for matrix products and neural-network ops (inputs already validated).
+"""NumPy bodies of matrix products and neural-network ops (inputs already validated).
 
-Low-precision floats (F16, BF16) are computed in F32 and rounded once when stored.
+Low-precision floats (F16, BF16) are computed in F32 and rounded once when stored. ``softmax``,
+``attention``, ``layer_norm`` and ``rms_norm`` ask their ``accel``
+(:class:`~accelkit._core.host_kernels.HostAccelerator`) first for their hot step.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from accelkit._core.host_arrays import up
-from accelkit.backends.cpu import jit
+from accelkit._core.host_kernels import NUMPY_ONLY, HostAccelerator
 from accelkit.errors import InvalidArgumentError
 
 __all__ = [
@@ -121,10 +123,16 @@ def conv2d(
     _store(out, res)
 
 
-def softmax_rows(s: Array, log: bool = False, empty_rows: str = "zero") -> Array:
-    """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64): the JIT kernel
-    where there is one (float32 softmax), else :func:`_softmax_rows_numpy`."""
-    if not log and jit.softmax_rows(s, s, empty_nan=empty_rows == "nan"):
+def softmax_rows(
+    s: Array,
+    log: bool = False,
+    empty_rows: str = "zero",
+    *,
+    accel: HostAccelerator = NUMPY_ONLY,
+) -> Array:
+    """Stable (log-)softmax over the last axis, in place on ``s`` (float32/64): ``accel``'s
+    kernel where it has one (softmax, not log), else :func:`_softmax_rows_numpy`."""
+    if not log and accel.softmax_rows(s, s, empty_nan=empty_rows == "nan"):
         return s
     return _softmax_rows_numpy(s, log, empty_rows)
 
@@ -161,23 +169,35 @@ def _softmax_rows_numpy(s: Array, log: bool = False, empty_rows: str = "zero") -
     return s
 
 
-def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
-    if not log and axis in (-1, x.ndim - 1) and jit.softmax_rows(x, out, empty_nan=True):
+def softmax(
+    x: Array, axis: int, out: Array, log: bool, *, accel: HostAccelerator = NUMPY_ONLY
+) -> None:
+    """(Log-)softmax along ``axis``; a softmax along the last axis through ``accel`` where it
+    takes it."""
+    if not log and axis in (-1, x.ndim - 1) and accel.softmax_rows(x, out, empty_nan=True):
         return
     ct = _compute_dtype(x) if x.dtype.kind == "f" else np.dtype(np.float32)
     s = np.moveaxis(x, axis, -1).astype(ct, copy=True)
     with np.errstate(all="ignore"):
-        s = softmax_rows(s, log, empty_rows="nan")
+        s = softmax_rows(s, log, empty_rows="nan", accel=accel)
     _store(out, np.moveaxis(s, -1, axis))
 
 
 def attention(
-    q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    out: Array,
+    scale: float,
+    causal: bool,
+    *,
+    accel: HostAccelerator = NUMPY_ONLY,
 ) -> None:
-    """Grouped-KV attention: the JIT kernel where there is one (float32, no mask), else
-    :func:`_attention_chunked`."""
-    if not jit.attention(q, k, v, mask, out, scale, causal):
-        _attention_chunked(q, k, v, mask, out, scale, causal)
+    """Grouped-KV attention: ``accel``'s kernel where it has one, else
+    :func:`_attention_chunked` (whose scores' softmax ``accel`` may still take)."""
+    if not accel.attention(q, k, v, mask, out, scale, causal):
+        _attention_chunked(q, k, v, mask, out, scale, causal, accel=accel)
 
 
 def _attention_chunked(
@@ -188,10 +208,11 @@ def _attention_chunked(
     out: Array,
     scale: float,
     causal: bool,
-    jit_softmax: bool = True,
+    *,
+    accel: HostAccelerator = NUMPY_ONLY,
 ) -> None:
     """Grouped-KV attention, chunked over query rows so scores stay bounded in memory; the
-    scores' softmax through the JIT kernel where there is one, unless ``jit_softmax`` is False."""
+    scores' softmax through ``accel`` where it takes it."""
     ct = _compute_dtype(q)
     b, h, sq, d = q.shape
     hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -229,13 +250,10 @@ def _attention_chunked(
                 else:
                     s += up(mc)
             # Rows that see no key come out as zeros (softmax_rows leaves them at exp(-inf)).
-            # The JIT kernel takes the causal mask as each row's last visible key; NumPy's
+            # The accelerator takes the causal mask as each row's last visible key; NumPy's
             # softmax takes it as -inf scores.
-            if not (
-                jit_softmax
-                and jit.softmax_rows(
-                    s, s, empty_nan=False, period=(r1 - r0) if causal else 0, base=r0 + offset
-                )
+            if not accel.softmax_rows(
+                s, s, empty_nan=False, period=(r1 - r0) if causal else 0, base=r0 + offset
             ):
                 if causal:
                     np.copyto(s, -np.inf, where=hidden[r0:r1, :kend])
@@ -245,8 +263,17 @@ def _attention_chunked(
         _store(out, res.reshape(b, h, sq, dv))
 
 
-def layer_norm(x: Array, w: Array | None, bias: Array | None, eps: float, out: Array) -> None:
-    if not jit.layer_norm(x, w, bias, eps, out):
+def layer_norm(
+    x: Array,
+    w: Array | None,
+    bias: Array | None,
+    eps: float,
+    out: Array,
+    *,
+    accel: HostAccelerator = NUMPY_ONLY,
+) -> None:
+    """Layer norm over the last axis: ``accel``'s kernel where it has one, else NumPy's."""
+    if not accel.layer_norm(x, w, bias, eps, out):
         _layer_norm_numpy(x, w, bias, eps, out)
 
 
@@ -273,8 +300,11 @@ def _layer_norm_numpy(
         _store(out, res)
 
 
-def rms_norm(x: Array, w: Array | None, eps: float, out: Array) -> None:
-    if not jit.rms_norm(x, w, eps, out):
+def rms_norm(
+    x: Array, w: Array | None, eps: float, out: Array, *, accel: HostAccelerator = NUMPY_ONLY
+) -> None:
+    """RMS norm over the last axis: ``accel``'s kernel where it has one, else NumPy's."""
+    if not accel.rms_norm(x, w, eps, out):
         _rms_norm_numpy(x, w, eps, out)
 
 

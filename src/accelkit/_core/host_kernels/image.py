@@ -1,4 +1,4 @@
-"""The CPU's fused image kernels: filters with replicated borders, Sobel magnitude and luma.
+"""NumPy bodies of the fused image kernels: filters with replicated borders, Sobel magnitude and luma.
 
 Each works one [H, W] plane at a time (the plane and its temporaries stay in the core's cache),
 on a padded copy stored row-major with the *padded* width: the pixel a tap at (i, j) reads for

@@ -1,16 +1,19 @@
-"""Optional JIT kernels for the CPU backend's costliest float32 ops, compiled by Numba.
+"""Optional JIT kernels for the host's costliest float32 steps, compiled by Numba.
 
-With ``pip install "accelkit[jit]"`` the CPU backend runs GELU (tanh), SiLU, sigmoid, exp,
-softmax, attention, layer_norm and rms_norm on float32 as one fused pass per row or element, in
-place of NumPy's chain of passes, and splits large ones between the cores. Without
-Numba, or with ``ACCELKIT_CPU_JIT=0``, the NumPy kernels run, with the same results to within
-float32 rounding (docs/backends/cpu.md).
+With ``pip install "accelkit[jit]"`` the CPU backend (and any host backend that passes
+``accelkit.sdk.host.JIT`` to the NumPy bodies) runs GELU (tanh), SiLU, sigmoid, exp, softmax,
+attention, layer_norm and rms_norm on float32 as one fused pass per row or element, in place of
+NumPy's chain of passes, and splits large ones between the cores. Without Numba, or with
+``ACCELKIT_CPU_JIT=0``, the NumPy kernels run, with the same results to within float32 rounding
+(docs/backends/cpu.md). The entry points (:func:`unary`, :func:`softmax_rows`, :func:`attention`,
+:func:`layer_norm`, :func:`rms_norm`) are those of a
+:class:`~accelkit._core.host_kernels.HostAccelerator`.
 
 Each kernel is checked once, when first wanted, against the NumPy kernel it replaces, on inputs
 that include NaN, infinities and subnormal results. A kernel that fails to compile or to agree is
 never used in this process, and the reason is logged (``accelkit.cpu.jit``) and shown by
 :func:`status`. The first time on a machine, the kernels are compiled and checked in a child
-process before this one runs them (:mod:`.jit_verify`): one whose machine code crashes or hangs
+process before this one runs them (:mod:`.verify`): one whose machine code crashes or hangs
 the child is never used on that machine. By default (``ACCELKIT_CPU_JIT=auto``) kernels compile on a background thread and
 the NumPy kernel runs until then, so a first call never waits for the compiler (seconds on a cold
 cache; Numba caches compiled kernels on disk). ``ACCELKIT_CPU_JIT=eager`` compiles on first use, in
@@ -63,7 +66,7 @@ _failed: dict[str, str] = {}  # kernel -> why it is not used
 _pending: set[str] = set()
 _lock = threading.Lock()  # bookkeeping only: never held while compiling
 _compile_lock = threading.Lock()  # one compilation at a time
-_module: Any = None  # accelkit.backends.cpu._numba_kernels once imported; False if it cannot be
+_module: Any = None  # accelkit._core.host_jit._numba_kernels once imported; False if it cannot be
 _import_error = ["Numba is not installed: pip install 'accelkit[jit]'"]
 _warm_queue: queue.SimpleQueue[str] | None = None
 _helpers: ThreadPoolExecutor | None = None
@@ -135,12 +138,12 @@ def _warm_loop(q: queue.SimpleQueue[str]) -> None:
 
 
 class _Refused(Exception):
-    """A kernel that failed in a child process on this machine (:mod:`.jit_verify`)."""
+    """A kernel that failed in a child process on this machine (:mod:`.verify`)."""
 
 
 def _prepare(name: str) -> None:
     """Import Numba, have ``name`` compiled and checked in a child process once per machine
-    (:mod:`.jit_verify`), then compile it here (from Numba's cache) and check it again."""
+    (:mod:`.verify`), then compile it here (from Numba's cache) and check it again."""
     global _module
     with _compile_lock:
         if name in _ready or name in _failed:
@@ -150,16 +153,16 @@ def _prepare(name: str) -> None:
             if _module is None:
                 _module = False
                 try:
-                    from accelkit.backends.cpu import _numba_kernels
+                    from accelkit._core.host_jit import _numba_kernels
                 except ImportError as e:
                     _import_error[0] = f"Numba is not installed ({e}): pip install 'accelkit[jit]'"
                     raise
                 _module = _numba_kernels
             if _module is False:
                 raise ImportError(_import_error[0])
-            from accelkit.backends.cpu import jit_verify
+            from accelkit._core.host_jit import verify
 
-            refused = jit_verify.refusal(name, list(KERNELS))
+            refused = verify.refusal(name, list(KERNELS))
             if refused is not None:
                 raise _Refused(refused)
             fn = getattr(_module, name)
@@ -167,7 +170,7 @@ def _prepare(name: str) -> None:
         except ImportError:
             _failed[name] = _import_error[0]
             log.debug("the %s JIT kernel is not used: %s", name, _failed[name])
-        except _Refused as e:  # the verdict of a child process (jit_verify)
+        except _Refused as e:  # the verdict of a child process (verify)
             _failed[name] = str(e)
             log.warning("the %s JIT kernel is not used: %s", name, _failed[name])
         except Exception as e:  # a compiler error or a wrong result: never use this kernel
@@ -319,6 +322,7 @@ def softmax_rows(s: Array, out: Array, *, empty_nan: bool, period: int = 0, base
 
 
 def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, out: Array) -> bool:
+    """Layer norm over the last axis on float32, with an optional per-column weight and bias."""
     if x.ndim == 0 or x.shape[-1] == 0 or not _plain(x, out) or x.shape != out.shape:
         return False
     d = x.shape[-1]
@@ -334,6 +338,7 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, out: Arra
 
 
 def rms_norm(x: Array, w: Array | None, eps: float, out: Array) -> bool:
+    """RMS norm over the last axis on float32, with an optional per-column weight."""
     if x.ndim == 0 or x.shape[-1] == 0 or not _plain(x, out) or x.shape != out.shape:
         return False
     d = x.shape[-1]
@@ -435,7 +440,7 @@ def _check_unary(op: str) -> Callable[[Callable[..., None]], None]:
     is ``|u|`` ulp in ``exp(u)``, for either kernel), at most twice the NumPy kernel's worst."""
 
     def check(fn: Callable[..., None]) -> None:
-        from accelkit.backends.cpu.numpy_elementwise import _unary_numpy
+        from accelkit._core.host_kernels.elementwise import _unary_numpy
 
         x = _probe_values()
         got, want = np.empty_like(x), np.empty_like(x)
@@ -473,7 +478,7 @@ def _check_unary(op: str) -> Callable[[Callable[..., None]], None]:
 
 
 def _check_softmax(fn: Callable[..., None]) -> None:
-    from accelkit.backends.cpu.numpy_nn import _softmax_rows_numpy
+    from accelkit._core.host_kernels.nn import _softmax_rows_numpy
 
     x = _probe_values()[: 37 * 24].reshape(37, 24).copy()
     x[5] = -np.inf
@@ -499,7 +504,7 @@ def _check_softmax(fn: Callable[..., None]) -> None:
 
 
 def _check_layer_norm(fn: Callable[..., None]) -> None:
-    from accelkit.backends.cpu.numpy_nn import _layer_norm_numpy
+    from accelkit._core.host_kernels.nn import _layer_norm_numpy
 
     x = (_probe_values()[: 40 * 64].reshape(40, 64) + 3).astype(np.float32)
     rng = np.random.default_rng(1)
@@ -513,7 +518,7 @@ def _check_layer_norm(fn: Callable[..., None]) -> None:
 
 
 def _check_rms_norm(fn: Callable[..., None]) -> None:
-    from accelkit.backends.cpu.numpy_nn import _rms_norm_numpy
+    from accelkit._core.host_kernels.nn import _rms_norm_numpy
 
     x = _probe_values()[: 40 * 64].reshape(40, 64).copy()
     w = np.random.default_rng(2).standard_normal(64).astype(np.float32)
@@ -526,7 +531,7 @@ def _check_rms_norm(fn: Callable[..., None]) -> None:
 
 
 def _check_attention(fn: Callable[..., None]) -> None:
-    from accelkit.backends.cpu.numpy_nn import _attention_chunked
+    from accelkit._core.host_kernels.nn import _attention_chunked
 
     rng = np.random.default_rng(3)
     # Head dimensions that are and are not a multiple of the kernel's four per pass.
@@ -542,7 +547,7 @@ def _check_attention(fn: Callable[..., None]) -> None:
         fn(q.reshape(b * h, sq, d), k.reshape(b * hk, sk, d), v.reshape(b * hk, sk, 5), g3,
            0.3, causal, h, hk, 0, b * h)  # fmt: skip
         with np.errstate(all="ignore"):
-            _attention_chunked(q, k, v, None, want, 0.3, causal, jit_softmax=False)
+            _attention_chunked(q, k, v, None, want, 0.3, causal)  # NumPy's softmax
         what = f"attention ({'causal' if causal else 'full'}, Sq {sq}, Sk {sk})"
         _same(got, want, what, rtol=1e-4, atol=1e-4)
 

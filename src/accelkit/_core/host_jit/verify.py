@@ -3,9 +3,9 @@
 Numba compiles for the CPU it finds (LLVM's name and feature list for the host). A feature that
 the CPU reports but does not have (a virtual machine that passes AVX-512 through wrongly, say)
 gives machine code that kills the process with SIGILL, or a compiler that aborts, rather than a
-wrong number that :mod:`accelkit.backends.cpu.jit`'s check could catch. So before a process uses
-a kernel for the first time on a machine, a child process (``python -m
-accelkit.backends.cpu.jit_verify NAME...``) compiles and checks every kernel not yet judged, one
+wrong number that :mod:`accelkit._core.host_jit.jit`'s check could catch. So before a process
+uses a kernel for the first time on a machine, a child process (``python -m
+accelkit._core.host_jit.verify NAME...``) compiles and checks every kernel not yet judged, one
 at a time, saying on its stdout which one it is on: a crash or a hang costs the child, and the
 kernel it was on is recorded as failed; a later child goes on with the rest.
 
@@ -42,7 +42,7 @@ STORE_ENV = "ACCELKIT_CPU_JIT_VERDICTS"
 #: Seconds one kernel may take in the child (compiling included) before it counts as hung.
 TIMEOUT = 180.0
 #: The module the child runs (a test points it at a wrapper that crashes on purpose).
-CHILD_MODULE = "accelkit.backends.cpu.jit_verify"
+CHILD_MODULE = "accelkit._core.host_jit.verify"
 
 #: Entries (keys) the file keeps: a new Numba, or an edit of the kernels, adds one.
 _KEEP = 16
@@ -73,7 +73,7 @@ def machine_key() -> str:
         import llvmlite.binding as llvm
         import numba
 
-        from accelkit.backends.cpu import _numba_kernels, jit
+        from accelkit._core.host_jit import _numba_kernels, jit
 
         cpu = os.environ.get("NUMBA_CPU_NAME") or llvm.get_host_cpu_name()
         features = os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()
@@ -228,7 +228,7 @@ def _run_child(names: list[str]) -> dict[str, dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The child: compile and check each kernel named, one JSON line before and after each."""
-    from accelkit.backends.cpu import _numba_kernels, jit
+    from accelkit._core.host_jit import _numba_kernels, jit
 
     for name in argv if argv is not None else sys.argv[1:]:
         print(json.dumps({"start": name}), flush=True)
