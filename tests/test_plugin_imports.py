@@ -99,16 +99,17 @@ def test_the_slot_check_catches_a_private_read(tmp_path: Path) -> None:
     assert [expr for _, expr in _slot_reads(bad)] == ["x._data"]
 
 
-#: The SDK classes a plugin derives from or holds; their underscore members are theirs alone.
+#: The SDK classes a plugin derives from or holds (``MemoryManager``, from accelkit.ops: a
+#: backend's ``memory_manager``); their underscore members are theirs alone.
 SDK_CLASSES = (
-    "StreamBackend", "QueuedBackend", "PooledMemoryManager", "KernelBase", "PositionStream",
-    "TensorKernels", "FactoryKernels", "FusedKernels", "CachingPool", "DeviceBuffer",
-    "DeviceErrors", "Waiters",
+    "StreamBackend", "QueuedBackend", "MemoryKernels", "MemoryManager", "KernelBase",
+    "PositionStream", "TensorKernels", "FactoryKernels", "FusedKernels", "CachingPool",
+    "DeviceBuffer", "DeviceErrors", "Waiters",
 )  # fmt: skip
 #: Hooks: underscore methods a plugin defines (overrides) and may call on ``super()``.
 HOOKS = {
     "_initialize", "_shutdown", "_synchronize", "_device_count", "_device_capabilities",
-    "_open_stream", "_event_done", "_default_device", "_settle",
+    "_open_stream", "_event_done", "_default_device",
 }  # fmt: skip
 
 
@@ -134,9 +135,12 @@ def _privates_of(cls: type) -> set[str]:
 
 
 def _sdk_privates() -> dict[str, set[str]]:
+    import accelkit.ops as ops
     import accelkit.sdk as sdk
 
-    return {name: _privates_of(getattr(sdk, name)) for name in SDK_CLASSES}
+    return {
+        name: _privates_of(getattr(sdk, name, None) or getattr(ops, name)) for name in SDK_CLASSES
+    }
 
 
 def _private_uses(paths: list[Path], sdk: dict[str, set[str]]) -> list[tuple[Path, int, str]]:

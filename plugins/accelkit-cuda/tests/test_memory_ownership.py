@@ -1,5 +1,5 @@
 """Who frees a block of device memory, without a GPU: a stand-in for CuPy's runtime records every
-``cudaMalloc``/``cudaFree`` and drives the real :class:`~accelkit_cuda.memory.CUDAMemoryManager`
+``cudaMalloc``/``cudaFree`` and drives the real :class:`~accelkit_cuda.memory.CUDAMemoryKernels`
 and its :class:`~accelkit._core.pool.CachingPool`.
 
 The bug these tests pin down (docs/backends/cuda.md, "Memory"): a buffer that died inside a
@@ -87,7 +87,7 @@ class StandInBackend(CUDABackend):
 
         self._cp_device = contextlib.nullcontext()
         self._device_obj = device
-        mm = self._memory = memory.CUDAMemoryManager(self, device, 8 * GIB, MemoryPoolConfig())
+        mm = self._memory = memory.CUDAMemoryKernels(self, device, 8 * GIB, MemoryPoolConfig())
         return Opened(
             streams=[QuietStream(device, f"{device}/default")],
             memory=mm,
@@ -115,7 +115,7 @@ def backend(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> Iterator[CUDAB
     b = StandInBackend()
     anyio.run(b.initialize, "cuda:0")
     runtime.pool = b.pool
-    runtime.memory = b.memory_manager
+    runtime.memory = b.memory_manager.kernels
     yield b
     runtime.pool = runtime.memory = None
 

@@ -5,15 +5,18 @@ plugin imports.
 A backend is a :class:`StreamBackend` (or a :class:`QueuedBackend`, a StreamBackend for devices
 whose frees wait for device events). It implements four hooks: ``_device_count``,
 ``_device_capabilities``, ``_initialize`` (which opens the device and returns an
-:class:`Opened` record: its streams, memory manager, kernel objects, executor, dtypes and
-capabilities) and ``_open_stream``; the base class does the rest. Its streams are
-:class:`PositionStream`\ s (:class:`HostStream` runs work on a worker thread). Its kernel
-objects derive from :class:`KernelBase` (allocation, views, ordered launches; five hooks) and
-implement:
+:class:`Opened` record: its streams, kernel objects, executor, dtypes and capabilities) and
+``_open_stream``; the base class does the rest. Its streams are :class:`PositionStream`\ s
+(:class:`HostStream` runs work on a worker thread). Its kernel objects derive from
+:class:`KernelBase` (allocation, views, ordered launches; five hooks) and implement:
 
 - :class:`TensorKernels`: every TensorOps kernel (abstract: all required);
 - :class:`FactoryKernels`: fills and host copies (abstract);
-- :class:`FusedKernels`: optional fused transformer kernels (every method has a composed default).
+- :class:`FusedKernels`: optional fused transformer kernels (every method has a composed default);
+
+and its :class:`MemoryKernels` hold the pool (a :class:`CachingPool` over the device's
+allocator) and do the raw part of the memory manager: a stream-ordered free, the copies,
+reading a tensor.
 
 The core validates every argument before a kernel runs; kernels read tensors through the
 backend-facing tensor API (:func:`storage`, :func:`new_tensor`, :func:`view_of`,
@@ -47,7 +50,6 @@ from accelkit._core.op_names import (
     UNARY_OPS,
 )
 from accelkit._core.pool import CachingPool
-from accelkit._core.pooled_memory import PooledMemoryManager
 from accelkit._core.positions import PositionStream, Waiters
 from accelkit._core.queued_backend import QueuedBackend
 from accelkit._core.shapes import broadcast_shapes, prod
@@ -64,6 +66,7 @@ from accelkit.sdk.kernels import (
     ComposedOnly,
     FactoryKernels,
     FusedKernels,
+    MemoryKernels,
     Operand,
     RandomDraw,
     TensorKernels,
@@ -110,10 +113,10 @@ __all__ = [
     "KernelHandle",
     "KernelInfo",
     "LifecycleState",
+    "MemoryKernels",
     "MemoryPoolConfig",
     "Operand",
     "PluginDescriptor",
-    "PooledMemoryManager",
     "QueuedBackend",
     "StreamBackend",
     "SamplingParams",

@@ -7,7 +7,7 @@ and allocated outputs and must *enqueue* work that writes the outputs in stream 
 small work inline on an idle stream is allowed). A kernel method never validates user input and
 never returns before its outputs are recorded as written (:func:`accelkit.sdk.mark_written`).
 
-Three interfaces, each an abstract base (an empty subclass cannot be instantiated; a subclass
+Four interfaces, each an abstract base (an empty subclass cannot be instantiated; a subclass
 that forgets a method fails at instantiation, naming it):
 
 - :class:`TensorKernels`: allocation (``empty``, ``view``) and every TensorOps kernel;
@@ -15,7 +15,10 @@ that forgets a method fails at instantiation, naming it):
   ``generate`` has a default);
 - :class:`FusedKernels`: optional fused transformer kernels. Every method has a default: the
   core's composition of TensorOps calls runs instead. A backend overrides the ops it fuses;
-  :attr:`FusedKernels.fused_ops` lists them.
+  :attr:`FusedKernels.fused_ops` lists them;
+- :class:`MemoryKernels`: the raw side of the memory manager (the pool, a stream-ordered free,
+  the copies, reading a tensor). ``backend.memory_manager`` (:class:`accelkit.ops.MemoryManager`)
+  checks every argument once and then calls it, as TensorOps calls TensorKernels.
 """
 
 from __future__ import annotations
@@ -27,17 +30,23 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from accelkit._core.host_memory import copy_to_host
 from accelkit._core.kernel_validation import GeluApproximation, SamplingParams
 from accelkit._core.op_names import KERNEL_OPS_IN_ORDER
 from accelkit.dtype import DType
+from accelkit.errors import UnsupportedOperationError
 from accelkit.quant import QuantFormat
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
+    from accelkit._core.pool import CachingPool
+    from accelkit._core.stream_backend import StreamBackend
     from accelkit.abc.backend import ComputeBackend
+    from accelkit.abc.memory import DeviceBuffer
 
 __all__ = [
-    "ComposedOnly", "FactoryKernels", "FusedKernels", "Operand", "RandomDraw", "TensorKernels",
+    "ComposedOnly", "FactoryKernels", "FusedKernels", "MemoryKernels", "Operand", "RandomDraw",
+    "TensorKernels",
 ]  # fmt: skip
 
 Operand = Tensor | int | float | bool
@@ -466,3 +475,110 @@ class ComposedOnly(FusedKernels):
 
     def view(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
         return self._tensor.view(x, shape)
+
+
+class MemoryKernels(ABC):
+    """The raw side of a backend's memory: its pool, and how blocks are freed, written, read and
+    copied. ``backend.memory_manager`` is the core's :class:`accelkit.ops.MemoryManager` over
+    this object: it checks every argument once (readiness, live buffers and tensors of this
+    backend, byte counts, a writable C-contiguous host array), keeps the statistics and the pool
+    settings, skips empty copies, and only then calls a method here. So a method receives live
+    buffers of :attr:`pool` (and the tensors over them, or None where the caller passed a
+    buffer), sizes that fit, and never more than one copy of zero bytes: none.
+
+    ``pool`` is the :class:`~accelkit.sdk.CachingPool` over the backend's raw allocator, which
+    every kernel allocates from (``backend.pool``).
+
+    Where the host reads the device's memory once the work that writes it has completed (host
+    streams: :attr:`wait_for_writers` true, the default), the core also waits, without blocking
+    the event loop, for the writers of what is read before it calls :meth:`read`,
+    :meth:`read_tensor`, :meth:`read_tensor_blocking` and :meth:`export_dlpack`. A backend whose
+    reads are queued after their writers on the device (a command queue) sets it false and
+    orders them itself.
+    """
+
+    #: Whether the core waits for the writers of what is read before a read (see the class).
+    wait_for_writers: ClassVar[bool] = True
+
+    def __init__(self, backend: StreamBackend[Any], pool: CachingPool) -> None:
+        self.backend = backend  # type: ignore[misc]  # a plain attribute at run time
+        self.pool = pool
+
+    if TYPE_CHECKING:
+        # Read-only to the type checker, so that a backend's memory kernels may narrow it to
+        # their own backend class (``backend: MyBackend``).
+        @property
+        def backend(self) -> StreamBackend[Any]: ...
+
+    def settle(self) -> None:  # noqa: B027 - a hook, nothing by default
+        """Return to the pool the blocks whose last use has completed (frees deferred until
+        device events), before statistics are read, the pool is trimmed or configured. Nothing
+        by default; a :class:`~accelkit.sdk.QueuedBackend`'s kernels call
+        ``backend.prune_streams()``."""
+
+    @abstractmethod
+    def free(self, buffer: DeviceBuffer) -> None:
+        """Free ``buffer`` now (``pool.free``: stale and uncounted at once); its block returns to
+        the pool once the work submitted so far, which may still use it, is done
+        (``sdk.host.free_in_stream_order`` on a host stream)."""
+
+    async def stage(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The host bytes ``copy_htod`` writes, as memory of the backend's own: ``data`` is a
+        flat ``uint8`` view of the caller's buffer (not empty), which the caller may reuse once
+        ``copy_htod`` returns, or is cancelled. The default is a snapshot (off the event loop
+        when large: ``sdk.host.copy_to_host``); a backend that copies through staging memory of
+        its own (pinned host memory) copies into that instead. The core checks that the
+        destination is still live after this await, then calls :meth:`write`."""
+        return await copy_to_host(data)
+
+    @abstractmethod
+    async def write(
+        self, buffer: DeviceBuffer, data: np.ndarray[Any, Any], dst: Tensor | None
+    ) -> None:
+        """Copy ``data`` (what :meth:`stage` returned: ``data.nbytes`` bytes, at most
+        ``buffer.nbytes``) into the start of ``buffer``, after the work queued so far that uses
+        it (through ``dst``, the tensor over it, when the caller passed one: order the write
+        after its writer and record it as written), and return once the copy has completed."""
+
+    @abstractmethod
+    async def read(
+        self, out: np.ndarray[Any, Any], buffer: DeviceBuffer, src: Tensor | None
+    ) -> None:
+        """Copy the first ``out.nbytes`` bytes of ``buffer`` (``src``: the tensor over it, or
+        None) into ``out``, a writable flat ``uint8`` view of the caller's array (not empty, at
+        most ``buffer.nbytes``), after the work that writes it; return once ``out`` holds them.
+        With :attr:`wait_for_writers`, that work and the current stream's have completed."""
+
+    @abstractmethod
+    def copy(
+        self,
+        dst: DeviceBuffer,
+        src: DeviceBuffer,
+        nbytes: int,
+        dst_tensor: Tensor | None,
+        src_tensor: Tensor | None,
+    ) -> None:
+        """Submit a copy of the first ``nbytes`` bytes of ``src`` into ``dst`` (``nbytes`` > 0,
+        at most either size) on the current stream, after the writers of ``src_tensor`` and the
+        users of ``dst_tensor`` (None where the caller passed a buffer), recording
+        ``dst_tensor`` as written; return at once."""
+
+    @abstractmethod
+    async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        """A new host array with ``tensor``'s elements (its shape, its dtype's NumPy type), once
+        its writers have completed; the writer's error, if it failed, is raised."""
+
+    @abstractmethod
+    def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        """Blocking twin of :meth:`read_tensor` (blocks the calling thread)."""
+
+    def dlpack_device(self, tensor: Tensor) -> tuple[int, int]:
+        """``tensor.__dlpack_device__()``; UnsupportedOperationError by default (no DLPack).
+        The core asks it before :meth:`export_dlpack` too."""
+        raise UnsupportedOperationError(f"{self.backend.name} tensors do not export DLPack")
+
+    def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
+        """``tensor.__dlpack__(stream=..., **kwargs)``: a capsule over the tensor's memory that
+        keeps its buffer out of the pool while the consumer reads it;
+        UnsupportedOperationError by default."""
+        raise UnsupportedOperationError(f"{self.backend.name} tensors do not export DLPack")

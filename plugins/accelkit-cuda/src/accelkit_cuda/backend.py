@@ -30,7 +30,7 @@ from accelkit_cuda.submission import SubmissionThread
 if TYPE_CHECKING:
     from accelkit_cuda.executor import CUDAKernelExecutor
     from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
-    from accelkit_cuda.memory import CUDAMemoryManager
+    from accelkit_cuda.memory import CUDAMemoryKernels
 
 _log = logging.getLogger("accelkit.cuda")
 __all__ = ["CUDABackend"]
@@ -69,7 +69,7 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._thread: SubmissionThread | None = None
         #: What ``_build`` made (the base holds them too; these stay for the teardown of a
         #: poisoned context, which keeps them referenced, and for the fused program's users).
-        self._memory: CUDAMemoryManager | None = None
+        self._memory: CUDAMemoryKernels | None = None
         self._executor: CUDAKernelExecutor | None = None
         self._fused: FusedProgram | None = None
         #: The fused kernels (TensorOps' attention launches their flash kernel).
@@ -158,13 +158,13 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         from accelkit_cuda.executor import CUDAKernelExecutor
         from accelkit_cuda.factory_kernels import CUDAFactoryKernels
         from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
-        from accelkit_cuda.memory import CUDAMemoryManager
+        from accelkit_cuda.memory import CUDAMemoryKernels
         from accelkit_cuda.tensor_kernels import CUDATensorKernels
 
         caps = capabilities(props)
         default = CUDAStream(device, f"{device}/default", self.thread, self._failed)
         default.check_usable = self._check_usable
-        memory = self._memory = CUDAMemoryManager(
+        memory = self._memory = CUDAMemoryKernels(
             self, device, props.total_memory, self.pool_config
         )
         self._executor = CUDAKernelExecutor(self)

@@ -1,4 +1,4 @@
-"""The CUDA backend's memory manager: device blocks from a caching pool, pinned host transfers.
+"""The CUDA backend's memory kernels: device blocks from a caching pool, pinned host transfers.
 
 Blocks are ``cudaMalloc`` allocations (:class:`Block`, wrapped for CuPy as unowned memory that
 keeps its buffer alive) handed out by the core's :class:`~accelkit._core.pool.CachingPool`, which
@@ -37,9 +37,8 @@ from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk import (
     CachingPool,
     DeviceBuffer,
-    PooledMemoryManager,
+    MemoryKernels,
     buffer_of,
-    check_tensor,
     last_writer,
     mark_written,
     other_writers,
@@ -52,7 +51,7 @@ from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["Block", "CUDAMemoryManager", "DeviceMemory", "block_is_live", "memptr", "pinned_empty"]
+__all__ = ["Block", "CUDAMemoryKernels", "DeviceMemory", "block_is_live", "memptr", "pinned_empty"]
 
 _log = logging.getLogger("accelkit.cuda")
 
@@ -246,8 +245,13 @@ def pinned_empty(nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
     return block, np.frombuffer(block, np.uint8, nbytes)
 
 
-class CUDAMemoryManager(PooledMemoryManager):
+class CUDAMemoryKernels(MemoryKernels):
+    """The pool over :class:`DeviceMemory`, and the copies, queued on the streams after their
+    writers (``wait_for_writers`` is false: the core's memory manager checks the arguments,
+    including ``check_ready``, which refuses on a poisoned context, and does not wait)."""
+
     backend: CUDABackend
+    wait_for_writers = False
 
     def __init__(
         self, backend: CUDABackend, device: Device, total_bytes: int, config: MemoryPoolConfig
@@ -262,23 +266,22 @@ class CUDAMemoryManager(PooledMemoryManager):
         """The backend's teardown (after ``pool.invalidate_all``): free what is still held."""
         self.blocks.release_all()
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
+        # A poisoned backend refuses here (prune_streams checks it first).
         self.backend.prune_streams()
 
     def _current(self) -> CUDAStream:
         return self.backend.current_stream
 
-    def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        self.backend._check_usable()
-        buf = self.owned_buffer(buffer, "buffer")
+    def free(self, buffer: DeviceBuffer) -> None:
         streams = self.backend.streams
         if len(streams) < 2:
-            self.pool.free(buf)  # one stream: every later use is in order after this point
+            self.pool.free(buffer)  # one stream: every later use is in order after this point
             return
         # Returned once every stream has passed this point: work queued so far on any of them
         # may still use the block, and the pool may hand it to any stream next.
         points = [s.position() for s in streams]
-        self.pool.free(buf, lambda recycle: self.backend.after_events(points, recycle))
+        self.pool.free(buffer, lambda recycle: self.backend.after_events(points, recycle))
 
     def _submit_copy(
         self, stream: CUDAStream, dst: Any, src: Any, nbytes: int, kind: int,
@@ -293,31 +296,26 @@ class CUDAMemoryManager(PooledMemoryManager):
 
         return stream.submit(run, keep, other_writers(stream, inputs), what)
 
-    def configure_pool(self, config: MemoryPoolConfig) -> None:
-        self.backend._check_usable()
-        super().configure_pool(config)
-
-    async def _pinned(self, nbytes: int) -> tuple[Any, np.ndarray[Any, Any]]:
-        """Pinned staging memory, allocated on the submission thread."""
+    async def stage(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Pinned staging memory (allocated on the submission thread) holding the caller's
+        bytes: the one host copy of an upload. The array keeps its pinned block alive."""
         try:
-            return await self.backend.thread.call(lambda: pinned_empty(nbytes))
+            _, staging = await self.backend.thread.call(lambda: pinned_empty(data.nbytes))
         except CUDA_ERRORS as exc:
             raise self.backend._failed(translate(exc, "pinned staging memory")) from None
+        await copy_into(staging, data)  # off the loop when large
+        return staging
 
-    async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        self.backend._check_usable()
-        buf, view = self.check_htod(dst, src)
-        if view.nbytes == 0:
-            return
-        block, staging = await self._pinned(view.nbytes)
-        await copy_into(staging, np.frombuffer(view, np.uint8))  # off the loop when large
+    async def write(
+        self, buffer: DeviceBuffer, data: np.ndarray[Any, Any], dst: Tensor | None
+    ) -> None:
         stream = self._current()
-        handle = buf.handle
+        handle, staging = buffer.handle, data
         seq = self._submit_copy(
-            stream, lambda: _ptr(handle), lambda: staging.ctypes.data, view.nbytes, _H2D, [dst],
-            (block, staging, buf), "copy_htod",
+            stream, lambda: _ptr(handle), lambda: staging.ctypes.data, staging.nbytes, _H2D,
+            [dst] if dst is not None else [], (staging.base, staging, buffer), "copy_htod",
         )  # fmt: skip
-        if isinstance(dst, Tensor):
+        if dst is not None:
             mark_written((dst,), stream, seq)
         await stream.wait_for(seq)
 
@@ -341,51 +339,46 @@ class CUDAMemoryManager(PooledMemoryManager):
 
         return stream.submit(run, (buf,), other_writers(stream, inputs), what), cell
 
-    async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        self.backend._check_usable()
-        buf = self.check_dtoh(dst, src)
-        if dst.nbytes == 0:
-            return
+    async def read(
+        self, out: np.ndarray[Any, Any], buffer: DeviceBuffer, src: Tensor | None
+    ) -> None:
         stream = self._current()
-        seq, cell = self._to_staging(stream, buf, dst.nbytes, [src], "copy_dtoh")
+        inputs = [src] if src is not None else []
+        seq, cell = self._to_staging(stream, buffer, out.nbytes, inputs, "copy_dtoh")
         await stream.wait_for(seq)
-        await copy_into(dst.reshape(-1).view(np.uint8), cell[0])
+        await copy_into(out, cell[0])
 
-    def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        self.backend._check_usable()
-        d, s = self.check_dtod(dst, src)
-        if s.nbytes == 0:
-            return
+    def copy(
+        self,
+        dst: DeviceBuffer,
+        src: DeviceBuffer,
+        nbytes: int,
+        dst_tensor: Tensor | None,
+        src_tensor: Tensor | None,
+    ) -> None:
         stream = self._current()
-        dh, sh = d.handle, s.handle
+        dh, sh = dst.handle, src.handle
         seq = self._submit_copy(
-            stream, lambda: _ptr(dh), lambda: _ptr(sh), s.nbytes, _D2D,
-            [t for t in (src, dst) if isinstance(t, Tensor)], (d, s) if stream.track else (),
-            "copy_dtod",
+            stream, lambda: _ptr(dh), lambda: _ptr(sh), nbytes, _D2D,
+            [t for t in (src_tensor, dst_tensor) if t is not None],
+            (dst, src) if stream.track else (), "copy_dtod",
         )  # fmt: skip
-        if isinstance(dst, Tensor):
-            mark_written((dst,), stream, seq)
+        if dst_tensor is not None:
+            mark_written((dst_tensor,), stream, seq)
 
     # -- tensor transfers -------------------------------------------------------------------------
-    def _read(self, tensor: Tensor) -> tuple[int, list[np.ndarray[Any, Any]], CUDAStream]:
-        self.backend._check_usable()
-        check_tensor(self.backend, tensor, "tensor")
+    def _start_read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any]:
+        """The host array to fill, and the copy to staging queued on the writer's stream (in
+        order after the writer, with no cross-stream dependency; None for an empty tensor)."""
+        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
+        if out.nbytes == 0:
+            return out, None
         # A tensor of this backend (checked) was last written on one of its CUDA streams.
         stream = cast(CUDAStream, last_writer(tensor)[0])
-        # On the writer's stream: in order after the writer, with no cross-stream dependency.
         seq, cell = self._to_staging(
             stream, buffer_of(tensor), tensor.nbytes, [], "reading a tensor"
         )
-        return seq, cell, stream
-
-    def _start_read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any]:
-        """The host array to fill, and the queued copy to staging (None for an empty tensor)."""
-        self.backend._check_usable()
-        out = np.empty(tensor.shape, tensor.dtype.to_numpy())
-        if out.nbytes == 0:
-            check_tensor(self.backend, tensor, "tensor")
-            return out, None
-        return out, self._read(tensor)
+        return out, (seq, cell, stream)
 
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         out, queued = self._start_read(tensor)

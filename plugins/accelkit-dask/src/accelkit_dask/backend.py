@@ -200,7 +200,7 @@ class DaskBackend(StreamBackend[HostStream]):
     async def _open(self, device: Device) -> Opened[HostStream]:
         from accelkit_dask.factory_kernels import DaskFactoryKernels
         from accelkit_dask.fused_kernels import DaskFusedKernels
-        from accelkit_dask.memory import DaskMemoryManager
+        from accelkit_dask.memory import DaskMemoryKernels
         from accelkit_dask.tensor_kernels import DaskTensorKernels
 
         if device.address is not None:
@@ -239,7 +239,7 @@ class DaskBackend(StreamBackend[HostStream]):
         factory = DaskFactoryKernels(self)
         return Opened(
             streams=[HostStream(device, f"{device}/default")],
-            memory=DaskMemoryManager(self, device, memory, self.pool_config, factory),
+            memory=DaskMemoryKernels(self, device, memory, self.pool_config, factory),
             tensor=DaskTensorKernels(self),
             factory=factory,
             fused=DaskFusedKernels(self),

@@ -1,4 +1,4 @@
-"""The Dask backend's memory manager: a pool of :class:`~accelkit_dask.submit.Slot` blocks whose
+"""The Dask backend's memory kernels: a pool of :class:`~accelkit_dask.submit.Slot` blocks whose
 size is the cluster's memory. A block holds a dask array (its chunks on the workers); transfers
 go through the client, on a stream's worker thread or awaited without blocking the loop."""
 
@@ -12,15 +12,7 @@ import numpy as np
 from accelkit import Tensor
 from accelkit.device import Device
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import (
-    CachingPool,
-    DeviceBuffer,
-    HostStream,
-    PooledMemoryManager,
-    PositionStream,
-    check_tensor,
-    pending_writes,
-)
+from accelkit.sdk import CachingPool, DeviceBuffer, HostStream, MemoryKernels
 from accelkit.sdk import host as h
 from accelkit_dask.submit import (
     Array,
@@ -38,8 +30,9 @@ if TYPE_CHECKING:
     from accelkit_dask.factory_kernels import DaskFactoryKernels
 
 
-class DaskMemoryManager(PooledMemoryManager):
-    """Transfers go through ``kernels`` (the backend's FactoryKernels, opened with it)."""
+class DaskMemoryKernels(MemoryKernels):
+    """Transfers go through ``kernels`` (the backend's FactoryKernels, opened with it). The
+    core's memory manager checks the arguments and waits for the writers of what is read."""
 
     backend: DaskBackend
 
@@ -57,62 +50,67 @@ class DaskMemoryManager(PooledMemoryManager):
     def _stream(self) -> HostStream:
         return self.backend.current_stream
 
-    def free(self, buffer: DeviceBuffer | Tensor) -> None:
+    def free(self, buffer: DeviceBuffer) -> None:
         # Stream-ordered: the block (and its chunks on the cluster) go after the work submitted so
         # far, which may still read it.
-        h.free_in_stream_order(self.pool, self.owned_buffer(buffer, "buffer"), self._stream())
+        h.free_in_stream_order(self.pool, buffer, self._stream())
 
     # -- host transfers ---------------------------------------------------------------------------
-    async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf, view = self.check_htod(dst, src)
-        data = await h.copy_to_host(np.frombuffer(view, np.uint8))  # a snapshot, off-loop if large
+    async def write(self, buffer: DeviceBuffer, data: Array, dst: Tensor | None) -> None:
+        # ``data`` is the core's snapshot of the caller's bytes (MemoryKernels.stage).
         factory = self.kernels
-        if isinstance(dst, Tensor):
+        if dst is not None:
             typed = data[: dst.nbytes].view(dst.dtype.to_numpy()).reshape(dst.shape)
             factory.put(dst, typed)
         else:
             graphs = self.backend.graphs
 
             def run() -> None:
-                graphs.upload(buf, data, ((data.size,),))
+                graphs.upload(buffer, data, ((data.size,),))
 
             factory.run_heavy(run)
         await self._stream().synchronize()
 
-    async def copy_dtoh(self, dst: Array, src: DeviceBuffer | Tensor) -> None:
-        buf = self.check_dtoh(dst, src)
-        if isinstance(src, Tensor):
+    async def read(self, out: Array, buffer: DeviceBuffer, src: Tensor | None) -> None:
+        if src is not None:
             data = await self.read_tensor(src)
         else:
-            data = await self._read_slot(buf.handle)
-        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)[: dst.nbytes]
-        dst.reshape(-1).view(np.uint8)[: raw.size] = raw
+            data = await self._read_slot(buffer.handle)
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)[: out.nbytes]
+        out[: raw.size] = raw
 
-    def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self.check_dtod(dst, src)
+    def copy(
+        self,
+        dst: DeviceBuffer,
+        src: DeviceBuffer,
+        nbytes: int,
+        dst_tensor: Tensor | None,
+        src_tensor: Tensor | None,
+    ) -> None:
         kernels = self.kernels
-        if isinstance(dst, Tensor) and isinstance(src, Tensor) and dst.dtype == src.dtype:
-            kernels.launch(lambda: kernels.arr(src).reshape(dst.shape), (src,), (dst,))
+        if (
+            dst_tensor is not None
+            and src_tensor is not None
+            and dst_tensor.dtype == src_tensor.dtype
+        ):
+            shape = dst_tensor.shape
+            kernels.launch(
+                lambda: kernels.arr(src_tensor).reshape(shape), (src_tensor,), (dst_tensor,)
+            )
             return
         # A raw copy: the destination holds the source's array (dask arrays are immutable, so
         # sharing it is a copy); a typed read reinterprets its bytes.
         graphs = self.backend.graphs
 
         def run() -> None:
-            slot: Slot = s.handle
+            slot: Slot = src.handle
             if slot.array is not None:
-                graphs.store(d, slot.array) if not slot.lazy else graphs.write(d, slot.array)
+                graphs.store(dst, slot.array) if not slot.lazy else graphs.write(dst, slot.array)
 
-        kernels.run_heavy(run, [dst] if isinstance(dst, Tensor) else [])
+        kernels.run_heavy(run, [dst_tensor] if dst_tensor is not None else [])
 
-    # -- reading ----------------------------------------------------------------------------------
-    def _pending(self, tensor: Tensor) -> list[tuple[PositionStream, int]]:
-        check_tensor(self.backend, tensor, "tensor")
-        return pending_writes(tensor)
-
+    # -- reading: the core has waited for the tensor's writers ------------------------------------
     async def read_tensor(self, tensor: Tensor) -> Array:
-        for stream, seq in self._pending(tensor):
-            await stream.wait_for(seq)
         if tensor.size == 0:
             return np.empty(tensor.shape, tensor.dtype.to_numpy())
         kernels = self.kernels
@@ -165,8 +163,6 @@ class DaskMemoryManager(PooledMemoryManager):
             raise map_error(exc, what) from None
 
     def read_tensor_blocking(self, tensor: Tensor) -> Array:
-        for stream, seq in self._pending(tensor):
-            stream.wait_for_blocking(seq)
         if tensor.size == 0:
             return np.empty(tensor.shape, tensor.dtype.to_numpy())
         graphs = self.backend.graphs

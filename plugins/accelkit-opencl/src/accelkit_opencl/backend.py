@@ -73,7 +73,7 @@ class OpenCLBackend(QueuedBackend[CLStream]):
         from accelkit_opencl.executor import OpenCLKernelExecutor
         from accelkit_opencl.factory_kernels import OpenCLFactoryKernels
         from accelkit_opencl.fused_kernels import OpenCLFusedKernels
-        from accelkit_opencl.memory import OpenCLMemoryManager
+        from accelkit_opencl.memory import OpenCLMemoryKernels
         from accelkit_opencl.programs import ProgramCache
         from accelkit_opencl.tensor_kernels import OpenCLTensorKernels
 
@@ -99,7 +99,7 @@ class OpenCLBackend(QueuedBackend[CLStream]):
         tensor = OpenCLTensorKernels(self)
         return Opened(
             streams=[default],
-            memory=OpenCLMemoryManager(
+            memory=OpenCLMemoryKernels(
                 self, device, context, int(cl_device.global_mem_size), self.pool_config
             ),
             tensor=tensor,

@@ -1,10 +1,11 @@
-"""The OpenCL backend's memory manager: ``cl.Buffer`` blocks from a caching pool.
+"""The OpenCL backend's memory kernels: ``cl.Buffer`` blocks from a caching pool.
 
-Host transfers are real asynchronous copies: a non-blocking ``enqueue_copy`` after the source's
-last writer, enqueued by the stream's submitter thread and awaited as a stream position, so that
-no OpenCL call runs on the event loop's thread. The host side of a copy is kept alive by the
-stream until the copy has completed, even if the awaiting task is cancelled. Host-side copies
-(snapshots, staging) above :data:`LARGE_COPY` run on a worker thread.
+The core's memory manager checks every argument; these queue the copies. Host transfers are real
+asynchronous copies: a non-blocking ``enqueue_copy`` after the source's last writer, enqueued by
+the stream's submitter thread and awaited as a stream position, so that no OpenCL call runs on
+the event loop's thread. The host side of a copy is kept alive by the stream until the copy has
+completed, even if the awaiting task is cancelled. Host-side copies (snapshots, staging) above
+:data:`LARGE_COPY` run on a worker thread.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk import (
     CachingPool,
     DeviceBuffer,
-    PooledMemoryManager,
+    MemoryKernels,
     buffer_of,
-    check_tensor,
     last_writer,
     mark_written,
     other_writers,
@@ -36,7 +36,7 @@ from accelkit_opencl.stream import CLStream
 if TYPE_CHECKING:
     from accelkit_opencl.backend import OpenCLBackend
 
-__all__ = ["LARGE_COPY", "OpenCLMemoryManager"]
+__all__ = ["LARGE_COPY", "OpenCLMemoryKernels"]
 
 _log = logging.getLogger("accelkit.opencl")
 
@@ -70,8 +70,12 @@ def _raw_free(handle: Any) -> None:
         _log.warning("accelkit-opencl: releasing a buffer failed: %s", exc)
 
 
-class OpenCLMemoryManager(PooledMemoryManager):
+class OpenCLMemoryKernels(MemoryKernels):
+    """``cl.Buffer`` blocks; every copy is queued after its writers on the device (the core's
+    memory manager checks the arguments and does not wait: ``wait_for_writers`` is false)."""
+
     backend: OpenCLBackend
+    wait_for_writers = False
 
     def __init__(
         self,
@@ -85,93 +89,88 @@ class OpenCLMemoryManager(PooledMemoryManager):
             backend, CachingPool(device, _raw_alloc(context), _raw_free, total_bytes, config)
         )
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         self.backend.prune_streams()
 
     def _current(self) -> CLStream:
         return self.backend.current_stream
 
-    def free(self, buffer: DeviceBuffer | Tensor) -> None:
-        buf = self.owned_buffer(buffer, "buffer")
+    def free(self, buffer: DeviceBuffer) -> None:
         # Stream-ordered: with one (in-order) queue, every later command runs after every command
         # already queued, so the block may be reused at once. With several, the pool may hand it
         # to any queue next, so it returns once the work queued so far on all of them is done
         # (positions, answered from the streams' counters: no OpenCL call here).
         streams = self.backend.streams
         if len(streams) < 2:
-            self.pool.free(buf)
+            self.pool.free(buffer)
             return
         busy = [s.position() for s in streams if not s.query()]
         if not busy:
-            self.pool.free(buf)
+            self.pool.free(buffer)
         else:
-            self.pool.free(buf, lambda recycle: self.backend.after_events(busy, recycle))
+            self.pool.free(buffer, lambda recycle: self.backend.after_events(busy, recycle))
 
-    async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
-        buf, view = self.check_htod(dst, src)
-        if view.nbytes == 0:
-            return
-        # A snapshot: the caller may reuse src at once (after a cancelled wait too).
-        if view.nbytes > LARGE_COPY:
-            data = await anyio.to_thread.run_sync(_snapshot, view)
-            buf = self.owned_buffer(dst, "dst")  # still live after the await
-        else:
-            data = _snapshot(view)
+    # The core's snapshot of the caller's bytes (MemoryKernels.stage: off the loop when large)
+    # is what the device reads: the caller may reuse src at once, after a cancelled wait too.
+    async def write(
+        self, buffer: DeviceBuffer, data: np.ndarray[Any, Any], dst: Tensor | None
+    ) -> None:
         stream = self._current()
         # After every use of dst queued so far (the writer on another stream too).
-        deps = other_writers(stream, [dst]) if isinstance(dst, Tensor) else []
-        handle = buf.handle
+        deps = other_writers(stream, [dst]) if dst is not None else []
+        handle = buffer.handle
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
             return cl.enqueue_copy(queue, handle, data, is_blocking=False, wait_for=wait_for)
 
-        seq = stream.submit(run, (buf, data), deps)
-        if isinstance(dst, Tensor):
+        seq = stream.submit(run, (buffer, data), deps)
+        if dst is not None:
             mark_written((dst,), stream, seq)
         await stream.reach(seq)
         stream.raise_failure(seq)
 
-    async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
-        buf = self.check_dtoh(dst, src)
-        if dst.nbytes == 0:
-            return
+    async def read(
+        self, out: np.ndarray[Any, Any], buffer: DeviceBuffer, src: Tensor | None
+    ) -> None:
         stream = self._current()
-        deps = other_writers(stream, [src]) if isinstance(src, Tensor) else []
+        deps = other_writers(stream, [src]) if src is not None else []
         # Copied into a staging array the stream keeps alive, so that a cancelled wait never
         # leaves the device writing into the caller's array later.
-        staging = np.empty(dst.nbytes, np.uint8)
-        handle = buf.handle
+        staging = np.empty(out.nbytes, np.uint8)
+        handle = buffer.handle
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
             return cl.enqueue_copy(queue, staging, handle, is_blocking=False, wait_for=wait_for)
 
-        seq = stream.submit(run, (buf, staging), deps)
+        seq = stream.submit(run, (buffer, staging), deps)
         await stream.reach(seq)
         stream.raise_failure(seq)
-        target = dst.reshape(-1).view(np.uint8)
         if staging.nbytes > LARGE_COPY:
-            await anyio.to_thread.run_sync(np.copyto, target, staging)
+            await anyio.to_thread.run_sync(np.copyto, out, staging)
         else:
-            target[...] = staging
+            out[...] = staging
 
-    def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
-        d, s = self.check_dtod(dst, src)
-        if s.nbytes == 0:
-            return
+    def copy(
+        self,
+        dst: DeviceBuffer,
+        src: DeviceBuffer,
+        nbytes: int,
+        dst_tensor: Tensor | None,
+        src_tensor: Tensor | None,
+    ) -> None:
         stream = self._current()
-        tensors = [t for t in (src, dst) if isinstance(t, Tensor)]
-        dh, sh, nbytes = d.handle, s.handle, s.nbytes
+        tensors = [t for t in (src_tensor, dst_tensor) if t is not None]
+        dh, sh = dst.handle, src.handle
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
             return cl.enqueue_copy(queue, dh, sh, byte_count=nbytes, wait_for=wait_for)
 
-        seq = stream.submit(run, (d, s), other_writers(stream, tensors))
-        if isinstance(dst, Tensor):
-            mark_written((dst,), stream, seq)
+        seq = stream.submit(run, (dst, src), other_writers(stream, tensors))
+        if dst_tensor is not None:
+            mark_written((dst_tensor,), stream, seq)
 
     # -- tensor transfers -------------------------------------------------------------------------
     def _read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], int, CLStream]:
-        check_tensor(self.backend, tensor, "tensor")
         out = np.empty(tensor.shape, tensor.dtype.to_numpy())
         # A tensor of this backend was written on one of its CLStreams (last_writer says
         # PositionStream).
@@ -210,7 +209,3 @@ class OpenCLMemoryManager(PooledMemoryManager):
             stream.raise_errors(written)
             raise own from None
         stream.raise_errors(written)
-
-
-def _snapshot(view: memoryview) -> np.ndarray[Any, Any]:
-    return np.frombuffer(view, np.uint8).copy()

@@ -138,7 +138,7 @@ class WebGPUBackend(StreamBackend[HostStream]):
         from accelkit_webgpu.executor import WebGPUKernelExecutor
         from accelkit_webgpu.factory_kernels import WebGPUFactoryKernels
         from accelkit_webgpu.fused_kernels import WebGPUFusedKernels
-        from accelkit_webgpu.memory import WebGPUMemoryManager
+        from accelkit_webgpu.memory import WebGPUMemoryKernels
         from accelkit_webgpu.tensor_kernels import WebGPUTensorKernels
 
         old = self._gpu
@@ -165,7 +165,7 @@ class WebGPUBackend(StreamBackend[HostStream]):
         self._kernels = kernels = WebGPUTensorKernels(self)
         return Opened(
             streams=[HostStream(device, f"{device}/default")],
-            memory=WebGPUMemoryManager(
+            memory=WebGPUMemoryKernels(
                 self, device, gpu, caps.limits.memory_bytes, self.pool_config
             ),
             tensor=kernels,

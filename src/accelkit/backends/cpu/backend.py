@@ -41,12 +41,12 @@ class CPUBackend(StreamBackend[HostStream]):
     async def _initialize(self, device: Device) -> Opened[HostStream]:
         from accelkit.backends.cpu.factory_kernels import CPUFactoryKernels
         from accelkit.backends.cpu.fused_kernels import CPUFusedKernels
-        from accelkit.backends.cpu.memory import CPUMemoryManager
+        from accelkit.backends.cpu.memory import CPUMemoryKernels
         from accelkit.backends.cpu.tensor_kernels import CPUTensorKernels
 
         return Opened(
             streams=[HostStream(device, f"{device}/default")],
-            memory=CPUMemoryManager(self, device, self.pool_config),
+            memory=CPUMemoryKernels(self, device, self.pool_config),
             tensor=CPUTensorKernels(self),
             factory=CPUFactoryKernels(self),
             fused=CPUFusedKernels(self),

@@ -2,7 +2,7 @@
 
 :class:`accelkit.sdk.StreamBackend` does the lifecycle, the streams, the pool, the counters and
 the checks; this class says how many devices there are, what they can do, what opening one makes
-(an :class:`accelkit.sdk.Opened` record: streams, memory manager, kernel objects, dtypes) and
+(an :class:`accelkit.sdk.Opened` record: streams, memory and other kernel objects, dtypes) and
 how to make another stream. Closing needs nothing of its own: the base class finishes each
 stream's work, closes it and releases the pool.
 """
@@ -32,13 +32,13 @@ class ExampleBackend(StreamBackend[HostStream]):
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> Opened[HostStream]:
         from accelkit_example.factory_kernels import ExampleFactoryKernels
-        from accelkit_example.memory import ExampleMemoryManager
+        from accelkit_example.memory import ExampleMemoryKernels
         from accelkit_example.tensor_kernels import ExampleTensorKernels
 
         # No FusedKernels: every KernelOps op runs as the core's composition of TensorOps.
         return Opened(
             streams=[HostStream(device, f"{device}/default")],
-            memory=ExampleMemoryManager(self, device, self.pool_config),
+            memory=ExampleMemoryKernels(self, device, self.pool_config),
             tensor=ExampleTensorKernels(self),
             factory=ExampleFactoryKernels(self),
             dtypes=DTYPES,
