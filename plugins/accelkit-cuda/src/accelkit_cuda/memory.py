@@ -298,7 +298,8 @@ class CUDAMemoryKernels(MemoryKernels):
 
     async def stage(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Pinned staging memory (allocated on the submission thread) holding the caller's
-        bytes: the one host copy of an upload. The array keeps its pinned block alive."""
+        bytes: the one host copy of an upload. The array keeps its pinned block alive (its base
+        is a memoryview of the block), so holding it until the copy has run holds both."""
         try:
             _, staging = await self.backend.thread.call(lambda: pinned_empty(data.nbytes))
         except CUDA_ERRORS as exc:
@@ -313,7 +314,7 @@ class CUDAMemoryKernels(MemoryKernels):
         handle, staging = buffer.handle, data
         seq = self._submit_copy(
             stream, lambda: _ptr(handle), lambda: staging.ctypes.data, staging.nbytes, _H2D,
-            [dst] if dst is not None else [], (staging.base, staging, buffer), "copy_htod",
+            [dst] if dst is not None else [], (staging, buffer), "copy_htod",
         )  # fmt: skip
         if dst is not None:
             mark_written((dst,), stream, seq)
