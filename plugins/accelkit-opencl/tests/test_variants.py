@@ -191,6 +191,11 @@ async def test_a_verified_block_that_fails_to_build_here_falls_back_and_is_recor
         route = {c.family: c for c in b.kernel_variants()}[FAMILY]
         assert route.state == "fallback"
         assert "KernelCompileError" in route.reason
+        monkeypatch.setattr(b._verifier, "run", lambda progress=None: None)
+        note = await b.prepare()  # the fallback is noted
+        assert note is not None
+        assert note.startswith(f"OpenCL kernel variants: {FAMILY}: fallback (")
+        assert "KernelCompileError" in note
         del x, y, z
         await b.synchronize()
         # nothing leaked: the packed panels of the failed route went back with the tensors
@@ -219,6 +224,12 @@ async def test_f64_that_failed_verification_is_refused_with_the_reason(
         assert "SIGABRT" in route.reason
         with pytest.raises(UnsupportedOperationError):
             b._require_fp64()
+        # prepare (the rest of the families verified: stubbed here) notes the refused family
+        monkeypatch.setattr(b._verifier, "run", lambda progress=None: None)
+        note = await b.prepare()
+        assert note is not None
+        assert "fp64: failed (" in note
+        assert "SIGABRT" in note
     finally:
         await b.shutdown()
 

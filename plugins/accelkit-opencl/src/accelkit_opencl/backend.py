@@ -206,11 +206,7 @@ class OpenCLBackend(QueuedBackend[CLStream]):
         await anyio.to_thread.run_sync(self._verifier.run, progress)
         self._variants.clear()
         self._refresh_dtypes()
-        left = [
-            c
-            for c in self.kernel_variants()
-            if c.state in ("failed", "fallback", "pending") and self._verifier.enabled()
-        ]
+        left = [c for c in self.kernel_variants() if c.state in ("failed", "fallback", "pending")]
         if not left:
             return None
         return "OpenCL kernel variants: " + "; ".join(
