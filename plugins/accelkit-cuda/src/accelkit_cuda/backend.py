@@ -28,6 +28,7 @@ from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 from accelkit_cuda.submission import SubmissionThread
 
 if TYPE_CHECKING:
+    from accelkit_cuda.cudnn_attention import CudnnAttention
     from accelkit_cuda.executor import CUDAKernelExecutor
     from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
     from accelkit_cuda.memory import CUDAMemoryKernels
@@ -74,6 +75,14 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._fused: FusedProgram | None = None
         #: The fused kernels (TensorOps' attention launches their flash kernel).
         self._fused_kernels: CUDAFusedKernels | None = None
+        #: Attention's engines: cuDNN's graphs where installed, with their records.
+        self._attention: CudnnAttention | None = None
+        #: cuDNN's frontend as loaded at initialize (None: absent; then the reason).
+        self._cudnn: tuple[Any, str | None] = (None, "not initialized")
+        #: Whether f32 GEMMs may run on TF32 tensor cores (10-bit mantissa inputs), as
+        #: ``torch.backends.cuda.matmul.allow_tf32``: off unless ``ACCELKIT_CUDA_ALLOW_TF32=1``
+        #: or set here (it applies to GEMMs submitted after the change).
+        self.allow_tf32: bool = _tf32_default()
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -104,6 +113,14 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         if thread is None:
             raise NotInitializedError(f"backend {self.name!r} has no submission thread yet")
         return thread
+
+    @property
+    def attention_engines(self) -> CudnnAttention:
+        """Attention's engines and their records (:mod:`accelkit_cuda.cudnn_attention`)."""
+        engines = self._attention
+        if engines is None:
+            raise NotInitializedError(f"backend {self.name!r} has no attention engines yet")
+        return engines
 
     @property
     def fused(self) -> FusedProgram:
@@ -148,6 +165,9 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
         self._device_obj = device
+        from accelkit_cuda.cudnn_attention import load_frontend
+
+        self._cudnn = await anyio.to_thread.run_sync(load_frontend)  # loads a library
         opened = self._build(device, props)
         await self.fused.load()
         await thread.call(_warm_up)
@@ -155,13 +175,17 @@ class CUDABackend(QueuedBackend[CUDAStream]):
 
     def _build(self, device: Device, props: DeviceProps) -> Opened[CUDAStream]:
         """Everything that lives in the CUDA context."""
+        from accelkit_cuda.cudnn_attention import CudnnAttention
         from accelkit_cuda.executor import CUDAKernelExecutor
         from accelkit_cuda.factory_kernels import CUDAFactoryKernels
         from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
         from accelkit_cuda.memory import CUDAMemoryKernels
         from accelkit_cuda.tensor_kernels import CUDATensorKernels
 
-        caps = capabilities(props)
+        self._attention = CudnnAttention(*self._cudnn, props.compute_capability, self.thread.submit)
+        caps = capabilities(
+            props, (self._attention.engine, self._attention.unavailable or "cuDNN's SDPA graphs")
+        )
         default = CUDAStream(device, f"{device}/default", self.thread, self._failed)
         default.check_usable = self._check_usable
         memory = self._memory = CUDAMemoryKernels(
@@ -203,6 +227,10 @@ class CUDABackend(QueuedBackend[CUDAStream]):
             # Blocks still held by tensors that outlive the backend (stale now): their frees
             # queued here, once, by their one owner (or left to the process when poisoned).
             self._release_blocks()
+            if self._attention is not None:
+                destroy = self._attention.close()
+                if destroy is not None and thread is not None and self._poisoned is None:
+                    thread.submit(destroy)
             if self._poisoned is not None:
                 for stream in streams:
                     stream.abandon()
@@ -280,6 +308,12 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         for s in (*streams, stream):
             s.track = True
         return stream
+
+
+def _tf32_default() -> bool:
+    from accelkit.sdk import env_str
+
+    return (env_str("ACCELKIT_CUDA_ALLOW_TF32") or "0").lower() in ("1", "true", "yes", "on")
 
 
 def _warm_up() -> None:

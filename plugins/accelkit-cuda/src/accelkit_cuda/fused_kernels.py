@@ -206,6 +206,10 @@ class CUDAAttentionKernels(_Fused):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
         causal: bool,
     ) -> None:  # fmt: skip
+        engines = self.backend.attention_engines
+        declined = engines.attention(self, q, k, v, mask, out, scale, causal)  # cuDNN's route
+        if declined is None:
+            return
         if mask is not None:
             raise UnsupportedOperationError("the flash kernel takes no explicit mask")
         if not self.can_flash(q, k, v):
@@ -225,6 +229,7 @@ class CUDAAttentionKernels(_Fused):
         self._run(
             fn, grid, 32 * FLASH_ROWS, args, (q, k, v), (out,), flash_shared_bytes(d, dv, item)
         )
+        engines.record("attention", "nvrtc", declined)
 
     def paged_attention(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
@@ -233,10 +238,28 @@ class CUDAAttentionKernels(_Fused):
         b, h, d = q.shape
         nb, bs, hk = k_cache.shape[:3]
         mb = block_table.shape[1]
+        max_len = mb * bs
+
+        def error(code: int, value: int) -> BaseException:
+            if code == 1:
+                return InvalidArgumentError(
+                    f"paged_attention: context_lens must lie in 0..{max_len} (max_blocks *"
+                    f" block_size); got {value}"
+                )
+            return InvalidArgumentError(
+                f"paged_attention: block_table refers to block {value}; the cache has blocks"
+                f" 0..{nb - 1}"
+            )
+
+        engines = self.backend.attention_engines
+        declined = engines.paged_attention(
+            self, q, k_cache, v_cache, block_table, context_lens, scale, out, error
+        )  # cuDNN's route
+        if declined is None:
+            return
         if q.dtype not in _SUFFIX or d > MAX_DV or b * h == 0:
             raise UnsupportedOperationError("paged_attention: the composition handles this case")
         fn = self._fn("paged_attention", q.dtype)
-        max_len = mb * bs
         stream = self.current_stream
 
         def run() -> Any:
@@ -254,18 +277,8 @@ class CUDAAttentionKernels(_Fused):
             )  # fmt: skip
             return err
 
-        def error(code: int, value: int) -> BaseException:
-            if code == 1:
-                return InvalidArgumentError(
-                    f"paged_attention: context_lens must lie in 0..{max_len} (max_blocks *"
-                    f" block_size); got {value}"
-                )
-            return InvalidArgumentError(
-                f"paged_attention: block_table refers to block {value}; the cache has blocks"
-                f" 0..{nb - 1}"
-            )
-
         self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
+        engines.record("paged_attention", "nvrtc", declined)
 
 
 class CUDAActivationKernels(_Fused):

@@ -18,7 +18,9 @@ from accelkit.errors import DeviceError
 from accelkit.sdk import BINARY_OPS, COMPOSED_OPS, KERNEL_OPS, REDUCE_OPS, UNARY_OPS
 from accelkit_cuda.driver import Attr, DeviceProps, DriverUnavailable, read_devices
 
-__all__ = ["IMPLEMENTED_OPS", "backend_dtypes", "capabilities", "cupy_status", "probe"]
+__all__ = [
+    "IMPLEMENTED_OPS", "attention_engine", "backend_dtypes", "capabilities", "cupy_status", "probe",
+]  # fmt: skip
 
 #: TensorOps and KernelOps this backend runs on the GPU (declared exactly: the selector trusts it).
 IMPLEMENTED_OPS: frozenset[str] = frozenset(
@@ -85,9 +87,27 @@ def backend_dtypes(cc: tuple[int, int], bf16: bool | None = None) -> frozenset[D
     return frozenset(dtypes)
 
 
-def capabilities(props: DeviceProps) -> BackendCapabilities:
-    """What the backend does on the device ``props`` describes."""
+def attention_engine(cc: tuple[int, int]) -> tuple[str, str]:
+    """Which engine would serve attention on a device of compute capability ``cc``, and why,
+    from what is installed (no import: the probe's answer; an open backend's capabilities say
+    what it found when it loaded the library)."""
+    from accelkit_cuda.cudnn_attention import frontend_status
+
+    why = frontend_status()
+    if why is None and cc < (8, 0):
+        why = "cuDNN's SDPA needs compute capability 8.0 or newer"
+    if why is None:
+        return "cudnn", "nvidia-cudnn-frontend is installed (its library is loaded at open)"
+    return "nvrtc", why
+
+
+def capabilities(
+    props: DeviceProps, attention: tuple[str, str] | None = None
+) -> BackendCapabilities:
+    """What the backend does on the device ``props`` describes; ``attention`` is the engine
+    serving attention and why (by default :func:`attention_engine`'s guess)."""
     cc = props.compute_capability
+    engine, engine_note = attention_engine(cc) if attention is None else attention
     sms = props.attr(Attr.MULTIPROCESSOR_COUNT)
     ghz = props.attr(Attr.CLOCK_RATE) / 1e6
     fp32 = sms * ghz * 2 * _by_cc(_FP32_LANES, cc, 128)
@@ -144,6 +164,11 @@ def capabilities(props: DeviceProps) -> BackendCapabilities:
             "warp_size": props.attr(Attr.WARP_SIZE, 32),
             "driver_cuda_version": f"{props.driver_version // 1000}.{props.driver_version % 1000 // 10}",
             "memory_pools": bool(props.attr(Attr.MEMORY_POOLS_SUPPORTED)),
+            # "cudnn" (cuDNN's SDPA graphs, f16/bf16) or "nvrtc" (the fused NVRTC kernel).
+            "attention_engine": engine,
+            "attention_engine_note": engine_note,
+            # TF32 tensor cores exist (f32 GEMMs use them only with backend.allow_tf32).
+            "tf32": cc >= (8, 0),
         },
     )
 
