@@ -436,7 +436,8 @@ class CudnnAttention:
         found = self.lookup(key)
         if isinstance(found, str):
             return found
-        launch = _dense_launch(self, found, key, q, k, v, mask, out)
+        stream = kernels.current_stream.cp
+        launch = _dense_launch(self, found, key, q, k, v, mask, out, stream)
         kernels.launch(launch, (q, k, v, mask), (out,), what="cuDNN attention")
         self.record("attention", "cudnn", f"cuDNN SDPA graph ({key.dtype.value}, {key.mask})")
         return None
@@ -453,7 +454,10 @@ class CudnnAttention:
         found = self.lookup(key)
         if isinstance(found, str):
             return found
-        run = _paged_launch(self, found, key, q, k_cache, v_cache, block_table, context_lens, out)
+        stream = kernels.current_stream.cp
+        run = _paged_launch(
+            self, found, key, q, k_cache, v_cache, block_table, context_lens, out, stream
+        )
         kernels._launch_checked(
             run, (q, k_cache, v_cache, block_table, context_lens), (out,), error
         )
@@ -461,20 +465,19 @@ class CudnnAttention:
         return None
 
 
-def _execute(engine: CudnnAttention, built: _Built, pack: dict[int, int]) -> None:
-    """On the submission thread, on the current CuPy stream."""
+def _execute(engine: CudnnAttention, built: _Built, pack: dict[int, int], stream: int) -> None:
+    """On the submission thread: run ``built`` on ``stream`` (a pointer)."""
     import cupy as cp
 
-    stream = cp.cuda.get_current_stream()
     handle = engine.handle()
-    engine.frontend.set_stream(handle, stream.ptr)
+    engine.frontend.set_stream(handle, stream)
     workspace = cp.empty(built.workspace, cp.uint8) if built.workspace else None
     built.graph.execute(pack, None if workspace is None else workspace.data.ptr, handle=handle)
 
 
 def _dense_launch(
     engine: CudnnAttention, built: _Built, key: GraphKey, q: Tensor, k: Tensor, v: Tensor,
-    mask: Tensor | None, out: Tensor,
+    mask: Tensor | None, out: Tensor, stream: Any,
 ) -> Callable[[], None]:  # fmt: skip
     from accelkit_cuda.submit import storage
 
@@ -499,18 +502,18 @@ def _dense_launch(
                 keep = keep & tri
             # A query that sees no key gets zeros (the contract); cuDNN gives NaN there.
             visible = keep.any(axis=-1)[..., None]
-            _execute(engine, built, pack)
+            _execute(engine, built, pack, stream.ptr)
             seen = cp.broadcast_to(visible, (b, h, sq, 1))
             cp.copyto(o, cp.where(seen, o.astype(cp.float32), cp.float32(0)).astype(o.dtype))
             return
-        _execute(engine, built, pack)
+        _execute(engine, built, pack, stream.ptr)
 
     return run
 
 
 def _paged_launch(
     engine: CudnnAttention, built: _Built, key: GraphKey, q: Tensor, k_cache: Tensor,
-    v_cache: Tensor, block_table: Tensor, context_lens: Tensor, out: Tensor,
+    v_cache: Tensor, block_table: Tensor, context_lens: Tensor, out: Tensor, stream: Any,
 ) -> Callable[[], Any]:  # fmt: skip
     from accelkit_cuda.submit import storage
 
@@ -545,7 +548,7 @@ def _paged_launch(
             UID_TABLE_K: safe_table.data.ptr, UID_TABLE_V: safe_table.data.ptr,
             UID_SEQ_Q: ones.data.ptr, UID_SEQ_KV: safe_lens.data.ptr,
         }  # fmt: skip
-        _execute(engine, built, pack)
+        _execute(engine, built, pack, stream.ptr)
         # A sequence of length 0 gets zeros (the contract).
         live = safe_lens.reshape(b, 1, 1) > 0
         cp.copyto(o, cp.where(live, o.astype(cp.float32), cp.float32(0)).astype(o.dtype))

@@ -211,11 +211,13 @@ class CUDAAttentionKernels(_Fused):
         if declined is None:
             return
         if mask is not None:
-            raise UnsupportedOperationError("the flash kernel takes no explicit mask")
+            raise UnsupportedOperationError(
+                f"the flash kernel takes no explicit mask (cuDNN: {declined})"
+            )
         if not self.can_flash(q, k, v):
             raise UnsupportedOperationError(
                 f"the flash kernel needs f16/bf16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
-                f" {_SMEM_DEFAULT // 1024} KiB of shared memory"
+                f" {_SMEM_DEFAULT // 1024} KiB of shared memory (cuDNN: {declined})"
             )
         b, h, sq, d = q.shape
         hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -258,7 +260,9 @@ class CUDAAttentionKernels(_Fused):
         if declined is None:
             return
         if q.dtype not in _SUFFIX or d > MAX_DV or b * h == 0:
-            raise UnsupportedOperationError("paged_attention: the composition handles this case")
+            raise UnsupportedOperationError(
+                f"paged_attention: the composition handles this case (cuDNN: {declined})"
+            )
         fn = self._fn("paged_attention", q.dtype)
         stream = self.current_stream
 
