@@ -64,6 +64,18 @@ def _view(ptr: int, t: Tensor, dtype: str | None = None) -> np.ndarray[Any, Any]
     )
 
 
+def _step(name: str) -> Callable[..., None]:
+    def step(self: pygraph, *args: Any) -> None:
+        _record(name)
+        self.steps.append(name)
+        if name == "check_support":
+            why = type(self).refuse(self)
+            if why is not None:
+                raise RuntimeError(f"cudnnGraphNotSupportedError: {why}")
+
+    return step
+
+
 class pygraph:  # noqa: N801 - the frontend's name
     refuse: Callable[[pygraph], str | None] = staticmethod(lambda g: None)
 
@@ -75,7 +87,9 @@ class pygraph:  # noqa: N801 - the frontend's name
         self.steps: list[str] = []
         self.out: Tensor | None = None
 
-    def tensor(self, name: str, dim: list[int], stride: list[int], data_type: str, uid: int) -> Tensor:
+    def tensor(
+        self, name: str, dim: list[int], stride: list[int], data_type: str, uid: int
+    ) -> Tensor:
         t = Tensor(name, dim, stride, data_type, uid)
         self.tensors[uid] = t
         return t
@@ -85,17 +99,6 @@ class pygraph:  # noqa: N801 - the frontend's name
         self.options = options
         self.out = Tensor("O", [], [], self.io, 0)
         return [self.out, None]
-
-    def _step(name: str) -> Callable[..., None]:  # type: ignore[misc]
-        def step(self: pygraph, *args: Any) -> None:
-            _record(name)
-            self.steps.append(name)
-            if name == "check_support":
-                why = type(self).refuse(self)
-                if why is not None:
-                    raise RuntimeError(f"cudnnGraphNotSupportedError: {why}")
-
-        return step
 
     validate = _step("validate")
     build_operation_graph = _step("build_operation_graph")
@@ -111,7 +114,8 @@ class pygraph:  # noqa: N801 - the frontend's name
         assert self.steps[-1] == "build_plans", self.steps
         assert workspace, "a workspace was asked for"
         o = self.out
-        assert o is not None and o.uid in pack
+        assert o is not None
+        assert o.uid in pack
         q = _view(pack[self.q.uid], self.q).astype(np.float64)
         k = _view(pack[self.k.uid], self.k).astype(np.float64)
         v = _view(pack[self.v.uid], self.v).astype(np.float64)
@@ -125,7 +129,7 @@ class pygraph:  # noqa: N801 - the frontend's name
         dst[...] = out.astype(dst.dtype)
 
     def _dense(self, pack: dict[int, int], q: Any, k: Any, v: Any, scale: float) -> Any:
-        b, h, sq, _ = q.shape
+        _b, h, sq, _ = q.shape
         hk, sk = k.shape[1], k.shape[2]
         kk = np.repeat(k, h // hk, axis=1)
         vv = np.repeat(v, h // hk, axis=1)
