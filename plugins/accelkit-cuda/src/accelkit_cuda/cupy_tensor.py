@@ -15,7 +15,7 @@ import cupy as cp
 import cupyx.scipy.special as cps
 import numpy as np
 
-from accelkit_cuda import division
+from accelkit_cuda import blas, division
 
 __all__ = [
     "adam_update", "argsort", "attention", "binary", "cast_into", "conv2d", "cross_entropy",
@@ -238,28 +238,36 @@ def range_flag(index: Array, low: int, high: int) -> Array:
 
 
 # -- linear algebra -----------------------------------------------------------------------------------
-def _mm(a: Array, b: Array, out: Array | None = None) -> Array:
-    """``cupy.matmul``, with BF16 operands multiplied in F32 (CuPy 14 has no BF16 GEMM: its
-    matmul takes BF16 for an integer type and fails), so a BF16 product is rounded once, when
-    stored. F16 stays on cuBLAS's F16 path (F32 accumulation)."""
+def _mm(a: Array, b: Array, out: Array | None = None, tf32: bool = False) -> Array:
+    """cuBLAS's GEMM with a workspace where :func:`accelkit_cuda.blas.matmul` takes the layout
+    (f16, bf16, f32; TF32 for f32 only with ``tf32``); else ``cupy.matmul``, with BF16 operands
+    multiplied in F32 (CuPy 14 has no BF16 GEMM: its matmul takes BF16 for an integer type and
+    fails), so a BF16 product is rounded once, when stored. F16 stays on cuBLAS's F16 path (F32
+    accumulation)."""
+    res = blas.matmul(a, b, out, tf32)
+    if res is not None:
+        if out is not None and res is not out:
+            _store(out, res)
+        return res
     if _BF16 is not None and _BF16 in (a.dtype, b.dtype):
         res = cp.matmul(a.astype(cp.float32), b.astype(cp.float32))
         if out is not None:
             _store(out, res)
+            return out
         return res
     return cp.matmul(a, b) if out is None else cp.matmul(a, b, out=out)
 
 
 def gemm(
     a: Array, b: Array, c: Array | None, out: Array, trans_a: bool, trans_b: bool, alpha: float,
-    beta: float,
+    beta: float, tf32: bool = False,
 ) -> None:  # fmt: skip
     av = cp.swapaxes(a, -1, -2) if trans_a else a
     bv = cp.swapaxes(b, -1, -2) if trans_b else b
     if a.dtype != b.dtype:
         ct = cp.result_type(up(a), up(b))
         av, bv = av.astype(ct), bv.astype(ct)
-    res = _mm(av, bv)
+    res = _mm(av, bv, tf32=tf32)
     if alpha != 1.0 or c is not None:
         res = res.astype(cp.float32) if half(res.dtype) else res
         if alpha != 1.0:
@@ -269,22 +277,24 @@ def gemm(
     _store(out, res)
 
 
-def matmul(a: Array, b: Array, out: Array) -> None:
-    """cuBLAS through ``cupy.matmul``: F16 and BF16 inputs with F32 accumulation."""
+def matmul(a: Array, b: Array, out: Array, tf32: bool = False) -> None:
+    """cuBLAS (:func:`_mm`): F16 and BF16 inputs with F32 accumulation."""
     if a.dtype != b.dtype:
         ct = cp.result_type(up(a), up(b))
         a, b = a.astype(ct), b.astype(ct)
-    if a.dtype == out.dtype and a.dtype.kind == "f" and out.flags.c_contiguous:
-        _mm(a, b, out=out)
+    if a.dtype == out.dtype and (a.dtype.kind == "f" or half(a.dtype)) and out.flags.c_contiguous:
+        _mm(a, b, out=out, tf32=tf32)
     else:
-        _store(out, _mm(a, b))
+        _store(out, _mm(a, b, tf32=tf32))
 
 
-def linear(x: Array, w: Array, bias: Array | None, out: Array) -> None:
-    res = _mm(x, w.T)
+def linear(x: Array, w: Array, bias: Array | None, out: Array, tf32: bool = False) -> None:
+    direct = bias is None and out.dtype == x.dtype and out.flags.c_contiguous
+    res = _mm(x, w.T, out if direct else None, tf32)
     if bias is not None:
         res = up(res) + up(bias)
-    _store(out, res)
+    if res is not out:
+        _store(out, res)
 
 
 def conv2d(

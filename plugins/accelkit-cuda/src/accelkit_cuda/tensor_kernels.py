@@ -49,19 +49,26 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self, a: Tensor, b: Tensor, c: Tensor | None, out: Tensor, trans_a: bool, trans_b: bool,
         alpha: float, beta: float,
     ) -> None:  # fmt: skip
+        tf32 = self.backend.allow_tf32
         self.launch(
-            lambda: ck.gemm(storage(a), storage(b), xa(c), storage(out), trans_a, trans_b, alpha, beta),
+            lambda: ck.gemm(
+                storage(a), storage(b), xa(c), storage(out), trans_a, trans_b, alpha, beta, tf32
+            ),
             (a, b, c), (out,), what="gemm",
         )  # fmt: skip
 
     def matmul(self, a: Tensor, b: Tensor, out: Tensor) -> None:
+        tf32 = self.backend.allow_tf32
         self.launch(
-            lambda: ck.matmul(storage(a), storage(b), storage(out)), (a, b), (out,), what="matmul"
-        )
+            lambda: ck.matmul(storage(a), storage(b), storage(out), tf32), (a, b), (out,),
+            what="matmul",
+        )  # fmt: skip
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
+        tf32 = self.backend.allow_tf32
         self.launch(
-            lambda: ck.linear(storage(x), storage(weight), xa(bias), storage(out)), (x, weight, bias),
+            lambda: ck.linear(storage(x), storage(weight), xa(bias), storage(out), tf32),
+            (x, weight, bias),
             (out,), what="linear",
         )  # fmt: skip
 
