@@ -1,0 +1,134 @@
+"""cuDNN attention and the cuBLAS GEMM path on a GPU (skipped with the reason elsewhere).
+
+The cuDNN tests also skip where the backend's attention engine is not cuDNN (the frontend or its
+library absent: ``pip install 'accelkit-cuda[cuda13,cudnn]'``); the reason names what was missing.
+Results are compared with float64 NumPy, tolerances from the dtype's epsilon.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+
+def _reference(q: Any, k: Any, v: Any, keep: Any) -> Any:
+    h, hk = q.shape[1], k.shape[1]
+    kk = np.repeat(k.astype(np.float64), h // hk, axis=1)
+    vv = np.repeat(v.astype(np.float64), h // hk, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), kk) / np.sqrt(q.shape[-1])
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.where(keep, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
+    total = p.sum(-1, keepdims=True)
+    p = np.where(total > 0, p / np.where(total > 0, total, 1), 0)
+    return np.einsum("bhqk,bhkd->bhqd", p, vv)
+
+
+def _cudnn(backend: Any) -> Any:
+    engines = backend.attention_engines
+    if engines.engine != "cudnn":
+        pytest.skip(f"attention is not on cuDNN here: {engines.unavailable}")
+    return engines
+
+
+async def _twice(backend: Any, call: Any) -> Any:
+    """The first call of a shape queues its graph's build; the second (after it) runs on cuDNN."""
+    call()
+    await backend.synchronize()
+    out = call()
+    engines = backend.attention_engines
+    assert engines.last_route is not None
+    assert engines.last_route.engine == "cudnn", engines.last_route
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("masking", ["causal", "bool", "bool+causal", "none"])
+async def test_cudnn_attention_matches_numpy(backend: Any, dtype: str, masking: str) -> None:
+    _cudnn(backend)
+    f, kops = backend.tensor_factory, backend.kernel_ops
+    rng = np.random.default_rng(1)
+    b, h, hk, sq, sk, d = 2, 8, 2, 48, 80, 64
+    qh, kh, vh = (
+        rng.standard_normal(s).astype(np.float32)
+        for s in ((b, h, sq, d), (b, hk, sk, d), (b, hk, sk, d))
+    )
+    q, k, v = (f.from_host(x, dtype=dtype) for x in (qh, kh, vh))
+    mh = rng.random((b, 1, sq, sk)) < 0.7
+    mh[1, 0, 3] = False  # a query that sees no key: zeros
+    m = f.from_host(mh)
+    causal = "causal" in masking
+    keep = np.ones((b, h, sq, sk), bool)
+    if causal:
+        keep &= np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+    if "bool" in masking:
+        keep &= mh
+    mask = m if "bool" in masking else None
+    out = await _twice(backend, lambda: kops.attention(q, k, v, causal=causal, mask=mask))
+    got = (await out.to_host()).astype(np.float64)
+    qr, kr, vr = [(await t.to_host()).astype(np.float64) for t in (q, k, v)]
+    eps = 2.0**-7 if dtype == "bf16" else 2.0**-10
+    np.testing.assert_allclose(got, _reference(qr, kr, vr, keep), atol=8 * eps, rtol=8 * eps)
+
+
+async def test_cudnn_paged_attention_matches_numpy(backend: Any) -> None:
+    _cudnn(backend)
+    f, kops = backend.tensor_factory, backend.kernel_ops
+    rng = np.random.default_rng(2)
+    nb, bs, hk, d, b, h = 16, 16, 2, 128, 3, 8
+    kc = rng.standard_normal((nb, bs, hk, d)).astype(np.float16)
+    vc = rng.standard_normal((nb, bs, hk, d)).astype(np.float16)
+    qh = rng.standard_normal((b, h, d)).astype(np.float16)
+    table = np.array([[3, 7, 1, -1], [-1, -1, -1, -1], [0, 15, 2, 9]], np.int32)
+    lens = np.array([40, 0, 64], np.int32)
+    args = [f.from_host(x) for x in (qh, kc, vc, table, lens)]
+    out = await _twice(backend, lambda: kops.paged_attention(*args))
+    got = (await out.to_host()).astype(np.float64)
+    want = np.zeros((b, h, d))
+    for i in range(b):
+        rows = [(table[i, t // bs], t % bs) for t in range(lens[i])]
+        if not rows:
+            continue
+        keys = np.stack([kc[blk, r] for blk, r in rows]).astype(np.float64)
+        vals = np.stack([vc[blk, r] for blk, r in rows]).astype(np.float64)
+        for j in range(h):
+            s = keys[:, j // (h // hk)] @ qh[i, j].astype(np.float64) / np.sqrt(d)
+            p = np.exp(s - s.max())
+            want[i, j] = (p / p.sum()) @ vals[:, j // (h // hk)]
+    np.testing.assert_allclose(got, want, atol=8 * 2.0**-10, rtol=8 * 2.0**-10)
+    assert not got[1].any()
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+async def test_gemms_on_the_workspace_path_match_numpy(backend: Any, dtype: str) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rng = np.random.default_rng(3)
+    xh = rng.standard_normal((3, 64, 96)).astype(np.float32)
+    wh = rng.standard_normal((80, 96)).astype(np.float32)
+    yh = rng.standard_normal((3, 96, 40)).astype(np.float32)
+    x, w, y, x2 = (f.from_host(a, dtype=dtype) for a in (xh, wh, yh, xh[0]))
+    xr, wr, yr = [(await t.to_host()).astype(np.float64) for t in (x, w, y)]
+    eps = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 2.0**-23}[dtype]
+    tol = 4 * eps * np.sqrt(96)
+    for got, want in (
+        (ops.matmul(x2, y), xr[0] @ yr),  # 2-D by batched: cupy.matmul's broadcast
+        (ops.linear(x, w), xr @ wr.T),  # the weight's transpose: cuBLAS's op T
+        (ops.matmul(x, y), xr @ yr),  # strided batched
+    ):
+        g = (await got.to_host()).astype(np.float64)
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(g, want, atol=tol * scale, rtol=tol)
+    if dtype == "f32":
+        backend.allow_tf32 = True
+        try:
+            got = (await ops.matmul(x, y).to_host()).astype(np.float64)
+        finally:
+            backend.allow_tf32 = False
+        want = xr @ yr
+        # TF32 rounds the inputs to 10-bit mantissas.
+        tol = 4 * 2.0**-10 * np.sqrt(96)
+        np.testing.assert_allclose(got, want, atol=tol * np.abs(want).max(), rtol=tol)
