@@ -4,7 +4,7 @@
 # all, in the order below), each capped, the whole run stopped at BUDGET seconds. Writes
 # $OUT/summary.txt and $OUT/all.tgz (every step's full log). Run from the project's root.
 # In order of what a short budget should keep: correctness first, then timing.
-ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor bench webgpu_bench webgpu_conformance"
+ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor bench attention_bench webgpu_bench webgpu_conformance"
 STEPS=${STEPS:-$ALL_STEPS}
 export PYTHONUNBUFFERED=1
 DEADLINE=$(( $(date +%s) + ${BUDGET:-500} ))
@@ -34,6 +34,7 @@ env_info() {
   $PY -c "import sys, numpy, pydantic; print(sys.version); print('numpy', numpy.__version__, 'pydantic', pydantic.__version__)"
   $PY -c "import cupy; print('cupy', cupy.__version__, 'runtime', cupy.cuda.runtime.runtimeGetVersion())"
   $PY -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
+  $PY -c "from accelkit_cuda.cudnn_attention import load_frontend as f; m, why = f(); print('cudnn', why or (m.__version__, m.backend_version()))"
   ldconfig -p | grep -i libvulkan | head -2
 }
 export -f env_info; export PY
@@ -50,6 +51,7 @@ TAILN=12 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_
 TAILN=12 step demo 120 $PY -m accelkit demo
 step doctor 90 $PY -m accelkit doctor
 TAILN=16 step bench 120 $PY benchmarks/bench_cuda.py
+TAILN=14 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
 TAILN=16 step webgpu_bench 90 $PY benchmarks/bench_webgpu.py
 cd /tmp
 TAILN=8 step webgpu_conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend webgpu -q -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"

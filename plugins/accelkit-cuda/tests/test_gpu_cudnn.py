@@ -1,7 +1,7 @@
 """cuDNN attention and the cuBLAS GEMM path on a GPU (skipped with the reason elsewhere).
 
 The cuDNN tests also skip where the backend's attention engine is not cuDNN (the frontend or its
-library absent: ``pip install 'accelkit-cuda[cuda13,cudnn]'``); the reason names what was missing.
+library absent: ``pip install 'accelkit-cuda[cuda13,cudnn13]'``); the reason names what was missing.
 Results are compared with float64 NumPy, tolerances from the dtype's epsilon.
 """
 

@@ -1,8 +1,9 @@
 """Attention through cuDNN's fused SDPA engine, where NVIDIA's cuDNN frontend is installed.
 
-``pip install 'accelkit-cuda[cuda13,cudnn]'`` brings ``nvidia-cudnn-frontend`` (import name
-``cudnn``; its Python graph API takes raw device pointers and a stream pointer, so CuPy arrays
-serve) and the cuDNN library. Where they are present, on compute capability 8.0 and up, the CUDA
+``pip install 'accelkit-cuda[cuda13,cudnn13]'`` (or ``[cuda12,cudnn12]``; ``[cudnn]`` where a cuDNN
+library is installed already) brings ``nvidia-cudnn-frontend`` (import name ``cudnn``; its Python
+graph API takes raw device pointers and a stream pointer, so CuPy arrays serve) and the cuDNN
+library. Where they are present, on compute capability 8.0 and up, the CUDA
 backend's fused ``attention`` and ``paged_attention`` run cuDNN's flash-attention engine for:
 
 - f16 and bf16 (f32 and f64 stay on the NVRTC kernel: cuDNN's SDPA has no f32 path);
@@ -273,8 +274,8 @@ def frontend_status() -> str | None:
         return "turned off (ACCELKIT_CUDA_CUDNN=0)"
     if importlib.util.find_spec("cudnn") is None:
         return (
-            "nvidia-cudnn-frontend is not installed (pip install 'accelkit-cuda[cuda13,cudnn]',"
-            " or [cuda12,cudnn])"
+            "nvidia-cudnn-frontend is not installed (pip install 'accelkit-cuda[cuda13,cudnn13]',"
+            " or [cuda12,cudnn12])"
         )
     return None
 

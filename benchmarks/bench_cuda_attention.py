@@ -1,0 +1,150 @@
+"""Attention on cuDNN and GEMMs on the workspace path, as ratios against PyTorch in one process.
+
+Run with ``python benchmarks/bench_cuda_attention.py`` where accelkit-cuda, CuPy and PyTorch
+(CUDA) are installed, with ``nvidia-cudnn-frontend`` for the cuDNN figures
+(``pip install 'accelkit-cuda[cuda13,cudnn13]'``). Figures (issue 29's targets in brackets):
+
+- causal attention, batch 8, 16 heads, seq 4096, head_dim 128, f16 and bf16, KernelOps (cuDNN
+  where installed, else the NVRTC kernel: the engine is printed) vs
+  ``torch.nn.functional.scaled_dot_product_attention`` [cuDNN >= 0.9x];
+- one decode step over a paged KV cache (batch 16, 32 query heads, 8 KV heads, head_dim 128,
+  4096 tokens a sequence in blocks of 16), ``paged_attention`` vs SDPA over the same keys held
+  densely (PyTorch has no paged attention: its dense decode is the yardstick) [>= 0.9x];
+- GEMM 8192x8192x8192 in f16, bf16 and f32 (f32 exact, then TF32 with ``allow_tf32`` on both
+  sides) vs ``torch.matmul`` [f16/bf16 >= 0.97x].
+
+Timings are medians of interleaved repeats, each ending in a device synchronization. The card
+and the engines are printed first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import numpy as np
+
+import accelkit as ak
+from accelkit.cli.bench import interleaved
+
+
+async def main() -> None:
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    async with ak.open_backend("cuda") as opened:
+        backend: Any = opened  # a CUDABackend (attention_engines, allow_tf32)
+        f, ops, kops = backend.tensor_factory, backend.tensor_ops, backend.kernel_ops
+        extra = backend.capabilities.extra
+        engines = backend.attention_engines
+        print(f"device: {backend.device} ({extra['arch']}), torch {torch.__version__}", flush=True)
+        print(f"attention engine: {extra['attention_engine']} ({extra['attention_engine_note']})")
+        rng = np.random.default_rng(0)
+        tdt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+        print("[1/3] causal attention 8x16x4096x128 ...", flush=True)
+        shape = (8, 16, 4096, 128)
+        host = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+        for name in ("f16", "bf16"):
+            qkv = [f.from_host(x, dtype=name) for x in host]
+            tqkv = [torch.from_numpy(x).to("cuda", tdt[name]) for x in host]
+
+            async def ak_attn(qkv: list[Any] = qkv) -> None:
+                kops.attention(*qkv, causal=True)
+                await backend.synchronize()
+
+            def torch_sdpa(tqkv: list[Any] = tqkv) -> None:
+                F.scaled_dot_product_attention(*tqkv, is_causal=True)
+                torch.cuda.synchronize()
+
+            await ak_attn()  # queues the cuDNN graph's build (the NVRTC kernel runs meanwhile)
+            await ak_attn()
+            torch_sdpa()
+            engine = engines.last_route.engine if engines.last_route else "?"
+            t_ak, t_th = await interleaved(ak_attn, torch_sdpa, 7)
+            flops = 4 * 8 * 16 * 4096 * 4096 * 128 / 2 / 1e12
+            print(
+                f"      {name}: accelkit ({engine}) {t_ak * 1e3:.2f} ms = {flops / t_ak:.0f}"
+                f" TFLOP/s, SDPA {t_th * 1e3:.2f} ms: {t_th / t_ak:.2f}x torch"
+                " (target >= 0.9x on cuDNN)"
+            )
+            qkv.clear()
+            tqkv.clear()
+
+        print("[2/3] paged decode step: 16 seqs x 4096 tokens, 32/8 heads, d 128 ...", flush=True)
+        b, h, hk, d, ctx, bs = 16, 32, 8, 128, 4096, 16
+        per_seq = ctx // bs
+        kd = rng.standard_normal((b, hk, ctx, d)).astype(np.float16)
+        vd = rng.standard_normal((b, hk, ctx, d)).astype(np.float16)
+        qh = rng.standard_normal((b, h, d)).astype(np.float16)
+        # Sequence i's blocks, shuffled through the cache as an allocator would leave them.
+        order = rng.permutation(b * per_seq).astype(np.int32)
+        table = order.reshape(b, per_seq)
+        cache_k = np.empty((b * per_seq, bs, hk, d), np.float16)
+        cache_v = np.empty_like(cache_k)
+        for i in range(b):
+            for j in range(per_seq):
+                cache_k[table[i, j]] = kd[i, :, j * bs : (j + 1) * bs].transpose(1, 0, 2)
+                cache_v[table[i, j]] = vd[i, :, j * bs : (j + 1) * bs].transpose(1, 0, 2)
+        lens = np.full(b, ctx, np.int32)
+        args = [f.from_host(x) for x in (qh, cache_k, cache_v, table, lens)]
+        tq = torch.from_numpy(qh).cuda().reshape(b, h, 1, d)
+        tk, tv = torch.from_numpy(kd).cuda(), torch.from_numpy(vd).cuda()
+        steps = 50
+
+        async def ak_decode() -> None:
+            for _ in range(steps):
+                kops.paged_attention(*args)
+            await backend.synchronize()
+
+        def torch_decode() -> None:
+            for _ in range(steps):
+                F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+            torch.cuda.synchronize()
+
+        kops.paged_attention(*args)  # queues the graph's build
+        await backend.synchronize()
+        await ak_decode()
+        torch_decode()
+        engine = engines.last_route.engine if engines.last_route else "?"
+        t_ak, t_th = await interleaved(ak_decode, torch_decode, 7)
+        print(
+            f"      accelkit paged ({engine}) {t_ak / steps * 1e6:.1f} us/step, torch dense SDPA"
+            f" {t_th / steps * 1e6:.1f} us/step: {t_th / t_ak:.2f}x torch (target >= 0.9x)"
+        )
+        args.clear()
+
+        print("[3/3] GEMM 8192 ...", flush=True)
+        n = 8192
+        a_h = (rng.standard_normal((n, n)) * 0.1).astype(np.float32)
+        tflops = 2 * n**3 / 1e12
+        for name, tf32 in (("f16", False), ("bf16", False), ("f32", False), ("f32", True)):
+            pair = [f.from_host(a_h, dtype=name), torch.from_numpy(a_h).to("cuda", tdt[name])]
+            backend.allow_tf32 = tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+
+            async def ak_gemm(pair: list[Any] = pair) -> None:
+                ops.matmul(pair[0], pair[0])
+                await backend.synchronize()
+
+            def torch_gemm(pair: list[Any] = pair) -> None:
+                torch.matmul(pair[1], pair[1])
+                torch.cuda.synchronize()
+
+            await ak_gemm()
+            torch_gemm()
+            t_ak, t_th = await interleaved(ak_gemm, torch_gemm, 7)
+            label = f"{name}{' tf32' if tf32 else ''}"
+            print(
+                f"      {label:8s} accelkit {tflops / t_ak:.0f} TFLOP/s, torch"
+                f" {tflops / t_th:.0f} TFLOP/s: {t_th / t_ak:.2f}x torch"
+                + (" (target >= 0.97x)" if name != "f32" else "")
+            )
+            pair.clear()
+        backend.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        print(f"routes: {engines.routes}")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
