@@ -109,10 +109,12 @@ class pygraph:  # noqa: N801 - the frontend's name
     def get_workspace_size(self) -> int:
         return 1024
 
-    def execute(self, pack: dict[int, int], workspace: int | None, handle: Any = None) -> None:
+    def execute(self, pack: dict[int, int], workspace: Any, handle: Any = None) -> None:
         _record("execute")
         assert self.steps[-1] == "build_plans", self.steps
-        assert workspace, "a workspace was asked for"
+        assert workspace is not None, "a workspace was asked for"
+        assert workspace.nbytes >= self.get_workspace_size()
+        assert all(type(p) is int for p in pack.values())  # bare device pointers
         o = self.out
         assert o is not None
         assert o.uid in pack

@@ -9,7 +9,8 @@ backend's fused ``attention`` and ``paged_attention`` run cuDNN's flash-attentio
 - f16 and bf16 (f32 and f64 stay on the NVRTC kernel: cuDNN's SDPA has no f32 path);
 - no mask, ``causal`` (aligned to the last key, as the contract says; a causal call with more
   queries than keys is left to the other routes, which give its key-less queries zeros), a BOOL
-  ``mask`` (materialised as an additive 0/-inf bias of its broadcast batch and head extent), or
+  ``mask`` (materialised as an additive bias, 0 or the dtype's lowest, of its broadcast batch and
+  head extent; a query that sees no key gets zeros, as the contract says), or
   both; a float mask is left to the other routes;
 - grouped KV heads (cuDNN takes fewer K/V heads natively);
 - ``paged_attention`` through cuDNN's paged K/V tables (the cache read in place: the block table
@@ -87,6 +88,10 @@ UID_Q, UID_K, UID_V, UID_O, UID_BIAS = 1, 2, 3, 4, 5
 UID_TABLE_K, UID_TABLE_V, UID_SEQ_Q, UID_SEQ_KV = 6, 7, 8, 9
 
 _DATA_TYPE = {DType.F16: "HALF", DType.BF16: "BFLOAT16"}
+#: The bias of a masked position: the dtype's lowest finite value rather than -inf, so that no
+#: tile of cuDNN's online softmax meets -inf - (-inf); with scores in F32 its weight is exactly
+#: 0 wherever a row has a visible key, and rows without one are set to zeros afterwards.
+_MASKED = {DType.F16: -65504.0, DType.BF16: -3.3895313892515355e38}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -472,8 +477,11 @@ def _execute(engine: CudnnAttention, built: _Built, pack: dict[int, int], stream
 
     handle = engine.handle()
     engine.frontend.set_stream(handle, stream)
+    # A stream-ordered temporary of CuPy's pool (alive until the work is done); handed over as
+    # the array, so the frontend reads its size too. Operands are bare pointers: the frontend
+    # lends them the graph's own dims and strides, the cheapest form it takes.
     workspace = cp.empty(built.workspace, cp.uint8) if built.workspace else None
-    built.graph.execute(pack, None if workspace is None else workspace.data.ptr, handle=handle)
+    built.graph.execute(pack, workspace, handle=handle)
 
 
 def _dense_launch(
@@ -496,7 +504,8 @@ def _dense_launch(
             m = storage(mask).reshape(_pad4(mask.shape))
             keep = cp.broadcast_to(m, (key.bias[0], key.bias[1], sq, sk))
             # A stream-ordered temporary (CuPy's pool), alive until the work is done.
-            bias = cp.where(keep, cp.float32(0), cp.float32(-cp.inf)).astype(o.dtype)
+            masked = cp.float32(_MASKED[key.dtype])
+            bias = cp.where(keep, cp.float32(0), masked).astype(o.dtype)
             pack[UID_BIAS] = bias.data.ptr
             if "causal" in key.mask:
                 tri = cp.arange(sk)[None, :] <= cp.arange(sq)[:, None] + (sk - sq)
