@@ -32,8 +32,8 @@ attention on the device (``"cudnn"`` or ``"nvrtc"``) and ``["attention_engine_no
 
 The library: the frontend finds ``libcudnn.so.9`` on ``LD_LIBRARY_PATH``, in its own site-packages
 ``nvidia/cudnn/lib`` or through the dynamic linker; :func:`load_frontend` first loads it from any
-installed ``nvidia-cudnn-cu12``/``-cu13`` package (e.g. the one PyTorch installs), so a frontend
-installed elsewhere (a ``--target`` folder) finds it too.
+installed ``nvidia-cudnn-cu12``/``-cu13`` package (e.g. the one PyTorch installs; or the one
+PyTorch loaded already), so a frontend installed elsewhere (a ``--target`` folder) finds it too.
 
 Unverified on a GPU as written: the graph descriptions are tested without a device (with the real
 frontend's graph objects where it is installed), the builds and launches only by the GPU check.
@@ -262,7 +262,10 @@ def _preload_library() -> None:
     if spec is None or not spec.submodule_search_locations:
         return
     for folder in spec.submodule_search_locations:
-        for lib in sorted(glob.glob(os.path.join(folder, "cudnn", "lib", "libcudnn.so.*[0-9]"))):
+        # nvidia/cudnn/lib (nvidia-cudnn-cu12 and -cu13), or a per-CUDA folder (nvidia/cu13/lib).
+        found = glob.glob(os.path.join(folder, "cudnn", "lib", "libcudnn.so.*[0-9]"))
+        found += glob.glob(os.path.join(folder, "cu[0-9]*", "lib", "libcudnn.so.*[0-9]"))
+        for lib in found:
             try:
                 ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
             except OSError as exc:
