@@ -265,6 +265,12 @@ async def test_attention_runs_on_cudnn_once_its_graph_is_built(
         got = (await out.to_host()).astype(np.float64)
         np.testing.assert_allclose(got, _reference(qh, kh, vh, causal), atol=2e-3, rtol=2e-3)
 
+        with backend.use_stream(backend.create_stream()):  # a new stream: its CuPy stream later
+            out = kops.attention(q, k, v, causal=True)
+        assert engines.last_route.engine == "cudnn"
+        got = (await out.to_host()).astype(np.float64)
+        np.testing.assert_allclose(got, _reference(qh, kh, vh, causal), atol=2e-3, rtol=2e-3)
+
         kops.attention(q, k, v, mask=m)  # a BOOL mask: no NVRTC kernel takes it
         assert kops.last_route.route == "composed"
         assert "being built" in kops.last_route.reason

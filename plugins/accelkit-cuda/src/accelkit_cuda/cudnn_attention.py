@@ -445,7 +445,7 @@ class CudnnAttention:
         found = self.lookup(key)
         if isinstance(found, str):
             return found
-        stream = kernels.current_stream.cp
+        stream = kernels.current_stream  # its CuPy stream is read on the thread
         launch = _dense_launch(self, found, key, q, k, v, mask, out, stream)
         kernels.launch(launch, (q, k, v, mask), (out,), what="cuDNN attention")
         self.record("attention", "cudnn", f"cuDNN SDPA graph ({key.dtype.value}, {key.mask})")
@@ -463,7 +463,7 @@ class CudnnAttention:
         found = self.lookup(key)
         if isinstance(found, str):
             return found
-        stream = kernels.current_stream.cp
+        stream = kernels.current_stream  # its CuPy stream is read on the thread
         run = _paged_launch(
             self, found, key, q, k_cache, v_cache, block_table, context_lens, out, stream
         )
@@ -515,11 +515,11 @@ def _dense_launch(
                 keep = keep & tri
             # A query that sees no key gets zeros (the contract); cuDNN gives NaN there.
             visible = keep.any(axis=-1)[..., None]
-            _execute(engine, built, pack, stream.ptr)
+            _execute(engine, built, pack, stream.cp.ptr)
             seen = cp.broadcast_to(visible, (b, h, sq, 1))
             cp.copyto(o, cp.where(seen, o.astype(cp.float32), cp.float32(0)).astype(o.dtype))
             return
-        _execute(engine, built, pack, stream.ptr)
+        _execute(engine, built, pack, stream.cp.ptr)
 
     return run
 
@@ -561,7 +561,7 @@ def _paged_launch(
             UID_TABLE_K: safe_table.data.ptr, UID_TABLE_V: safe_table.data.ptr,
             UID_SEQ_Q: ones.data.ptr, UID_SEQ_KV: safe_lens.data.ptr,
         }  # fmt: skip
-        _execute(engine, built, pack, stream.ptr)
+        _execute(engine, built, pack, stream.cp.ptr)
         # A sequence of length 0 gets zeros (the contract).
         live = safe_lens.reshape(b, 1, 1) > 0
         cp.copyto(o, cp.where(live, o.astype(cp.float32), cp.float32(0)).astype(o.dtype))
