@@ -6,6 +6,7 @@ Imported only when a user creates a ``cuda`` backend; CuPy is imported here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,6 +30,7 @@ from accelkit_cuda.submission import SubmissionThread
 
 if TYPE_CHECKING:
     from accelkit_cuda.executor import CUDAKernelExecutor
+    from accelkit_cuda.flash_attention import Flash2Attention
     from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
     from accelkit_cuda.memory import CUDAMemoryKernels
 
@@ -74,6 +76,8 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._fused: FusedProgram | None = None
         #: The fused kernels (TensorOps' attention launches their flash kernel).
         self._fused_kernels: CUDAFusedKernels | None = None
+        #: The tensor-core attention kernel and its on-device verdict (made at initialize).
+        self._flash2: Flash2Attention | None = None
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -113,6 +117,12 @@ class CUDABackend(QueuedBackend[CUDAStream]):
             raise NotInitializedError(f"backend {self.name!r} has no fused program yet")
         return fused
 
+    @property
+    def flash2(self) -> Flash2Attention | None:
+        """The tensor-core attention kernel (None before initialize); ``flash2.state`` says
+        whether it passed its on-device check and serves attention."""
+        return self._flash2
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> Opened[CUDAStream]:
         missing = cupy_status()
@@ -148,6 +158,10 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
         self._device_obj = device
+        from accelkit_cuda.flash_attention import Flash2Attention
+
+        flash2 = self._flash2 = Flash2Attention(self, props)
+        await flash2.load()  # compiled, checked on the device (a child process), loaded
         opened = self._build(device, props)
         await self.fused.load()
         await thread.call(_warm_up)
@@ -162,6 +176,9 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         from accelkit_cuda.tensor_kernels import CUDATensorKernels
 
         caps = capabilities(props)
+        if self._flash2 is not None:
+            extra = {**caps.extra, "flash2_attention": self._flash2.describe()}
+            caps = caps.model_copy(update={"extra": extra})
         default = CUDAStream(device, f"{device}/default", self.thread, self._failed)
         default.check_usable = self._check_usable
         memory = self._memory = CUDAMemoryKernels(
@@ -180,6 +197,18 @@ class CUDABackend(QueuedBackend[CUDAStream]):
             dtypes=caps.dtypes,
             capabilities=caps,
         )
+
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
+        """The one-time device work is done at initialize (the fused program's compile, the
+        on-device check of the tensor-core attention kernel); returns None when attention runs
+        the tensor-core kernel, else a note saying why the older kernel serves it."""
+        self.check_ready()
+        flash2 = self._flash2
+        if progress is not None and flash2 is not None:
+            progress(f"tensor-core attention kernel: {flash2.describe()}")
+        if flash2 is None or flash2.verified:
+            return None
+        return f"attention: the warp-per-row kernel serves f16/bf16 ({flash2.describe()})"
 
     def _release_blocks(self) -> None:
         """Queue the frees of the blocks tensors still hold (stale now: the pool was released);

@@ -19,6 +19,7 @@ import numpy as np
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.quant import QuantFormat
+from accelkit.routes import Route
 from accelkit.sdk import (
     GUMBEL_UNIFORM_MAX,
     FusedKernels,
@@ -34,6 +35,7 @@ from accelkit_cuda.cuda_fused import (
     flash_shared_bytes,
     kernel_names,
 )
+from accelkit_cuda.flash_attention import geometry, launch_args
 from accelkit_cuda.submit import CUDAComponent, storage
 
 if TYPE_CHECKING:
@@ -194,6 +196,15 @@ class CUDAPositionKernels(_Fused):
 
 
 class CUDAAttentionKernels(_Fused):
+    #: The most recent attention call's kernel: ``flash2`` (tensor cores) or ``warp`` (one warp
+    #: per query row), with the reason (None before the first call).
+    last_attention_route: Route | None = None
+
+    def __init__(self, backend: CUDABackend) -> None:
+        super().__init__(backend)
+        #: Calls per attention kernel: ``{"flash2": 3, "warp": 1}``.
+        self.attention_routes: dict[str, int] = {}
+
     def can_flash(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         if q.dtype not in _SUFFIX or v.shape[3] > MAX_DV or q.size == 0 or k.shape[2] == 0:
             return False
@@ -215,6 +226,15 @@ class CUDAAttentionKernels(_Fused):
             )
         b, h, sq, d = q.shape
         hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+        flash2 = self.backend.flash2
+        why = "no tensor-core kernel" if flash2 is None else flash2.refusal(q, k, v)
+        if flash2 is not None and why is None:
+            grid2, block2, smem2 = geometry(b, h, sq, d)
+            args2 = launch_args(q, k, v, out, h, hk, sq, sk, scale, causal)
+            fn2 = flash2.function(q.dtype, d)
+            self._run(fn2, grid2, block2[0], args2, (q, k, v), (out,), smem2)
+            self._attention_route("flash2", "the tensor-core FA2 kernel (verified here)")
+            return
         item = 8 if q.dtype is DType.F64 else 4
         fn = self._fn("flash_attention", q.dtype)
         args = (
@@ -224,6 +244,15 @@ class CUDAAttentionKernels(_Fused):
         grid = ((sq + FLASH_ROWS - 1) // FLASH_ROWS, b * h)
         self._run(
             fn, grid, 32 * FLASH_ROWS, args, (q, k, v), (out,), flash_shared_bytes(d, dv, item)
+        )
+        self._attention_route("warp", f"the warp-per-row kernel: {why}")
+
+    def _attention_route(self, kernel: str, reason: str) -> None:
+        """Record which attention kernel ran (KernelOps records the op's route as ``fused``;
+        this says which fused kernel): ``attention_routes`` counts, ``last_attention_route``."""
+        self.attention_routes[kernel] = self.attention_routes.get(kernel, 0) + 1
+        self.last_attention_route = Route(
+            op="attention", backend="cuda", route="fused", reason=f"{kernel}: {reason}"
         )
 
     def paged_attention(
