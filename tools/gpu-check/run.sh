@@ -4,7 +4,7 @@
 # all, in the order below), each capped, the whole run stopped at BUDGET seconds. Writes
 # $OUT/summary.txt and $OUT/all.tgz (every step's full log). Run from the project's root.
 # In order of what a short budget should keep: correctness first, then timing.
-ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor bench webgpu_bench webgpu_conformance"
+ALL_STEPS="env devices dead_block cuda_tests flash_bench conformance sanitizer service demo doctor bench webgpu_bench webgpu_conformance"
 STEPS=${STEPS:-$ALL_STEPS}
 export PYTHONUNBUFFERED=1
 DEADLINE=$(( $(date +%s) + ${BUDGET:-500} ))
@@ -41,6 +41,8 @@ TAILN=12 step env 30 bash -c env_info
 step devices 30 $PY -m accelkit devices
 step dead_block 60 $PY .gpu/dead_block.py
 TAILN=20 step cuda_tests 150 $PY -m pytest plugins/accelkit-cuda/tests -v -p no:cacheprovider -rfE --timeout 60
+# the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
+TAILN=8 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py
 cd /tmp
 TAILN=20 step conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend cuda -v -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"
 # the fuzz properties run under one event loop each (one_loop): every property, once

@@ -422,3 +422,20 @@ async def test_flash2_matches_numpy_on_the_gpu(
     assert float(err.max()) <= bound, (float(err.max()), bound)
     assert ak.DType.F16 in backend.capabilities.dtypes
     assert backend.capabilities.extra["flash2_attention"] == "verified"
+
+
+@pytest.mark.anyio
+async def test_prepare_says_which_kernel_serves_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelkit_cuda.backend import CUDABackend
+
+    b = CUDABackend()
+    monkeypatch.setattr(b, "check_ready", lambda: None)  # prepare's own logic, no device
+    lines: list[str] = []
+    b._flash2 = _gate("failed")
+    note = await b.prepare(lines.append)
+    assert note is not None
+    assert "warp-per-row" in note
+    assert "failed: a reason" in note
+    assert lines == ["tensor-core attention kernel: failed: a reason"]
+    b._flash2 = _gate("verified")
+    assert await b.prepare() is None

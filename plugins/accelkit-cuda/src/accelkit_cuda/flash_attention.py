@@ -199,6 +199,9 @@ class Flash2Attention:
         #: Why the kernel is not used (empty when verified).
         self.reason = "not loaded yet"
         self._functions: dict[str, Any] = {}
+        #: False routes every call to the older kernel (a verified kernel stays loaded): for
+        #: comparisons such as ``benchmarks/bench_cuda_flash.py``.
+        self.enabled = True
 
     @property
     def verified(self) -> bool:
@@ -257,6 +260,8 @@ class Flash2Attention:
         """None when the kernel takes ``attention(q, k, v)`` without a mask, else why not."""
         if self.state != "verified":
             return f"the tensor-core kernel is {self.describe()}"
+        if not self.enabled:
+            return "the tensor-core kernel is switched off for this backend (enabled = False)"
         dt = q.dtype
         if dt not in _SUFFIX:
             return f"the tensor-core kernel takes f16/bf16, not {dt.value}"
