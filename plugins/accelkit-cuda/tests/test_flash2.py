@@ -18,13 +18,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import test_offloop
 from accelkit_cuda import flash_attention as fa
 from accelkit_cuda.driver import Attr, DeviceProps
 
-import accelkit as ak
 from accelkit.dtype import DType
 
 F16_EPS, BF16_EPS, F32_EPS = 2.0**-10, 2.0**-7, 2.0**-23
+
+#: The plugin imported over the stand-in for CuPy (test_offloop's fixture).
+plugin = test_offloop.plugin
 
 
 def _props(name: str = "Stand-in GPU", cc: tuple[int, int] = (9, 0), optin: int = 227 << 10) -> Any:
@@ -204,8 +207,9 @@ async def test_load_leaves_the_old_kernel_where_the_device_cannot_run_it(
 
 
 def test_the_verdict_is_checked_once_per_binary_and_device(
-    monkeypatch: pytest.MonkeyPatch, cuda_cache: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path / "verdicts"))
     runs: list[int] = []
     answers = iter([None, "fa2_f16_d64 on ...: max error 1 > 0.002"])
 
@@ -225,7 +229,8 @@ def test_the_verdict_is_checked_once_per_binary_and_device(
     assert again is not None
     assert "stored verdict" in again
     assert len(runs) == 2
-    assert len(list(cuda_cache.glob("flash2-*.verdict"))) == 2
+    assert len(list((tmp_path / "verdicts").glob("flash2-*.verdict"))) == 2
+    assert fa.verdict_folder() == tmp_path / "verdicts"
 
 
 def test_a_child_that_fails_to_run_is_a_failed_check() -> None:
@@ -383,45 +388,46 @@ def _bf16() -> Any:
     return pytest.importorskip("ml_dtypes").bfloat16
 
 
+#: (heads, kv_heads, seq_q, seq_k, causal): odd lengths (no multiple of a 64-row tile), grouped
+#: KV heads, several tiles, queries longer than the keys under the causal mask.
+GPU_CASES = [
+    (4, 4, 77, 77, True), (8, 2, 130, 197, False), (8, 2, 130, 197, True), (2, 1, 99, 40, True),
+]  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.anyio
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize(
-    ("h", "hk", "sq", "sk", "causal"),
-    [(4, 4, 77, 77, True), (8, 2, 130, 197, False), (8, 2, 130, 197, True), (2, 1, 99, 40, True)],
-)
-async def test_flash2_matches_numpy_on_the_gpu(
-    backend: Any, dtype: str, d: int, h: int, hk: int, sq: int, sk: int, causal: bool
-) -> None:
+async def test_flash2_matches_numpy_on_the_gpu(backend: Any, dtype: str) -> None:
     flash2 = backend.flash2
     if flash2 is None or flash2.state == "unavailable":
         pytest.skip(f"the tensor-core kernel cannot run here: {flash2 and flash2.reason}")
     assert flash2.verified, flash2.describe()  # a device that can run it must pass its check
-    np_dtype = np.float16 if dtype == "f16" else _bf16()
+    assert backend.capabilities.extra["flash2_attention"] == "verified"
     if dtype == "bf16" and DType.BF16 not in backend.capabilities.dtypes:
         pytest.skip("no bf16 tensors with this CuPy")
-    rng = np.random.default_rng(d + sq)
-    b = 2
-    q = rng.standard_normal((b, h, sq, d)).astype(np_dtype)
-    k = rng.standard_normal((b, hk, sk, d)).astype(np_dtype)
-    v = rng.standard_normal((b, hk, sk, d)).astype(np_dtype)
-    f = backend.tensor_factory
-    got = await backend.kernel_ops.attention(
-        f.from_host(q), f.from_host(k), f.from_host(v), causal=causal
-    ).to_host()
-    route = backend._fused_kernels.last_attention_route
-    assert route is not None
-    assert route.reason.startswith("flash2"), route
-    ref = fa.reference(q, k, v, 1 / math.sqrt(d), causal)
+    np_dtype = np.float16 if dtype == "f16" else _bf16()
     eps = F16_EPS if dtype == "f16" else BF16_EPS
-    # P rounded once to the dtype (<= eps/2 of max|v|), the output rounded once (<= eps/2),
-    # f32 sums over sk keys and d dims; twice that.
-    bound = 2 * (eps + (sk + d) * F32_EPS) * float(np.max(np.abs(v.astype(np.float64))))
-    err = np.abs(got.astype(np.float64) - ref)
-    assert float(err.max()) <= bound, (float(err.max()), bound)
-    assert ak.DType.F16 in backend.capabilities.dtypes
-    assert backend.capabilities.extra["flash2_attention"] == "verified"
+    f, b = backend.tensor_factory, 2
+    for d in (64, 128):
+        for h, hk, sq, sk, causal in GPU_CASES:
+            rng = np.random.default_rng(d + sq)
+            q = rng.standard_normal((b, h, sq, d)).astype(np_dtype)
+            k = rng.standard_normal((b, hk, sk, d)).astype(np_dtype)
+            v = rng.standard_normal((b, hk, sk, d)).astype(np_dtype)
+            got = await backend.kernel_ops.attention(
+                f.from_host(q), f.from_host(k), f.from_host(v), causal=causal
+            ).to_host()
+            route = backend._fused_kernels.last_attention_route
+            assert route is not None
+            assert route.reason.startswith("flash2"), route
+            ref = fa.reference(q, k, v, 1 / math.sqrt(d), causal)
+            # P rounded once to the dtype (<= eps/2 of max|v|), the output rounded once
+            # (<= eps/2), f32 sums over sk keys and d dims; twice that.
+            bound = 2 * (eps + (sk + d) * F32_EPS) * float(np.max(np.abs(v.astype(np.float64))))
+            err = np.abs(got.astype(np.float64) - ref)
+            case = f"d={d} h={h}/{hk} sq={sq} sk={sk} causal={causal}"
+            assert float(err.max()) <= bound, (case, float(err.max()), bound)
 
 
 @pytest.mark.anyio
@@ -439,3 +445,59 @@ async def test_prepare_says_which_kernel_serves_attention(monkeypatch: pytest.Mo
     assert lines == ["tensor-core attention kernel: failed: a reason"]
     b._flash2 = _gate("verified")
     assert await b.prepare() is None
+
+
+# -- the backend over the stand-in for CuPy (no GPU): the gate's outcome decides the route -------
+@pytest.fixture
+def stand_in(plugin: Any) -> Any:
+    return plugin
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("passed", [True, False])
+async def test_the_verdict_decides_the_attention_route(
+    stand_in: Any, passed: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib
+
+    import fake_cupy
+
+    monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path))
+    module = importlib.import_module("accelkit_cuda.flash_attention")  # over the stand-in
+    answer = None if passed else "fa2_f16_d64 on B1 H4/2 Sq70 Sk133 causal=False: max error 3"
+    monkeypatch.setattr(module, "_run_child", lambda *a: answer)
+    launches: list[tuple[str, Any, Any, int]] = []
+
+    def call(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        launches.append((self.name, grid, block, kwargs.get("shared_mem", 0)))
+
+    monkeypatch.setattr(fake_cupy.Function, "__call__", call)
+    backend = stand_in.backend.CUDABackend()
+    await backend.initialize("cuda:0")
+    try:
+        flash2, kernels = backend.flash2, backend._fused_kernels
+        assert flash2.state == ("verified" if passed else "failed")
+        assert backend.capabilities.extra["flash2_attention"] == flash2.describe()
+        f = backend.tensor_factory
+        q = f.from_host(np.zeros((2, 8, 70, 128), np.float16))
+        kv = f.from_host(np.zeros((2, 2, 33, 128), np.float16))
+        await backend.kernel_ops.attention(q, kv, kv, causal=True).to_host()
+        route = kernels.last_attention_route
+        assert route is not None
+        if passed:
+            assert launches[-1] == ("fa2_f16_d128", (2, 16), (128,), fa.shared_bytes(128))
+            assert route.reason.startswith("flash2: ")
+            assert await backend.prepare() is None
+        else:
+            assert launches[-1][0] == "flash_attention_f16"
+            assert route.reason.startswith("warp: the warp-per-row kernel: ")
+            assert "max error 3" in route.reason
+            note = await backend.prepare()
+            assert note is not None
+            assert "max error 3" in note
+        q32 = f.from_host(np.zeros((1, 2, 5, 64), np.float32))
+        await backend.kernel_ops.attention(q32, q32, q32).to_host()  # f32: the old kernel
+        assert launches[-1][0] == "flash_attention_f32"
+        assert kernels.attention_routes == {"flash2": 1, "warp": 1} if passed else {"warp": 2}
+    finally:
+        await backend.shutdown()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -158,12 +159,17 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
         self._device_obj = device
+        opened = self._build(device, props)
         from accelkit_cuda.flash_attention import Flash2Attention
 
         flash2 = self._flash2 = Flash2Attention(self, props)
-        await flash2.load()  # compiled, checked on the device (a child process), loaded
-        opened = self._build(device, props)
-        await self.fused.load()
+        async with anyio.create_task_group() as tg:  # the two NVRTC compiles side by side
+            tg.start_soon(self.fused.load)
+            tg.start_soon(flash2.load)  # compiled, checked on the device (a child), loaded
+        if opened.capabilities is not None:  # which kernel serves f16/bf16 attention, and why
+            caps = opened.capabilities
+            extra = {**caps.extra, "flash2_attention": flash2.describe()}
+            opened = replace(opened, capabilities=caps.model_copy(update={"extra": extra}))
         await thread.call(_warm_up)
         return opened
 
@@ -176,9 +182,6 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         from accelkit_cuda.tensor_kernels import CUDATensorKernels
 
         caps = capabilities(props)
-        if self._flash2 is not None:
-            extra = {**caps.extra, "flash2_attention": self._flash2.describe()}
-            caps = caps.model_copy(update={"extra": extra})
         default = CUDAStream(device, f"{device}/default", self.thread, self._failed)
         default.check_usable = self._check_usable
         memory = self._memory = CUDAMemoryKernels(

@@ -29,7 +29,7 @@ The backend never trusts that the kernel is right on the device at hand: :meth:`
 load` (awaited at ``initialize``) compiles it, then runs every variant once on small random
 inputs (odd lengths, grouped heads, causal and not) against a NumPy float64 reference with the
 tolerance of :func:`tolerance`, in a child process (a kernel that faults there cannot poison the
-backend's CUDA context); the verdict is stored beside the compiled kernel, keyed by the binary,
+backend's CUDA context); the verdict is stored (:func:`verdict_folder`), keyed by the binary,
 the device's name, compute capability and driver. A variant that fails, or a device where the
 kernel cannot run, leaves the old kernel in place, and the backend's ``prepare()`` note and its
 capabilities (``extra["flash2_attention"]``) say why. ``ACCELKIT_CUDA_FLASH2=0`` switches it off.
@@ -74,6 +74,7 @@ __all__ = [
     "shared_bytes",
     "tolerance",
     "verdict",
+    "verdict_folder",
 ]
 
 BLOCK_M = 64  # query rows per block (16 per warp)
@@ -214,7 +215,7 @@ class Flash2Attention:
 
     async def load(self) -> None:
         """Compile (a worker thread; cached on disk), check on the device in a child process
-        (a worker thread waits for it; the verdict is stored beside the compiled kernel, so a
+        (a worker thread waits for it; the verdict is stored in :func:`verdict_folder`, so a
         later run on the same device and driver skips it), then load and set the shared-memory
         limit on the submission thread. Never raises: a failure leaves the old kernel in use
         and says why. The check runs in a child so that a kernel that faults on this device
@@ -285,13 +286,11 @@ def verdict(binary: bytes, props: DeviceProps, timeout: float = 180.0) -> str | 
     """The on-device check of ``binary`` on ``props``'s device: None when it passed, else why
     not. A stored verdict for the same binary, device name, compute capability and driver is
     reused; otherwise a child process runs :func:`_check` (blocking: call it off the loop)."""
-    from accelkit_cuda.nvrtc import cache_folder
-
     ident = "\0".join(
         (props.name, "{}.{}".format(*props.compute_capability), str(props.driver_version))
     )
     key = hashlib.sha256(binary + b"\0" + ident.encode()).hexdigest()
-    path = cache_folder() / f"flash2-{key}.verdict"
+    path = verdict_folder() / f"flash2-{key}.verdict"
     with contextlib.suppress(OSError, ValueError):
         stored = json.loads(path.read_text())
         return None if stored["ok"] else f"{stored['reason']} (a stored verdict: {path.name})"
@@ -302,6 +301,17 @@ def verdict(binary: bytes, props: DeviceProps, timeout: float = 180.0) -> str | 
         tmp.write_text(json.dumps({"ok": failure is None, "reason": failure or ""}))
         os.replace(tmp, path)
     return failure
+
+
+def verdict_folder() -> Path:
+    """Where verdicts are stored: ``$ACCELKIT_CUDA_VERDICTS``, or ``cuda-verdicts/`` under
+    :func:`accelkit.calibration.cache_dir` (one file per verdict, written atomically)."""
+    override = env_str("ACCELKIT_CUDA_VERDICTS")
+    if override:
+        return Path(override)
+    from accelkit.calibration import cache_dir
+
+    return cache_dir() / "cuda-verdicts"
 
 
 def _run_child(binary: bytes, device: int, timeout: float) -> str | None:
