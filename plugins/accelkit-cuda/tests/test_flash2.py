@@ -211,9 +211,9 @@ def test_the_verdict_is_checked_once_per_binary_and_device(
 ) -> None:
     monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path / "verdicts"))
     runs: list[int] = []
-    answers = iter([None, "fa2_f16_d64 on ...: max error 1 > 0.002"])
+    answers = iter([(None, True), ("fa2_f16_d64 on ...: max error 1 > 0.002", True)])
 
-    def child(binary: bytes, device: int, timeout: float) -> str | None:
+    def child(binary: bytes, device: int, timeout: float) -> tuple[str | None, bool]:
         runs.append(device)
         return next(answers)
 
@@ -231,13 +231,34 @@ def test_the_verdict_is_checked_once_per_binary_and_device(
     assert len(runs) == 2
     assert len(list((tmp_path / "verdicts").glob("flash2-*.verdict"))) == 2
     assert fa.verdict_folder() == tmp_path / "verdicts"
+    monkeypatch.setenv("ACCELKIT_CUDA_FLASH2", "recheck")  # the stored verdict is ignored
+    monkeypatch.setattr(fa, "_run_child", lambda *a: (None, True))
+    assert fa.verdict(b"cubin", _props("Another GPU")) is None
+    monkeypatch.delenv("ACCELKIT_CUDA_FLASH2")
+    assert fa.verdict(b"cubin", _props("Another GPU")) is None  # and replaced
+
+
+def test_a_check_that_did_not_run_is_not_stored(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path))
+    answers = iter([("the check did not finish in 180 s", False), (None, True)])
+    monkeypatch.setattr(fa, "_run_child", lambda *a: next(answers))
+    assert fa.verdict(b"cubin", _props()) == "the check did not finish in 180 s"
+    assert not list(tmp_path.glob("*.verdict"))
+    assert fa.verdict(b"cubin", _props()) is None  # checked again
+    (path,) = tmp_path.glob("*.verdict")
+    path.write_text('{"unexpected": 1}')  # a damaged entry: checked again, not an error
+    monkeypatch.setattr(fa, "_run_child", lambda *a: ("a failure", True))
+    assert fa.verdict(b"cubin", _props()) == "a failure"
 
 
 def test_a_child_that_fails_to_run_is_a_failed_check() -> None:
     # Here no GPU (or no CuPy): the child exits with an error, which is the verdict's reason.
-    why = fa._run_child(b"not a cubin", 0, timeout=120)
+    why, ran = fa._run_child(b"not a cubin", 0, timeout=120)
     assert why is not None
     assert "exited with" in why
+    assert ran
 
 
 # -- a NumPy model of one block, with the kernel's fragment addressing ------------------------------
@@ -465,7 +486,7 @@ async def test_the_verdict_decides_the_attention_route(
     monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path))
     module = importlib.import_module("accelkit_cuda.flash_attention")  # over the stand-in
     answer = None if passed else "fa2_f16_d64 on B1 H4/2 Sq70 Sk133 causal=False: max error 3"
-    monkeypatch.setattr(module, "_run_child", lambda *a: answer)
+    monkeypatch.setattr(module, "_run_child", lambda *a: (answer, True))
     launches: list[tuple[str, Any, Any, int]] = []
 
     def call(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:

@@ -285,21 +285,27 @@ class Flash2Attention:
 def verdict(binary: bytes, props: DeviceProps, timeout: float = 180.0) -> str | None:
     """The on-device check of ``binary`` on ``props``'s device: None when it passed, else why
     not. A stored verdict for the same binary, device name, compute capability and driver is
-    reused; otherwise a child process runs :func:`_check` (blocking: call it off the loop)."""
+    reused (``ACCELKIT_CUDA_FLASH2=recheck`` ignores it); otherwise a child process runs
+    :func:`_check` (blocking: call it off the loop). A check that ran to its end (passed,
+    failed, or crashed: a kernel fault) is stored; one that timed out or could not start is
+    not, and runs again next time."""
     ident = "\0".join(
         (props.name, "{}.{}".format(*props.compute_capability), str(props.driver_version))
     )
     key = hashlib.sha256(binary + b"\0" + ident.encode()).hexdigest()
     path = verdict_folder() / f"flash2-{key}.verdict"
-    with contextlib.suppress(OSError, ValueError):
-        stored = json.loads(path.read_text())
-        return None if stored["ok"] else f"{stored['reason']} (a stored verdict: {path.name})"
-    failure = _run_child(binary, props.index, timeout)
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"ok": failure is None, "reason": failure or ""}))
-        os.replace(tmp, path)
+    if env_str("ACCELKIT_CUDA_FLASH2") != "recheck":
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            stored = json.loads(path.read_text())
+            ok, reason = bool(stored["ok"]), str(stored["reason"])
+            return None if ok else f"{reason} (a stored verdict: {path.name})"
+    failure, ran = _run_child(binary, props.index, timeout)
+    if ran:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"ok": failure is None, "reason": failure or ""}))
+            os.replace(tmp, path)
     return failure
 
 
@@ -314,7 +320,8 @@ def verdict_folder() -> Path:
     return cache_dir() / "cuda-verdicts"
 
 
-def _run_child(binary: bytes, device: int, timeout: float) -> str | None:
+def _run_child(binary: bytes, device: int, timeout: float) -> tuple[str | None, bool]:
+    """Run :func:`main` in a child: (None or why it failed, whether the check ran to its end)."""
     with tempfile.TemporaryDirectory(prefix="accelkit-flash2-") as folder:
         cubin = Path(folder) / "flash2.cubin"
         cubin.write_bytes(binary)
@@ -322,16 +329,16 @@ def _run_child(binary: bytes, device: int, timeout: float) -> str | None:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return f"the check did not finish in {timeout:.0f} s"
+            return f"the check did not finish in {timeout:.0f} s", False
         except OSError as exc:
-            return f"the check could not start: {exc}"
+            return f"the check could not start: {exc}", False
     lines = done.stdout.strip().splitlines()
     if done.returncode == 0 and lines:
         with contextlib.suppress(ValueError, KeyError, TypeError):
             failure = json.loads(lines[-1])["failure"]
-            return None if failure is None else str(failure)
+            return (None if failure is None else str(failure)), True
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    return f"the check exited with {done.returncode}: {tail}"
+    return f"the check exited with {done.returncode}: {tail}", True
 
 
 def main(argv: list[str]) -> int:
