@@ -4,7 +4,7 @@
 # all, in the order below), each capped, the whole run stopped at BUDGET seconds. Writes
 # $OUT/summary.txt and $OUT/all.tgz (every step's full log). Run from the project's root.
 # In order of what a short budget should keep: correctness first, then timing.
-ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor bench attention_bench webgpu_bench webgpu_conformance"
+ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor bench attention_bench flash_bench webgpu_bench webgpu_conformance"
 STEPS=${STEPS:-$ALL_STEPS}
 export PYTHONUNBUFFERED=1
 DEADLINE=$(( $(date +%s) + ${BUDGET:-500} ))
@@ -52,6 +52,8 @@ TAILN=12 step demo 120 $PY -m accelkit demo
 step doctor 90 $PY -m accelkit doctor
 TAILN=16 step bench 120 $PY benchmarks/bench_cuda.py
 TAILN=14 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
+# the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
+TAILN=8 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py
 TAILN=16 step webgpu_bench 90 $PY benchmarks/bench_webgpu.py
 cd /tmp
 TAILN=8 step webgpu_conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend webgpu -q -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"

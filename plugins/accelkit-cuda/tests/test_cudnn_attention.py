@@ -138,9 +138,9 @@ def test_no_frontend_or_an_old_device_means_nvrtc() -> None:
     old, _, _ = _engine((7, 5))
     assert old.engine == "nvrtc"
     assert "8.0" in (old.unavailable or "")
-    old.record("attention", "nvrtc", "because")
-    assert old.last_route == ca.EngineRoute(op="attention", engine="nvrtc", reason="because")
-    assert old.routes == {"attention": {"cudnn": 0, "nvrtc": 1}}
+    old.record("attention", "warp", "because")
+    assert old.last_route == ca.EngineRoute(op="attention", engine="warp", reason="because")
+    assert old.routes == {"attention": {"warp": 1}}
 
 
 def test_the_frontend_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,7 +255,7 @@ async def test_attention_runs_on_cudnn_once_its_graph_is_built(
 
         kops.attention(q, k, v, causal=True)  # its graph is queued: the NVRTC kernel runs
         assert engines.last_route is not None
-        assert engines.last_route.engine == "nvrtc"
+        assert engines.last_route.engine == "warp"
         assert "being built" in engines.last_route.reason
         await backend.synchronize()  # the build ran on the submission thread
         out = kops.attention(q, k, v, causal=True)
@@ -298,7 +298,7 @@ async def test_attention_runs_on_cudnn_once_its_graph_is_built(
 
         q32, k32, v32 = (f.from_host(x.astype(np.float32)) for x in (qh, kh, vh))
         kops.attention(q32, k32, v32, causal=True)
-        assert engines.last_route.engine == "nvrtc"
+        assert engines.last_route.engine == "warp"
         assert "f16 and bf16" in engines.last_route.reason
         builds = engines.builds
         for _ in range(3):

@@ -98,8 +98,8 @@ CACHES_ENV = "ACCELKIT_TEST_CACHES"
 
 
 def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
-    """Point the compiler caches of device backends (PyOpenCL, PoCL, accelkit's program caches
-    and OpenCL variant verdicts, Numba's for the CPU backend's JIT kernels, and their verdicts)
+    """Point the compiler caches of device backends (PyOpenCL, PoCL, accelkit's program caches,
+    OpenCL variant verdicts and CUDA kernel verdicts, Numba's for the CPU backend's JIT kernels, and their verdicts)
     at a new temporary folder, unless already set; call it before any plugin's probe imports its
     driver. Returns the folder.
 
@@ -121,6 +121,7 @@ def isolate_compiler_caches(prefix: str = "accelkit-test-caches-") -> str:
         ("ACCELKIT_OPENCL_CACHE", "accelkit-opencl"),
         ("ACCELKIT_CUDA_CACHE", "accelkit-cuda"),
         ("ACCELKIT_WEBGPU_CACHE", "accelkit-webgpu"),
+        ("ACCELKIT_CUDA_VERDICTS", "accelkit-cuda-verdicts"),
     ):
         os.environ.setdefault(var, os.path.join(caches, sub))
     # One file for many entries, read, changed and replaced: processes writing it at once would

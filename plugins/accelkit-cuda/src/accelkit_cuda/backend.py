@@ -6,6 +6,8 @@ Imported only when a user creates a ``cuda`` backend; CuPy is imported here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,6 +32,7 @@ from accelkit_cuda.submission import SubmissionThread
 if TYPE_CHECKING:
     from accelkit_cuda.cudnn_attention import CudnnAttention
     from accelkit_cuda.executor import CUDAKernelExecutor
+    from accelkit_cuda.flash_attention import Flash2Attention
     from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
     from accelkit_cuda.memory import CUDAMemoryKernels
 
@@ -83,6 +86,8 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         #: ``torch.backends.cuda.matmul.allow_tf32``: off unless ``ACCELKIT_CUDA_ALLOW_TF32=1``
         #: or set here (it applies to GEMMs submitted after the change).
         self.allow_tf32: bool = _tf32_default()
+        #: The tensor-core attention kernel and its on-device verdict (made at initialize).
+        self._flash2: Flash2Attention | None = None
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -130,6 +135,12 @@ class CUDABackend(QueuedBackend[CUDAStream]):
             raise NotInitializedError(f"backend {self.name!r} has no fused program yet")
         return fused
 
+    @property
+    def flash2(self) -> Flash2Attention | None:
+        """The tensor-core attention kernel (None before initialize); ``flash2.state`` says
+        whether it passed its on-device check and serves attention."""
+        return self._flash2
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> Opened[CUDAStream]:
         missing = cupy_status()
@@ -169,7 +180,16 @@ class CUDABackend(QueuedBackend[CUDAStream]):
 
         self._cudnn = await anyio.to_thread.run_sync(load_frontend)  # loads a library
         opened = self._build(device, props)
-        await self.fused.load()
+        from accelkit_cuda.flash_attention import Flash2Attention
+
+        flash2 = self._flash2 = Flash2Attention(self, props)
+        async with anyio.create_task_group() as tg:  # the two NVRTC compiles side by side
+            tg.start_soon(self.fused.load)
+            tg.start_soon(flash2.load)  # compiled, checked on the device (a child), loaded
+        if opened.capabilities is not None:  # which kernel serves f16/bf16 attention, and why
+            caps = opened.capabilities
+            extra = {**caps.extra, "flash2_attention": flash2.describe()}
+            opened = replace(opened, capabilities=caps.model_copy(update={"extra": extra}))
         await thread.call(_warm_up)
         return opened
 
@@ -204,6 +224,18 @@ class CUDABackend(QueuedBackend[CUDAStream]):
             dtypes=caps.dtypes,
             capabilities=caps,
         )
+
+    async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
+        """The one-time device work is done at initialize (the fused program's compile, the
+        on-device check of the tensor-core attention kernel); returns None when attention runs
+        the tensor-core kernel, else a note saying why the older kernel serves it."""
+        self.check_ready()
+        flash2 = self._flash2
+        if progress is not None and flash2 is not None:
+            progress(f"tensor-core attention kernel: {flash2.describe()}")
+        if flash2 is None or flash2.verified:
+            return None
+        return f"attention: the warp-per-row kernel serves f16/bf16 ({flash2.describe()})"
 
     def _release_blocks(self) -> None:
         """Queue the frees of the blocks tensors still hold (stale now: the pool was released);

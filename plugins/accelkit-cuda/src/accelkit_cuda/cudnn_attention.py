@@ -97,8 +97,9 @@ _MASKED = {DType.F16: -65504.0, DType.BF16: -3.3895313892515355e38}
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineRoute:
     """Which engine served one fused attention call, and why: ``engine`` is ``"cudnn"`` (cuDNN's
-    SDPA graph) or ``"nvrtc"`` (the backend's own NVRTC kernel); ``reason`` says why cuDNN did
-    not serve it where it did not."""
+    SDPA graph), ``"flash2"`` (the backend's tensor-core NVRTC kernel,
+    :mod:`accelkit_cuda.flash_attention`) or ``"warp"`` (its warp-per-row NVRTC kernel);
+    ``reason`` says why cuDNN (and the tensor-core kernel) did not serve it where they did not."""
 
     op: str
     engine: str
@@ -331,7 +332,7 @@ class CudnnAttention:
         self._pending: set[GraphKey] = set()
         #: The engine of the most recent fused attention call (None before the first).
         self.last_route: EngineRoute | None = None
-        #: Calls per op and engine: ``{"attention": {"cudnn": 3, "nvrtc": 1}}``.
+        #: Calls per op and engine: ``{"attention": {"cudnn": 3, "flash2": 1}}``.
         self.routes: dict[str, dict[str, int]] = {}
         #: Graphs built (the cache's size; each key is built once at most).
         self.builds = 0
@@ -344,7 +345,7 @@ class CudnnAttention:
     def record(self, op: str, engine: str, reason: str) -> None:
         """Note the engine of one call (see the module docstring)."""
         self.last_route = EngineRoute(op=op, engine=engine, reason=reason)
-        counts = self.routes.setdefault(op, {"cudnn": 0, "nvrtc": 0})
+        counts = self.routes.setdefault(op, {})
         counts[engine] = counts.get(engine, 0) + 1
         log.debug("%s: %s (%s)", op, engine, reason)
 

@@ -34,6 +34,7 @@ from accelkit_cuda.cuda_fused import (
     flash_shared_bytes,
     kernel_names,
 )
+from accelkit_cuda.flash_attention import geometry, launch_args
 from accelkit_cuda.submit import CUDAComponent, storage
 
 if TYPE_CHECKING:
@@ -221,6 +222,17 @@ class CUDAAttentionKernels(_Fused):
             )
         b, h, sq, d = q.shape
         hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+        flash2 = self.backend.flash2
+        why = "no tensor-core kernel" if flash2 is None else flash2.refusal(q, k, v)
+        if flash2 is not None and why is None:
+            grid2, block2, smem2 = geometry(b, h, sq, d)
+            args2 = launch_args(q, k, v, out, h, hk, sq, sk, scale, causal)
+            fn2 = flash2.function(q.dtype, d)
+            self._run(fn2, grid2, block2[0], args2, (q, k, v), (out,), smem2)
+            engines.record(
+                "attention", "flash2", f"the tensor-core kernel (verified here); {declined}"
+            )
+            return
         item = 8 if q.dtype is DType.F64 else 4
         fn = self._fn("flash_attention", q.dtype)
         args = (
@@ -231,7 +243,7 @@ class CUDAAttentionKernels(_Fused):
         self._run(
             fn, grid, 32 * FLASH_ROWS, args, (q, k, v), (out,), flash_shared_bytes(d, dv, item)
         )
-        engines.record("attention", "nvrtc", declined)
+        engines.record("attention", "warp", f"{declined}; tensor-core kernel: {why}")
 
     def paged_attention(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
@@ -282,7 +294,7 @@ class CUDAAttentionKernels(_Fused):
             return err
 
         self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
-        engines.record("paged_attention", "nvrtc", declined)
+        engines.record("paged_attention", "warp", declined)
 
 
 class CUDAActivationKernels(_Fused):

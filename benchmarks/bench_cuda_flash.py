@@ -1,0 +1,77 @@
+"""The tensor-core attention kernel of the CUDA backend against the older kernel and PyTorch.
+
+Run with ``python benchmarks/bench_cuda_flash.py`` where accelkit-cuda, CuPy and PyTorch (CUDA)
+are installed. Causal attention, batch 8, 16 heads, seq 4096, head_dim 128, f16 and bf16:
+``kernel_ops.attention`` through the FlashAttention-2-style kernel (``flash2``), through the
+warp-per-row kernel (``flash2.enabled = False``), and ``torch.nn.functional.
+scaled_dot_product_attention``; ratios against SDPA (issue 29's target for the NVRTC fallback:
+>= 0.5x). Timings are medians of interleaved repeats, each ending in a device synchronization.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import numpy as np
+
+import accelkit as ak
+from accelkit.cli.bench import interleaved
+
+SHAPE = (8, 16, 4096, 128)
+
+
+async def bench(backend: Any, name: str, host: list[np.ndarray[Any, Any]]) -> None:
+    """One dtype: the tensor-core kernel and the older one, each interleaved with SDPA."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    f, kops, flash2 = backend.tensor_factory, backend.kernel_ops, backend.flash2
+    b, h, s, d = SHAPE
+    flops = 4 * b * h * s * s * d / 2  # two GEMMs, half the scores under the causal mask
+    tdt = torch.float16 if name == "f16" else torch.bfloat16
+    q, k, v = (f.from_host(x, dtype=name) for x in host)
+    tq, tk, tv = (torch.from_numpy(x).cuda().to(tdt) for x in host)
+
+    async def ak_attention() -> None:
+        kops.attention(q, k, v, causal=True)
+        await backend.synchronize()
+
+    def torch_sdpa() -> None:
+        F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+        torch.cuda.synchronize()
+
+    torch_sdpa()
+    try:
+        for label, enabled, rounds in (("flash2", True, 7), ("warp-per-row", False, 3)):
+            flash2.enabled = enabled
+            await ak_attention()
+            route = backend.attention_engines.last_route
+            t_ak, t_th = await interleaved(ak_attention, torch_sdpa, rounds)
+            print(
+                f"{name} causal {b}x{h}x{s}x{d}: {label:12s} {t_ak * 1e3:8.2f} ms"
+                f" ({flops / t_ak / 1e12:6.1f} TFLOP/s) vs SDPA {t_th * 1e3:.2f} ms"
+                f" ({flops / t_th / 1e12:.0f} TFLOP/s): {t_th / t_ak:.3f}x SDPA"
+                f" [{route.engine if route else '?'}]",
+                flush=True,
+            )
+    finally:
+        flash2.enabled = True
+
+
+async def main() -> None:
+    async with ak.open_backend("cuda") as backend:
+        flash2: Any = backend.flash2  # type: ignore[attr-defined]
+        print(f"device: {backend.device} ({backend.capabilities.extra['arch']})", flush=True)
+        print(f"tensor-core kernel: {flash2.describe()} (target >= 0.5x SDPA)", flush=True)
+        rng = np.random.default_rng(0)
+        host = [rng.standard_normal(SHAPE, np.float32) for _ in range(3)]
+        for name in ("f16", "bf16"):
+            if ak.DType(name) not in backend.capabilities.dtypes:
+                print(f"{name}: not held by this backend (CuPy < 14 or no ml_dtypes)")
+                continue
+            await bench(backend, name, host)
+
+
+if __name__ == "__main__":
+    anyio.run(main)
