@@ -69,9 +69,11 @@ _LAZY: dict[str, str] = {
     "PluginDescriptor": "accelkit.plugins",
     "PLUGIN_API_VERSION": "accelkit.plugins",
     "Route": "accelkit.routes",
+    "CapturedGraph": "accelkit.capture",
     # errors
     "AccelError": "accelkit.errors",
     "BackendNotFoundError": "accelkit.errors",
+    "CaptureError": "accelkit.errors",
     "ContextPoisonedError": "accelkit.errors",
     "DeviceError": "accelkit.errors",
     "IncompatiblePluginError": "accelkit.errors",
@@ -91,6 +93,8 @@ __all__ = [
     "BackendCapabilities",
     "BackendNotFoundError",
     "BackendStatus",
+    "CaptureError",
+    "CapturedGraph",
     "ComputeBackend",
     "ContextPoisonedError",
     "DType",
@@ -166,6 +170,7 @@ if TYPE_CHECKING:
         KernelExecutor,
         Stream,
     )
+    from accelkit.capture import CapturedGraph
     from accelkit.capabilities import (
         BackendCapabilities,
         BackendStatus,
@@ -180,6 +185,7 @@ if TYPE_CHECKING:
     from accelkit.errors import (
         AccelError,
         BackendNotFoundError,
+        CaptureError,
         ContextPoisonedError,
         DeviceError,
         IncompatiblePluginError,
