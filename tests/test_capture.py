@@ -6,7 +6,7 @@ nested capture, another stream; a capture cancelled mid-way leaves the backend u
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -26,6 +26,12 @@ pytest.importorskip("accelkit_example", reason="the example plugin is not instal
 backend = backend_fixture(params=["cpu", "example"])
 
 
+async def _capture(backend: ak.ComputeBackend, body: Callable[[], Awaitable[object]]) -> None:
+    """Run ``body`` inside a capture (one statement for ``pytest.raises``)."""
+    async with backend.capture():
+        await body()
+
+
 def _close(got: Any, want: Any) -> None:
     tol = tolerance()
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
@@ -35,7 +41,8 @@ async def test_replay_matches_eager_after_the_input_changes(backend: ak.ComputeB
     step = make_decode_step(backend)
     async with backend.capture() as graph:
         y = decode_step(backend, step)
-    assert graph.kind == "calls" and graph.num_calls >= 5
+    assert graph.kind == "calls"
+    assert graph.num_calls >= 5
     assert any(t is step.x for t in graph.inputs)
     assert any(t is y for t in graph.outputs)
     # The capture ran the step once, as eager code would have.
@@ -83,20 +90,20 @@ async def test_a_host_read_inside_a_capture_is_refused(backend: ak.ComputeBacken
     f, ops = backend.tensor_factory, backend.tensor_ops
     x = f.from_host(np.ones(4, np.float32))
     host = np.empty(4, np.float32)
+
+    async def numpy() -> object:
+        return ops.add(x, x).numpy()
+
     for read in (
-        lambda y: y.to_host(),
-        lambda y: backend.memory_manager.copy_dtoh(host, y),
-        lambda y: backend.synchronize(),
-        lambda y: backend.current_stream.synchronize(),
-        lambda y: backend.memory_manager.copy_htod(x, host),
+        lambda: ops.add(x, x).to_host(),
+        lambda: backend.memory_manager.copy_dtoh(host, ops.add(x, x)),
+        lambda: backend.synchronize(),
+        lambda: backend.current_stream.synchronize(),
+        lambda: backend.memory_manager.copy_htod(x, host),
+        numpy,
     ):
         with pytest.raises(CaptureError, match="inside a graph capture"):
-            async with backend.capture():
-                y = ops.add(x, x)
-                await read(y)
-    with pytest.raises(CaptureError, match="inside a graph capture"):
-        async with backend.capture():
-            ops.add(x, x).numpy()
+            await _capture(backend, read)
     # Refused captures left nothing behind: the backend submits and reads as usual.
     np.testing.assert_array_equal(await ops.add(x, x).to_host(), np.full(4, 2, np.float32))
 
@@ -136,10 +143,13 @@ async def test_nested_captures_and_replays_inside_a_capture_are_refused(
 async def test_another_stream_is_refused(backend: ak.ComputeBackend) -> None:
     s = backend.create_stream()
     x = backend.tensor_factory.ones((4,), ak.DType.F32)
+
+    async def elsewhere() -> None:
+        with backend.use_stream(s):
+            backend.tensor_ops.add(x, x)
+
     with pytest.raises(CaptureError, match="records one stream"):
-        async with backend.capture():
-            with backend.use_stream(s):
-                backend.tensor_ops.add(x, x)
+        await _capture(backend, elsewhere)
     async with backend.capture() as graph:
         y = backend.tensor_ops.add(x, x)
     with backend.use_stream(s), pytest.raises(CaptureError, match="replays there only"):

@@ -170,7 +170,6 @@ if TYPE_CHECKING:
         KernelExecutor,
         Stream,
     )
-    from accelkit.capture import CapturedGraph
     from accelkit.capabilities import (
         BackendCapabilities,
         BackendStatus,
@@ -180,6 +179,7 @@ if TYPE_CHECKING:
         PerformanceHints,
         Requirements,
     )
+    from accelkit.capture import CapturedGraph
     from accelkit.device import Device, DeviceInfo
     from accelkit.dtype import DType
     from accelkit.errors import (

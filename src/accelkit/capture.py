@@ -22,6 +22,7 @@ frees, another stream, a nested capture. Another task on another stream is not a
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +33,6 @@ import numpy as np
 from accelkit._core.op_names import KERNEL_OPS_IN_ORDER
 from accelkit.errors import (
     CaptureError,
-    InvalidArgumentError,
     StaleHandleError,
     UnsupportedOperationError,
 )
@@ -183,10 +183,8 @@ class _Recorder:
 
     def unshadow(self) -> None:
         for obj, name in reversed(self.shadowed):
-            try:
+            with contextlib.suppress(AttributeError):
                 delattr(obj, name)
-            except AttributeError:
-                pass
         self.shadowed = []
 
     def _wrapper(self, obj: Any, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -426,7 +424,8 @@ class GraphCapture:
         import anyio
 
         rec, graph, backend = self._recorder, self._graph, self.backend
-        assert rec is not None and graph is not None
+        assert rec is not None
+        assert graph is not None
         rec.open = False
         rec.unshadow()
         if backend._capture is rec:

@@ -11,11 +11,15 @@ import threading
 import fake_cupy
 import numpy as np
 import pytest
-from test_offloop import Plugin, _open, plugin  # noqa: F401 - the fixture, by name
+import test_offloop
+from test_offloop import Plugin, _open
 
 from accelkit.testing.graphs import decode_step, make_decode_step
 
 pytestmark = pytest.mark.anyio
+
+#: The plugin's modules over the stand-in (test_offloop's fixture, found here by its name).
+plugin = test_offloop.plugin
 
 
 def _calls(name: str) -> list[int]:

@@ -15,7 +15,9 @@ from .graphs import decode_reference, decode_step, make_decode_step, tolerance
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_captured_decode_step_replays_and_refuses_host_reads(backend: ComputeBackend) -> None:
+async def test_a_captured_decode_step_replays_and_refuses_host_reads(
+    backend: ComputeBackend,
+) -> None:
     step = make_decode_step(backend)
     async with backend.capture() as graph:
         y = decode_step(backend, step)
