@@ -265,3 +265,29 @@ async def test_capture_outside_initialize_is_refused() -> None:
     b = ak.create_backend("cpu")
     with pytest.raises(ak.NotInitializedError):
         b.capture()
+
+
+async def test_another_task_on_the_capture_stream_is_not_recorded(
+    backend: ak.ComputeBackend,
+) -> None:
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.from_host(np.arange(4, dtype=np.float32))
+    inside, done = anyio.Event(), anyio.Event()
+    seen: list[Any] = []
+
+    async def other() -> None:  # on the default stream too, started before the capture
+        await inside.wait()
+        seen.append(await ops.sub(x, 1.0).to_host())
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)
+        async with backend.capture() as graph:
+            y = ops.mul(x, 2.0)
+            inside.set()
+            await done.wait()
+    assert graph.num_calls == 1
+    np.testing.assert_array_equal(seen[0], np.arange(4) - 1.0)
+    await graph.write(x, np.full(4, 3, np.float32))
+    graph.replay()
+    np.testing.assert_array_equal(await y.to_host(), np.full(4, 6, np.float32))

@@ -17,7 +17,8 @@ makes it.
 
 What the capture refuses, in the capturing task: host reads and waits (``to_host``, ``numpy``,
 ``copy_dtoh``, ``copy_htod``, ``synchronize``, event and stream waits on the capture stream),
-frees, another stream, a nested capture. Another task on another stream is not affected.
+frees, another stream, a nested capture. Other tasks are not affected: their submissions, on
+any stream, run as usual and are not recorded.
 """
 
 from __future__ import annotations
@@ -149,9 +150,11 @@ class _Recorder:
 
     # -- recording ----------------------------------------------------------------------------------
     def shadow(self, obj: Any, names: tuple[str, ...]) -> None:
-        if obj is None or any(o is obj for o, _ in self.shadowed):
+        if obj is None:
             return
         for name in names:
+            if any(o is obj and n == name for o, n in self.shadowed):
+                continue  # one object serving two roles: wrapped once
             real = getattr(obj, name, None)
             if real is None or not callable(real):
                 continue
@@ -191,12 +194,7 @@ class _Recorder:
         def recorded(*args: Any, **kwargs: Any) -> Any:
             if self.depth or not self.open:
                 return real(*args, **kwargs)
-            if _CAPTURING.get() is not self:
-                if self.backend.current_stream is self.stream:
-                    raise CaptureError(
-                        f"{self.stream!r} is being captured by another task; submit to another"
-                        " stream meanwhile"
-                    )
+            if _CAPTURING.get() is not self:  # another task: runs, is not recorded
                 return real(*args, **kwargs)
             if self.backend.current_stream is not self.stream:
                 raise CaptureError(
