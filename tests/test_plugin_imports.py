@@ -109,7 +109,7 @@ SDK_CLASSES = (
 #: Hooks: underscore methods a plugin defines (overrides) and may call on ``super()``.
 HOOKS = {
     "_initialize", "_shutdown", "_synchronize", "_device_count", "_device_capabilities",
-    "_open_stream", "_event_done", "_default_device",
+    "_open_stream", "_event_done", "_default_device", "_capture_graph",
 }  # fmt: skip
 
 

@@ -69,9 +69,11 @@ _LAZY: dict[str, str] = {
     "PluginDescriptor": "accelkit.plugins",
     "PLUGIN_API_VERSION": "accelkit.plugins",
     "Route": "accelkit.routes",
+    "CapturedGraph": "accelkit.capture",
     # errors
     "AccelError": "accelkit.errors",
     "BackendNotFoundError": "accelkit.errors",
+    "CaptureError": "accelkit.errors",
     "ContextPoisonedError": "accelkit.errors",
     "DeviceError": "accelkit.errors",
     "IncompatiblePluginError": "accelkit.errors",
@@ -91,6 +93,8 @@ __all__ = [
     "BackendCapabilities",
     "BackendNotFoundError",
     "BackendStatus",
+    "CaptureError",
+    "CapturedGraph",
     "ComputeBackend",
     "ContextPoisonedError",
     "DType",
@@ -175,11 +179,13 @@ if TYPE_CHECKING:
         PerformanceHints,
         Requirements,
     )
+    from accelkit.capture import CapturedGraph
     from accelkit.device import Device, DeviceInfo
     from accelkit.dtype import DType
     from accelkit.errors import (
         AccelError,
         BackendNotFoundError,
+        CaptureError,
         ContextPoisonedError,
         DeviceError,
         IncompatiblePluginError,

@@ -14,6 +14,7 @@ __all__ = [
     "NotInitializedError",
     "UnsupportedOperationError",
     "InvalidArgumentError",
+    "CaptureError",
     "OutOfMemoryError",
     "DeviceError",
     "ContextPoisonedError",
@@ -43,6 +44,12 @@ class InvalidArgumentError(AccelError, ValueError):
 
     Also a :class:`ValueError`, so code written against NumPy conventions still catches it.
     """
+
+
+class CaptureError(InvalidArgumentError):
+    """What a graph capture refuses (``backend.capture()``): a host read or wait inside it,
+    another stream, a nested capture, the replay of a capture that did not complete or on
+    another stream. Also an :class:`InvalidArgumentError`."""
 
 
 class OutOfMemoryError(AccelError, MemoryError):

@@ -11,12 +11,13 @@ array over memory it is given does not; a ufunc, a copy, ``astype`` or a new arr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.machinery
 import math
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -192,6 +193,35 @@ class Stream:
         record("Stream.done")
         return True
 
+    def begin_capture(self, mode: Any = None) -> None:
+        record("Stream.begin_capture")
+        CAPTURING.append(self)
+
+    def end_capture(self) -> Graph:
+        record("Stream.end_capture")
+        CAPTURING.remove(self)
+        if FAIL_CAPTURE:
+            raise CUDARuntimeError(900)  # cudaErrorStreamCaptureUnsupported
+        return Graph()
+
+
+#: Streams capturing now; set FAIL_CAPTURE to make end_capture fail (an invalidated capture).
+CAPTURING: list[Stream] = []
+FAIL_CAPTURE = False
+
+
+class Graph:
+    """A captured graph: the stand-in's work ran at capture time, so a launch only counts."""
+
+    def launch(self, stream: Any = None) -> None:
+        record("Graph.launch")
+
+
+@contextlib.contextmanager
+def _using_allocator(allocator: Any = None) -> Iterator[None]:
+    record("using_allocator")
+    yield
+
 
 class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, **_: Any) -> None:
@@ -338,7 +368,8 @@ def install() -> dict[str, types.ModuleType]:
         "get_elapsed_time": recorded("get_elapsed_time", lambda a, b: 0.0),
         "set_allocator": recorded("set_allocator", lambda f: None),
         "set_pinned_memory_allocator": recorded("set_pinned_memory_allocator", lambda f: None),
-        "MemoryPool": _Pool, "PinnedMemoryPool": _Pool,
+        "MemoryPool": _Pool, "PinnedMemoryPool": _Pool, "Graph": Graph,
+        "using_allocator": _using_allocator,
         "is_available": lambda: True,
     }.items():  # fmt: skip
         setattr(cuda, name, value)

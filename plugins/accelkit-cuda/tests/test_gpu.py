@@ -138,6 +138,32 @@ def _erf(x: Any) -> Any:
     return np.vectorize(math.erf)(x)
 
 
+async def test_a_captured_decode_step_replays_as_a_cuda_graph(backend: Any) -> None:
+    from accelkit.testing.graphs import (
+        decode_reference,
+        decode_step,
+        make_decode_step,
+        tolerance,
+    )
+
+    step = make_decode_step(backend)
+    async with backend.capture() as graph:
+        y = decode_step(backend, step)
+    assert graph.kind == "cuda-graph"
+    tol = tolerance()
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x = rng.standard_normal(step.host["x"].shape).astype(np.float32)
+        await graph.write(step.x, x)
+        graph.replay()
+        got = await y.to_host()
+        np.testing.assert_allclose(got, decode_reference(step.host, x), rtol=tol, atol=tol)
+    graph.copy(step.x, y)  # the output feeds the next replay, on the device
+    graph.replay()
+    want = decode_reference(step.host, got.astype(np.float32))
+    np.testing.assert_allclose(await y.to_host(), want, rtol=tol, atol=tol)
+
+
 async def test_streams_order_work_across_streams(backend: Any) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     a = f.from_host(np.ones((2048, 2048), np.float32))

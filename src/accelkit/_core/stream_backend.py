@@ -43,6 +43,7 @@ from accelkit.memory import MemoryPoolConfig
 if TYPE_CHECKING:
     from accelkit._core.pool import CachingPool
     from accelkit.abc.kernels import KernelExecutor
+    from accelkit.capture import GraphCapture, GraphRecording, NativeGraph, _Recorder
     from accelkit.fallback import FallbackTensorOps
     from accelkit.ops import KernelOps, MemoryManager, TensorFactory, TensorOps
     from accelkit.sdk.kernels import FactoryKernels, FusedKernels, MemoryKernels, TensorKernels
@@ -125,6 +126,9 @@ class StreamBackend(ComputeBackend, Generic[S]):
         self._fallback_ops: FallbackTensorOps | None = None
         self.loop_thread_scheduling: str | None = None
         self.interpreter_switch_interval: str | None = None
+        #: The open graph capture (``capture()``), if any: read by the host reads and waits,
+        #: which a capture refuses; never by a submission.
+        self._capture: _Recorder | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
     @abstractmethod
@@ -156,6 +160,14 @@ class StreamBackend(ComputeBackend, Generic[S]):
         finally:
             if self._pool is not None:
                 self._pool.invalidate_all(close=True)
+
+    async def _capture_graph(self, recording: GraphRecording) -> NativeGraph | None:
+        """Build this backend's own replay of a finished capture (a CUDA graph, say), or return
+        None: the recorded calls are then replayed in order, which every backend can do. Runs
+        on the event loop, shielded from cancellation, when the ``capture()`` block ends; the
+        calls have run once already (the capture's own run). An error raised here fails the
+        capture. None by default."""
+        return None
 
     async def _synchronize(self) -> None:
         """Wait for every stream, in order (a backend with more to wait for extends this)."""
@@ -326,6 +338,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
 
     async def synchronize(self, device: Device | str | None = None) -> None:
         self.check_ready()
+        if self._capture is not None:
+            self._capture.refuse("synchronize")
         if device is not None and Device.parse(device) != self._device:
             raise InvalidArgumentError(
                 f"backend {self.name!r} runs on {self._device}; cannot synchronize {device}"
@@ -345,6 +359,18 @@ class StreamBackend(ComputeBackend, Generic[S]):
             self._tensor_ops = self._tensor_factory = None
             self._fallback_ops = None
             self._kernel_executor = self._kernel_ops = None
+
+    # -- graph capture ----------------------------------------------------------------------------
+    def capture(self) -> GraphCapture:
+        """Record the submissions of an ``async with`` block on the current stream, to replay
+        them later as one call: ``async with backend.capture() as graph: ...``, then
+        ``graph.replay()`` (a :class:`~accelkit.CapturedGraph`). The block's work runs as usual
+        too. Inside it, host reads and waits are refused; shapes and buffers are fixed (see
+        docs/execution-model.md, "Graph capture")."""
+        from accelkit.capture import GraphCapture
+
+        self.check_ready()
+        return GraphCapture(self)
 
     def _default_device(self) -> Device:
         kinds = sorted(self.device_kinds)

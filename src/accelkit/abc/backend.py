@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from accelkit.abc.memory import DeviceMemoryManager
     from accelkit.abc.stream import Stream
     from accelkit.capabilities import BackendCapabilities, BackendStatus
+    from accelkit.capture import GraphCapture
     from accelkit.device import Device
     from accelkit.dtype import DType
     from accelkit.fallback import FallbackTensorOps
@@ -122,6 +123,14 @@ class ComputeBackend(ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
+
+    def capture(self) -> GraphCapture:
+        """Record the submissions of an ``async with`` block to replay them as one call (see
+        docs/execution-model.md, "Graph capture"); UnsupportedOperationError on a backend that
+        does not derive from ``accelkit.sdk.StreamBackend``."""
+        from accelkit.errors import UnsupportedOperationError
+
+        raise UnsupportedOperationError(f"backend {self.name!r} has no graph capture")
 
     # -- components -------------------------------------------------------------------------------
     @property

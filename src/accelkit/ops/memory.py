@@ -76,12 +76,16 @@ class MemoryManager(DeviceMemoryManager):
         return self.pool.allocate(n)
 
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
+        if self.backend._capture is not None:
+            self.backend._capture.refuse("memory_manager.free")
         buf = self.owned_buffer(buffer, "buffer")
         self.backend.check_ready()
         self.kernels.free(buf)
 
     # -- transfers --------------------------------------------------------------------------------
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
+        if self.backend._capture is not None:
+            self.backend._capture.refuse("copy_htod")
         buf = self.owned_buffer(dst, "dst")
         try:
             view = memoryview(src).cast("B")
@@ -101,6 +105,8 @@ class MemoryManager(DeviceMemoryManager):
         await self.kernels.write(buf, data, dst if isinstance(dst, Tensor) else None)
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
+        if self.backend._capture is not None:
+            self.backend._capture.refuse("copy_dtoh (a host read)")
         buf = self.owned_buffer(src, "src")
         if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
             raise InvalidArgumentError("copy_dtoh: dst must be a writable C-contiguous NumPy array")
@@ -141,6 +147,8 @@ class MemoryManager(DeviceMemoryManager):
     # The two reads are every to_host() and numpy(): one frame each, with sdk.pending_writes
     # inlined (the tensor's writer, then the last write to its buffer through another view).
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        if self.backend._capture is not None:
+            self.backend._capture.refuse("to_host (a host read)")
         check_tensor(self.backend, tensor, "tensor")
         self._check_ready()
         if self._wait:
@@ -152,6 +160,8 @@ class MemoryManager(DeviceMemoryManager):
         return await self._read_tensor(tensor)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
+        if self.backend._capture is not None:
+            self.backend._capture.refuse("numpy() (a host read)")
         check_tensor(self.backend, tensor, "tensor")
         self._check_ready()
         if self._wait:
@@ -163,6 +173,8 @@ class MemoryManager(DeviceMemoryManager):
         return self._read_tensor_blocking(tensor)
 
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
+        if self.backend._capture is not None:
+            self.backend._capture.refuse("__dlpack__ (a host read)")
         check_tensor(self.backend, tensor, "tensor")
         self.backend.check_ready()
         self.kernels.dlpack_device(tensor)  # UnsupportedOperationError before any wait

@@ -60,6 +60,7 @@ from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
 from accelkit.abc.memory import DeviceBuffer, DeviceMemoryManager
 from accelkit.abc.stream import Event, Stream
 from accelkit.capabilities import BackendCapabilities, LifecycleState
+from accelkit.capture import GraphRecording, NativeGraph, RecordedCall
 from accelkit.memory import MemoryPoolConfig
 from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
 from accelkit.sdk.kernels import (
@@ -83,6 +84,7 @@ from accelkit.sdk.tensors import (
 
 __all__ = [
     "RandomDraw",
+    "RecordedCall",
     "other_writers",
     "Waiters",
     "PositionStream",
@@ -108,6 +110,7 @@ __all__ = [
     "FactoryKernels",
     "FusedKernels",
     "GeluApproximation",
+    "GraphRecording",
     "HostStream",
     "KernelExecutor",
     "KernelHandle",
@@ -115,6 +118,7 @@ __all__ = [
     "LifecycleState",
     "MemoryKernels",
     "MemoryPoolConfig",
+    "NativeGraph",
     "Operand",
     "PluginDescriptor",
     "QueuedBackend",

@@ -21,7 +21,7 @@ from accelkit.errors import (
     NotInitializedError,
 )
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import Opened, QueuedBackend
+from accelkit.sdk import GraphRecording, NativeGraph, Opened, QueuedBackend
 from accelkit_cuda import __version__
 from accelkit_cuda.driver import DeviceProps, DriverUnavailable, read_devices
 from accelkit_cuda.errors import RESTART, translate
@@ -327,6 +327,13 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         )
 
     # -- streams ----------------------------------------------------------------------------------
+    async def _capture_graph(self, recording: GraphRecording) -> NativeGraph | None:
+        """A CUDA graph of the capture (:mod:`accelkit_cuda.graphs`; unverified on a GPU), or
+        None where it cannot be made: its calls are then replayed."""
+        from accelkit_cuda.graphs import capture_graph
+
+        return await capture_graph(self, recording)
+
     def _open_stream(self) -> CUDAStream:
         # Blocks recycled while there was one stream may still be in use by queued work:
         # the new stream starts after everything queued so far (on the submission thread).
