@@ -83,6 +83,8 @@ _LAZY: dict[str, str] = {
     "StaleHandleError": "accelkit.errors",
     "TimeoutError": "accelkit.errors",
     "UnsupportedOperationError": "accelkit.errors",
+    "WorkerLostError": "accelkit.errors",
+    "IsolatedBackend": "accelkit._core.isolation",
 }
 _SUBMODULES = frozenset({"errors", "quant", "registry", "calibration", "workloads"})
 
@@ -103,6 +105,7 @@ __all__ = [
     "Features",
     "IncompatiblePluginError",
     "InvalidArgumentError",
+    "IsolatedBackend",
     "KernelCompileError",
     "KernelExecutor",
     "KernelOps",
@@ -127,6 +130,7 @@ __all__ = [
     "TensorOps",
     "TimeoutError",
     "UnsupportedOperationError",
+    "WorkerLostError",
     "__version__",
     "calibration",
     "create_backend",
