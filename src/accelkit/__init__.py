@@ -84,7 +84,7 @@ _LAZY: dict[str, str] = {
     "TimeoutError": "accelkit.errors",
     "UnsupportedOperationError": "accelkit.errors",
     "WorkerLostError": "accelkit.errors",
-    "IsolatedBackend": "accelkit._core.isolation",
+    "IsolatedBackend": "accelkit._core.isolation.backend",
 }
 _SUBMODULES = frozenset({"errors", "quant", "registry", "calibration", "workloads"})
 

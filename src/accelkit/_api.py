@@ -105,7 +105,7 @@ def create_backend(
     reg = registry or default_registry
     name, device = _resolve(target, requires, policy, reg)
     if isolate:
-        from accelkit._core.isolation import IsolatedBackend
+        from accelkit._core.isolation.backend import IsolatedBackend
 
         backend: ComputeBackend = IsolatedBackend(name)
     else:

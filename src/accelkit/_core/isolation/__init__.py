@@ -1,8 +1,3 @@
 """Isolated backends: any backend run in a supervised worker process (see
-:mod:`accelkit._core.isolation.backend`)."""
-
-from __future__ import annotations
-
-from accelkit._core.isolation.backend import IsolatedBackend
-
-__all__ = ["IsolatedBackend"]
+:mod:`accelkit._core.isolation.backend`; the worker's side is
+:mod:`accelkit._core.isolation.worker`, which imports nothing of the user's side)."""

@@ -387,6 +387,52 @@ class _Link:
             os.unlink(self.stderr_path)
 
 
+#: Idle workers, by backend spec, kept for the next open where ``ACCELKIT_ISOLATE_SPARE=1``
+#: (the conformance suite opens a backend per test; a worker takes a second or more to start).
+_spares: dict[str, list[_Link]] = {}
+_spares_lock = threading.Lock()
+
+
+def _spares_wanted() -> bool:
+    return os.environ.get("ACCELKIT_ISOLATE_SPARE", "").strip() not in ("", "0")
+
+
+def _put_spare(spec: str, link: _Link) -> bool:
+    with _spares_lock:
+        kept = _spares.setdefault(spec, [])
+        if len(kept) >= 2:
+            return False
+        link.streams.clear()
+        link.requests.clear()
+        link.cleanup_segments()
+        kept.append(link)
+        return True
+
+
+def _take_spare(owner: IsolatedBackend) -> _Link | None:
+    with _spares_lock:
+        kept = _spares.get(owner.inner, [])
+        while kept:
+            link = kept.pop()
+            if link.fault is None and link.proc.poll() is None:
+                link.owner = owner
+                link.deadline = owner.deadline
+                link.last_progress = time.monotonic()
+                return link
+    return None
+
+
+def close_spares() -> None:
+    """Stop every idle worker kept for reuse (``ACCELKIT_ISOLATE_SPARE``)."""
+    with _spares_lock:
+        links = [link for kept in _spares.values() for link in kept]
+        _spares.clear()
+    for link in links:
+        with contextlib.suppress(Exception):
+            link.send(("q", 0, "shutdown", False))
+        link.close(5.0)
+
+
 class _Handle:
     """What a tensor of an isolated backend holds as its storage: the id of the worker's
     tensor, dropped there when the last reference here dies."""
@@ -913,7 +959,9 @@ class IsolatedBackend(StreamBackend[IsoStream]):
 
     async def _initialize(self, device: Device) -> Opened[IsoStream]:
         self._device_for_open = device
-        link = await anyio.to_thread.run_sync(_Link, self)
+        link = _take_spare(self)
+        if link is None:
+            link = await anyio.to_thread.run_sync(_Link, self)
         try:
             with anyio.CancelScope(shield=False):
                 info = await link.ask("open", self.inner, str(device), self._pool_config)
@@ -966,16 +1014,19 @@ class IsolatedBackend(StreamBackend[IsoStream]):
                 await self._stop(link)
 
     async def _stop(self, link: _Link) -> None:
+        keep = _spares_wanted() and link.fault is None
         if link.fault is None:
             try:
                 with anyio.fail_after(30):
-                    self.worker_used_at_shutdown = await link.ask("shutdown")
+                    self.worker_used_at_shutdown = await link.ask("shutdown", keep)
             except BaseException:  # noqa: BLE001 - the worker is killed below
-                pass
-        link.closing = True
-        await anyio.to_thread.run_sync(link.close, 10.0)
+                keep = False
         if self._link is link:
             self._link = None
+        if keep and _put_spare(self.inner, link):
+            return
+        link.closing = True
+        await anyio.to_thread.run_sync(link.close, 10.0)
 
     # -- faults -----------------------------------------------------------------------------------
     def _on_fault(self, fault: WorkerLostError) -> None:

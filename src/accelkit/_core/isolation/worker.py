@@ -317,7 +317,7 @@ class _Worker:
                 self.reply(req, False, exc)
             else:
                 self.reply(req, True, value)
-                if what == "shutdown":
+                if what == "shutdown" and not args[0]:
                     return True
         return False
 
@@ -371,8 +371,8 @@ class _Worker:
         if what == "sync":
             await b.synchronize()
             return None
-        if what == "shutdown":
-            return await self.shutdown()
+        if what == "shutdown":  # (keep,): keep serving, for the next open
+            return await self.shutdown(bool(args[0]))
         raise ValueError(f"unknown request {what!r}")
 
     async def open(self, spec: str, device: str | None, pool_config: Any) -> dict[str, Any]:
@@ -412,7 +412,9 @@ class _Worker:
         }
         return info
 
-    async def shutdown(self) -> int:
+    async def shutdown(self, keep: bool) -> int:
+        """Shut the real backend down; its memory in use just before (0 when every tensor was
+        dropped). With ``keep``, the worker then waits for the next open."""
         b = self.backend
         self.tensors.clear()
         self.raw.clear()
@@ -424,8 +426,14 @@ class _Worker:
         if b is not None:
             await b.shutdown()
         with self.lock:
-            self.closing = True
-            self.wake.notify()
+            self.inflight.clear()
+            self.out.clear()
+            self.streams = {}
+            self.objs = {}
+            self.backend = None
+            if not keep:
+                self.closing = True
+                self.wake.notify()
         return int(used)
 
 
