@@ -73,7 +73,7 @@ DEFAULT_DEADLINE = 300.0
 MAX_RESTARTS = 5
 #: ... within this many seconds.
 RESTART_WINDOW = 60.0
-_STDERR_LINES = 20
+_STDERR_LINES = 60
 _READY = LifecycleState.READY
 
 
@@ -170,6 +170,8 @@ class _Link:
         self.drops: collections.deque[int] = collections.deque()
         self.buf_drops: collections.deque[int] = collections.deque()
         self.requests: dict[int, _Pending] = {}
+        #: Requests that may take long without counting as a hang (opening, compiling).
+        self.slow: set[int] = set()
         self.req_ids = itertools.count(1)
         self.streams: dict[int, IsoStream] = {}
         self.segments: set[Segment] = set()
@@ -198,7 +200,15 @@ class _Link:
         """Queue ``msg``; it goes with the next :meth:`send` (allocations ride with the call
         that uses them)."""
         with self.lock:
+            if self.drops or self.buf_drops:
+                self._drops_locked()
             self.queued.append(msg)
+
+    def _drops_locked(self) -> None:
+        if self.drops or self.buf_drops:
+            tids = [self.drops.popleft() for _ in range(len(self.drops))]
+            bids = [self.buf_drops.popleft() for _ in range(len(self.buf_drops))]
+            self.queued.append(("x", tids, bids))
 
     def _write_locked(self, msg: Any) -> None:
         if self.fault is not None:
@@ -207,14 +217,12 @@ class _Link:
         f.seek(0)
         f.truncate()
         p.clear_memo()
-        if self.drops or self.buf_drops:
-            tids = [self.drops.popleft() for _ in range(len(self.drops))]
-            bids = [self.buf_drops.popleft() for _ in range(len(self.buf_drops))]
-            p.dump(("x", tids, bids))
-        if self.queued:
-            for q in self.queued:
-                p.dump(q)
-            self.queued.clear()
+        # Everything in the order it happened: a handle's death is queued when the next message
+        # is (a view queued before it may still name it; a block reused after it is new).
+        self._drops_locked()
+        for q in self.queued:
+            p.dump(q)
+        self.queued.clear()
         p.dump(msg)
         try:
             self.conn.send_bytes(f.getbuffer())
@@ -241,6 +249,8 @@ class _Link:
         with self.lock:
             req = next(self.req_ids)
             self.requests[req] = pending
+            if what in ("open", "load_kernel"):
+                self.slow.add(req)
             try:
                 self._write_locked(("q", req, what, *args))
             except BaseException:
@@ -279,6 +289,7 @@ class _Link:
             elif kind == "r":
                 _, req, ok, value = msg
                 pending = self.requests.pop(req, None)
+                self.slow.discard(req)
                 if pending is not None:
                     err = None if ok else decode_error(value, f"the {self.owner.name} worker")
                     pending.settle(ok, value if ok else None, err)
@@ -294,7 +305,7 @@ class _Link:
             time.sleep(min(0.25, deadline / 4) if deadline else 0.25)
             if self.closing or self.fault is not None:
                 return
-            busy = bool(self.requests) or any(s.submitted > s.completed for s in self.streams.values())
+            busy = len(self.requests) > len(self.slow) or any(s.submitted > s.completed for s in self.streams.values())
             now = time.monotonic()
             if not busy:
                 self.last_progress = now
@@ -349,6 +360,7 @@ class _Link:
         )
         fault = WorkerLostError(message, cause=cause, stderr_tail=tail)
         self.fault = fault
+        self.owner._on_fault(fault)  # the backend fails first: an await woken below sees it
         for stream in list(self.streams.values()):
             stream.fail(fault)
         for req in list(self.requests):
@@ -356,7 +368,6 @@ class _Link:
             if pending is not None:
                 pending.settle(False, None, fault)
         self.cleanup_segments()
-        self.owner._on_fault(fault)
 
     def prune_segments(self) -> None:
         """Forget the segments of uploads that completed (the worker unlinked them)."""
@@ -912,14 +923,19 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         restart_window: float = RESTART_WINDOW,
     ) -> None:
         self.inner = inner
-        self.name = inner.rpartition(":")[2].lower() if ":" in inner else inner  # type: ignore[misc]
-        kinds = frozenset({self.name})
-        with contextlib.suppress(Exception):
+        if ":" in inner:  # an import path (tests, unregistered backends): its class names it
+            from accelkit.registry import _import_path
+
+            cls = _import_path(inner)
+            self.name = cls.name  # type: ignore[misc]
+            self.device_kinds = frozenset(cls.device_kinds)  # type: ignore[misc]
+        else:
             from accelkit.registry import default_registry
 
-            if ":" not in inner:
-                kinds = frozenset(default_registry.descriptor(inner).device_kinds)
-        self.device_kinds = kinds  # type: ignore[misc]
+            self.name = inner  # type: ignore[misc]
+            self.device_kinds = frozenset(  # type: ignore[misc]
+                default_registry.descriptor(inner).device_kinds
+            )
         super().__init__(pool_config)
         self.deadline = (
             deadline

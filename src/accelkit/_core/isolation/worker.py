@@ -163,13 +163,15 @@ class _Worker:
                         last = seq
                 if last:
                     msgs.append(("d", sid, last, errs))
+            if fatal is not None:  # the context is gone: nothing after it can be trusted
+                with contextlib.suppress(OSError, ValueError):
+                    self.send(("F", fatal))
+                sys.stderr.write(f"accelkit isolated worker: {fatal}\n")
+                sys.stderr.flush()
+                os._exit(4)
             if msgs:
                 with contextlib.suppress(OSError, ValueError):
                     self.send(("D", msgs))
-            if fatal is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    self.send(("F", fatal))
-                os._exit(4)
 
     def _sticky(self, err: BaseException) -> str | None:
         from accelkit.capabilities import LifecycleState
