@@ -43,6 +43,7 @@ import anyio
 import numpy as np
 
 from accelkit._core.child import signal_name
+from accelkit._core.isolation import worker as _worker
 from accelkit._core.isolation.proto import SHM_THRESHOLD, Segment, decode_error
 from accelkit._core.loop import wait_for_callback
 from accelkit._core.pool import CachingPool
@@ -85,15 +86,25 @@ def _env_float(name: str, default: float) -> float:
 
 
 # -- the pipe to the worker ------------------------------------------------------------------------
-class _Pickler(pickle.Pickler):
-    """Pickles tensors and buffers of the isolated backend as references to the worker's."""
+def _reduce_tensor(t: Tensor) -> tuple[Any, ...]:
+    return (_worker.ref_tensor, (t._data.tid,))
 
-    def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is Tensor:
-            return ("t", obj._data.tid)
-        if type(obj) is DeviceBuffer:
-            return ("b", obj.handle)
-        return None
+
+def _reduce_buffer(b: DeviceBuffer) -> tuple[Any, ...]:
+    return (_worker.ref_buffer, (b.handle,))
+
+
+#: Tensors and buffers of the isolated backend pickle as references to the worker's (resolved
+#: there as they are unpickled); a dispatch table costs nothing for the other objects.
+_DISPATCH = {Tensor: _reduce_tensor, DeviceBuffer: _reduce_buffer}
+
+
+def _dumps(msgs: list[Any]) -> bytes:
+    f = io.BytesIO()
+    p = pickle.Pickler(f, protocol=pickle.HIGHEST_PROTOCOL)
+    p.dispatch_table = _DISPATCH  # type: ignore[assignment]
+    p.dump(msgs)
+    return f.getvalue()
 
 
 class _Pending:
@@ -169,6 +180,7 @@ class _Link:
         self.queued: list[Any] = []
         self.drops: collections.deque[int] = collections.deque()
         self.buf_drops: collections.deque[int] = collections.deque()
+        self.drops_events: collections.deque[int] = collections.deque()
         self.requests: dict[int, _Pending] = {}
         #: Requests that may take long without counting as a hang (opening, compiling).
         self.slow: set[int] = set()
@@ -182,8 +194,11 @@ class _Link:
         self.closing = False
         self.last_progress = time.monotonic()
         self.deadline = owner.deadline
-        self._file = io.BytesIO()
-        self._pickler = _Pickler(self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.flush_wake = threading.Condition(self.lock)
+        self.flusher = threading.Thread(
+            target=self._flusher, daemon=True, name="accelkit-iso-flusher"
+        )
+        self.flusher.start()
         self.reader = threading.Thread(target=self._read, daemon=True, name="accelkit-iso-reader")
         self.reader.start()
         self.watchdog = threading.Thread(
@@ -196,51 +211,83 @@ class _Link:
         return self.proc.pid
 
     # -- sending ----------------------------------------------------------------------------------
-    def queue(self, msg: Any) -> None:
-        """Queue ``msg``; it goes with the next :meth:`send` (allocations ride with the call
-        that uses them)."""
-        with self.lock:
-            if self.drops or self.buf_drops:
-                self._drops_locked()
-            self.queued.append(msg)
+    # Messages are queued in order and written in batches: when someone waits (a read, an
+    # await of a position, a request), and otherwise within about a millisecond (the flusher
+    # thread), so that a run of small submissions costs the caller a list append each.
+    def _check_locked(self) -> None:
+        if self.fault is not None:
+            raise _fresh(self.fault)
 
-    def _drops_locked(self) -> None:
+    def queue(self, msg: Any) -> None:
+        """Queue ``msg`` (in order; written with the next batch)."""
+        with self.lock:
+            self._check_locked()
+            self._queue_locked(msg)
+
+    def _queue_locked(self, msg: Any) -> None:
+        queued = self.queued
+        if not queued:
+            self.flush_wake.notify()
+        # A handle's death goes in the order it happened: after what was queued before it (a
+        # view queued earlier may still name it), before what follows (a reused block is new).
         if self.drops or self.buf_drops:
             tids = [self.drops.popleft() for _ in range(len(self.drops))]
             bids = [self.buf_drops.popleft() for _ in range(len(self.buf_drops))]
-            self.queued.append(("x", tids, bids))
+            eids = [self.drops_events.popleft() for _ in range(len(self.drops_events))]
+            queued.append(("x", tids, bids, eids))
+        queued.append(msg)
 
-    def _write_locked(self, msg: Any) -> None:
-        if self.fault is not None:
-            raise _fresh(self.fault)
-        f, p = self._file, self._pickler
-        f.seek(0)
-        f.truncate()
-        p.clear_memo()
-        # Everything in the order it happened: a handle's death is queued when the next message
-        # is (a view queued before it may still name it; a block reused after it is new).
-        self._drops_locked()
-        for q in self.queued:
-            p.dump(q)
-        self.queued.clear()
-        p.dump(msg)
+    def _flush_locked(self) -> None:
+        if self.drops or self.buf_drops:
+            self._queue_locked(("x", [], [], []))  # moves the drops in
+            self.queued.pop()
+        if not self.queued:
+            return
+        msgs = self.queued
+        self.queued = []
         try:
-            self.conn.send_bytes(f.getbuffer())
+            data = _dumps(msgs)
+        except Exception:  # noqa: BLE001 - one message that cannot be pickled
+            data = b"".join(_dumps([m]) if _picklable(m) else _dumps([_refused(m)]) for m in msgs)
+        try:
+            self.conn.send_bytes(data)
         except (OSError, ValueError) as exc:
             raise WorkerLostError(
                 f"the isolated {self.owner.name} worker cannot be reached: {exc}",
                 cause="pipe closed",
             ) from None
 
+    def flush(self) -> None:
+        """Write what is queued now."""
+        if self.queued or self.drops or self.buf_drops:
+            with self.lock:
+                if self.fault is None:
+                    self._flush_locked()
+
+    def _flusher(self) -> None:
+        while True:
+            with self.lock:
+                while not self.queued and not self.closing and self.fault is None:
+                    self.flush_wake.wait()
+                if self.closing or self.fault is not None:
+                    return
+            time.sleep(0.0005)  # let a run of submissions gather
+            with contextlib.suppress(Exception):
+                self.flush()
+
     def send(self, msg: Any) -> None:
+        """Queue ``msg`` and write it now, with everything before it."""
         with self.lock:
-            self._write_locked(msg)
+            self._check_locked()
+            self._queue_locked(msg)
+            self._flush_locked()
 
     def call(self, stream: IsoStream, msg_tail: tuple[Any, ...], op: str = "c") -> int:
-        """Send a call on ``stream``; returns its position there."""
+        """Queue a call on ``stream``; returns its position there."""
         with self.lock:
+            self._check_locked()
             seq = stream.submitted + 1
-            self._write_locked((op, stream.sid, seq, *msg_tail))
+            self._queue_locked((op, stream.sid, seq, *msg_tail))
             stream.submitted = seq
             return seq
 
@@ -252,7 +299,9 @@ class _Link:
             if what in ("open", "load_kernel"):
                 self.slow.add(req)
             try:
-                self._write_locked(("q", req, what, *args))
+                self._check_locked()
+                self._queue_locked(("q", req, what, *args))
+                self._flush_locked()
             except BaseException:
                 self.requests.pop(req, None)
                 raise
@@ -444,6 +493,22 @@ def close_spares() -> None:
         link.close(5.0)
 
 
+def _picklable(msg: Any) -> bool:
+    try:
+        _dumps([msg])
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def _refused(msg: Any) -> Any:
+    """What replaces a call that cannot be pickled: its position fails with the reason."""
+    text = f"the arguments of {msg[0]!r} cannot be sent to the worker process (not picklable)"
+    if msg[0] in ("c", "cp", "we"):
+        return ("bad", msg[1], msg[2], text)
+    return ("x", [], [], [])
+
+
 class _Handle:
     """What a tensor of an isolated backend holds as its storage: the id of the worker's
     tensor, dropped there when the last reference here dies."""
@@ -512,9 +577,13 @@ class IsoStream(PositionStream):
             cb()
 
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
+        if self.completed < seq:
+            self.link.flush()
         return self._waiters.add(seq, callback, lambda: self.completed)
 
     def wait_for_blocking(self, seq: int) -> None:
+        if self.completed < seq:
+            self.link.flush()
         with self._lock:
             while self.completed < seq:
                 self._cv.wait()
@@ -580,7 +649,7 @@ class IsoEvent(Event):
     def __del__(self) -> None:
         link = self._stream.link
         if link.fault is None and not link.closing:
-            link.queued.append(("xe", self.eid))
+            link.drops_events.append(self.eid)
 
 
 # -- the pool --------------------------------------------------------------------------------------

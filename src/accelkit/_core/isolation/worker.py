@@ -60,41 +60,72 @@ def main() -> None:
         os._exit(0)
 
 
-class _Unpickler(pickle.Unpickler):
-    """Loads the messages of one write in turn; a reference to a tensor or buffer the worker
-    no longer holds becomes None and is noted in ``missing`` (that message then fails)."""
+class _Ref:
+    """A tensor (``t``) or buffer (``b``) of the user's process, as unpickled: resolved to the
+    worker's own when its message is handled (a message before it may create it)."""
 
-    def __init__(self, data: bytes, worker: _Worker) -> None:
-        self._file = io.BytesIO(data)
-        self._end = len(data)
-        super().__init__(self._file)
-        self._w = worker
-        self.missing: BaseException | None = None
+    __slots__ = ("ident", "kind")
 
-    def more(self) -> bool:
-        return self._file.tell() < self._end
+    def __init__(self, kind: str, ident: int) -> None:
+        self.kind = kind
+        self.ident = ident
 
-    def persistent_load(self, pid: Any) -> Any:
-        kind, ident = pid
-        w = self._w
-        if kind == "t":
-            t = w.tensors.get(ident)
+
+def ref_tensor(tid: int) -> _Ref:
+    """Unpickles a tensor of the user's process (see :class:`_Ref`)."""
+    return _Ref("t", tid)
+
+
+def ref_buffer(bid: int) -> _Ref:
+    """Unpickles a buffer of the user's process (see :class:`_Ref`)."""
+    return _Ref("b", bid)
+
+
+def _resolve(w: _Worker, x: Any) -> Any:
+    if type(x) is _Ref:
+        if x.kind == "t":
+            t = w.tensors.get(x.ident)
             if t is None or isinstance(t, BaseException):
-                self.missing = t if isinstance(t, BaseException) else _stale("tensor", ident)
-                return None
+                raise t if isinstance(t, BaseException) else _stale("tensor", x.ident)
             return t
-        buf = w.raw.get(ident)
+        buf = w.raw.get(x.ident)
         if buf is None:
-            buf = w.bufs.get(ident)
+            buf = w.bufs.get(x.ident)
         if buf is None:
-            self.missing = _stale("buffer", ident)
+            raise _stale("buffer", x.ident)
         return buf
+    return x
+
+
+def _resolve_msg(w: _Worker, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``msg`` with its references resolved (two levels into tuples, lists and dicts: a call's
+    arguments, and a list of tensors among them)."""
+    out = []
+    for a in msg:
+        ta = type(a)
+        if ta is _Ref:
+            a = _resolve(w, a)
+        elif ta is tuple or ta is list:
+            a = ta(
+                _resolve(w, x) if type(x) is not list else [_resolve(w, y) for y in x] for x in a
+            )
+        elif ta is dict:
+            a = {
+                k: _resolve(w, v) if type(v) is not list else [_resolve(w, y) for y in v]
+                for k, v in a.items()
+            }
+        out.append(a)
+    return tuple(out)
 
 
 def _stale(what: str, ident: int) -> Exception:
     from accelkit.errors import StaleHandleError
 
     return StaleHandleError(f"the worker holds no {what} {ident}: it was freed or never made")
+
+
+#: The messages whose references are resolved before they are handled.
+_RESOLVED = frozenset({"c", "cp", "we", "q", "f"})
 
 
 class _Worker:
@@ -221,19 +252,22 @@ class _Worker:
             batch = await anyio.to_thread.run_sync(self._recv)
             touched: set[int] = set()
             for data in batch:
-                up = _Unpickler(data, self)
-                while up.more():
-                    up.missing = None
-                    msg = up.load()
-                    if up.missing is not None:
-                        if msg[0] in ("c", "cp", "we"):  # a call: it fails at its position
-                            self._track(msg[1], msg[2], up.missing)
-                            touched.add(msg[1])
-                        elif msg[0] == "q":
-                            self.reply(msg[1], False, up.missing)
-                        continue
-                    if await self.handle(msg, touched):
-                        return
+                f = io.BytesIO(data)
+                while f.tell() < len(data):
+                    msgs = pickle.load(f)
+                    for msg in msgs:
+                        if msg[0] in _RESOLVED:
+                            try:
+                                msg = _resolve_msg(self, msg)
+                            except BaseException as err:  # noqa: BLE001 - a stale reference
+                                if msg[0] == "q":
+                                    self.reply(msg[1], False, err)
+                                elif msg[0] != "f":  # a call: it fails at its position
+                                    self._track(msg[1], msg[2], err)
+                                    touched.add(msg[1])
+                                continue
+                        if await self.handle(msg, touched):
+                            return
             if touched:
                 self._watch(touched)
 
@@ -265,11 +299,13 @@ class _Worker:
                 self.tensors[tid] = base if base is not None else _stale("tensor", src)
             else:
                 self.tensors[tid] = self.objs[kind].view(base, shape)
-        elif op == "x":  # ("x", tids, bids): the user's handles died
+        elif op == "x":  # ("x", tids, bids, eids): the user's handles died
             for tid in msg[1]:
                 self.tensors.pop(tid, None)
             for bid in msg[2]:
                 self.raw.pop(bid, None)
+            for eid in msg[3]:
+                self.events.pop(eid, None)
         else:
             return await self.handle_rare(msg, touched)
         return False
@@ -309,8 +345,11 @@ class _Worker:
                 err = exc
             self._track(sid, seq, err)
             touched.add(sid)
-        elif op == "xe":
-            self.events.pop(msg[1], None)
+        elif op == "bad":  # ("bad", sid, seq, text): a call that could not be sent
+            from accelkit.errors import InvalidArgumentError
+
+            self._track(msg[1], msg[2], InvalidArgumentError(msg[3]))
+            touched.add(msg[1])
         elif op == "q":  # a request: ("q", req, what, *args)
             req, what, args = msg[1], msg[2], msg[3:]
             try:
