@@ -45,7 +45,10 @@ async def main(quick: bool) -> dict[str, Any]:
         ak.open_backend("cpu", isolate=True) as iso,
     ):
         backends = {"in-process": local, "isolated": iso}
-        xs = {k: b.tensor_factory.from_host(np.ones((64, 64), np.float32)) for k, b in backends.items()}
+        xs = {
+            k: b.tensor_factory.from_host(np.ones((64, 64), np.float32))
+            for k, b in backends.items()
+        }
 
         def submit(name: str) -> Callable[[], Awaitable[float]]:
             async def run() -> float:

@@ -142,7 +142,9 @@ def create_app(backend_name: str | None = None) -> Any:
         t0 = time.perf_counter()
         # "isolated:cpu": the backend in a worker process (docs/isolation.md).
         isolate = name.startswith("isolated:")
-        async with accelkit.open_backend(name.removeprefix("isolated:"), isolate=isolate) as backend:
+        async with accelkit.open_backend(
+            name.removeprefix("isolated:"), isolate=isolate
+        ) as backend:
             factory = backend.tensor_factory
             state["backend"] = backend
             state["weights"] = {k: factory.from_host(v) for k, v in make_weights().items()}

@@ -60,20 +60,22 @@ async def _check_recovered(b: Any) -> None:
     c = rng.standard_normal((48, 32)).astype(np.float32)
     ta, tc = b.tensor_factory.from_host(a), b.tensor_factory.from_host(c)
     got = await b.tensor_ops.matmul(ta, tc).to_host()
-    eps = np.finfo(np.float32).eps
+    eps = float(np.finfo(np.float32).eps)
     np.testing.assert_allclose(got, a @ c, rtol=64 * eps * 48, atol=64 * eps * 48)
     assert b.status.state is ak.LifecycleState.READY
 
 
 async def test_isolated_cpu_computes_like_numpy(anyio_backend: str) -> None:
     async with ak.open_backend("cpu", isolate=True) as b:
-        assert isinstance(b, IsolatedBackend) and b.name == "cpu"
+        assert isinstance(b, IsolatedBackend)
+        assert b.name == "cpu"
         pid = b.worker_pid
-        assert pid is not None and pid != os.getpid()
+        assert pid is not None
+        assert pid != os.getpid()
         x = np.linspace(-2, 2, 3000, dtype=np.float32).reshape(30, 100)
         t = b.tensor_factory.from_host(x)
         y = b.tensor_ops.unary("exp", t) * 2.0 + t
-        eps = np.finfo(np.float32).eps
+        eps = float(np.finfo(np.float32).eps)
         np.testing.assert_allclose(await y.to_host(), np.exp(x) * 2 + x, rtol=8 * eps)
         # a large transfer comes through shared memory
         big = np.arange(1 << 20, dtype=np.float32)
@@ -113,7 +115,8 @@ async def test_user_kernels_run_in_the_worker(anyio_backend: str) -> None:
     await b.initialize("cpu:0")
     try:
         ex = b.kernel_executor
-        assert ex is not None and "python" in ex.languages
+        assert ex is not None
+        assert "python" in ex.languages
         h = await ex.load_kernel(KERNELS, "scale", language="python")
         x = np.arange(10, dtype=np.float32)
         t = b.tensor_factory.from_host(x)
@@ -151,7 +154,7 @@ async def test_worker_killed_mid_gemm(anyio_backend: str) -> None:
         async def wait(t: Any) -> None:
             try:
                 await t.to_host()
-            except BaseException as exc:  # noqa: BLE001 - collected for the asserts
+            except BaseException as exc:
                 errors.append(exc)
 
         with anyio.fail_after(20):
@@ -160,12 +163,14 @@ async def test_worker_killed_mid_gemm(anyio_backend: str) -> None:
                     tg.start_soon(wait, t)
                 await anyio.sleep(0.3)
                 os.kill(pid, signal.SIGKILL)
-        assert len(errors) == 2 and all(isinstance(e, WorkerLostError) for e in errors), errors
+        assert len(errors) == 2, errors
+        assert all(isinstance(e, WorkerLostError) for e in errors), errors
         assert all("SIGKILL" in str(e) for e in errors)
         with pytest.raises((WorkerLostError, StaleHandleError)):  # a new await: stale
             await outs[0].to_host()
-        info = pytest.ExceptionInfo.from_exc_info((type(errors[0]), errors[0], None))  # type: ignore[arg-type]
-        assert info.value.cause == "SIGKILL"
+        lost = errors[0]
+        assert isinstance(lost, WorkerLostError)
+        assert lost.cause == "SIGKILL"
         assert "SIGKILL" in (b.status.error or "")
         gen = b.generation
         with pytest.raises((NotInitializedError, StaleHandleError)):
@@ -178,7 +183,8 @@ async def test_worker_killed_mid_gemm(anyio_backend: str) -> None:
         with pytest.raises(StaleHandleError):
             b.tensor_ops.unary("neg", a)
         await _check_recovered(b)
-        assert b.last_fault is not None and "recovered from" in (b.status.error or "")
+        assert b.last_fault is not None
+        assert "recovered from" in (b.status.error or "")
     finally:
         await b.shutdown()
 
@@ -202,7 +208,8 @@ async def test_worker_abort_and_sticky_error(anyio_backend: str, kernel: str) ->
             assert "the test kernel aborts on purpose" in text
             assert "the test kernel aborts on purpose" in info.value.stderr_tail
         else:
-            assert "sticky" in text and "illegal memory access" in text
+            assert "sticky" in text
+            assert "illegal memory access" in text
         _no_leak([pid])
         with anyio.fail_after(60):
             await b.recover()
@@ -241,7 +248,7 @@ async def test_restarts_are_rate_limited(anyio_backend: str) -> None:
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
             with anyio.fail_after(20):
-                while b.is_ready:
+                while b.is_ready:  # noqa: ASYNC110 - the fault is noticed on another thread
                     await anyio.sleep(0.02)
             if attempt == 0:
                 await b.recover()
@@ -258,14 +265,14 @@ async def test_cancelled_open_leaves_no_worker(anyio_backend: str) -> None:
         async with ak.open_backend("cpu", isolate=True):
             await anyio.sleep(30)
     deadline = time.monotonic() + 10
-    while _children() - before and time.monotonic() < deadline:
+    while _children() - before and time.monotonic() < deadline:  # noqa: ASYNC110 - a process
         await anyio.sleep(0.05)
     assert not (_children() - before)
 
 
 def _children() -> set[int]:
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
         out = subprocess.run(
             ["ps", "-o", "pid=,stat=", "--ppid", str(os.getpid())],
@@ -274,9 +281,7 @@ def _children() -> set[int]:
             check=False,
         ).stdout
         return {int(p) for p, st in (ln.split() for ln in out.splitlines()) if "Z" not in st}
-    return {
-        c.pid for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE
-    }
+    return {c.pid for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE}
 
 
 def test_worker_exits_when_its_parent_is_killed(tmp_path: Any) -> None:

@@ -35,7 +35,7 @@ class PythonExecutor(CPUComponent, KernelExecutor):
         self, source: str, name: str, *, language: str, options: Sequence[str] = ()
     ) -> KernelHandle:
         scope: dict[str, Any] = {}
-        exec(compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - a test backend
+        exec(compile(source, f"<kernel {name}>", "exec"), scope)
         key = hashlib.sha256(source.encode()).hexdigest()[:16]
         self._kernels[key] = scope[name]
         return KernelHandle(
@@ -74,7 +74,7 @@ class FaultyBackend(CPUBackend):
 
 
 #: User kernels for the tests.
-KERNELS = '''
+KERNELS = """
 import os, time
 
 def scale(backend, x, factor):
@@ -93,6 +93,6 @@ def poison(backend, x):
     from accelkit.errors import ContextPoisonedError
     backend.mark_failed("an illegal address (the test kernel's sticky error)")
     raise ContextPoisonedError("an illegal memory access was encountered (test)")
-'''
+"""
 
 _ = ContextPoisonedError  # the kernels raise it in the worker

@@ -247,7 +247,7 @@ class _Link:
         self.queued = []
         try:
             data = _dumps(msgs)
-        except Exception:  # noqa: BLE001 - one message that cannot be pickled
+        except Exception:
             data = b"".join(_dumps([m]) if _picklable(m) else _dumps([_refused(m)]) for m in msgs)
         try:
             self.conn.send_bytes(data)
@@ -354,7 +354,9 @@ class _Link:
             time.sleep(min(0.25, deadline / 4) if deadline else 0.25)
             if self.closing or self.fault is not None:
                 return
-            busy = len(self.requests) > len(self.slow) or any(s.submitted > s.completed for s in self.streams.values())
+            busy = len(self.requests) > len(self.slow) or any(
+                s.submitted > s.completed for s in self.streams.values()
+            )
             now = time.monotonic()
             if not busy:
                 self.last_progress = now
@@ -496,7 +498,7 @@ def close_spares() -> None:
 def _picklable(msg: Any) -> bool:
     try:
         _dumps([msg])
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     return True
 
@@ -531,6 +533,9 @@ class IsoStream(PositionStream):
     """A stream of an isolated backend: positions handed out here, completed when the worker
     reports the real work done."""
 
+    submitted: int
+    completed: int
+
     def __init__(self, link: _Link, sid: int, device: Device, name: str) -> None:
         self.link = link
         self.sid = sid
@@ -551,9 +556,7 @@ class IsoStream(PositionStream):
         return self._device
 
     def __repr__(self) -> str:
-        return (
-            f"IsoStream({self.name!r}, submitted={self.submitted}, completed={self.completed})"
-        )
+        return f"IsoStream({self.name!r}, submitted={self.submitted}, completed={self.completed})"
 
     def complete(self, seq: int, errors: list[tuple[int, BaseException]]) -> None:
         with self._lock:
@@ -684,9 +687,8 @@ class _Proxy:
     _kind = ""
 
     def __init__(self, backend: IsolatedBackend, link: _Link) -> None:
-        self.backend = backend  # type: ignore[misc]
+        self.backend = backend
         self._link = link
-        self._device = backend._device_for_open
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
         backend = self.backend
@@ -769,7 +771,7 @@ class _ProxyFactoryKernels(_Proxy, FactoryKernels):
 
     def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         backend = self.backend
-        stream = backend._stream_var.get() or backend._default
+        stream: Any = backend._stream_var.get() or backend._default
         link = self._link
         if array.nbytes >= SHM_THRESHOLD:
             link.prune_segments()
@@ -790,12 +792,12 @@ class _ProxyFactoryKernels(_Proxy, FactoryKernels):
 
     def random(self, out: Tensor, draw: Any) -> None:
         if self.device_random:
-            self._random(out, draw)
+            _device_random(self, out, draw)
         else:
             self.generate(out, draw.host)
 
 
-_ProxyFactoryKernels._random = _make_method("f", "random", FactoryKernels)  # type: ignore[attr-defined]
+_device_random = _make_method("f", "random", FactoryKernels)
 _ProxyFactoryKernels.fill = _make_method("f", "fill", FactoryKernels)  # type: ignore[method-assign]
 _ProxyFactoryKernels.__abstractmethods__ = frozenset()
 
@@ -834,7 +836,7 @@ class _ProxyExecutor(KernelExecutor):
     ) -> None:
         backend = self.backend
         backend.check_ready()
-        stream = backend._stream_var.get() or backend._default
+        stream: Any = backend._stream_var.get() or backend._default
         args = list(args)
         seq = self._link.call(stream, ("e", "execute_kernel", (handle, grid, block, args), {}))
         write = (stream, seq)
@@ -1058,7 +1060,7 @@ class IsolatedBackend(StreamBackend[IsoStream]):
             raise
         self._link = link
         self._info = info
-        self.version = str(info.get("version", ""))
+        object.__setattr__(self, "version", str(info.get("version", "")))
         return self._opened(link, device)
 
     def _opened(self, link: _Link, device: Device) -> Opened[IsoStream]:
@@ -1072,8 +1074,8 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         return Opened(
             streams=[default],
             memory=_ProxyMemoryKernels(self, link, pool),
-            tensor=_ProxyTensorKernels(self, link),
-            factory=_ProxyFactoryKernels(self, link),
+            tensor=_ProxyTensorKernels(self, link),  # type: ignore[abstract]  # set below it
+            factory=_ProxyFactoryKernels(self, link),  # type: ignore[abstract]
             fused=_ProxyFusedKernels(self, link),
             executor=_ProxyExecutor(self, link, langs) if langs is not None else None,
             dtypes=frozenset(info["dtypes"]),
@@ -1104,7 +1106,7 @@ class IsolatedBackend(StreamBackend[IsoStream]):
             try:
                 with anyio.fail_after(30):
                     self.worker_used_at_shutdown = await link.ask("shutdown", keep)
-            except BaseException:  # noqa: BLE001 - the worker is killed below
+            except BaseException:
                 keep = False
         if self._link is link:
             self._link = None

@@ -8,6 +8,7 @@ not used, because its resource tracker would count a segment mapped by two proce
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -50,10 +51,8 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the segment's name (mappings stay valid until dropped)."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def map_segment(path: str, nbytes: int) -> np.ndarray[Any, Any]:

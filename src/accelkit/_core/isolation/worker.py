@@ -25,7 +25,13 @@ import weakref
 from collections import deque
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["main", "ref_buffer", "ref_tensor"]
+
+#: The optional TensorKernels methods whose overriding the worker reports.
+_OPTIONAL = (
+    "depthwise", "separable_filter", "sobel_magnitude", "grayscale", "take", "cumulative",
+    "argsort", "scatter_reduce",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -186,7 +192,7 @@ class _Worker:
                         if err is None:
                             try:
                                 stream.raise_errors(pos)
-                            except BaseException as exc:  # noqa: BLE001 - reported to the user
+                            except BaseException as exc:
                                 err = exc
                         if err is not None:
                             errs.append((seq, encode_error(err)))
@@ -259,7 +265,7 @@ class _Worker:
                         if msg[0] in _RESOLVED:
                             try:
                                 msg = _resolve_msg(self, msg)
-                            except BaseException as err:  # noqa: BLE001 - a stale reference
+                            except BaseException as err:
                                 if msg[0] == "q":
                                     self.reply(msg[1], False, err)
                                 elif msg[0] != "f":  # a call: it fails at its position
@@ -279,7 +285,7 @@ class _Worker:
             try:
                 with self.backend.use_stream(self.streams[sid]):
                     getattr(self.objs[kind], name)(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - reported at its position
+            except BaseException as exc:
                 err = exc
             self._track(sid, seq, err)
             touched.add(sid)
@@ -290,7 +296,7 @@ class _Worker:
                     t = self.objs[kind].empty(shape, dtype)
                 self.tensors[tid] = t
                 self.bufs[bid] = t._buffer
-            except BaseException as exc:  # noqa: BLE001 - raised where the tensor is used
+            except BaseException as exc:
                 self.tensors[tid] = exc
         elif op == "v":  # ("v", tid, src_tid, shape, kind)
             _, tid, src, shape, kind = msg
@@ -312,12 +318,10 @@ class _Worker:
 
     async def handle_rare(self, msg: Any, touched: set[int]) -> bool:
         op = msg[0]
-        mm = self.backend.memory_manager if self.backend is not None else None
+        mm: Any = self.backend.memory_manager if self.backend is not None else None
         if op == "a":  # ("a", bid, nbytes): a raw allocation
-            try:
+            with contextlib.suppress(BaseException):  # the buffer is then stale where used
                 self.raw[msg[1]] = mm.allocate(msg[2])
-            except BaseException:  # noqa: BLE001 - the buffer is then stale where used
-                pass
         elif op == "f":  # ("f", sid, buffer, bid)
             with contextlib.suppress(BaseException), self.backend.use_stream(self.streams[msg[1]]):
                 mm.free(msg[2])
@@ -328,7 +332,7 @@ class _Worker:
             try:
                 with self.backend.use_stream(self.streams[sid]):
                     mm.copy_dtod(dst, src)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 err = exc
             self._track(sid, seq, err)
             touched.add(sid)
@@ -341,7 +345,7 @@ class _Worker:
             err = None
             try:
                 self.streams[sid].wait_event(self.events[eid])
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 err = exc
             self._track(sid, seq, err)
             touched.add(sid)
@@ -354,7 +358,7 @@ class _Worker:
             req, what, args = msg[1], msg[2], msg[3:]
             try:
                 value = await self.request(what, *args)
-            except BaseException as exc:  # noqa: BLE001 - sent back to the caller
+            except BaseException as exc:
                 self.reply(req, False, exc)
             else:
                 self.reply(req, True, value)
@@ -441,11 +445,8 @@ class _Worker:
             "capabilities": b.capabilities,
             "dtypes": b.supported_dtypes,
             "overrides": sorted(
-                n
-                for n in ("depthwise", "separable_filter", "sobel_magnitude", "grayscale",
-                          "take", "cumulative", "argsort", "scatter_reduce")
-                if isinstance(tensor, TensorKernels) and tensor.overrides(n)
-            ),  # fmt: skip
+                n for n in _OPTIONAL if isinstance(tensor, TensorKernels) and tensor.overrides(n)
+            ),
             "fused_ops": sorted(fused.fused_ops) if isinstance(fused, FusedKernels) else [],
             "device_random": isinstance(factory, FactoryKernels) and factory.device_random,
             "languages": sorted(executor.languages) if executor is not None else None,
