@@ -967,7 +967,8 @@ class _ProxyMemoryKernels(MemoryKernels):
         return self.dlpack_device(tensor)
 
     def settle(self) -> None:
-        pass
+        """Write what is queued: a queued message holds its tensors until it is written."""
+        self._link.flush()
 
 
 # -- the backend ------------------------------------------------------------------------------------
