@@ -259,6 +259,24 @@ async def test_restarts_are_rate_limited(anyio_backend: str) -> None:
         await b.shutdown()
 
 
+async def test_auto_recover_starts_a_new_worker(anyio_backend: str) -> None:
+    b = IsolatedBackend("cpu", auto_recover=True)
+    await b.initialize()
+    try:
+        pid = b.worker_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with anyio.fail_after(60):
+            while b.worker_pid in (None, pid) or not b.is_ready:  # noqa: ASYNC110 - a thread
+                await anyio.sleep(0.05)
+        assert b.last_fault is not None
+        assert b.last_fault.cause == "SIGKILL"
+        await _check_recovered(b)
+    finally:
+        await b.shutdown()
+    _no_leak([pid])
+
+
 async def test_cancelled_open_leaves_no_worker(anyio_backend: str) -> None:
     before = _children()
     with anyio.move_on_after(0.2):

@@ -14,9 +14,8 @@ When the worker dies (a signal, an abort), reports a sticky device error, or mak
 for ``deadline`` seconds while work is pending, every pending await raises
 :class:`~accelkit.errors.WorkerLostError` naming the cause and the worker's last stderr lines,
 the backend fails (its components say why), every handle from before goes stale (the
-generation grows), and ``await backend.recover()`` starts a new worker (rate-limited); with
-``auto_recover=True`` the next use after a fault... is refused just the same, but recovery
-starts at once in the background of the supervisor (see :meth:`IsolatedBackend.recover`).
+generation grows), and ``await backend.recover()`` starts a new worker (rate-limited). With
+``auto_recover=True`` a new worker is started at once, on a thread of its own, after a fault.
 """
 
 from __future__ import annotations
