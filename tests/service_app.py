@@ -140,7 +140,11 @@ def create_app(backend_name: str | None = None) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         t0 = time.perf_counter()
-        async with accelkit.open_backend(name) as backend:
+        # "isolated:cpu": the backend in a worker process (docs/isolation.md).
+        isolate = name.startswith("isolated:")
+        async with accelkit.open_backend(
+            name.removeprefix("isolated:"), isolate=isolate
+        ) as backend:
             factory = backend.tensor_factory
             state["backend"] = backend
             state["weights"] = {k: factory.from_host(v) for k, v in make_weights().items()}

@@ -44,13 +44,14 @@ HOST_DEVICE_MAX_MS = 10000.0
 
 
 #: Every backend the service runs on where it is installed and finds a device.
-BACKENDS = ["cpu", "opencl", "cuda", "webgpu", "dask"]
+BACKENDS = ["cpu", "opencl", "cuda", "webgpu", "dask", "isolated:cpu"]
 
 
 def _unavailable(name: str) -> str | None:
     """Why backend ``name`` cannot serve here (not installed, no device), or None when it can."""
     from accelkit.registry import default_registry
 
+    name = name.removeprefix("isolated:")  # the isolated form: a worker process
     if name not in default_registry.names():
         return f"accelkit-{name} is not installed"
     try:
@@ -70,7 +71,7 @@ def _unavailable(name: str) -> str | None:
 def _on_host_cores(name: str) -> bool:
     """Whether backend ``name``'s devices here are the host's CPU under another API (OpenCL on
     PoCL, a software WebGPU adapter), as their probe says."""
-    if name == "cpu":
+    if name.removeprefix("isolated:") == "cpu":
         return False
     from accelkit.registry import default_registry
 

@@ -85,6 +85,8 @@ _LAZY: dict[str, str] = {
     "StaleHandleError": "accelkit.errors",
     "TimeoutError": "accelkit.errors",
     "UnsupportedOperationError": "accelkit.errors",
+    "WorkerLostError": "accelkit.errors",
+    "IsolatedBackend": "accelkit._core.isolation.backend",
 }
 _SUBMODULES = frozenset({"errors", "quant", "registry", "calibration", "workloads"})
 
@@ -107,6 +109,7 @@ __all__ = [
     "Features",
     "IncompatiblePluginError",
     "InvalidArgumentError",
+    "IsolatedBackend",
     "KernelCompileError",
     "KernelExecutor",
     "KernelOps",
@@ -131,6 +134,7 @@ __all__ = [
     "TensorOps",
     "TimeoutError",
     "UnsupportedOperationError",
+    "WorkerLostError",
     "__version__",
     "calibration",
     "create_backend",

@@ -7,6 +7,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
+import anyio
+
 from accelkit.device import Device, DeviceInfo
 from accelkit.errors import InvalidArgumentError
 
@@ -85,18 +87,29 @@ def create_backend(
     requires: Requirements | None = None,
     policy: str = "performance",
     registry: Registry | None = None,
+    isolate: bool = False,
 ) -> ComputeBackend:
     """A backend, not yet initialized, for a backend name (``"cpu"``), a device kind
     (``"cuda"``), a device (``"cuda:1"``), a :class:`Selection`, or the best one (None).
 
     The backend's class is imported here (the first time), not when plugins are listed. Pass the
     returned backend's ``device`` hint to ``initialize``: ``await b.initialize(b.selected_device)``.
+
+    ``isolate=True`` runs the backend in a supervised worker process
+    (:class:`~accelkit.IsolatedBackend`, docs/isolation.md): a crash or a sticky device error
+    there fails its pending work with :class:`~accelkit.errors.WorkerLostError` instead of
+    ending the user's process, and ``await backend.recover()`` starts a new worker.
     """
     from accelkit.registry import default_registry
 
     reg = registry or default_registry
     name, device = _resolve(target, requires, policy, reg)
-    backend = reg.backend_class(name)()
+    if isolate:
+        from accelkit._core.isolation.backend import IsolatedBackend
+
+        backend: ComputeBackend = IsolatedBackend(name)
+    else:
+        backend = reg.backend_class(name)()
     backend.selected_device = device
     return backend
 
@@ -145,6 +158,7 @@ def open_backend(
     policy: str = "performance",
     registry: Registry | None = None,
     fallback: str | Device | None = None,
+    isolate: bool = False,
 ) -> BackendContext:
     """Select, create and initialize a backend; shut it down on exit, whatever happens::
 
@@ -163,10 +177,18 @@ def open_backend(
 
     ``target`` and ``fallback`` are where a device's string form (``"cuda:1"``) is parsed, once;
     the backend is handed the :class:`~accelkit.Device`.
+
+    ``isolate=True`` runs the backend in a supervised worker process (see
+    :func:`create_backend` and docs/isolation.md).
     """
     return BackendContext(
         _open_backend(
-            target, requires=requires, policy=policy, registry=registry, fallback=fallback
+            target,
+            requires=requires,
+            policy=policy,
+            registry=registry,
+            fallback=fallback,
+            isolate=isolate,
         )
     )
 
@@ -179,15 +201,22 @@ async def _open_backend(
     policy: str = "performance",
     registry: Registry | None = None,
     fallback: str | Device | None = None,
+    isolate: bool = False,
 ) -> AsyncIterator[ComputeBackend]:
     from accelkit.registry import default_registry
 
     reg = registry or default_registry
-    backend = create_backend(target, requires=requires, policy=policy, registry=reg)
+    backend = create_backend(
+        target, requires=requires, policy=policy, registry=reg, isolate=isolate
+    )
     try:
         await backend.initialize(backend.selected_device)
     except Exception as exc:
         reg.quarantine(backend.name, "initialize", exc)
+        raise
+    except BaseException:  # cancelled while opening: release what was opened (a worker)
+        with anyio.CancelScope(shield=True):
+            await backend.shutdown()
         raise
     try:
         if fallback is None:

@@ -85,12 +85,16 @@ async def _prepare(backend: ComputeBackend, say: Callable[[str], None]) -> None:
 
 
 async def run_demo(
-    target: str | Selection = "cpu", repeats: int = 3, say: Callable[[str], None] = print
+    target: str | Selection = "cpu",
+    repeats: int = 3,
+    say: Callable[[str], None] = print,
+    isolate: bool = False,
 ) -> DemoResult:
     """Run the demo workloads on ``target`` (a backend name, a device, or a Selection, as
-    :func:`~accelkit.open_backend` takes); report timings and agreement with NumPy."""
+    :func:`~accelkit.open_backend` takes; ``isolate``: in a worker process); report timings and
+    agreement with NumPy."""
     cfg = BlockConfig()
-    async with open_backend(target) as backend:
+    async with open_backend(target, isolate=isolate) as backend:
         result = DemoResult(backend=backend.name, device=str(backend.device))
         say(f"accelkit demo on backend {backend.name!r} ({backend.device})")
         await _prepare(backend, say)

@@ -8,6 +8,7 @@ raises has changed nothing: no output was allocated, no memory is leaked, no dev
 from __future__ import annotations
 
 import builtins
+from typing import Any
 
 __all__ = [
     "AccelError",
@@ -19,6 +20,7 @@ __all__ = [
     "DeviceError",
     "ContextPoisonedError",
     "StaleHandleError",
+    "WorkerLostError",
     "KernelCompileError",
     "BackendNotFoundError",
     "PluginLoadError",
@@ -68,6 +70,26 @@ class DeviceError(AccelError):
 
 class ContextPoisonedError(DeviceError):
     """The device context hit a sticky error; it must be rebuilt before further use."""
+
+
+class WorkerLostError(DeviceError):
+    """The worker process of an isolated backend (``open_backend(..., isolate=True)``) died,
+    hung past its deadline, or reported a sticky device error; ``cause`` says which (the
+    signal's name, the fault's text, a hang) and ``stderr_tail`` holds the worker's last stderr
+    lines. Every pending await of the backend raises it; ``await backend.recover()`` starts a
+    new worker."""
+
+    def __init__(self, message: str, *, cause: str = "", stderr_tail: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.stderr_tail = stderr_tail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_worker_lost, (str(self), self.cause, self.stderr_tail))
+
+
+def _worker_lost(message: str, cause: str, stderr_tail: str) -> WorkerLostError:
+    return WorkerLostError(message, cause=cause, stderr_tail=stderr_tail)
 
 
 class StaleHandleError(AccelError):

@@ -155,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--loop", choices=["asyncio", "trio"], default="asyncio", help="the event loop to run on"
     )
+    demo.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run the backend in a supervised worker process (docs/isolation.md)",
+    )
     return parser
 
 

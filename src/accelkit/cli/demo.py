@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     say(explain_table(selection.report))
     say("")
     result = anyio.run(
-        lambda: run_demo(selection, repeats=args.repeats, say=say), backend=args.loop
+        lambda: run_demo(selection, repeats=args.repeats, say=say, isolate=args.isolate),
+        backend=args.loop,
     )
     if args.json:
         print_json({"loop": args.loop, "selection": selection, **asdict(result)})

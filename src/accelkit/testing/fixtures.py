@@ -17,6 +17,7 @@ The conformance suite (``accelkit.testing``) uses the same fixtures.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -35,16 +36,31 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+#: Set to 1 to run the tests on the isolated form of each backend (a worker process each:
+#: ``accelkit.open_backend(name, isolate=True)``).
+ISOLATE_ENV = "ACCELKIT_TEST_ISOLATE"
+
+
+def isolated() -> bool:
+    """Whether ``ACCELKIT_TEST_ISOLATE`` asks for the isolated form of the backends."""
+    if os.environ.get(ISOLATE_ENV, "").strip() in ("", "0"):
+        return False
+    # A backend per test: the workers are kept and reused rather than started for each.
+    os.environ.setdefault("ACCELKIT_ISOLATE_SPARE", "1")
+    return True
+
+
 def backend_fixture(
     target: str | None = None, *, params: list[str] | None = None
 ) -> Callable[..., AsyncIterator[ComputeBackend]]:
-    """A fixture yielding an initialized backend: ``accelkit.open_backend(target)``, or with
+    """A fixture yielding an initialized backend: ``accelkit.open_backend(target)`` (isolated
+    where ``ACCELKIT_TEST_ISOLATE=1``), or with
     ``params``, one test per name or device in it (the test id shows which)."""
 
     @pytest.fixture(params=params)
     async def backend(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Any]:
         name = getattr(request, "param", None) or target
-        async with accelkit.open_backend(name) as b:
+        async with accelkit.open_backend(name, isolate=isolated()) as b:
             yield b
 
     return backend

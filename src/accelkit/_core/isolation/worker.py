@@ -1,0 +1,501 @@
+"""The worker process of an isolated backend: it opens the real backend and runs what the user's
+process sends, in order.
+
+Started as a fresh interpreter (never forked) by :mod:`accelkit._core.isolation.backend`. Messages arrive
+on one pipe as pickled lists; tensors and buffers in them are references (``("t", id)``,
+``("b", id)``) to the worker's own objects, resolved when unpickled. Each kernel call carries
+the user's stream and position; the worker calls the real kernel object on the matching real
+stream and, once the real work has completed, reports the position (and the errors of failed
+work) back. A sender thread batches those reports. The worker exits when the pipe closes (its
+parent died or shut it down) or its parent's pid changes; a sticky device error (the real
+backend failed, or a ContextPoisonedError) is reported as fatal and ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import io
+import os
+import pickle
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+__all__ = ["main", "ref_buffer", "ref_tensor"]
+
+#: The optional TensorKernels methods whose overriding the worker reports.
+_OPTIONAL = (
+    "depthwise", "separable_filter", "sobel_magnitude", "grayscale", "take", "cumulative",
+    "argsort", "scatter_reduce",
+)  # fmt: skip
+
+
+def main() -> None:
+    """The worker's entry point: ``python -c "...; main()" FD PARENT_PID SYS_PATH_JSON``, started
+    by the user's process with one end of a socket pair as FD and its stderr sent to a file."""
+    import json
+    import signal
+    import socket
+    from multiprocessing.connection import Connection
+
+    fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
+    sys.path[:] = [p for p in json.loads(sys.argv[3]) if p not in ("",)] + sys.path
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    faulthandler.enable()
+    sock = socket.socket(fileno=fd)
+    conn = Connection(sock.detach())
+
+    def watch_parent() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(3)
+
+    threading.Thread(target=watch_parent, daemon=True, name="accelkit-iso-parent").start()
+    import anyio
+
+    worker = _Worker(conn)
+    try:
+        anyio.run(worker.serve)
+    finally:
+        sys.stderr.flush()
+        os._exit(0)
+
+
+class _Ref:
+    """A tensor (``t``) or buffer (``b``) of the user's process, as unpickled: resolved to the
+    worker's own when its message is handled (a message before it may create it)."""
+
+    __slots__ = ("ident", "kind")
+
+    def __init__(self, kind: str, ident: int) -> None:
+        self.kind = kind
+        self.ident = ident
+
+
+def ref_tensor(tid: int) -> _Ref:
+    """Unpickles a tensor of the user's process (see :class:`_Ref`)."""
+    return _Ref("t", tid)
+
+
+def ref_buffer(bid: int) -> _Ref:
+    """Unpickles a buffer of the user's process (see :class:`_Ref`)."""
+    return _Ref("b", bid)
+
+
+def _resolve(w: _Worker, x: Any) -> Any:
+    if type(x) is _Ref:
+        if x.kind == "t":
+            t = w.tensors.get(x.ident)
+            if t is None or isinstance(t, BaseException):
+                raise t if isinstance(t, BaseException) else _stale("tensor", x.ident)
+            return t
+        buf = w.raw.get(x.ident)
+        if buf is None:
+            buf = w.bufs.get(x.ident)
+        if buf is None:
+            raise _stale("buffer", x.ident)
+        return buf
+    return x
+
+
+def _resolve_msg(w: _Worker, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``msg`` with its references resolved (two levels into tuples, lists and dicts: a call's
+    arguments, and a list of tensors among them)."""
+    out = []
+    for a in msg:
+        ta = type(a)
+        if ta is _Ref:
+            a = _resolve(w, a)
+        elif ta is tuple or ta is list:
+            a = ta(
+                _resolve(w, x) if type(x) is not list else [_resolve(w, y) for y in x] for x in a
+            )
+        elif ta is dict:
+            a = {
+                k: _resolve(w, v) if type(v) is not list else [_resolve(w, y) for y in v]
+                for k, v in a.items()
+            }
+        out.append(a)
+    return tuple(out)
+
+
+def _stale(what: str, ident: int) -> Exception:
+    from accelkit.errors import StaleHandleError
+
+    return StaleHandleError(f"the worker holds no {what} {ident}: it was freed or never made")
+
+
+#: The messages whose references are resolved before they are handled.
+_RESOLVED = frozenset({"c", "cp", "we", "q", "f"})
+
+
+class _Worker:
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.backend: Any = None
+        self.tensors: dict[int, Any] = {}
+        self.bufs: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self.raw: dict[int, Any] = {}
+        self.streams: dict[int, Any] = {}
+        self.events: dict[int, Any] = {}
+        self.objs: dict[str, Any] = {}
+        # (real position, user position, error or None) per stream, not yet reported.
+        self.inflight: dict[int, deque[tuple[int, int, Any]]] = {}
+        self.lock = threading.Lock()
+        self.out: deque[Any] = deque()
+        self.wake = threading.Condition(self.lock)
+        self.send_lock = threading.Lock()
+        self.closing = False
+
+    # -- sending ----------------------------------------------------------------------------------
+    def send(self, msg: Any) -> None:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        with self.send_lock:
+            self.conn.send_bytes(data)
+
+    def reply(self, req: int, ok: bool, value: Any) -> None:
+        from accelkit._core.isolation.proto import encode_error
+
+        self.send(("r", req, ok, value if ok else encode_error(value)))
+
+    def _sender(self) -> None:
+        from accelkit._core.isolation.proto import encode_error
+
+        while True:
+            with self.lock:
+                while not self.out and not self.closing:
+                    self.wake.wait()
+                if not self.out:
+                    return
+                items = list(self.out)
+                self.out.clear()
+            done: dict[int, int] = {}
+            for sid, real_pos in items:
+                done[sid] = max(done.get(sid, 0), real_pos)
+            msgs = []
+            fatal = None
+            for sid, real_pos in done.items():
+                stream = self.streams.get(sid)
+                q = self.inflight.get(sid)
+                if stream is None or q is None:
+                    continue
+                errs = []
+                last = 0
+                with self.lock:
+                    while q and q[0][0] <= real_pos:
+                        pos, seq, err = q.popleft()
+                        if err is None:
+                            try:
+                                stream.raise_errors(pos)
+                            except BaseException as exc:
+                                err = exc
+                        if err is not None:
+                            errs.append((seq, encode_error(err)))
+                            fatal = fatal or self._sticky(err)
+                        last = seq
+                if last:
+                    msgs.append(("d", sid, last, errs))
+            if fatal is not None:  # the context is gone: nothing after it can be trusted
+                with contextlib.suppress(OSError, ValueError):
+                    self.send(("F", fatal))
+                sys.stderr.write(f"accelkit isolated worker: {fatal}\n")
+                sys.stderr.flush()
+                os._exit(4)
+            if msgs:
+                with contextlib.suppress(OSError, ValueError):
+                    self.send(("D", msgs))
+
+    def _sticky(self, err: BaseException) -> str | None:
+        from accelkit.capabilities import LifecycleState
+        from accelkit.errors import ContextPoisonedError
+
+        b = self.backend
+        if isinstance(err, ContextPoisonedError):
+            return f"{type(err).__name__}: {err}"
+        if b is not None and b.state is LifecycleState.FAILED:
+            return f"the backend failed: {b.status.error or err!r}"
+        return None
+
+    def _track(self, sid: int, seq: int, err: BaseException | None) -> None:
+        stream = self.streams[sid]
+        pos = int(stream.submitted)
+        q = self.inflight.setdefault(sid, deque())
+        with self.lock:
+            q.append((pos, seq, err))
+
+    def _watch(self, sids: set[int]) -> None:
+        for sid in sids:
+            stream = self.streams[sid]
+            pos = int(stream.submitted)
+
+            def fire(sid: int = sid, pos: int = pos) -> None:
+                with self.lock:
+                    self.out.append((sid, pos))
+                    self.wake.notify()
+
+            stream.add_waiter(pos, fire)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _recv(self) -> list[bytes]:
+        try:
+            items = [self.conn.recv_bytes()]
+            while len(items) < 256 and self.conn.poll(0):
+                items.append(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)  # the parent is gone, or closed the pipe
+        return items
+
+    async def serve(self) -> None:
+        import anyio
+
+        threading.Thread(target=self._sender, daemon=True, name="accelkit-iso-sender").start()
+        while True:
+            batch = await anyio.to_thread.run_sync(self._recv)
+            touched: set[int] = set()
+            for data in batch:
+                f = io.BytesIO(data)
+                while f.tell() < len(data):
+                    msgs = pickle.load(f)
+                    for msg in msgs:
+                        if msg[0] in _RESOLVED:
+                            try:
+                                msg = _resolve_msg(self, msg)
+                            except BaseException as err:
+                                if msg[0] == "q":
+                                    self.reply(msg[1], False, err)
+                                elif msg[0] != "f":  # a call: it fails at its position
+                                    self._track(msg[1], msg[2], err)
+                                    touched.add(msg[1])
+                                continue
+                        if await self.handle(msg, touched):
+                            return
+            if touched:
+                self._watch(touched)
+
+    async def handle(self, msg: Any, touched: set[int]) -> bool:
+        op = msg[0]
+        if op == "c":  # a kernel call: ("c", sid, seq, kind, name, args, kwargs)
+            _, sid, seq, kind, name, args, kwargs = msg
+            err = None
+            try:
+                with self.backend.use_stream(self.streams[sid]):
+                    getattr(self.objs[kind], name)(*args, **kwargs)
+            except BaseException as exc:
+                err = exc
+            self._track(sid, seq, err)
+            touched.add(sid)
+        elif op == "e":  # ("e", tid, bid, shape, dtype, kind, sid)
+            _, tid, bid, shape, dtype, kind, sid = msg
+            try:
+                with self.backend.use_stream(self.streams[sid]):
+                    t = self.objs[kind].empty(shape, dtype)
+                self.tensors[tid] = t
+                self.bufs[bid] = t._buffer
+            except BaseException as exc:
+                self.tensors[tid] = exc
+        elif op == "v":  # ("v", tid, src_tid, shape, kind)
+            _, tid, src, shape, kind = msg
+            base = self.tensors.get(src)
+            if base is None or isinstance(base, BaseException):
+                self.tensors[tid] = base if base is not None else _stale("tensor", src)
+            else:
+                self.tensors[tid] = self.objs[kind].view(base, shape)
+        elif op == "x":  # ("x", tids, bids, eids): the user's handles died
+            for tid in msg[1]:
+                self.tensors.pop(tid, None)
+            for bid in msg[2]:
+                self.raw.pop(bid, None)
+            for eid in msg[3]:
+                self.events.pop(eid, None)
+        else:
+            return await self.handle_rare(msg, touched)
+        return False
+
+    async def handle_rare(self, msg: Any, touched: set[int]) -> bool:
+        op = msg[0]
+        mm: Any = self.backend.memory_manager if self.backend is not None else None
+        if op == "a":  # ("a", bid, nbytes): a raw allocation
+            with contextlib.suppress(BaseException):  # the buffer is then stale where used
+                self.raw[msg[1]] = mm.allocate(msg[2])
+        elif op == "f":  # ("f", sid, buffer, bid)
+            with contextlib.suppress(BaseException), self.backend.use_stream(self.streams[msg[1]]):
+                mm.free(msg[2])
+            self.raw.pop(msg[3], None)
+        elif op == "cp":  # ("cp", sid, seq, dst, src)
+            _, sid, seq, dst, src = msg
+            err = None
+            try:
+                with self.backend.use_stream(self.streams[sid]):
+                    mm.copy_dtod(dst, src)
+            except BaseException as exc:
+                err = exc
+            self._track(sid, seq, err)
+            touched.add(sid)
+        elif op == "s":  # ("s", sid): a new stream
+            self.streams[msg[1]] = self.backend.create_stream()
+        elif op == "ev":  # ("ev", sid, eid): record an event
+            self.events[msg[2]] = self.streams[msg[1]].record_event()
+        elif op == "we":  # ("we", sid, seq, eid)
+            _, sid, seq, eid = msg
+            err = None
+            try:
+                self.streams[sid].wait_event(self.events[eid])
+            except BaseException as exc:
+                err = exc
+            self._track(sid, seq, err)
+            touched.add(sid)
+        elif op == "bad":  # ("bad", sid, seq, text): a call that could not be sent
+            from accelkit.errors import InvalidArgumentError
+
+            self._track(msg[1], msg[2], InvalidArgumentError(msg[3]))
+            touched.add(msg[1])
+        elif op == "q":  # a request: ("q", req, what, *args)
+            req, what, args = msg[1], msg[2], msg[3:]
+            try:
+                value = await self.request(what, *args)
+            except BaseException as exc:
+                self.reply(req, False, exc)
+            else:
+                self.reply(req, True, value)
+                if what == "shutdown" and not args[0]:
+                    return True
+        return False
+
+    async def request(self, what: str, *args: Any) -> Any:
+        import numpy as np
+
+        from accelkit._core.isolation.proto import map_segment
+
+        b = self.backend
+        if what == "open":
+            return await self.open(*args)
+        mm = b.memory_manager
+        if what == "read":  # (tensor, segment path or None)
+            t, path = args
+            arr = await mm.read_tensor(t)
+            if path is None:
+                return arr
+            dst = map_segment(path, arr.nbytes)
+            np.copyto(dst, np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+            return None
+        if what == "readb":  # (buffer, tensor or None, nbytes, path or None)
+            buf, t, nbytes, path = args
+            out = np.empty(nbytes, np.uint8) if path is None else map_segment(path, nbytes)
+            await mm.copy_dtoh(out, t if t is not None else buf)
+            return out if path is None else None
+        if what == "write":  # (sid, buffer, tensor or None, bytes or path, nbytes)
+            sid, buf, t, data, nbytes = args
+            src = np.frombuffer(data, np.uint8) if not isinstance(data, str) else None
+            if src is None:
+                src = map_segment(data, nbytes)
+            with b.use_stream(self.streams[sid]):
+                await mm.copy_htod(t if t is not None else buf, src)
+            return None
+        if what == "info":
+            return mm.memory_info()
+        if what == "configure":
+            mm.configure_pool(args[0])
+            return None
+        if what in ("trim", "reset_peak"):
+            return getattr(mm, what)()
+        if what == "load_kernel":
+            source, name, language, options = args
+            return await b.kernel_executor.load_kernel(
+                source, name, language=language, options=options
+            )
+        if what == "kernel_info":
+            return b.kernel_executor.kernel_info(args[0])
+        if what == "unload_kernel":
+            b.kernel_executor.unload_kernel(args[0])
+            return None
+        if what == "sync":
+            await b.synchronize()
+            return None
+        if what == "shutdown":  # (keep,): keep serving, for the next open
+            return await self.shutdown(bool(args[0]))
+        raise ValueError(f"unknown request {what!r}")
+
+    async def open(self, spec: str, device: str | None, pool_config: Any) -> dict[str, Any]:
+        from accelkit.registry import _import_path, default_registry
+        from accelkit.sdk.kernels import FactoryKernels, FusedKernels, TensorKernels
+
+        if ":" in spec and "." in spec.partition(":")[0]:
+            cls = _import_path(spec)
+        else:
+            cls = default_registry.backend_class(spec)
+        b = cls(pool_config) if pool_config is not None else cls()
+        await b.initialize(device)
+        self.backend = b
+        self.streams = {0: b.default_stream}
+        tensor = b.tensor_ops.kernels
+        factory = b.tensor_factory.kernels
+        fused = b.kernel_ops.kernels
+        executor = b.kernel_executor
+        self.objs = {"t": tensor, "f": factory, "k": fused, "e": executor, "F": _Uploads(factory)}
+        info: dict[str, Any] = {
+            "name": b.name,
+            "version": getattr(b, "version", ""),
+            "device": str(b.device),
+            "device_kinds": sorted(b.device_kinds),
+            "capabilities": b.capabilities,
+            "dtypes": b.supported_dtypes,
+            "overrides": sorted(
+                n for n in _OPTIONAL if isinstance(tensor, TensorKernels) and tensor.overrides(n)
+            ),
+            "fused_ops": sorted(fused.fused_ops) if isinstance(fused, FusedKernels) else [],
+            "device_random": isinstance(factory, FactoryKernels) and factory.device_random,
+            "languages": sorted(executor.languages) if executor is not None else None,
+            "pid": os.getpid(),
+        }
+        return info
+
+    async def shutdown(self, keep: bool) -> int:
+        """Shut the real backend down; its memory in use just before (0 when every tensor was
+        dropped). With ``keep``, the worker then waits for the next open."""
+        b = self.backend
+        self.tensors.clear()
+        self.raw.clear()
+        self.events.clear()
+        import gc
+
+        gc.collect()
+        used = b.memory_manager.memory_info().used if b is not None else 0
+        if b is not None:
+            await b.shutdown()
+        with self.lock:
+            self.inflight.clear()
+            self.out.clear()
+            self.streams = {}
+            self.objs = {}
+            self.backend = None
+            if not keep:
+                self.closing = True
+                self.wake.notify()
+        return int(used)
+
+
+class _Uploads:
+    """Large uploads: the factory's ``from_host`` from a shared-memory segment, unlinked once
+    the kernel took its snapshot."""
+
+    def __init__(self, factory: Any) -> None:
+        self.factory = factory
+
+    def from_host(self, out: Any, path: str, dtype: str, shape: tuple[int, ...]) -> None:
+        import numpy as np
+
+        from accelkit._core.isolation.proto import map_segment
+
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        try:
+            arr = map_segment(path, n).view(dt).reshape(shape)
+            self.factory.from_host(out, arr)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)

@@ -1,0 +1,335 @@
+"""Isolated backends (``open_backend(name, isolate=True)``): the work runs in a worker process,
+and its faults (a kill, an abort, a sticky device error, a hang) end in typed errors, no leak
+and no hang in the user's process, and a backend that ``recover()`` brings back.
+
+The faults come from the test backend of :mod:`support.isolation_faults` (user kernels in
+Python, run in the worker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import accelkit as ak
+from accelkit._core.isolation.backend import IsolatedBackend
+from accelkit.errors import (
+    NotInitializedError,
+    StaleHandleError,
+    UnsupportedOperationError,
+    WorkerLostError,
+)
+from support.isolation_faults import KERNELS
+
+pytestmark = pytest.mark.anyio
+
+FAULTY = "support.isolation_faults:FaultyBackend"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _segments() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(f"accelkit-iso-{os.getpid()}-")}
+    except OSError:
+        return set()
+
+
+async def _check_recovered(b: Any) -> None:
+    """After recover(): correct results against NumPy, and the old world stale."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 48)).astype(np.float32)
+    c = rng.standard_normal((48, 32)).astype(np.float32)
+    ta, tc = b.tensor_factory.from_host(a), b.tensor_factory.from_host(c)
+    got = await b.tensor_ops.matmul(ta, tc).to_host()
+    eps = float(np.finfo(np.float32).eps)
+    np.testing.assert_allclose(got, a @ c, rtol=64 * eps * 48, atol=64 * eps * 48)
+    assert b.status.state is ak.LifecycleState.READY
+
+
+async def test_isolated_cpu_computes_like_numpy(anyio_backend: str) -> None:
+    async with ak.open_backend("cpu", isolate=True) as b:
+        assert isinstance(b, IsolatedBackend)
+        assert b.name == "cpu"
+        pid = b.worker_pid
+        assert pid is not None
+        assert pid != os.getpid()
+        x = np.linspace(-2, 2, 3000, dtype=np.float32).reshape(30, 100)
+        t = b.tensor_factory.from_host(x)
+        y = b.tensor_ops.unary("exp", t) * 2.0 + t
+        eps = float(np.finfo(np.float32).eps)
+        np.testing.assert_allclose(await y.to_host(), np.exp(x) * 2 + x, rtol=8 * eps)
+        # a large transfer comes through shared memory
+        big = np.arange(1 << 20, dtype=np.float32)
+        tb = b.tensor_factory.from_host(big)
+        np.testing.assert_array_equal(await (tb + 1.0).to_host(), big + 1)
+        # streams and events
+        s = b.create_stream()
+        with b.use_stream(s):
+            z = t * 3.0
+            ev = s.record_event()
+        b.default_stream.wait_event(ev)
+        w = z + 1.0
+        np.testing.assert_allclose(await w.to_host(), x * 3 + 1, rtol=4 * eps)
+        # raw buffers
+        buf = b.memory_manager.allocate(4096)
+        src = np.arange(1024, dtype=np.float32)
+        await b.memory_manager.copy_htod(buf, src)
+        out = np.empty(1024, np.float32)
+        await b.memory_manager.copy_dtoh(out, buf)
+        np.testing.assert_array_equal(out, src)
+        b.memory_manager.free(buf)
+        with pytest.raises(UnsupportedOperationError, match="DLPack"):
+            t.__dlpack__()
+        del t, y, tb, z, w, buf
+        info = await b.worker_memory_info()
+        assert info.used == 0, info
+        assert not _segments()
+    assert b.worker_used_at_shutdown == 0
+    assert b.memory_manager.memory_info().used == 0
+    assert not _alive(pid)
+
+
+async def test_user_kernels_run_in_the_worker(anyio_backend: str) -> None:
+    async with ak.open_backend("cpu") as _cpu:
+        pass
+    b = IsolatedBackend(FAULTY)
+    await b.initialize("cpu:0")
+    try:
+        ex = b.kernel_executor
+        assert ex is not None
+        assert "python" in ex.languages
+        h = await ex.load_kernel(KERNELS, "scale", language="python")
+        x = np.arange(10, dtype=np.float32)
+        t = b.tensor_factory.from_host(x)
+        ex.execute_kernel(h, (1,), (1,), [t, 3.0])
+        np.testing.assert_array_equal(await t.to_host(), x * 3)
+        assert ex.kernel_info(h).name == "scale"
+    finally:
+        await b.shutdown()
+
+
+async def _open_faulty(deadline: float | None = None) -> IsolatedBackend:
+    b = IsolatedBackend(FAULTY, deadline=deadline)
+    await b.initialize("cpu:0")
+    return b
+
+
+def _no_leak(pids: list[int]) -> None:
+    assert not _segments()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)]
+
+
+async def test_worker_killed_mid_gemm(anyio_backend: str) -> None:
+    b = await _open_faulty()
+    try:
+        pid = b.worker_pid
+        assert pid is not None
+        n = 1536
+        a = b.tensor_factory.from_host(np.ones((n, n), np.float32))
+        outs = [b.tensor_ops.matmul(a, a) for _ in range(6)]  # several seconds of GEMMs
+        errors: list[BaseException] = []
+
+        async def wait(t: Any) -> None:
+            try:
+                await t.to_host()
+            except BaseException as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for t in (outs[-1], outs[-2]):  # two awaits pending when the worker dies
+                    tg.start_soon(wait, t)
+                await anyio.sleep(0.3)
+                os.kill(pid, signal.SIGKILL)
+        assert len(errors) == 2, errors
+        assert all(isinstance(e, WorkerLostError) for e in errors), errors
+        assert all("SIGKILL" in str(e) for e in errors)
+        with pytest.raises((WorkerLostError, StaleHandleError)):  # a new await: stale
+            await outs[0].to_host()
+        lost = errors[0]
+        assert isinstance(lost, WorkerLostError)
+        assert lost.cause == "SIGKILL"
+        assert "SIGKILL" in (b.status.error or "")
+        gen = b.generation
+        with pytest.raises((NotInitializedError, StaleHandleError)):
+            b.tensor_ops.unary("neg", a)
+        _no_leak([pid])
+        with anyio.fail_after(60):
+            await b.recover()
+        assert b.generation > gen
+        assert b.worker_pid not in (None, pid)
+        with pytest.raises(StaleHandleError):
+            b.tensor_ops.unary("neg", a)
+        await _check_recovered(b)
+        assert b.last_fault is not None
+        assert "recovered from" in (b.status.error or "")
+    finally:
+        await b.shutdown()
+
+
+@pytest.mark.parametrize("kernel", ["abort", "poison"])
+async def test_worker_abort_and_sticky_error(anyio_backend: str, kernel: str) -> None:
+    b = await _open_faulty()
+    try:
+        pid = b.worker_pid
+        assert pid is not None
+        ex = b.kernel_executor
+        assert ex is not None
+        h = await ex.load_kernel(KERNELS, kernel, language="python")
+        t = b.tensor_factory.from_host(np.zeros(8, np.float32))
+        ex.execute_kernel(h, (1,), (1,), [t])
+        with anyio.fail_after(20), pytest.raises(WorkerLostError) as info:
+            await t.to_host()
+        text = str(info.value)
+        if kernel == "abort":
+            assert info.value.cause == "SIGABRT"
+            assert "the test kernel aborts on purpose" in text
+            assert "the test kernel aborts on purpose" in info.value.stderr_tail
+        else:
+            assert "sticky" in text
+            assert "illegal memory access" in text
+        _no_leak([pid])
+        with anyio.fail_after(60):
+            await b.recover()
+        await _check_recovered(b)
+    finally:
+        await b.shutdown()
+
+
+async def test_hung_worker_past_the_deadline(anyio_backend: str) -> None:
+    b = await _open_faulty(deadline=1.0)
+    try:
+        pid = b.worker_pid
+        assert pid is not None
+        ex = b.kernel_executor
+        assert ex is not None
+        h = await ex.load_kernel(KERNELS, "hang", language="python")
+        t = b.tensor_factory.from_host(np.zeros(8, np.float32))
+        ex.execute_kernel(h, (1,), (1,), [t])
+        with anyio.fail_after(20), pytest.raises(WorkerLostError, match="hung") as info:
+            await t.to_host()
+        assert info.value.cause == "hang"
+        _no_leak([pid])
+        with anyio.fail_after(60):
+            await b.recover()
+        await _check_recovered(b)
+    finally:
+        await b.shutdown()
+
+
+async def test_restarts_are_rate_limited(anyio_backend: str) -> None:
+    b = IsolatedBackend("cpu", max_restarts=1, restart_window=600)
+    await b.initialize()
+    try:
+        for attempt in range(2):
+            pid = b.worker_pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(20):
+                while b.is_ready:  # noqa: ASYNC110 - the fault is noticed on another thread
+                    await anyio.sleep(0.02)
+            if attempt == 0:
+                await b.recover()
+            else:
+                with pytest.raises(ak.DeviceError, match="restarted 1 times"):
+                    await b.recover()
+    finally:
+        await b.shutdown()
+
+
+async def test_auto_recover_starts_a_new_worker(anyio_backend: str) -> None:
+    b = IsolatedBackend("cpu", auto_recover=True)
+    await b.initialize()
+    try:
+        pid = b.worker_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with anyio.fail_after(60):
+            while b.worker_pid in (None, pid) or not b.is_ready:  # noqa: ASYNC110 - a thread
+                await anyio.sleep(0.05)
+        assert b.last_fault is not None
+        assert b.last_fault.cause == "SIGKILL"
+        await _check_recovered(b)
+    finally:
+        await b.shutdown()
+    _no_leak([pid])
+
+
+async def test_cancelled_open_leaves_no_worker(anyio_backend: str) -> None:
+    before = _children()
+    with anyio.move_on_after(0.2):
+        async with ak.open_backend("cpu", isolate=True):
+            await anyio.sleep(30)
+    deadline = time.monotonic() + 10
+    while _children() - before and time.monotonic() < deadline:  # noqa: ASYNC110 - a process
+        await anyio.sleep(0.05)
+    assert not (_children() - before)
+
+
+def _children() -> set[int]:
+    try:
+        import psutil  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        out = subprocess.run(
+            ["ps", "-o", "pid=,stat=", "--ppid", str(os.getpid())],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        return {int(p) for p, st in (ln.split() for ln in out.splitlines()) if "Z" not in st}
+    return {c.pid for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE}
+
+
+def test_worker_exits_when_its_parent_is_killed(tmp_path: Any) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, anyio, accelkit as ak
+
+            async def main():
+                async with ak.open_backend("cpu", isolate=True) as b:
+                    print(b.worker_pid, flush=True)
+                    await anyio.sleep(600)
+
+            anyio.run(main)
+            """
+        )
+    )
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    try:
+        assert parent.stdout is not None
+        line = parent.stdout.readline()
+        worker = int(line)
+        assert _alive(worker)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker), "the worker outlived its parent"
