@@ -6,8 +6,9 @@ matmul, exp, relu, a row sum, an add of a scalar) submitted ``calls`` times back
 round times one block of calls for each side in turn (accelkit, PyTorch, NumPy), and the figure
 is the median over the rounds of the mean time per call. On the CPU backend a 64x64 op runs
 inline when its stream is idle, so the figure is what a caller waits for each call, compute
-included, as it is for PyTorch CPU and NumPy; the difference is the per-op overhead of the
-submission path (validation, output allocation from the pool, the launch, stream bookkeeping).
+included, as it is for PyTorch CPU (on one thread) and NumPy; the difference is the per-op
+overhead of the submission path (validation, output allocation from the pool, the launch,
+stream bookkeeping).
 
 ``benchmarks/bench_cuda.py`` runs the same cases on the CUDA backend against PyTorch CUDA
 (:func:`host_times` with ``sync``): there the figure is the host time to submit, the device
@@ -98,6 +99,10 @@ async def run(backend_name: str, calls: int, rounds: int) -> dict[str, Any]:
         import torch
     except ImportError:
         torch = None
+    if torch is not None and backend_name == "cpu":
+        # One thread, as every side's small op runs on the calling thread: PyTorch's spare
+        # threads spin after a call and, on a small or shared machine, take the others' cores.
+        torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     a_h = rng.standard_normal((64, 64)).astype(np.float32)
     b_h = rng.standard_normal((64, 64)).astype(np.float32)
