@@ -13,9 +13,9 @@ one add, subtract or multiply this is the correctly rounded result); ``maximum``
 propagate NaN as NumPy and CuPy do. Everything else (broadcasting, scalars, mixed dtypes) takes
 CuPy's path, as before.
 
-The program compiles on a thread of its own when the backend's tensor kernels are made (from
-the disk cache: milliseconds; cold: about a second) and loads on the submission thread; until
-then, or if NVRTC is missing, every op takes CuPy's path. **Unmeasured on a GPU** when written
+The program compiles on a thread of its own from the first such op on (from the disk cache:
+milliseconds; cold: about a second) and loads on the submission thread; until then, or if
+NVRTC is missing, every op takes CuPy's path. **Unmeasured on a GPU** when written
 (issue 29): the kernels compile in the GPU-free tests, the launch has not run on a device.
 """
 
@@ -156,11 +156,10 @@ class ElementwiseProgram:
         backend = self._backend
         try:
             compiled = compile_cached(SOURCE, backend._arch, (), "accelkit_elementwise.cu")
-        except Exception as exc:  # no NVRTC, an unknown architecture: CuPy's path for good
-            self.error = exc
+            backend.thread.submit(lambda: self._load(compiled.binary))
+        except Exception as exc:  # no NVRTC, an unknown architecture, a backend shut down:
+            self.error = exc  # CuPy's path for good
             _log.debug("the elementwise kernels are unavailable", exc_info=True)
-            return
-        backend.thread.submit(lambda: self._load(compiled.binary))
 
     def _load(self, binary: bytes) -> None:
         """On the submission thread: load the module and look up every kernel."""
