@@ -371,3 +371,53 @@ async def test_random_numbers_are_drawn_on_the_device_in_stream_order(plugin: Pl
     np.testing.assert_allclose(
         got_wide, _reference("uniform", -3e38, 3e38, (64,), 2, np.float64).astype(np.float32)
     )
+
+
+async def test_same_dtype_binary_ops_launch_the_raw_kernels(plugin: Plugin) -> None:
+    """add sub mul maximum minimum of two tensors of one float dtype and shape: one raw NVRTC
+    kernel on the submission thread (issue 29), with the values of NumPy's ufuncs (the
+    stand-in computes the kernels); a broadcast or a scalar still takes CuPy's path."""
+    loop_thread = threading.get_ident()
+    backend = await _open(plugin)
+    rng = np.random.default_rng(5)
+    a_h = rng.standard_normal((8, 16)).astype(np.float32)
+    b_h = rng.standard_normal((8, 16)).astype(np.float32)
+    b_h[0, :3] = np.nan
+    try:
+        fast = backend.tensor_ops.kernels.fast
+        fast.start()  # what the first such op does
+        for _ in range(500):  # compiled (a stand-in here), then loaded on the submission thread
+            if fast.ready or fast.error is not None:
+                break
+            await anyio.sleep(0.01)
+        assert fast.ready, fast.error
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a, b = f.from_host(a_h), f.from_host(b_h)
+        fake_cupy.CALLS.clear()
+        outs = {op: ops.binary(op, a, b) for op in ("add", "sub", "mul", "maximum", "minimum")}
+        half = ops.add(ops.cast(a, "f16"), ops.cast(b, "f16"))
+        got = {op: await t.to_host() for op, t in outs.items()}
+        got_half = await half.to_host()
+        launches = {name for name, ident in fake_cupy.CALLS if name.startswith("launch ew_")}
+        assert not {name for name, ident in fake_cupy.CALLS if ident == loop_thread}
+        fake_cupy.CALLS.clear()
+        row = f.from_host(b_h[:1])
+        broadcast = await ops.add(a, row).to_host()  # CuPy's path
+        scalar = await ops.mul(a, 2.0).to_host()
+        assert not any(name.startswith("launch ew_") for name, _ in fake_cupy.CALLS)
+    finally:
+        await backend.shutdown()
+    assert launches == {
+        "launch ew_add_f32", "launch ew_sub_f32", "launch ew_mul_f32", "launch ew_maximum_f32",
+        "launch ew_minimum_f32", "launch ew_add_f16",
+    }  # fmt: skip
+    np.testing.assert_array_equal(got["add"], a_h + b_h)
+    np.testing.assert_array_equal(got["sub"], a_h - b_h)
+    np.testing.assert_array_equal(got["mul"], a_h * b_h)
+    np.testing.assert_array_equal(got["maximum"], np.maximum(a_h, b_h))  # NaN propagates
+    np.testing.assert_array_equal(got["minimum"], np.minimum(a_h, b_h))
+    a16, b16 = a_h.astype(np.float16), b_h.astype(np.float16)
+    want16 = (a16.astype(np.float32) + b16.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(got_half, want16)
+    np.testing.assert_array_equal(broadcast, a_h + b_h[:1])
+    np.testing.assert_array_equal(scalar, a_h * 2.0)

@@ -22,18 +22,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from accelkit.dtype import DType
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
     from accelkit._core.positions import PositionStream
     from accelkit._core.stream_backend import StreamBackend
     from accelkit.abc.memory import DeviceBuffer
-    from accelkit.dtype import DType
 
-__all__ = ["KernelBase", "other_writers"]
+__all__ = ["ITEMSIZE", "KernelBase", "other_writers"]
 
 #: The backend's stream type (``KernelBase[HostStream]``).
 S = TypeVar("S")
+
+#: Bytes per element of each dtype: a dict lookup where ``DType.itemsize`` is a property call.
+ITEMSIZE: dict[DType, int] = {d: d.itemsize for d in DType}
 
 
 def other_writers(stream: PositionStream, inputs: Iterable[Any]) -> list[tuple[Any, int]]:
@@ -117,7 +120,7 @@ class KernelBase(Generic[S]):
         pool = backend._pool
         if pool is None:
             pool = backend.pool  # raises NotInitializedError, saying why
-        buf = pool.allocate(size * dtype.itemsize)
+        buf = pool.allocate(size * ITEMSIZE[dtype])
         stream: Any = backend._stream_var.get() or backend._default
         data = self.make_storage(buf, shape, dtype)
         return Tensor(backend, buf, data, shape, dtype, stream.device, size, stream, 0)

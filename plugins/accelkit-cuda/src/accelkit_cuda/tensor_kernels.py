@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cupy as cp
+import numpy as np
 
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
-from accelkit.sdk import Operand, TensorKernels
+from accelkit.sdk import Operand, TensorKernels, buffer_of
 from accelkit.tensor import Tensor
 from accelkit_cuda import cupy_tensor as ck
+from accelkit_cuda.fast_elementwise import BLOCK, ElementwiseProgram, grid_for
 from accelkit_cuda.submit import CUDAComponent, storage, xa
 
+if TYPE_CHECKING:
+    from accelkit_cuda.backend import CUDABackend
+
 __all__ = ["CUDATensorKernels", "range_error"]
+
+_BLOCK = (BLOCK,)
 
 
 def range_error(op: str, what: str, low: int, high: int) -> Any:
@@ -23,17 +30,55 @@ def range_error(op: str, what: str, low: int, high: int) -> Any:
 
 
 class CUDATensorKernels(CUDAComponent, TensorKernels):
+    def __init__(self, backend: CUDABackend) -> None:
+        super().__init__(backend)
+        #: Raw NVRTC kernels of the commonest binary ops (compiled off the loop from the first
+        #: such op on; CuPy's path until they are loaded).
+        self.fast = ElementwiseProgram(backend)
+
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
         self.launch(lambda: ck.unary(op, storage(x), storage(out)), (x,), (out,), what=op)
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
+        if type(a) is Tensor and type(b) is Tensor:
+            dt = out.dtype
+            n = out.size
+            if (
+                n
+                and a.dtype is dt
+                and b.dtype is dt
+                and a.shape == b.shape == out.shape
+                and (fn := self.fast.function(op, dt)) is not None
+            ):
+                self._launch_raw(fn, op, a, b, out, n)
+                return
         if op == "add" and type(a) is Tensor and type(b) is Tensor and a.dtype is b.dtype:
             self.launch(
                 lambda: cp.add(storage(a), storage(b), out=storage(out)), (a, b), (out,), what=op
             )
             return
         self.launch(lambda: ck.binary(op, xa(a), xa(b), storage(out)), (a, b), (out,), what=op)
+
+    def _launch_raw(self, fn: Any, op: str, a: Tensor, b: Tensor, out: Tensor, n: int) -> None:
+        """One raw kernel over the three blocks' pointers (read on the submission thread,
+        where the blocks' cudaMalloc ran): the grid and the element count are computed here,
+        once. A block without memory (a failed allocation) takes CuPy's path, which raises
+        the allocation's error for the await that covers the output."""
+        blocks = (buffer_of(a).handle, buffer_of(b).handle, buffer_of(out).handle)
+        grid = grid_for(n)
+        count = np.int64(n)
+        stream = self.current_stream
+
+        def run() -> None:
+            pa, pb, po = blocks[0].ptr, blocks[1].ptr, blocks[2].ptr
+            if pa and pb and po:
+                args = (np.uintp(pa), np.uintp(pb), np.uintp(po), count)
+                fn(grid, _BLOCK, args, stream=stream.cp)
+            else:
+                ck.binary(op, storage(a), storage(b), storage(out))
+
+        self.launch(run, (a, b), (out,), what=op)
 
     def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
         self.launch(

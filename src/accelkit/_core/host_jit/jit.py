@@ -274,6 +274,24 @@ def _plain(*arrays: Array) -> bool:
 
 def unary(op: str, x: Array, out: Array) -> bool:
     """``out = op(x)`` for exp, sigmoid, silu and gelu_tanh on float32."""
+    fn = _ready.get(op)
+    if (
+        fn is not None
+        and not _disabled
+        and x.dtype is _F32
+        and out.dtype is _F32
+        and x.shape == out.shape
+        and x.flags.c_contiguous
+        and out.flags.c_contiguous
+    ):
+        # A ready kernel on plain F32 arrays (the common case): called directly when the work
+        # is too short to split between threads, as _run would after its checks.
+        n = x.size
+        if n * KERNELS[op] < _SPLIT_S:
+            fn(x.reshape(-1), out.reshape(-1))
+        else:
+            _run(op, fn, n, 1, x.reshape(-1), out.reshape(-1))
+        return True
     if op not in KERNELS or not _plain(x, out) or x.shape != out.shape:
         return False
     fn = _kernel(op)

@@ -24,6 +24,8 @@ __all__ = [
 
 Array = np.ndarray[Any, Any]
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 _ATTN_CHUNK_ELEMS = 1 << 22  # score elements per chunk (16 MiB of f32)
 
 
@@ -74,7 +76,10 @@ def matmul(a: Array, b: Array, out: Array) -> None:
         # loop over the batch (about 15 % on a transformer's projections).
         a = a.reshape(-1, a.shape[-1])
         out = out.reshape(-1, out.shape[-1])
-    if a.dtype == b.dtype == out.dtype and out.dtype not in _LOW:
+    dt = out.dtype
+    if (a.dtype is dt and b.dtype is dt and (dt is _F32 or dt is _F64)) or (
+        a.dtype == b.dtype == dt and dt not in _LOW
+    ):
         np.matmul(a, b, out=out)
     else:
         ct = _compute_dtype(a, b)

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.host_stream import HostStream
-from accelkit._core.kernel_base import KernelBase
+from accelkit._core.kernel_base import ITEMSIZE, KernelBase
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.dtype import DType
-from accelkit.sdk.tensors import mark_written, storage
+from accelkit.sdk.tensors import storage
 from accelkit.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -42,6 +42,22 @@ class CPUComponent(KernelBase[HostStream]):
 
     def make_storage(self, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: DType) -> Any:
         return np.ndarray(shape, _NUMPY_DTYPES[dtype], buffer.handle)
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        """:meth:`KernelBase.empty` in one frame: the CPU components have neither an output
+        check nor a hook before allocation, and their storage is a NumPy array over the block
+        (every op allocates through here: each call saved is about 0.1 us of a few)."""
+        backend = self.backend
+        size = 1
+        for d in shape:
+            size *= d
+        pool = backend._pool
+        if pool is None:
+            pool = backend.pool  # raises NotInitializedError, saying why
+        buf = pool.allocate(size * ITEMSIZE[dtype])
+        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]  # set while ready
+        data = np.ndarray(shape, _NUMPY_DTYPES[dtype], buf.handle)
+        return Tensor(backend, buf, data, shape, dtype, stream._device, size, stream, 0)
 
     def reshape_storage(self, x: Tensor, shape: tuple[int, ...]) -> Any:
         return storage(x).reshape(shape)
@@ -82,4 +98,8 @@ class CPUComponent(KernelBase[HostStream]):
                         deps = []
                     deps.append((s, t._seq))
         seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or (), (inputs, outputs))  # type: ignore[arg-type]  # fn's result is dropped
-        mark_written(outputs, stream, seq)
+        write = (stream, seq)  # mark_written(outputs, stream, seq), inlined
+        for o in outputs:
+            o._stream = stream
+            o._seq = seq
+            o._buffer.last_write = write

@@ -15,8 +15,8 @@ from accelkit._core.host_kernels import image as img
 from accelkit._core.host_kernels import nn
 from accelkit._core.host_stream import HostStream
 from accelkit.backends.cpu.submit import INLINE_MAX_COST, CPUComponent, arr
+from accelkit.dtype import DType
 from accelkit.sdk.kernels import Operand, TensorKernels
-from accelkit.sdk.tensors import mark_written
 from accelkit.tensor import Tensor
 
 __all__ = ["CPUTensorKernels"]
@@ -32,10 +32,28 @@ _SAME_DTYPE_UFUNCS: dict[str, Any] = {
 }
 
 
+#: F32 and F64: computed by NumPy in their own dtype (F16 and BF16 go through F32).
+_WIDE_FLOATS = frozenset({DType.F32, DType.F64})
+
+
 class CPUTensorKernels(CPUComponent, TensorKernels):
     # -- elementwise ------------------------------------------------------------------------------
+    def _submit1(self, run: Any, x: Tensor, out: Tensor, cost: int) -> None:
+        """Submit ``run`` (a partial: no frame of ours when it runs) reading ``x`` and writing
+        ``out``: :meth:`_launch`, with the dependency check of one input inlined."""
+        backend = self.backend
+        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]  # set while ready
+        sx = x._stream
+        if sx is stream or sx.completed >= x._seq:
+            seq = stream.submit(run, cost > INLINE_MAX_COST, (), (x, out))
+            out._stream = stream  # mark_written((out,), stream, seq), inlined
+            out._seq = seq
+            out._buffer.last_write = (stream, seq)
+            return
+        self._launch(run, cost, (x,), (out,))
+
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
-        self._launch(lambda: ew.unary(op, x._data, out._data, accel=JIT), out._size, (x,), (out,))
+        self._submit1(partial(ew.unary, op, x._data, out._data, accel=JIT), x, out, out._size)
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         ufunc = _SAME_DTYPE_UFUNCS.get(op)
@@ -57,9 +75,23 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
                 sb is stream or sb.completed >= b._seq
             ):
                 seq = stream.submit(run, out._size > INLINE_MAX_COST, (), (a, b, out))
-                mark_written((out,), stream, seq)
+                out._stream = stream  # mark_written((out,), stream, seq), inlined
+                out._seq = seq
+                out._buffer.last_write = (stream, seq)
                 return
             self._launch(run, out._size, (a, b), (out,))
+            return
+        if (
+            ufunc is not None
+            and type(a) is Tensor
+            and (type(b) is float or type(b) is int)
+            and a._dtype is out._dtype
+            and out._dtype in _WIDE_FLOATS
+        ):
+            # A float tensor and a weak Python number: ew.binary's last line, without its
+            # dispatch (nor a frame of ours: the ufunc runs through a partial).
+            run = partial(ufunc, a._data, b, out=out._data, casting="unsafe")
+            self._launch(run, out._size, (a,), (out,))
             return
         self._launch(lambda: ew.binary(op, arr(a), arr(b), out._data), out._size, (a, b), (out,))
 
@@ -108,9 +140,7 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
     def reduce(
         self, op: str, x: Tensor, axes: tuple[int, ...], keepdims: bool, out: Tensor
     ) -> None:
-        self._launch(
-            lambda: ew.reduce(op, x._data, axes, keepdims, out._data), x._size, (x,), (out,)
-        )
+        self._submit1(partial(ew.reduce, op, x._data, axes, keepdims, out._data), x, out, x._size)
 
     # -- shape ------------------------------------------------------------------------------------
     def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:

@@ -59,7 +59,16 @@ class ElementwiseOps(OpsBase[TensorKernels]):
             raise InvalidArgumentError(
                 f"unknown unary op {op!r}; expected one of: {', '.join(UNARY_OPS)}"
             )
-        check_tensor(self.backend, x)
+        backend = self.backend
+        if type(x) is Tensor and x._backend is backend:
+            # check_tensor, inlined for the common case (a live tensor of this backend); the
+            # call below raises its errors otherwise.
+            buf = x._buffer
+            pool = buf._pool
+            if pool is None or pool.generation != buf._gen:
+                check_tensor(backend, x)
+        else:
+            check_tensor(backend, x)
         dt = x._dtype
         if kind == "float" and not dt.is_floating:
             dt = DType.F32
@@ -92,6 +101,22 @@ class ElementwiseOps(OpsBase[TensorKernels]):
                 ba, bb = a._buffer, b._buffer
                 pool = ba._pool
                 if pool is not None and pool is bb._pool and pool.generation == ba._gen == bb._gen:
+                    out = self._empty(a._shape, dt)
+                    self.kernels.binary(op, a, b, out)
+                    return out
+        elif (
+            type(a) is Tensor
+            and (type(b) is float or type(b) is int)
+            and type(op) is str
+            and op in _FAST_OPS
+        ):
+            # A live float tensor of this backend and a Python number: the number is weak
+            # (NEP 50), so the result has the tensor's shape and dtype (as below, only faster).
+            dt = a._dtype
+            if dt in _FAST_DTYPES and a._backend is self.backend:
+                ba = a._buffer
+                pool = ba._pool
+                if pool is not None and pool.generation == ba._gen:
                     out = self._empty(a._shape, dt)
                     self.kernels.binary(op, a, b, out)
                     return out

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 __all__ = ["REDUCE_OPS", "ReductionOps"]
 
+#: (op, dtype, shape, axis, keepdims) -> (axes, result dtype, result shape) of reductions that
+#: passed validation: a loop's reductions validate once. Bounded: cleared when full.
+_SEEN: dict[tuple[object, ...], tuple[tuple[int, ...], DType, tuple[int, ...]]] = {}
+_SEEN_MAX = 4096
+
 
 class ReductionOps(OpsBase[TensorKernels]):
     """``reduce(op, x, axis=None, keepdims=False)`` and the named shortcuts.
@@ -39,6 +44,17 @@ class ReductionOps(OpsBase[TensorKernels]):
                 f"unknown reduction {op!r}; expected one of: {', '.join(REDUCE_OPS)}"
             )
         check_tensor(self.backend, x)
+        # What follows depends only on (op, dtype, shape, axis, keepdims): a call seen before
+        # reuses its result (axis and keepdims of exact types only: True == 1 as a dict key).
+        key: tuple[object, ...] | None = None
+        if (axis is None or type(axis) is int) and type(keepdims) is bool:
+            key = (op, x._dtype, x._shape, axis, keepdims)
+            seen = _SEEN.get(key)
+            if seen is not None:
+                axes, dt, shape = seen
+                out = self._empty(shape, dt)
+                self.kernels.reduce(op, x, axes, keepdims, out)
+                return out
         if op in ("argmax", "argmin"):
             if axis is not None and not isinstance(axis, int):
                 raise InvalidArgumentError(f"{op} takes one axis or None; got {axis!r}")
@@ -60,6 +76,10 @@ class ReductionOps(OpsBase[TensorKernels]):
             shape = (1,) * x.ndim if keepdims else ()
         else:
             shape = reduced_shape(x._shape, axes, keepdims)
+        if key is not None:
+            if len(_SEEN) >= _SEEN_MAX:
+                _SEEN.clear()
+            _SEEN[key] = (axes, dt, shape)
         out = self._empty(shape, dt)
         self.kernels.reduce(op, x, axes, keepdims, out)
         return out

@@ -1,0 +1,179 @@
+"""Host time per small op: accelkit against PyTorch and NumPy in the same process, interleaved.
+
+Run ``python benchmarks/bench_host.py [--calls N] [--rounds R] [--json PATH]`` (PyTorch is
+optional: without it the PyTorch column is empty). Each op is a 64x64 f32 operation (add, mul,
+matmul, exp, relu, a row sum, an add of a scalar) submitted ``calls`` times back to back; a
+round times one block of calls for each side in turn (accelkit, PyTorch, NumPy), and the figure
+is the median over the rounds of the mean time per call. On the CPU backend a 64x64 op runs
+inline when its stream is idle, so the figure is what a caller waits for each call, compute
+included, as it is for PyTorch CPU (on one thread) and NumPy; the difference is the per-op
+overhead of the submission path (validation, output allocation from the pool, the launch,
+stream bookkeeping).
+
+``benchmarks/bench_cuda.py`` runs the same cases on the CUDA backend against PyTorch CUDA
+(:func:`host_times` with ``sync``): there the figure is the host time to submit, the device
+work being awaited once per round outside the timed block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import numpy as np
+
+import accelkit as ak
+
+#: (label, accelkit call on (ops, a, b), PyTorch call on (torch, a, b), NumPy call on (a, b)).
+Case = tuple[
+    str, Callable[[Any, Any, Any], Any], Callable[[Any, Any, Any], Any], Callable[..., Any]
+]
+
+CASES: list[Case] = [
+    ("add", lambda o, a, b: o.add(a, b), lambda t, a, b: t.add(a, b), np.add),
+    ("mul", lambda o, a, b: o.mul(a, b), lambda t, a, b: t.mul(a, b), np.multiply),
+    ("add scalar", lambda o, a, b: o.add(a, 1.5), lambda t, a, b: t.add(a, 1.5),
+     lambda a, b: np.add(a, np.float32(1.5))),
+    ("matmul", lambda o, a, b: o.matmul(a, b), lambda t, a, b: t.matmul(a, b), np.matmul),
+    ("exp", lambda o, a, b: o.exp(a), lambda t, a, b: t.exp(a), lambda a, b: np.exp(a)),
+    ("relu", lambda o, a, b: o.relu(a), lambda t, a, b: t.relu(a),
+     lambda a, b: np.maximum(a, np.float32(0))),
+    ("sum rows", lambda o, a, b: o.sum(a, -1), lambda t, a, b: t.sum(a, -1),
+     lambda a, b: np.sum(a, -1)),
+]  # fmt: skip
+
+
+#: The clock of the timed blocks: wall time, or with ``--cpu-time`` the calling thread's CPU
+#: time (on a shared machine, time the thread spent descheduled is not counted; only for work
+#: that runs on the calling thread, as the CPU backend's small ops do).
+CLOCK: list[Callable[[], int]] = [time.perf_counter_ns]
+
+
+def block_us(fn: Callable[[], object], calls: int) -> float:
+    """Mean microseconds per call of ``calls`` back-to-back calls."""
+    clock = CLOCK[0]
+    t0 = clock()
+    for _ in range(calls):
+        fn()
+    return (clock() - t0) / calls / 1e3
+
+
+async def host_times(
+    sides: dict[str, tuple[Callable[[], object], Callable[[], Awaitable[None] | None]]],
+    calls: int,
+    rounds: int,
+) -> dict[str, float]:
+    """Median over ``rounds`` of each side's mean microseconds per call, the sides taking
+    turns within each round. A side is ``(call, sync)``: ``sync`` runs after its block,
+    outside the timing (awaited where it returns an awaitable); the garbage collector is off
+    within a block, as ``timeit`` does, and runs between blocks."""
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    for call, sync in sides.values():  # warm: kernels compiled, pools filled
+        for _ in range(min(calls, 50)):
+            call()
+        done = sync()
+        if done is not None:
+            await done
+    for _ in range(rounds):
+        for name, (call, sync) in sides.items():
+            gc.collect()
+            gc.disable()
+            try:
+                samples[name].append(block_us(call, calls))
+            finally:
+                gc.enable()
+            done = sync()
+            if done is not None:
+                await done
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+async def run(backend_name: str, calls: int, rounds: int) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and backend_name == "cpu":
+        # One thread, as every side's small op runs on the calling thread: PyTorch's spare
+        # threads spin after a call and, on a small or shared machine, take the others' cores.
+        torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    a_h = rng.standard_normal((64, 64)).astype(np.float32)
+    b_h = rng.standard_normal((64, 64)).astype(np.float32)
+    report: dict[str, Any] = {
+        "backend": backend_name,
+        "calls": calls,
+        "rounds": rounds,
+        "numpy": np.__version__,
+        "torch": None if torch is None else torch.__version__,
+        "clock": "thread CPU time" if CLOCK[0] is time.thread_time_ns else "wall time",
+        "rows": [],
+    }
+    async with ak.open_backend(backend_name) as backend:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a, b = f.from_host(a_h), f.from_host(b_h)
+        report["device"] = str(backend.device)
+
+        def no_sync() -> None:
+            return None
+
+        for label, ak_call, torch_call, np_call in CASES:
+            np.testing.assert_allclose(
+                ak_call(ops, a, b).numpy(), np_call(a_h, b_h), rtol=1e-5, atol=1e-4
+            )
+            sides: dict[str, tuple[Callable[[], object], Callable[[], Any]]] = {
+                "accelkit": (lambda c=ak_call: c(ops, a, b), backend.synchronize),
+            }
+            if torch is not None:
+                ta, tb = torch.from_numpy(a_h), torch.from_numpy(b_h)
+                sides["torch"] = (lambda c=torch_call, x=ta, y=tb: c(torch, x, y), no_sync)
+            sides["numpy"] = (lambda c=np_call: c(a_h, b_h), no_sync)
+            times = await host_times(sides, calls, rounds)
+            report["rows"].append({"op": f"{label} 64x64 f32", **times})
+    return report
+
+
+def show(r: dict[str, Any]) -> None:
+    print(
+        f"\nhost time per op on {r['backend']} ({r['device']}), us ({r['clock']}): median of"
+        f" {r['rounds']} interleaved rounds of {r['calls']} calls (NumPy {r['numpy']}, PyTorch"
+        f" {r['torch']})"
+    )
+    print(f"  {'op':<24}{'accelkit':>10}{'torch':>10}{'numpy':>10}{'vs torch':>10}{'vs numpy':>10}")
+    for row in r["rows"]:
+        t = row.get("torch")
+        print(
+            f"  {row['op']:<24}{row['accelkit']:>10.2f}"
+            f"{t if t is None else format(t, '10.2f'):>10}{row['numpy']:>10.2f}"
+            f"{'' if t is None else format(row['accelkit'] / t, '9.2f') + 'x':>10}"
+            f"{row['accelkit'] / row['numpy']:>9.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backend", default="cpu", help="the accelkit backend (default: cpu)")
+    parser.add_argument("--calls", type=int, default=500, help="calls per timed block")
+    parser.add_argument("--rounds", type=int, default=21, help="interleaved rounds")
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the calling thread's CPU time instead of wall time (a shared machine)",
+    )
+    args = parser.parse_args()
+    if args.cpu_time:
+        CLOCK[0] = time.thread_time_ns
+    result = anyio.run(run, args.backend, args.calls, args.rounds)
+    show(result)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
