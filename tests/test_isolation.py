@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 import accelkit as ak
+from accelkit._core.isolation import faults
 from accelkit._core.isolation.backend import IsolatedBackend
+from accelkit.cli import doctor
 from accelkit.errors import (
     NotInitializedError,
     StaleHandleError,
@@ -44,6 +46,12 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault log (and every other cache) in a folder of the test's own."""
+    monkeypatch.setenv("ACCELKIT_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def _segments() -> set[str]:
@@ -211,6 +219,16 @@ async def test_worker_abort_and_sticky_error(anyio_backend: str, kernel: str) ->
             assert "sticky" in text
             assert "illegal memory access" in text
         _no_leak([pid])
+        # the fault is logged, and `accelkit doctor` (another process, later) shows it
+        (entry,) = faults.read()
+        assert (entry.pid, entry.generation) == (os.getpid(), b.generation - 1)  # it ended
+        assert entry.cause == info.value.cause
+        assert entry.message == text.split("\n", 1)[0]
+        notes = [f for f in doctor.diagnose().findings if f.check == "isolation"]
+        assert len(notes) == 1
+        assert notes[0].level == "note"
+        assert f"process {os.getpid()}" in notes[0].message
+        assert f"({entry.cause}) at generation {entry.generation}" in notes[0].message
         with anyio.fail_after(60):
             await b.recover()
         await _check_recovered(b)

@@ -34,7 +34,9 @@ _PLUGIN_SETTINGS = ("ACCELKIT_PLUGINS", "ACCELKIT_DISABLE_PLUGINS")
 @dataclass(frozen=True)
 class Finding:
     level: Literal["problem", "note"]
-    check: Literal["settings", "plugin", "version", "selftest", "calibration", "hardware"]
+    check: Literal[
+        "settings", "plugin", "version", "selftest", "calibration", "isolation", "hardware"
+    ]
     subject: str
     message: str
     fix: str = ""
@@ -80,6 +82,7 @@ def diagnose(
         if selftests:
             reports = _run_selftests(findings, statuses, selftest_timeout, on_event)
     _check_calibration(findings)
+    _check_isolation(findings)
     hardware = [
         _check_hardware(findings, item, statuses, settings_ok, reports)
         for item in detect_hardware()
@@ -381,6 +384,33 @@ def _check_calibration(findings: list[Finding]) -> None:
                     fix="accelkit calibrate",
                 )
             )
+
+
+#: How far back ``accelkit doctor`` shows isolated workers' faults, and how many at most.
+ISOLATION_WINDOW_S = 7 * 24 * 3600.0
+ISOLATION_SHOWN = 5
+
+
+def _check_isolation(findings: list[Finding]) -> None:
+    """The faults isolated workers survived lately (``open_backend(..., isolate=True)``), from
+    their log in the cache folder: notes, since the user's process recovered or can."""
+    import datetime
+
+    from accelkit._core.isolation import faults
+
+    recent = faults.read(since=faults.now() - ISOLATION_WINDOW_S)
+    for entry in recent[-ISOLATION_SHOWN:]:
+        when = datetime.datetime.fromtimestamp(entry.time).isoformat(sep=" ", timespec="seconds")
+        findings.append(
+            Finding(
+                "note",
+                "isolation",
+                f"{entry.backend} (isolated, {entry.device})",
+                f"{when}: the worker of process {entry.pid} was lost ({entry.cause}) at"
+                f" generation {entry.generation}: {entry.message}",
+                fix=f"{len(recent)} fault(s) in the last 7 days, logged in {faults.log_path()}",
+            )
+        )
 
 
 def _check_hardware(

@@ -42,6 +42,7 @@ import anyio
 import numpy as np
 
 from accelkit._core.child import signal_name
+from accelkit._core.isolation import faults
 from accelkit._core.isolation import worker as _worker
 from accelkit._core.isolation.proto import SHM_THRESHOLD, Segment, decode_error
 from accelkit._core.loop import wait_for_callback
@@ -1119,6 +1120,13 @@ class IsolatedBackend(StreamBackend[IsoStream]):
     def _on_fault(self, fault: WorkerLostError) -> None:
         """Called by the link's threads when the worker is lost."""
         self.last_fault = fault
+        faults.record(
+            faults.FaultRecord(
+                time=faults.now(), pid=os.getpid(), backend=str(self.name),
+                device=str(self._device), generation=self.generation,
+                cause=fault.cause, message=str(fault).split("\n", 1)[0],
+            )
+        )  # fmt: skip
         if self._pool is not None:
             self._pool.invalidate_all(close=True)  # every handle from before is stale
         if self._state is _READY:
