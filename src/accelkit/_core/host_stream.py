@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from accelkit._core.positions import PositionStream, Waiters
+from accelkit._core.positions import PositionEvent, PositionStream, Waiters
 from accelkit.abc.stream import Event
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
@@ -216,27 +216,10 @@ def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Ca
     return run
 
 
-class HostEvent(Event):
+class HostEvent(PositionEvent[HostStream]):
     """A position in a :class:`HostStream`."""
 
-    __slots__ = ("_stream", "seq")
-
-    def __init__(self, stream: HostStream, seq: int) -> None:
-        self._stream = stream
-        self.seq = seq
-
-    @property
-    def stream(self) -> HostStream:
-        return self._stream
-
-    def query(self) -> bool:
-        return self._stream.completed >= self.seq
-
-    async def wait(self) -> None:
-        await self._stream.wait_for(self.seq)
-
-    def wait_blocking(self) -> None:
-        self._stream.wait_for_blocking(self.seq)
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"HostEvent({self._stream.name!r}, seq={self.seq}, done={self.query()})"

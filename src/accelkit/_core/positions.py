@@ -19,12 +19,12 @@ import itertools
 import threading
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from accelkit._core.loop import wait_for_callback
-from accelkit.abc.stream import Stream
+from accelkit.abc.stream import Event, Stream
 
-__all__ = ["PositionStream", "Waiters"]
+__all__ = ["PositionEvent", "PositionStream", "Waiters"]
 
 _ids = itertools.count()
 
@@ -145,3 +145,31 @@ class PositionStream(Stream):
     def close(self) -> None:
         """Let queued work finish, then release the stream (called by shutdown, off the event
         loop); nothing by default."""
+
+
+PS = TypeVar("PS", bound=PositionStream)
+
+
+class PositionEvent(Event, Generic[PS]):
+    """An event at a position ``seq`` of a :class:`PositionStream`: it has completed once the
+    stream's ``completed`` reaches it (what ``record_event`` of such a stream returns; a subclass
+    adds what its device keeps, e.g. a driver event)."""
+
+    __slots__ = ("_stream", "seq")
+
+    def __init__(self, stream: PS, seq: int) -> None:
+        self._stream = stream
+        self.seq = seq
+
+    @property
+    def stream(self) -> PS:
+        return self._stream
+
+    def query(self) -> bool:
+        return self._stream.completed >= self.seq
+
+    async def wait(self) -> None:
+        await self._stream.wait_for(self.seq)
+
+    def wait_blocking(self) -> None:
+        self._stream.wait_for_blocking(self.seq)

@@ -50,7 +50,7 @@ from accelkit._core.op_names import (
     UNARY_OPS,
 )
 from accelkit._core.pool import CachingPool
-from accelkit._core.positions import PositionStream, Waiters
+from accelkit._core.positions import PositionEvent, PositionStream, Waiters
 from accelkit._core.queued_backend import QueuedBackend
 from accelkit._core.shapes import broadcast_shapes, prod
 from accelkit._core.stream_backend import Opened, StreamBackend
@@ -87,6 +87,7 @@ __all__ = [
     "RecordedCall",
     "other_writers",
     "Waiters",
+    "PositionEvent",
     "PositionStream",
     "Opened",
     "KernelBase",

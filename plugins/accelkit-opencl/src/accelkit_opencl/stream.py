@@ -50,7 +50,14 @@ import pyopencl as cl
 
 from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
-from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters, wait_for_callback
+from accelkit.sdk import (
+    DeviceErrors,
+    Event,
+    PositionEvent,
+    PositionStream,
+    Waiters,
+    wait_for_callback,
+)
 
 __all__ = [
     "CLEvent",
@@ -579,18 +586,13 @@ def wait_cl_event_blocking(event: Any, queue: Any, what: str = "a command") -> N
         raise DeviceError(f"OpenCL reported error {status} for {what}")
 
 
-class CLEvent(Event):
+class CLEvent(PositionEvent[CLStream]):
     """A marker at a position of a :class:`CLStream` (from :meth:`CLStream.record_event`)."""
 
     def __init__(self, stream: CLStream, seq: int) -> None:
-        self._stream = stream
-        self.seq = seq
+        super().__init__(stream, seq)
         self._cl_event: Any = None
         self._end_ns: int | None = None
-
-    @property
-    def stream(self) -> CLStream:
-        return self._stream
 
     @property
     def cl_event(self) -> Any:
@@ -604,15 +606,6 @@ class CLEvent(Event):
         # On the completer thread: the profiling time is read now, never on the loop's thread.
         if event is not None:
             self._end_ns = int(event.profile.end)
-
-    def query(self) -> bool:
-        return self._stream.completed >= self.seq
-
-    async def wait(self) -> None:
-        await self._stream.wait_for(self.seq)
-
-    def wait_blocking(self) -> None:
-        self._stream.wait_for_blocking(self.seq)
 
     def _reach_blocking(self) -> None:
         self._stream.reach_blocking(self.seq)

@@ -47,7 +47,7 @@ from accelkit._core.isolation import worker as _worker
 from accelkit._core.isolation.proto import SHM_THRESHOLD, Segment, decode_error
 from accelkit._core.loop import wait_for_callback
 from accelkit._core.pool import CachingPool
-from accelkit._core.positions import PositionStream, Waiters
+from accelkit._core.positions import PositionEvent, PositionStream, Waiters
 from accelkit._core.stream_backend import Opened, StreamBackend
 from accelkit.abc.kernels import KernelExecutor, KernelHandle, KernelInfo
 from accelkit.abc.memory import DeviceBuffer
@@ -626,28 +626,14 @@ class IsoStream(PositionStream):
 _event_ids = itertools.count(1)
 
 
-class IsoEvent(Event):
+class IsoEvent(PositionEvent[IsoStream]):
     """A position of an :class:`IsoStream`, recorded in the worker too."""
 
-    __slots__ = ("_stream", "eid", "seq")
+    __slots__ = ("eid",)
 
     def __init__(self, stream: IsoStream, seq: int, eid: int) -> None:
-        self._stream = stream
-        self.seq = seq
+        super().__init__(stream, seq)
         self.eid = eid
-
-    @property
-    def stream(self) -> IsoStream:
-        return self._stream
-
-    def query(self) -> bool:
-        return self._stream.completed >= self.seq
-
-    async def wait(self) -> None:
-        await self._stream.wait_for(self.seq)
-
-    def wait_blocking(self) -> None:
-        self._stream.wait_for_blocking(self.seq)
 
     def __del__(self) -> None:
         link = self._stream.link
