@@ -86,7 +86,7 @@ _LAZY: dict[str, str] = {
     "TimeoutError": "accelkit.errors",
     "UnsupportedOperationError": "accelkit.errors",
     "WorkerLostError": "accelkit.errors",
-    "IsolatedBackend": "accelkit._core.isolation.backend",
+    "IsolatedBackend": "accelkit.isolation",
 }
 _SUBMODULES = frozenset({"errors", "quant", "registry", "calibration", "workloads"})
 
@@ -201,7 +201,9 @@ if TYPE_CHECKING:
         StaleHandleError,
         TimeoutError,
         UnsupportedOperationError,
+        WorkerLostError,
     )
+    from accelkit.isolation import IsolatedBackend
     from accelkit.memory import MemoryInfo, MemoryPoolConfig, MemoryPressure
     from accelkit.ops import KernelOps, TensorFactory, TensorOps
     from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
