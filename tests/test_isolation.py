@@ -95,6 +95,18 @@ async def test_isolated_cpu_computes_like_numpy(anyio_backend: str) -> None:
         big = np.arange(1 << 20, dtype=np.float32)
         tb = b.tensor_factory.from_host(big)
         np.testing.assert_array_equal(await (tb + 1.0).to_host(), big + 1)
+        # large reads of other dtypes, and of a view, land in the caller's segment as they are
+        rng = np.random.default_rng(5)
+        for arr in (
+            rng.standard_normal((512, 300)).astype(np.float16),
+            rng.integers(-(2**40), 2**40, (300, 200), dtype=np.int64),
+            rng.random((700, 500)) < 0.5,
+        ):
+            tt = b.tensor_factory.from_host(arr)
+            np.testing.assert_array_equal(await tt.to_host(), arr)
+            flat = b.tensor_ops.reshape(tt, (arr.size,))
+            np.testing.assert_array_equal(await flat.to_host(), arr.reshape(-1))
+        del tt, flat  # the memory check below counts live tensors
         # streams and events
         s = b.create_stream()
         with b.use_stream(s):

@@ -377,11 +377,10 @@ class _Worker:
         mm = b.memory_manager
         if what == "read":  # (tensor, segment path or None)
             t, path = args
-            arr = await mm.read_tensor(t)
             if path is None:
-                return arr
-            dst = map_segment(path, arr.nbytes)
-            np.copyto(dst, np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+                return await mm.read_tensor(t)
+            # straight into the caller's segment: one copy, no array in between
+            await mm.copy_dtoh(map_segment(path, t.nbytes), t)
             return None
         if what == "readb":  # (buffer, tensor or None, nbytes, path or None)
             buf, t, nbytes, path = args
