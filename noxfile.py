@@ -142,10 +142,9 @@ SHARES: dict[str, float] = {
     "plugin accelkit-dask": 300,
     "typecheck": 120,
     "conformance[cpu]": 120,
-    # measured 2026-11-26 on a loaded 2-core machine (other jobs beside it, where the in-process
-    # conformance[cpu] takes about 6 minutes): 578 s, 3,636 passed; not yet measured on CI. A
-    # worker process per backend, reused from test to test (ACCELKIT_ISOLATE_SPARE)
-    "conformance[isolated:cpu]": 900,
+    # 441 s in a whole `.ci/run` on 2 cores (2026-11-27; 578 s on a loaded dev VM). A worker
+    # process per backend, reused from test to test (ACCELKIT_ISOLATE_SPARE)
+    "conformance[isolated:cpu]": 450,
     "conformance[example]": 120,
     "plugin accelkit-webgpu": 90,
     "plugin accelkit-cuda": 90,
