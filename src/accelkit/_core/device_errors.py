@@ -33,9 +33,19 @@ class DeviceErrors:
     def raise_errors(self, seq: int) -> None:
         """Raise the first error of a check at or before ``seq`` (its work has completed); each
         error is raised once, and later ones stay for the next await."""
+        # Taken in a frame of its own: the traceback holds this frame, and a check that returns
+        # an error it keeps would make a cycle through the loop's locals here.
+        error = self._take_error(seq)
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no cycle through the traceback keeping the work's objects alive
+
+    def _take_error(self, seq: int) -> BaseException | None:
         with self._lock:
             if not self.checks:
-                return
+                return None
             error: BaseException | None = None
             keep = []
             for entry in self.checks:
@@ -44,11 +54,7 @@ class DeviceErrors:
                     continue
                 keep.append(entry)
             self.checks = keep
-        if error is not None:
-            try:
-                raise error
-            finally:
-                del error  # no cycle through the traceback keeping the work's objects alive
+        return error
 
     def discard_errors(self) -> None:
         """Forget unreported errors (at shutdown)."""

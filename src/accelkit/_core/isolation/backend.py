@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
 import io
 import itertools
@@ -42,6 +43,7 @@ import anyio
 import numpy as np
 
 from accelkit._core.child import signal_name
+from accelkit._core.device_errors import DeviceErrors
 from accelkit._core.isolation import faults
 from accelkit._core.isolation import worker as _worker
 from accelkit._core.isolation.proto import SHM_THRESHOLD, Segment, decode_error
@@ -138,6 +140,11 @@ class _Pending:
         if self.error is not None:
             raise _fresh(self.error)
         return self.value
+
+
+def _same(exc: BaseException) -> BaseException:
+    """A check (DeviceErrors) whose error the worker already found."""
+    return exc
 
 
 def _fresh(exc: BaseException) -> BaseException:
@@ -529,7 +536,7 @@ class _Handle:
 
 
 # -- streams and events ------------------------------------------------------------------------------
-class IsoStream(PositionStream):
+class IsoStream(DeviceErrors, PositionStream):
     """A stream of an isolated backend: positions handed out here, completed when the worker
     reports the real work done."""
 
@@ -546,7 +553,7 @@ class IsoStream(PositionStream):
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._waiters = Waiters(self._lock)
-        self._errors: list[tuple[int, BaseException]] = []
+        self.checks = []  # the worker's errors, by position (DeviceErrors)
         self._fault: WorkerLostError | None = None
         self._fault_after = 0
         link.streams[sid] = self
@@ -560,8 +567,8 @@ class IsoStream(PositionStream):
 
     def complete(self, seq: int, errors: list[tuple[int, BaseException]]) -> None:
         with self._lock:
-            if errors:
-                self._errors.extend(errors)
+            for err_seq, exc in errors:  # the lock is held: add_check would take it again
+                self.checks.append((err_seq, functools.partial(_same, exc)))
             if seq > self.completed:
                 self.completed = seq
             self._cv.notify_all()
@@ -592,21 +599,10 @@ class IsoStream(PositionStream):
                 self._cv.wait()
         self.raise_errors(seq)
 
-    def discard_errors(self) -> None:
-        self._errors.clear()
-
     def raise_errors(self, seq: int) -> None:
         if self._fault is not None and seq > self._fault_after:
             raise _fresh(self._fault)
-        if not self._errors:
-            return
-        for i, (err_seq, exc) in enumerate(self._errors):
-            if err_seq <= seq:
-                del self._errors[i]
-                try:
-                    raise exc
-                finally:
-                    del exc
+        super().raise_errors(seq)
 
     def record_event(self) -> IsoEvent:
         eid = next(_event_ids)
