@@ -25,6 +25,7 @@ written: benchmarks/bench_cuda_attention.py times it against ``torch.matmul``.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Any
 
@@ -160,7 +161,13 @@ def _compute_capability(device: Any) -> tuple[int, int]:
 
 def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False) -> Any:
     """``a @ b`` through :func:`matmul_into`, into ``out`` where it is C-contiguous and of the
-    result's dtype and shape (else a new array); None (nothing done) where it does not apply."""
+    result's dtype and shape (else a new array); None (nothing done) where it does not apply.
+
+    Only for TF32 GEMMs, or with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1``: measured on an H100
+    (2026-11-27, ``benchmarks/bench_cuda.py``), this path ran f16/bf16 GEMMs at 8192 at 0.70-0.75x
+    PyTorch against ``cupy.matmul``'s 0.93x, so ``cupy.matmul`` serves by default."""
+    if not (tf32 or os.environ.get("ACCELKIT_CUDA_GEMM_WORKSPACE", "").strip() == "1"):
+        return None
     if _type(a.dtype) is None or a.dtype != b.dtype or a.ndim < 2 or b.ndim < 2:
         return None
     if plan(a.shape, a.strides, b.shape, b.strides, a.itemsize) is None or not _setter():
