@@ -27,7 +27,7 @@ from accelkit_cuda.cupy_tensor import cast_into
 from accelkit_cuda.memory import pinned_empty
 from accelkit_cuda.submit import CUDAComponent, storage
 
-__all__ = ["CUDAFactoryKernels"]
+__all__ = ["CUDAFactoryKernels", "device_draw", "random_dtype"]
 
 
 class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
@@ -82,23 +82,40 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
         if out.size == 0:
             self.skip([out])
             return
-        kind, a, b, shape, seed = draw.kind, draw.a, draw.b, draw.shape, draw.seed
-        scale = b - a if kind == "uniform" else b
-        wide = out.dtype is DType.F64 or max(abs(a), abs(b), abs(scale)) > _F32_MAX
-        dtype = np.float64 if wide else np.float32
+        dtype = random_dtype(draw, out.dtype is DType.F64)
 
         def run() -> None:
             dst = storage(out)
             direct = dst.dtype == dtype  # f32 (or f64): drawn into the output itself
-            rng = cupy.random.default_rng(seed)
-            draw_fn = rng.random if kind == "uniform" else rng.standard_normal
-            x = draw_fn(shape, dtype=dtype, out=dst if direct else None)
-            x *= scale  # a + (b - a) * U, a + b * Z, in x's dtype (the scalars rounded to it)
-            x += a
+            x = device_draw(draw, dtype, dst if direct else None)
             if not direct:
                 cast_into(x, dst)
 
-        self.launch(run, (), (out,), what=f"random numbers ({kind})")
+        self.launch(run, (), (out,), what=f"random numbers ({draw.kind})")
+
+
+def random_dtype(draw: RandomDraw, f64: bool = False) -> Any:
+    """The dtype :meth:`CUDAFactoryKernels.random` computes ``draw`` in: float64 for an f64
+    output (``f64``) or a bound or scale beyond float32's range, else float32."""
+    a, b = draw.a, draw.b
+    scale = b - a if draw.kind == "uniform" else b
+    return np.float64 if f64 or max(abs(a), abs(b), abs(scale)) > _F32_MAX else np.float32
+
+
+def device_draw(draw: RandomDraw, dtype: Any, out: Any = None) -> Any:
+    """``draw`` on the device, in ``dtype`` (into ``out`` where given, of that dtype and the
+    draw's shape): ``cupy.random.default_rng(draw.seed)`` makes ``U`` in [0, 1) or ``Z``, then
+    ``a + (b - a) * U`` or ``a + b * Z``. The one place a CUDA draw is made, so that every
+    user of a seed (``tensor_factory.uniform``, the fused ``sample_token``) gets the same
+    numbers. On the submission thread."""
+    a, b = draw.a, draw.b
+    scale = b - a if draw.kind == "uniform" else b
+    rng = cupy.random.default_rng(draw.seed)
+    draw_fn = rng.random if draw.kind == "uniform" else rng.standard_normal
+    x = draw_fn(draw.shape, dtype=dtype, out=out)
+    x *= scale  # a + (b - a) * U, a + b * Z, in x's dtype (the scalars rounded to it)
+    x += a
+    return x
 
 
 #: The largest finite float32: bounds beyond it are computed in float64.

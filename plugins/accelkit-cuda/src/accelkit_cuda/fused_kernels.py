@@ -1,8 +1,10 @@
 """The CUDA backend's KernelOps: the NVRTC kernels of :mod:`accelkit_cuda.cuda_fused`.
 
 The fused program is compiled once per device architecture and NVRTC version (about 4 s) and
-cached on disk; ``CUDABackend.initialize`` awaits loading it on a worker thread. sample_token runs as CuPy kernels (sort, scan, Gumbel argmax) on the
-device with exactly the arithmetic of the composition, so both routes draw the same token for a
+cached on disk; ``CUDABackend.initialize`` awaits loading it on a worker thread. sample_token
+runs as CuPy kernels (sort, scan, Gumbel argmax) on the device with exactly the arithmetic of
+the composition and its noise from the same device generator as ``tensor_factory.uniform``
+(:func:`accelkit_cuda.factory_kernels.device_draw`), so both routes draw the same token for a
 seed.
 """
 
@@ -23,6 +25,7 @@ from accelkit.sdk import (
     GUMBEL_UNIFORM_MAX,
     FusedKernels,
     GeluApproximation,
+    RandomDraw,
     SamplingParams,
     rotary_inv_freq,
 )
@@ -34,6 +37,7 @@ from accelkit_cuda.cuda_fused import (
     flash_shared_bytes,
     kernel_names,
 )
+from accelkit_cuda.factory_kernels import device_draw, random_dtype
 from accelkit_cuda.flash_attention import geometry, launch_args
 from accelkit_cuda.submit import CUDAComponent, storage
 
@@ -365,13 +369,14 @@ class CUDASamplingKernels(_Fused):
         vocab = logits.shape[-1]
         rows = logits.size // vocab if vocab else 0
 
+        # The composition's noise: tensor_factory.uniform((rows, vocab), seed=seed) (F32), drawn
+        # by the same device generator (factory_kernels.device_draw), so both routes agree.
+        draw = RandomDraw("uniform", 0.0, 1.0, (rows, vocab), params.seed)
+
         def run() -> Any:
-            # The noise of tensor_factory.uniform(shape, seed=seed), drawn on the submission
-            # thread (the same numbers as every backend's composition draws).
             noise = None
             if params.temperature != 0.0:
-                noise = np.random.default_rng(params.seed).uniform(0.0, 1.0, size=(rows, vocab))
-                noise = noise.astype(np.float32)
+                noise = device_draw(draw, random_dtype(draw))
             return _sample(storage(logits), _data(previous_tokens), params, noise, storage(out))
 
         def error(_code: int, value: int) -> BaseException:
