@@ -205,6 +205,16 @@ class Stream:
         return Graph()
 
 
+class _NullStream:
+    """The default stream (``cupy.cuda.get_current_stream()`` outside a ``with stream``)."""
+
+    ptr = 0
+
+    def synchronize(self) -> None:
+        record("Stream.synchronize")
+
+
+_NULL_STREAM = _NullStream()
 #: Streams capturing now; set FAIL_CAPTURE to make end_capture fail (an invalidated capture).
 CAPTURING: list[Stream] = []
 FAIL_CAPTURE = False
@@ -240,6 +250,8 @@ class Event:
 
 
 class Device:
+    compute_capability = "90"
+
     def __init__(self, device: int = 0) -> None:
         self.id = device
 
@@ -350,6 +362,111 @@ class Generator:
         return self._draw("standard_normal", size, dtype, out)
 
 
+_CUBLAS_REFUSAL = "calling cuBLAS API during stream capture is currently unsupported"
+
+
+def _refuses_capture(name: str) -> Callable[..., Any]:
+    """CuPy's cuBLAS-backed functions: CuPy's ``cublas.setStream`` (which each of its cuBLAS
+    wrappers calls first) raises this NotImplementedError while the stream is capturing
+    (cupy_backends/cuda/libs/cublas.pyx). Integer products take CuPy's own kernel, no cuBLAS."""
+    fn = getattr(np, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        record(name)
+        floating = any(np.asarray(a).dtype.kind == "f" or np.asarray(a).dtype.name == "bfloat16"
+                       for a in args[:2])  # fmt: skip
+        if CAPTURING and floating:
+            raise NotImplementedError(_CUBLAS_REFUSAL)
+        return _wrap_result(fn(*args, **kwargs))
+
+    call.__name__ = name
+    return call
+
+
+def _bf16() -> Any:
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
+#: cudaDataType -> the NumPy dtype of its elements.
+_CUDA_TYPES: dict[int, Callable[[], Any]] = {
+    0: lambda: np.float32, 1: lambda: np.float64, 2: lambda: np.float16, 14: _bf16,
+}  # fmt: skip
+#: cublasComputeType_t -> the host scalar type cuBLAS reads alpha and beta as.
+_SCALAR_TYPES: dict[int, Any] = {68: ctypes.c_float, 77: ctypes.c_float, 70: ctypes.c_double}
+
+
+class Cublas:
+    """A stand-in for cuBLAS as ``accelkit_cuda.blas.Cublas`` calls it (ctypes, no CuPy
+    wrapper): each call is recorded in :data:`CALLS` and, with its arguments, in ``calls``;
+    GEMMs run in float64 on the host memory behind the stand-in's device pointers, reading
+    ``alpha``/``beta`` as the compute type's scalar type (as cuBLAS does), and store in the
+    output's type. cuBLAS itself may be captured: nothing here refuses a capturing stream."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def _note(self, name: str, args: tuple[Any, ...]) -> None:
+        record(name)
+        self.calls.append((name, args))
+
+    def set_stream(self, handle: int, stream: int) -> None:
+        self._note("cublasSetStream", (handle, stream))
+
+    def set_workspace(self, handle: int, ptr: int, size: int) -> None:
+        self._note("cublasSetWorkspace", (handle, ptr, size))
+
+    def set_pointer_mode(self, handle: int, mode: int) -> None:
+        self._note("cublasSetPointerMode", (handle, mode))
+
+    def gemm_ex(self, *args: Any) -> None:
+        self._note("cublasGemmEx", args)
+        h, ta, tb, m, n, k, alpha, pa, at, lda, pb, bt, ldb, beta, pc, ct, ldc, comp, _ = args
+        self._gemm(ta, tb, m, n, k, alpha, (pa, at, lda, 0), (pb, bt, ldb, 0), beta,
+                   (pc, ct, ldc, 0), 1, comp)  # fmt: skip
+
+    def gemm_strided_batched_ex(self, *args: Any) -> None:
+        self._note("cublasGemmStridedBatchedEx", args)
+        (h, ta, tb, m, n, k, alpha, pa, at, lda, sa, pb, bt, ldb, sb, beta, pc, ct, ldc, sc,
+         batch, comp, _) = args  # fmt: skip
+        self._gemm(ta, tb, m, n, k, alpha, (pa, at, lda, sa), (pb, bt, ldb, sb), beta,
+                   (pc, ct, ldc, sc), batch, comp)  # fmt: skip
+
+    @staticmethod
+    def _gemm(ta: int, tb: int, m: int, n: int, k: int, alpha: int, a: Any, b: Any, beta: int,
+              c: Any, batch: int, compute: int) -> None:  # fmt: skip
+        """C = alpha op(A) op(B) + beta C, column-major, over raw memory."""
+        kind = _SCALAR_TYPES[compute]
+        al, be = kind.from_address(alpha).value, kind.from_address(beta).value
+
+        def flat(ptr: int, dtype_code: int, count: int) -> np.ndarray[Any, Any]:
+            dtype = np.dtype(_CUDA_TYPES[dtype_code]())
+            buf = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr)
+            return np.ndarray((count,), dtype, buffer=buf)
+
+        def op(x: np.ndarray[Any, Any], off: int, trans: int, rows: int, cols: int,
+               ld: int) -> np.ndarray[Any, Any]:  # fmt: skip
+            stored = (rows, cols) if trans == 0 else (cols, rows)  # column-major, ld apart
+            mat = np.lib.stride_tricks.as_strided(
+                x[off:], shape=stored, strides=(x.itemsize, ld * x.itemsize)
+            ).astype(np.float64)
+            return mat if trans == 0 else mat.T
+
+        (pa, at, lda, sa), (pb, bt, ldb, sb), (pc, ct, ldc, sc) = a, b, c
+        span_a = sa * (batch - 1) + lda * (k if ta == 0 else m)
+        span_b = sb * (batch - 1) + ldb * (n if tb == 0 else k)
+        span_c = sc * (batch - 1) + ldc * n
+        fa, fb, fc = flat(pa, at, span_a), flat(pb, bt, span_b), flat(pc, ct, span_c)
+        for i in range(batch):
+            prod = op(fa, i * sa, ta, m, k, lda) @ op(fb, i * sb, tb, k, n, ldb)
+            cv = np.lib.stride_tricks.as_strided(
+                fc[i * sc :], shape=(m, n), strides=(fc.itemsize, ldc * fc.itemsize)
+            )
+            old = cv.astype(np.float64) if be != 0 else 0.0
+            cv[...] = (al * prod + be * old).astype(fc.dtype)
+
+
 class _FakeCupy(types.ModuleType):
     """``cupy``: the names above, and NumPy's functions (recorded) for the rest."""
 
@@ -370,6 +487,8 @@ def install() -> dict[str, types.ModuleType]:
     cupy.get_default_pinned_memory_pool = lambda: _Pool()  # type: ignore[attr-defined]
     cupy.asarray = _array_function("asarray", np.asarray)  # type: ignore[attr-defined]
     cupy.empty = _array_function("empty", np.empty)  # type: ignore[attr-defined]
+    for name in ("matmul", "dot", "tensordot", "inner", "vdot", "einsum"):
+        setattr(cupy, name, _refuses_capture(name))
     cuda = types.ModuleType("cupy.cuda")
     runtime = types.ModuleType("cupy.cuda.runtime")
     runtime.malloc = _malloc  # type: ignore[attr-defined]
@@ -398,6 +517,11 @@ def install() -> dict[str, types.ModuleType]:
         "is_available": lambda: True,
     }.items():  # fmt: skip
         setattr(cuda, name, value)
+    device = types.ModuleType("cupy.cuda.device")
+    device.get_cublas_handle = recorded("get_cublas_handle", lambda: 0x6B1A5)  # type: ignore[attr-defined]
+    cuda.device = device  # type: ignore[attr-defined]
+    cuda.get_current_stream = lambda: _NULL_STREAM  # type: ignore[attr-defined]
+    cuda.alloc = lambda size: MemoryPointer(UnownedMemory(_malloc(size), size, None), 0)  # type: ignore[attr-defined]
     cupy.cuda = cuda  # type: ignore[attr-defined]
     random = types.ModuleType("cupy.random")
     random.default_rng = recorded("random.default_rng", Generator)  # type: ignore[attr-defined]
@@ -417,9 +541,10 @@ def install() -> dict[str, types.ModuleType]:
     return {
         "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime,
         "cupy.cuda.driver": driver, "cupy.cuda.memory": memory, "cupy.cuda.function": function,
-        "cupy._util": util, "cupy.random": random, "cupyx": cupyx, "cupyx.scipy": scipy,
+        "cupy.cuda.device": device, "cupy._util": util, "cupy.random": random, "cupyx": cupyx,
+        "cupyx.scipy": scipy,
         "cupyx.scipy.special": special,
     }  # fmt: skip
 
 
-__all__ = ["CALLS", "FREED", "MALLOCED", "install", "record"]
+__all__ = ["CALLS", "FREED", "MALLOCED", "Cublas", "install", "record"]

@@ -9,6 +9,7 @@ serves). The GEMMs themselves, and their speed, need a GPU (benchmarks/bench_cud
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 from typing import Any
 
@@ -91,7 +92,7 @@ async def test_tf32_is_off_unless_allowed(plugin: Plugin, monkeypatch: pytest.Mo
     seen: list[tuple[str, bool]] = []
     module = importlib.import_module("accelkit_cuda.blas")
 
-    def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False) -> None:
+    def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = False) -> None:
         seen.append((a.dtype.name, tf32))
         return None  # cupy.matmul serves
 
@@ -115,3 +116,123 @@ async def test_tf32_is_off_unless_allowed(plugin: Plugin, monkeypatch: pytest.Mo
     assert ("float32", True) in seen
     monkeypatch.setenv("ACCELKIT_CUDA_ALLOW_TF32", "1")
     assert plugin.backend.CUDABackend().allow_tf32 is True
+
+
+# (in dtype, out dtype, tf32) -> (cudaDataType in, out, cublasComputeType_t, scalar type)
+_COMBOS = {
+    ("float16", "float16", False): (2, 2, 68, "c_float"),
+    ("float16", "float32", False): (2, 0, 68, "c_float"),
+    ("bfloat16", "bfloat16", False): (14, 14, 68, "c_float"),
+    ("bfloat16", "float32", False): (14, 0, 68, "c_float"),
+    ("float32", "float32", False): (0, 0, 68, "c_float"),
+    ("float32", "float32", True): (0, 0, 77, "c_float"),
+    ("float64", "float64", False): (1, 1, 70, "c_double"),
+}
+
+
+@pytest.mark.parametrize(("combo", "want"), list(_COMBOS.items()), ids=lambda c: str(c))
+@pytest.mark.parametrize("batched", [False, True], ids=["gemm", "batched"])
+def test_the_exact_arguments_of_gemm_ex(
+    plugin: Plugin,
+    monkeypatch: pytest.MonkeyPatch,
+    combo: tuple[str, str, bool],
+    want: tuple[int, int, int, str],
+    batched: bool,
+) -> None:
+    """Every (in, out, compute) combination :func:`blas.compute_type` takes: the arguments
+    that reach ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx``, and ``alpha``/``beta`` as the
+    host scalars cuBLAS reads for that compute type (float for the 32F types, double for 64F;
+    the stand-in reads them so, and computes with them)."""
+    import fake_cupy
+    import ml_dtypes
+
+    mod = importlib.import_module("accelkit_cuda.blas")
+    from accelkit_cuda.capturing import capturing
+
+    lib = fake_cupy.Cublas()
+    monkeypatch.setattr(mod, "_cublas", lib)
+    in_name, out_name, tf32 = combo
+    dtypes = {"bfloat16": ml_dtypes.bfloat16}
+    in_dt, out_dt = (np.dtype(dtypes.get(n, n)) for n in (in_name, out_name))
+    rng = np.random.default_rng(1)
+    a_shape, b_shape = ((3, 5, 4), (3, 4, 2)) if batched else ((5, 4), (4, 2))
+    a = rng.standard_normal(a_shape).astype(in_dt).view(fake_cupy.ndarray)
+    b = rng.standard_normal(b_shape).astype(in_dt).view(fake_cupy.ndarray)
+    c0 = rng.standard_normal((*a_shape[:-1], 2)).astype(out_dt)
+    out = c0.copy().view(fake_cupy.ndarray)
+    with capturing(0x5EED):
+        assert mod.matmul_into(a, b, out, tf32, alpha=2.5, beta=-0.5)
+    name, args = lib.calls[-1]
+    t_in, t_out, compute, scalar = want
+    handle = 0x6B1A5
+    assert lib.calls[0] == ("cublasSetStream", (handle, 0x5EED))
+    assert lib.calls[1][0] == "cublasSetWorkspace" and lib.calls[1][1][2] == 32 << 20
+    assert lib.calls[2] == ("cublasSetPointerMode", (handle, 0))
+    if batched:
+        assert name == "cublasGemmStridedBatchedEx"
+        want_args = (
+            handle, 0, 0, 2, 5, 4, None, b.ctypes.data, t_in, 2, 8, a.ctypes.data, t_in, 4, 20,
+            None, out.ctypes.data, t_out, 2, 10, 3, compute, -1,
+        )  # fmt: skip
+        alpha, beta = args[6], args[15]
+    else:
+        assert name == "cublasGemmEx"
+        want_args = (
+            handle, 0, 0, 2, 5, 4, None, b.ctypes.data, t_in, 2, a.ctypes.data, t_in, 4, None,
+            out.ctypes.data, t_out, 2, compute, -1,
+        )  # fmt: skip
+        alpha, beta = args[6], args[13]
+    assert tuple(None if x in (alpha, beta) else x for x in args) == want_args
+    assert isinstance(alpha, int) and isinstance(beta, int)  # host pointers (pointer mode host)
+    assert all(type(s) is getattr(ctypes, scalar) for s in mod.scalars(compute, 2.5, -0.5))
+    # The stand-in read alpha and beta as cuBLAS does for `compute` (a float read as a double,
+    # or the reverse, is garbage): the result shows they were of that type and value.
+    f64 = np.float64
+    want = 2.5 * (a.astype(f64) @ b.astype(f64)) - 0.5 * c0.astype(f64)
+    eps = float(np.finfo(np.float32 if out_dt.itemsize < 4 else out_dt).eps)
+    if out_dt.itemsize == 2:
+        eps = float(ml_dtypes.finfo(out_dt).eps)
+    np.testing.assert_allclose(np.asarray(out).astype(f64), want, rtol=4 * eps, atol=8 * eps)
+
+
+def test_combinations_not_taken() -> None:
+    mod = importlib.import_module("accelkit_cuda.blas")
+    assert mod.compute_type(0, 2) is None  # f32 into f16
+    assert mod.compute_type(2, 14) is None  # f16 into bf16
+    assert mod.compute_type(1, 0) is None  # f64 into f32
+    assert mod.compute_type(2, 2, tf32=True) == 68  # TF32 is for f32 operands only
+    a, b = mod.scalars(70, 2.0, 0.5)
+    assert (type(a), a.value, type(b), b.value) == (ctypes.c_double, 2.0, ctypes.c_double, 0.5)
+    a, b = mod.scalars(77, 2.0, 0.5)
+    assert (type(a), type(b)) == (ctypes.c_float, ctypes.c_float)
+
+
+@pytest.mark.parametrize("c_dtype", ["float32", None])
+@pytest.mark.parametrize("in_name", ["bfloat16", "float16"])
+def test_a_half_gemm_into_f32_is_rounded_once(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, in_name: str, c_dtype: str | None
+) -> None:
+    """gemm of f16/bf16 operands into f32 (with or without an f32 addend) on the cuBLAS path:
+    the product stays F32 (the H100's conformance run, before: bf16-bf16-f32-f32 off by 6e-3,
+    the product rounded to bf16 first)."""
+    import fake_cupy
+    import ml_dtypes
+
+    mod = importlib.import_module("accelkit_cuda.blas")
+    ck = importlib.import_module("accelkit_cuda.cupy_tensor")
+    monkeypatch.setattr(mod, "_cublas", fake_cupy.Cublas())
+    monkeypatch.setenv("ACCELKIT_CUDA_GEMM_WORKSPACE", "1")
+    dt = np.dtype(ml_dtypes.bfloat16 if in_name == "bfloat16" else np.float16)
+    rng = np.random.default_rng(2)
+    a_h = rng.uniform(-2, 2, (2, 3)).astype(dt)
+    b_h = rng.uniform(-2, 2, (3, 4)).astype(dt)
+    c_h = rng.standard_normal((2, 4)).astype(np.float32)
+    a, b = a_h.view(fake_cupy.ndarray), b_h.view(fake_cupy.ndarray)
+    c = None if c_dtype is None else c_h.view(fake_cupy.ndarray)
+    out = np.empty((2, 4), np.float32).view(fake_cupy.ndarray)
+    ck.gemm(a, b, c, out, False, False, 1.0, 1.0)
+    want = a_h.astype(np.float64) @ b_h.astype(np.float64)
+    if c is not None:
+        want = want + c_h
+    eps = float(np.finfo(np.float32).eps)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=16 * eps, atol=16 * eps)

@@ -1,12 +1,19 @@
 """Graph capture on the CUDA backend without a GPU, over the stand-in for CuPy (``fake_cupy``,
 whose work runs at once on NumPy): the capture's closures are captured into a CUDA graph on the
 submission thread, a replay is one ``Graph.launch`` there, and a capture CUDA refuses falls back
-to replaying the calls, with the right numbers. Whether a real CUDA graph computes the right
-numbers is for ``test_gpu.py`` (skipped without a GPU: unverified here)."""
+to replaying the calls, with the right numbers.
+
+The stand-in refuses CuPy's cuBLAS calls (``cupy.matmul`` and the like) while a stream captures,
+with CuPy's own NotImplementedError, as CuPy 13/14 does; the capture's GEMMs must therefore go to
+cuBLAS through ``accelkit_cuda.blas`` (here the stand-in's cuBLAS, ``fake_cupy.Cublas``, which
+computes them on the host). Whether a real CUDA graph computes the right numbers is for
+``test_gpu.py`` (skipped without a GPU: unverified here)."""
 
 from __future__ import annotations
 
+import importlib
 import threading
+from typing import Any
 
 import fake_cupy
 import numpy as np
@@ -26,22 +33,108 @@ def _calls(name: str) -> list[int]:
     return [ident for n, ident in fake_cupy.CALLS if n == name]
 
 
-async def test_a_capture_becomes_one_cuda_graph_launch(plugin: Plugin) -> None:
+@pytest.fixture
+def cublas(plugin: Plugin, monkeypatch: pytest.MonkeyPatch) -> fake_cupy.Cublas:
+    """The stand-in's cuBLAS, as accelkit_cuda.blas finds the library CuPy loaded."""
+    lib = fake_cupy.Cublas()
+    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blas"), "_cublas", lib)
+    return lib
+
+
+def _gemms(lib: fake_cupy.Cublas) -> list[tuple[str, tuple[Any, ...]]]:
+    return [c for c in lib.calls if c[0].startswith("cublasGemm")]
+
+
+async def test_a_capture_becomes_one_cuda_graph_launch(
+    plugin: Plugin, cublas: fake_cupy.Cublas
+) -> None:
     backend = await _open(plugin)
     try:
         step = make_decode_step(backend)
         async with backend.capture() as graph:
             y = decode_step(backend, step)
-        assert graph.kind == "cuda-graph"
+        assert graph.kind == "cuda-graph"  # H100, CuPy 14.2: "calls" (CuPy refused cuBLAS)
         thread = backend.thread.ident
         assert _calls("Stream.begin_capture") == [thread]
         assert _calls("Stream.end_capture") == [thread]
         assert not fake_cupy.CAPTURING
+        # The step's two GEMMs, captured through cuBLAS itself: each after the capture's stream
+        # and a workspace were set on the handle (a cublasSetStream resets the workspace).
+        assert len(_gemms(cublas)) == 2
+        assert set(_calls("cublasGemmEx")) == {thread}
+        names = [name for name, _ in cublas.calls]
+        for i, name in enumerate(names):
+            if name == "cublasGemmEx":
+                assert names[i - 3 : i] == [
+                    "cublasSetStream", "cublasSetWorkspace", "cublasSetPointerMode",
+                ]  # fmt: skip
         for _ in range(3):
             graph.replay()
         await y.to_host()
         assert _calls("Graph.launch") == [thread] * 3
         assert threading.get_ident() not in {ident for _, ident in fake_cupy.CALLS}
+    finally:
+        await backend.shutdown()
+
+
+async def test_captured_tensor_ops_compute_the_right_numbers(
+    plugin: Plugin, cublas: fake_cupy.Cublas
+) -> None:
+    """bench_core's transformer-block ops that TensorOps serves on CuPy (matmul, a batched
+    matmul of a transposed view, linear with a bias, layer_norm, softmax, tanh-GELU, a
+    reduction, add) in one capture: a CUDA graph whose GEMMs ran on cuBLAS. The stand-in ran
+    the capture's closures (its graph's nodes) again over the same tensors, so the outputs hold
+    what the captured work computed."""
+    backend = await _open(plugin)
+    try:
+        rng = np.random.default_rng(5)
+        h = {
+            "x": rng.standard_normal((2, 3, 8)), "w": rng.standard_normal((8, 8)),
+            "b": rng.standard_normal(8), "g": rng.uniform(0.5, 1.5, 8),
+            "q": rng.standard_normal((2, 2, 3, 4)), "k": rng.standard_normal((2, 2, 3, 4)),
+        }  # fmt: skip
+        h = {name: v.astype(np.float32) for name, v in h.items()}
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        t = {name: f.from_host(v) for name, v in h.items()}
+        async with backend.capture() as graph:
+            y = ops.layer_norm(t["x"], t["g"], t["b"], 1e-5)
+            y = ops.gelu(ops.linear(y, t["w"], t["b"]), approximate="tanh")
+            y = ops.add(t["x"], ops.matmul(y, t["w"]))
+            s = ops.softmax(ops.matmul(t["q"], ops.transpose(t["k"], -1, -2)), axis=-1)
+            total = ops.reduce("sum", s, axis=-1)
+        assert graph.kind == "cuda-graph"
+        assert len(_gemms(cublas)) == 3
+        got_y, got_s, got_total = await y.to_host(), await s.to_host(), await total.to_host()
+    finally:
+        await backend.shutdown()
+    x = h["x"].astype(np.float64)
+    ln = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    z = (ln * h["g"] + h["b"]) @ h["w"].T + h["b"]
+    gelu = 0.5 * z * (1 + np.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
+    want_y = x + gelu @ h["w"]
+    scores = h["q"].astype(np.float64) @ np.swapaxes(h["k"], -1, -2)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    want_s = e / e.sum(-1, keepdims=True)
+    tol = 64 * 8 * float(np.finfo(np.float32).eps)
+    np.testing.assert_allclose(got_y, want_y, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got_s, want_s, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got_total, want_s.sum(-1), rtol=tol, atol=tol)
+
+
+async def test_without_cublas_a_capture_replays_its_calls(plugin: Plugin) -> None:
+    """No cuBLAS library found (as on a machine where CuPy's is not reachable by ctypes): CuPy
+    refuses the GEMM during the capture, and the calls are replayed (with the right numbers)."""
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        w_host = np.arange(16, dtype=np.float32).reshape(4, 4) / 8
+        x, w = f.ones((2, 4)), f.from_host(w_host)
+        async with backend.capture() as graph:
+            y = ops.matmul(x, w)
+        assert graph.kind == "calls"
+        await graph.write(x, np.full((2, 4), 2, np.float32))
+        graph.replay()
+        np.testing.assert_allclose(await y.to_host(), np.full((2, 4), 2) @ w_host, rtol=1e-6)
     finally:
         await backend.shutdown()
 

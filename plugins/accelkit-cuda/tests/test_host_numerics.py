@@ -232,3 +232,28 @@ def test_bf16_is_computed_in_f32_and_rounded_once() -> None:
     ints = np.empty(4, np.int32)
     cupy_tensor.cast_into(nan, ints)
     np.testing.assert_array_equal(ints, [0, 2, -3, 0])  # C semantics: NaN and out of range: 0
+
+
+def test_host_arrays_never_reach_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With NumPy standing in for CuPy here, a GEMM the cuBLAS path would take (the workspace
+    path switched on, TF32) stays on ``cp.matmul``: NumPy arrays are not CuPy's, and their
+    ``.data`` is a memoryview (on the H100, with a real cuBLAS found, the bf16 GEMM of
+    :func:`test_bf16_is_computed_in_f32_and_rounded_once` reached ``blas.matmul_into`` and
+    failed with "cannot include dtype 'E' in a buffer")."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from accelkit_cuda import blas
+
+    class Refusing:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"cuBLAS reached from host arrays: {name}")
+
+    monkeypatch.setattr(blas, "_cublas", Refusing())
+    monkeypatch.setenv("ACCELKIT_CUDA_GEMM_WORKSPACE", "1")
+    rng = np.random.default_rng(0)
+    for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)):
+        x = rng.standard_normal((4, 8)).astype(dtype)
+        y = rng.standard_normal((8, 3)).astype(dtype)
+        got = np.empty((4, 3), dtype)
+        cupy_tensor.matmul(x, y, got, tf32=True)
+        want = x.astype(np.float64) @ y.astype(np.float64)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-2, atol=1e-2)

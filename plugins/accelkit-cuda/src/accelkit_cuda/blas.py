@@ -6,20 +6,35 @@ unconditionally). PyTorch instead hands cuBLAS a workspace after each ``cublasSe
 on Hopper and newer, where cuBLAS's fastest GEMM kernels want one; 8 MiB before) and calls
 ``cublasGemmEx`` itself. :func:`matmul_into` does the same, on the submission thread's cuBLAS
 handle (CuPy's, per thread and device), with one workspace per CUDA stream (GEMMs on two streams
-may overlap, so they must not share one):
+may overlap, so they must not share one). It calls cuBLAS through ctypes (:class:`Cublas`, on
+the library CuPy loaded), not through CuPy's wrappers: those call CuPy's ``cublas.setStream``,
+which raises ``NotImplementedError('calling cuBLAS API during stream capture is currently
+unsupported')`` on a capturing stream, whereas cuBLAS itself can be captured into a CUDA graph
+when it has a workspace of its own (cuBLAS's documentation, "CUDA Graphs Support").
 
-- f16 and bf16 operands with F32 accumulation (``CUBLAS_COMPUTE_32F``; bf16 runs on its tensor
-  cores, where ``cupy.matmul`` has no bf16 GEMM and the backend multiplied it in F32);
-- f32 with F32 arithmetic, or on TF32 tensor cores (``CUBLAS_COMPUTE_32F_FAST_TF32``: inputs
-  rounded to 10-bit mantissas) only where the user allowed it: ``backend.allow_tf32 = True`` or
-  ``ACCELKIT_CUDA_ALLOW_TF32=1`` (off by default, as ``torch.backends.cuda.matmul.allow_tf32``);
-- row-major operands: ``a`` C-contiguous ``[..., m, k]`` and ``b`` ``[k, n]`` C-contiguous or
-  the transpose of a C-contiguous ``[n, k]`` (``linear``'s weight), the batch folded into ``m``;
-  or both ``[batch, m, k]`` and ``[batch, k, n]`` C-contiguous (a strided batched GEMM).
+Where it serves (:func:`matmul`):
 
-Anything else (other dtypes, other layouts, a cuBLAS without ``cublasSetWorkspace``) is left to
-``cupy.matmul``: :func:`matmul_into` returns False and does nothing. Unmeasured on a GPU as
-written: benchmarks/bench_cuda_attention.py times it against ``torch.matmul``.
+- while the thread captures a CUDA graph (:mod:`accelkit_cuda.capturing`): every floating-point
+  GEMM, other layouts made contiguous first (a copy kernel, captured too);
+- TF32 GEMMs (f32 operands, ``backend.allow_tf32``);
+- every GEMM it takes with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1``.
+
+Measured on an H100 (2026-11-27, ``benchmarks/bench_cuda.py``), this path ran f16/bf16 GEMMs at
+8192 at 0.70-0.75x PyTorch against ``cupy.matmul``'s 0.93x, so eager GEMMs stay on
+``cupy.matmul`` by default.
+
+Types (:func:`compute_type`): f16 and bf16 operands with F32 accumulation
+(``CUBLAS_COMPUTE_32F``) into an output of their type or f32; f32 with F32 arithmetic, or on
+TF32 tensor cores (``CUBLAS_COMPUTE_32F_FAST_TF32``) only where the user allowed it; f64 with
+``CUBLAS_COMPUTE_64F``. ``alpha`` and ``beta`` are host scalars of the compute type's scalar
+type (:func:`scalars`: float for the 32F types, double for 64F), as cuBLAS reads them.
+
+Layouts (:func:`plan`): row-major operands, ``a`` C-contiguous ``[..., m, k]`` and ``b``
+``[k, n]`` C-contiguous or the transpose of a C-contiguous ``[n, k]`` (``linear``'s weight), the
+batch folded into ``m``; or both ``[batch, m, k]`` and ``[batch, k, n]`` C-contiguous (a strided
+batched GEMM). Anything else outside a capture is left to ``cupy.matmul``.
+
+The capture path is unverified on a GPU (tested over a stand-in for CuPy and cuBLAS only).
 """
 
 from __future__ import annotations
@@ -29,9 +44,12 @@ import os
 import threading
 from typing import Any
 
-import numpy as np
+from accelkit_cuda import capturing
 
-__all__ = ["WORKSPACE_BYTES", "matmul", "matmul_into", "plan", "workspace_bytes"]
+__all__ = [
+    "WORKSPACE_BYTES", "Cublas", "compute_type", "matmul", "matmul_into", "plan", "prepare",
+    "scalars", "workspace_bytes",
+]  # fmt: skip
 
 #: PyTorch's cuBLAS workspace on compute capability 9.0 and newer (CUBLAS_WORKSPACE_CONFIG
 #: ":4096:8"), and, before, about its ":4096:2:16:8".
@@ -40,19 +58,25 @@ _OLDER_BYTES = 8 << 20
 
 # cuBLAS and CUDA enums (cublas_api.h, library_types.h).
 _OP_N, _OP_T = 0, 1
-_R_32F, _R_16F, _R_16BF = 0, 2, 14
-_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77
+_R_32F, _R_64F, _R_16F, _R_16BF = 0, 1, 2, 14
+_COMPUTE_32F, _COMPUTE_64F, _COMPUTE_32F_FAST_TF32 = 68, 70, 77
 _GEMM_DEFAULT = -1
 _POINTER_MODE_HOST = 0
 
-_ONE = np.ones(1, np.float32)
-_ZERO = np.zeros(1, np.float32)
+#: numpy/CuPy dtype name -> cudaDataType.
+_TYPES = {"float16": _R_16F, "bfloat16": _R_16BF, "float32": _R_32F, "float64": _R_64F}
+#: The scalar type cuBLAS reads ``alpha``/``beta`` as, per compute type (cuBLAS's cublasGemmEx
+#: table: float for every 32F compute type, double for 64F).
+_SCALARS: dict[int, Any] = {
+    _COMPUTE_32F: ctypes.c_float, _COMPUTE_32F_FAST_TF32: ctypes.c_float,
+    _COMPUTE_64F: ctypes.c_double,
+}  # fmt: skip
 
 _lock = threading.Lock()
 #: (device, stream pointer) -> the workspace (CuPy memory, held for the process's life).
 _workspaces: dict[tuple[int, int], Any] = {}
-#: ``cublasSetWorkspace_v2`` through ctypes (CuPy does not bind it); False where missing.
-_set_workspace: Any = None
+#: The cuBLAS entry points (:class:`Cublas`), False where the library is not found.
+_cublas: Any = None
 
 
 def workspace_bytes(compute_capability: tuple[int, int]) -> int:
@@ -62,7 +86,27 @@ def workspace_bytes(compute_capability: tuple[int, int]) -> int:
 
 def _type(dtype: Any) -> int | None:
     name = getattr(dtype, "name", str(dtype))
-    return {"float16": _R_16F, "bfloat16": _R_16BF, "float32": _R_32F}.get(name)
+    return _TYPES.get(name)
+
+
+def compute_type(in_type: int, out_type: int, tf32: bool = False) -> int | None:
+    """cuBLAS's compute type for operands of ``in_type`` into ``out_type`` (cudaDataType
+    values), or None (a combination not taken): f16/bf16 into their own type or f32, F32
+    accumulation; f32 into f32 (TF32 with ``tf32``); f64 into f64."""
+    if in_type in (_R_16F, _R_16BF) and out_type in (in_type, _R_32F):
+        return _COMPUTE_32F
+    if in_type == out_type == _R_32F:
+        return _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
+    if in_type == out_type == _R_64F:
+        return _COMPUTE_64F
+    return None
+
+
+def scalars(compute: int, alpha: float, beta: float) -> tuple[Any, Any]:
+    """``alpha`` and ``beta`` as the host scalars cuBLAS reads for ``compute`` (ctypes objects;
+    their addresses go to cuBLAS, so keep them alive over the call)."""
+    kind = _SCALARS[compute]
+    return kind(alpha), kind(beta)
 
 
 def plan(
@@ -111,13 +155,61 @@ def plan(
     return (_OP_N, _OP_N, n, m, k, n, k, n, k * n, m * k, m * n, batch)
 
 
-def _setter() -> Any:
-    """``cublasSetWorkspace_v2`` from the cuBLAS library CuPy loaded, or False."""
-    global _set_workspace
-    if _set_workspace is None:
+class Cublas:
+    """The cuBLAS entry points :func:`matmul_into` calls, through ctypes on a loaded cuBLAS
+    library (``lib``): no CuPy wrapper, so nothing refuses a capturing stream. Each raises
+    RuntimeError on a status other than CUBLAS_STATUS_SUCCESS."""
+
+    def __init__(self, lib: Any) -> None:
+        vp, i, ll, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
+        sigs = {
+            "cublasSetStream_v2": [vp, vp],
+            "cublasSetWorkspace_v2": [vp, vp, sz],
+            "cublasSetPointerMode_v2": [vp, i],
+            "cublasGemmEx": [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i],
+            "cublasGemmStridedBatchedEx": [
+                vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i,
+            ],
+        }  # fmt: skip
+        self._fns: dict[str, Any] = {}
+        for name, argtypes in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+            self._fns[name] = fn
+
+    def _call(self, name: str, *args: Any) -> None:
+        status = self._fns[name](*args)
+        if status != 0:
+            raise RuntimeError(f"{name} failed: cuBLAS status {status}")
+
+    def set_stream(self, handle: int, stream: int) -> None:
+        self._call("cublasSetStream_v2", handle, stream)
+
+    def set_workspace(self, handle: int, ptr: int, size: int) -> None:
+        self._call("cublasSetWorkspace_v2", handle, ptr, size)
+
+    def set_pointer_mode(self, handle: int, mode: int) -> None:
+        self._call("cublasSetPointerMode_v2", handle, mode)
+
+    def gemm_ex(self, *args: Any) -> None:
+        """``cublasGemmEx`` with its arguments in cuBLAS's order."""
+        self._call("cublasGemmEx", *args)
+
+    def gemm_strided_batched_ex(self, *args: Any) -> None:
+        """``cublasGemmStridedBatchedEx`` with its arguments in cuBLAS's order."""
+        self._call("cublasGemmStridedBatchedEx", *args)
+
+
+def _lib() -> Any:
+    """The :class:`Cublas` of the cuBLAS library CuPy loaded, or None (no cuBLAS, or one without
+    ``cublasSetWorkspace``: ``cupy.matmul`` serves)."""
+    global _cublas
+    if _cublas is None:
         found: Any = False
         try:
             import cupy as cp
+            from cupy_backends.cuda.libs import cublas  # noqa: F401 - loads CuPy's libcublas
 
             major = cp.cuda.runtime.runtimeGetVersion() // 1000
             names = [f"libcublas.so.{major}", "libcublas.so"]
@@ -125,16 +217,13 @@ def _setter() -> Any:
             names = []
         for name in names:
             try:
-                lib = ctypes.CDLL(name)  # already loaded by CuPy: the same library
-                fn = lib.cublasSetWorkspace_v2
+                # Already loaded by CuPy: dlopen finds that library by its soname.
+                found = Cublas(ctypes.CDLL(name))
+                break
             except (OSError, AttributeError):
                 continue
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-            fn.restype = ctypes.c_int
-            found = fn
-            break
-        _set_workspace = found
-    return _set_workspace
+        _cublas = found
+    return _cublas or None
 
 
 def _workspace(device: int, stream: int, size: int) -> Any:
@@ -159,65 +248,145 @@ def _compute_capability(device: Any) -> tuple[int, int]:
     return cc
 
 
-def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False) -> Any:
-    """``a @ b`` through :func:`matmul_into`, into ``out`` where it is C-contiguous and of the
-    result's dtype and shape (else a new array); None (nothing done) where it does not apply.
+def prepare(stream: int) -> bool:
+    """Before a capture on ``stream`` (a CUDA stream pointer): find cuBLAS, create the thread's
+    handle and allocate the stream's workspace now, so that the capture makes no allocation of
+    theirs. False where cuBLAS is not found (the capture's GEMMs then fail, and its calls are
+    replayed)."""
+    import cupy as cp
 
-    Only for TF32 GEMMs, or with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1``: measured on an H100
-    (2026-11-27, ``benchmarks/bench_cuda.py``), this path ran f16/bf16 GEMMs at 8192 at 0.70-0.75x
-    PyTorch against ``cupy.matmul``'s 0.93x, so ``cupy.matmul`` serves by default."""
-    if not (tf32 or os.environ.get("ACCELKIT_CUDA_GEMM_WORKSPACE", "").strip() == "1"):
+    if _lib() is None:
+        return False
+    dev = cp.cuda.Device()
+    cp.cuda.device.get_cublas_handle()
+    _workspace(dev.id, stream, workspace_bytes(_compute_capability(dev)))
+    return True
+
+
+def _is_device_array(x: Any) -> bool:
+    import cupy as cp
+
+    return isinstance(x, cp.ndarray)
+
+
+def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = False) -> Any:
+    """``a @ b`` through :func:`matmul_into` (into ``out`` where it is C-contiguous and of the
+    result's dtype and shape, else a new array), or None (nothing done: ``cupy.matmul``
+    serves). The result is f32 for f16/bf16 operands with ``wide``, else of their dtype.
+
+    It serves while the thread captures a CUDA graph (any layout), for TF32 f32 GEMMs, and
+    with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1`` (see the module docstring)."""
+    in_type = _type(a.dtype)
+    if in_type is None or a.dtype != b.dtype:
         return None
-    if _type(a.dtype) is None or a.dtype != b.dtype or a.ndim < 2 or b.ndim < 2:
+    stream = capturing.active()
+    if not (
+        stream is not None
+        or (tf32 and in_type == _R_32F)
+        or os.environ.get("ACCELKIT_CUDA_GEMM_WORKSPACE", "").strip() == "1"
+    ):
         return None
-    if plan(a.shape, a.strides, b.shape, b.strides, a.itemsize) is None or not _setter():
+    # Host arrays (tests that put NumPy in for CuPy) never reach cuBLAS.
+    if not _is_device_array(a) or not _is_device_array(b) or _lib() is None:
         return None
+    import cupy as cp
+
+    out_dtype = cp.float32 if wide and in_type in (_R_16F, _R_16BF) else a.dtype
+    squeeze: list[int] = []
+    if stream is not None and (a.ndim < 2 or b.ndim < 2):
+        if a.ndim == 1:  # as cupy.matmul: a vector is a row, then dropped
+            a, squeeze = a[None, :], [*squeeze, -2]
+        if b.ndim == 1:
+            b, squeeze = b[:, None], [*squeeze, -1]
+    if a.ndim < 2 or b.ndim < 2:
+        return None
+    result_shape = None
+    if plan(a.shape, a.strides, b.shape, b.strides, a.itemsize) is None:
+        if stream is None:
+            return None
+        # A capture has no cupy.matmul to fall back on: copy the operands into a layout taken.
+        a, b, result_shape = _contiguous_batch(cp, a, b)
     shape = (*a.shape[:-1], b.shape[-1])
-    if out is None or out.dtype != a.dtype or out.shape != shape or not out.flags.c_contiguous:
-        import cupy as cp
+    direct = not squeeze and result_shape is None
+    if not direct or out is None or out.dtype != out_dtype or out.shape != shape:
+        res = cp.empty(shape, out_dtype)
+    elif not out.flags.c_contiguous:
+        res = cp.empty(shape, out_dtype)
+    else:
+        res = out
+    if not matmul_into(a, b, res, tf32):
+        return None
+    if result_shape is not None:
+        res = res.reshape(result_shape)
+    for axis in sorted(squeeze):
+        res = res.squeeze(axis)
+    return res
 
-        out = cp.empty(shape, a.dtype)
-    return out if matmul_into(a, b, out, tf32) else None
+
+def _contiguous_batch(cp: Any, a: Any, b: Any) -> tuple[Any, Any, tuple[int, ...]]:
+    """``a`` and ``b`` broadcast over their batch axes and copied C-contiguous, as
+    ``[batch, m, k]`` and ``[batch, k, n]`` (``b`` stays ``[k, n]`` where ``a`` alone is
+    batched), in a layout :func:`plan` takes; and the shape of ``a @ b``."""
+    m, n = a.shape[-2], b.shape[-1]
+    if b.ndim == 2:
+        return cp.ascontiguousarray(a), cp.ascontiguousarray(b), (*a.shape[:-1], n)
+    lead_a = (1,) * (b.ndim - a.ndim) + tuple(a.shape[:-2])
+    lead_b = (1,) * (a.ndim - b.ndim) + tuple(b.shape[:-2])
+    batch = tuple(max(x, y) for x, y in zip(lead_a, lead_b, strict=True))
+    count = 1
+    for d in batch:
+        count *= d
+    a3 = cp.ascontiguousarray(cp.broadcast_to(a, (*batch, *a.shape[-2:])))
+    b3 = cp.ascontiguousarray(cp.broadcast_to(b, (*batch, *b.shape[-2:])))
+    return (
+        a3.reshape(count, *a.shape[-2:]), b3.reshape(count, *b.shape[-2:]), (*batch, m, n)
+    )
 
 
-def matmul_into(a: Any, b: Any, out: Any, tf32: bool = False) -> bool:
-    """``out[...] = a @ b`` on cuBLAS with a workspace (see the module docstring), on the
-    submission thread and the current stream; False (nothing done) where it does not apply."""
-    dtype = _type(a.dtype)
-    if dtype is None or a.dtype != b.dtype or out.dtype != a.dtype or not out.flags.c_contiguous:
+def matmul_into(
+    a: Any, b: Any, out: Any, tf32: bool = False, alpha: float = 1.0, beta: float = 0.0
+) -> bool:
+    """``out[...] = alpha * (a @ b) + beta * out`` on cuBLAS with a workspace (see the module
+    docstring), on the submission thread and the current stream (the capturing one during a
+    capture); False (nothing done) where it does not apply. ``a`` and ``b`` share a dtype;
+    ``out`` has a type :func:`compute_type` takes for it (``out``'s batch folded as ``a``'s)."""
+    in_type, out_type = _type(a.dtype), _type(out.dtype)
+    if in_type is None or out_type is None or a.dtype != b.dtype or not out.flags.c_contiguous:
+        return False
+    compute = compute_type(in_type, out_type, tf32)
+    if compute is None:
         return False
     p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
     if p is None:
         return False
-    setter = _setter()
-    if not setter:
+    lib = _lib()
+    if lib is None:
         return False
     import cupy as cp
-    from cupy_backends.cuda.libs import cublas
 
     trans_a, trans_b, m, n, k, lda, ldb, ldc, sa, sb, sc, batch = p
-    stream = cp.cuda.get_current_stream()
+    stream = capturing.active()
+    if stream is None:
+        stream = cp.cuda.get_current_stream().ptr
     dev = cp.cuda.Device()
-    device = dev.id
     handle = cp.cuda.device.get_cublas_handle()
     size = workspace_bytes(_compute_capability(dev))
-    ws = _workspace(device, stream.ptr, size)
-    cublas.setStream(handle, stream.ptr)
-    # After every cublasSetStream (which resets it), as PyTorch does.
-    if setter(handle, ws.ptr, size) != 0:
-        return False
-    cublas.setPointerMode(handle, _POINTER_MODE_HOST)
-    compute = _COMPUTE_32F_FAST_TF32 if tf32 and dtype == _R_32F else _COMPUTE_32F
-    alpha, beta = _ONE.ctypes.data, _ZERO.ctypes.data
+    ws = _workspace(dev.id, stream, size)
+    lib.set_stream(handle, stream)
+    lib.set_workspace(handle, ws.ptr, size)  # after every cublasSetStream (which resets it)
+    lib.set_pointer_mode(handle, _POINTER_MODE_HOST)
+    alpha_c, beta_c = scalars(compute, alpha, beta)  # alive until cuBLAS has read them
+    pa, pb = ctypes.addressof(alpha_c), ctypes.addressof(beta_c)
     # C^T = B^T A^T in column-major: cuBLAS's first operand is b.
     if batch == 1:
-        cublas.gemmEx(
-            handle, trans_a, trans_b, m, n, k, alpha, b.data.ptr, dtype, lda, a.data.ptr, dtype,
-            ldb, beta, out.data.ptr, dtype, ldc, compute, _GEMM_DEFAULT,
+        lib.gemm_ex(
+            handle, trans_a, trans_b, m, n, k, pa, b.data.ptr, in_type, lda, a.data.ptr,
+            in_type, ldb, pb, out.data.ptr, out_type, ldc, compute, _GEMM_DEFAULT,
         )  # fmt: skip
     else:
-        cublas.gemmStridedBatchedEx(
-            handle, trans_a, trans_b, m, n, k, alpha, b.data.ptr, dtype, lda, sa, a.data.ptr,
-            dtype, ldb, sb, beta, out.data.ptr, dtype, ldc, sc, batch, compute, _GEMM_DEFAULT,
+        lib.gemm_strided_batched_ex(
+            handle, trans_a, trans_b, m, n, k, pa, b.data.ptr, in_type, lda, sa, a.data.ptr,
+            in_type, ldb, sb, pb, out.data.ptr, out_type, ldc, sc, batch, compute,
+            _GEMM_DEFAULT,
         )  # fmt: skip
     return True

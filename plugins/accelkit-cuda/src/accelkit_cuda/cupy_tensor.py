@@ -238,18 +238,23 @@ def range_flag(index: Array, low: int, high: int) -> Array:
 
 
 # -- linear algebra -----------------------------------------------------------------------------------
-def _mm(a: Array, b: Array, out: Array | None = None, tf32: bool = False) -> Array:
-    """cuBLAS's GEMM with a workspace where :func:`accelkit_cuda.blas.matmul` takes the layout
-    (f16, bf16, f32; TF32 for f32 only with ``tf32``); else ``cupy.matmul``, with BF16 operands
-    multiplied in F32 (CuPy 14 has no BF16 GEMM: its matmul takes BF16 for an integer type and
-    fails), so a BF16 product is rounded once, when stored. F16 stays on cuBLAS's F16 path (F32
-    accumulation)."""
-    res = blas.matmul(a, b, out, tf32)
+def _mm(
+    a: Array, b: Array, out: Array | None = None, tf32: bool = False, wide: bool = False
+) -> Array:
+    """``a @ b`` on cuBLAS. :func:`accelkit_cuda.blas.matmul` serves where it applies (every
+    GEMM while a CUDA graph is captured, where CuPy refuses its cuBLAS calls; TF32 GEMMs;
+    everything with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1``); else ``cupy.matmul``, with BF16
+    operands multiplied in F32 (CuPy 14 has no BF16 GEMM: its matmul takes BF16 for an integer
+    type and fails), so a BF16 product is rounded once, when stored. F16 stays on cuBLAS's F16
+    path (F32 accumulation). With ``wide``, F16/BF16 operands give an F32 result (not rounded
+    to their type first: :func:`gemm` adds to it)."""
+    res = blas.matmul(a, b, out, tf32, wide)
     if res is not None:
         if out is not None and res is not out:
             _store(out, res)
+            return out
         return res
-    if _BF16 is not None and _BF16 in (a.dtype, b.dtype):
+    if (_BF16 is not None and _BF16 in (a.dtype, b.dtype)) or (wide and half(a.dtype)):
         res = cp.matmul(a.astype(cp.float32), b.astype(cp.float32))
         if out is not None:
             _store(out, res)
@@ -267,7 +272,10 @@ def gemm(
     if a.dtype != b.dtype:
         ct = cp.result_type(up(a), up(b))
         av, bv = av.astype(ct), bv.astype(ct)
-    res = _mm(av, bv, tf32=tf32)
+    # F16/BF16 operands with a scale, an addend or a wider output: the product stays F32
+    # (rounded once, when stored), not rounded to the operands' type first.
+    wide = half(av.dtype) and (alpha != 1.0 or c is not None or out.dtype != av.dtype)
+    res = _mm(av, bv, tf32=tf32, wide=wide)
     if alpha != 1.0 or c is not None:
         res = res.astype(cp.float32) if half(res.dtype) else res
         if alpha != 1.0:

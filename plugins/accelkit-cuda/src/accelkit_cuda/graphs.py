@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 import cupy
 
 from accelkit.sdk import GraphRecording, NativeGraph, env_str, mark_written, other_writers
+from accelkit_cuda import blas
+from accelkit_cuda.capturing import capturing
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -88,9 +90,11 @@ async def capture_graph(backend: CUDABackend, recording: GraphRecording) -> Nati
 
     def build() -> tuple[Any, Any, list[object]]:
         cp = stream.cp
+        # cuBLAS's handle and this stream's workspace exist before the capture begins.
+        blas.prepare(cp.ptr)
         pool = cupy.cuda.MemoryPool()
         kept: list[object] = []
-        with cupy.cuda.using_allocator(pool.malloc), cp:
+        with capturing(cp.ptr), cupy.cuda.using_allocator(pool.malloc), cp:
             cp.begin_capture()
             try:
                 for fn in closures:

@@ -45,6 +45,7 @@ from accelkit.sdk import (
 )
 from accelkit.sdk.host import copy_into
 from accelkit.tensor import Tensor
+from accelkit_cuda.capturing import defer
 from accelkit_cuda.errors import OUT_OF_MEMORY, error_code, translate
 from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
 
@@ -184,6 +185,8 @@ class DeviceMemory:
         backend = self.backend
 
         def free() -> None:
+            if defer(free):  # a CUDA graph is being captured on this thread: after it ends
+                return
             with self._lock:
                 if self._live.pop(id(block), None) is None:
                     return
