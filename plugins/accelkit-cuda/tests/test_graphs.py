@@ -177,3 +177,29 @@ async def test_cuda_graphs_can_be_turned_off(
         assert not _calls("Stream.begin_capture")
     finally:
         await backend.shutdown()
+
+
+async def test_a_free_on_the_submission_thread_waits_for_the_capture_to_end(
+    plugin: Plugin,
+) -> None:
+    """A ``cudaFree`` may synchronize the device, which invalidates a capture: a block freed on
+    the submission thread while it captures is freed when the capture ends."""
+    from accelkit_cuda.capturing import capturing
+
+    backend = await _open(plugin)
+    try:
+        blocks = backend._memory.blocks
+        block = await backend.thread.call(lambda: blocks.alloc(1024))  # cudaMalloc in place
+        ptr = block.ptr
+        assert ptr and ptr in fake_cupy.MALLOCED
+
+        def free_while_capturing() -> tuple[bool, bool]:
+            with capturing(1):
+                blocks.free(block)
+                during = ptr in fake_cupy.FREED
+            return during, ptr in fake_cupy.FREED
+
+        during, after = await backend.thread.call(free_while_capturing)
+        assert (during, after) == (False, True)
+    finally:
+        await backend.shutdown()
