@@ -422,13 +422,13 @@ class Cublas:
 
     def gemm_ex(self, *args: Any) -> None:
         self._note("cublasGemmEx", args)
-        h, ta, tb, m, n, k, alpha, pa, at, lda, pb, bt, ldb, beta, pc, ct, ldc, comp, _ = args
+        _h, ta, tb, m, n, k, alpha, pa, at, lda, pb, bt, ldb, beta, pc, ct, ldc, comp, _ = args
         self._gemm(ta, tb, m, n, k, alpha, (pa, at, lda, 0), (pb, bt, ldb, 0), beta,
                    (pc, ct, ldc, 0), 1, comp)  # fmt: skip
 
     def gemm_strided_batched_ex(self, *args: Any) -> None:
         self._note("cublasGemmStridedBatchedEx", args)
-        (h, ta, tb, m, n, k, alpha, pa, at, lda, sa, pb, bt, ldb, sb, beta, pc, ct, ldc, sc,
+        (_h, ta, tb, m, n, k, alpha, pa, at, lda, sa, pb, bt, ldb, sb, beta, pc, ct, ldc, sc,
          batch, comp, _) = args  # fmt: skip
         self._gemm(ta, tb, m, n, k, alpha, (pa, at, lda, sa), (pb, bt, ldb, sb), beta,
                    (pc, ct, ldc, sc), batch, comp)  # fmt: skip

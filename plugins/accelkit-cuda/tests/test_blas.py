@@ -166,7 +166,8 @@ def test_the_exact_arguments_of_gemm_ex(
     t_in, t_out, compute, scalar = want
     handle = 0x6B1A5
     assert lib.calls[0] == ("cublasSetStream", (handle, 0x5EED))
-    assert lib.calls[1][0] == "cublasSetWorkspace" and lib.calls[1][1][2] == 32 << 20
+    assert lib.calls[1][0] == "cublasSetWorkspace"
+    assert lib.calls[1][1][2] == 32 << 20
     assert lib.calls[2] == ("cublasSetPointerMode", (handle, 0))
     if batched:
         assert name == "cublasGemmStridedBatchedEx"
@@ -183,7 +184,8 @@ def test_the_exact_arguments_of_gemm_ex(
         )  # fmt: skip
         alpha, beta = args[6], args[13]
     assert tuple(None if x in (alpha, beta) else x for x in args) == want_args
-    assert isinstance(alpha, int) and isinstance(beta, int)  # host pointers (pointer mode host)
+    assert isinstance(alpha, int)  # host pointers (pointer mode host)
+    assert isinstance(beta, int)
     assert all(type(s) is getattr(ctypes, scalar) for s in mod.scalars(compute, 2.5, -0.5))
     # The stand-in read alpha and beta as cuBLAS does for `compute` (a float read as a double,
     # or the reverse, is garbage): the result shows they were of that type and value.

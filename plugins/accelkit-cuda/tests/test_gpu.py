@@ -164,6 +164,84 @@ async def test_a_captured_decode_step_replays_as_a_cuda_graph(backend: Any) -> N
     np.testing.assert_allclose(await y.to_host(), want, rtol=tol, atol=tol)
 
 
+async def test_a_captured_transformer_block_replays_as_a_cuda_graph(backend: Any) -> None:
+    """bench_core's transformer block (layer_norm, linear with bias, permute, causal attention,
+    tanh-GELU, add; its GEMMs on cuBLAS through accelkit_cuda.blas while capturing) as one CUDA
+    graph, replayed with new input (the H100 of 2026-11-27 replayed its calls: CuPy refused
+    cuBLAS during the capture)."""
+    from accelkit.workloads import (
+        BlockConfig,
+        block_weights,
+        transformer_block,
+        transformer_block_numpy,
+        upload_weights,
+    )
+
+    cfg = BlockConfig(batch=2, seq=16, width=64, heads=4)
+    w_h = block_weights(cfg)
+    w = upload_weights(backend, w_h)
+    rng = np.random.default_rng(6)
+    shape = (cfg.batch, cfg.seq, cfg.width)
+    x = backend.tensor_factory.from_host(rng.standard_normal(shape).astype(np.float32))
+    async with backend.capture() as graph:
+        y = transformer_block(backend, x, w, cfg)
+    assert graph.kind == "cuda-graph"
+    tol = float(64 * 4 * cfg.width * np.finfo(np.float32).eps)
+    for _ in range(2):
+        x_h = rng.standard_normal(shape).astype(np.float32)
+        await graph.write(x, x_h)
+        graph.replay()
+        want = transformer_block_numpy(x_h.astype(np.float64), w_h, cfg)
+        np.testing.assert_allclose(await y.to_host(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("path", ["capture", "workspace"])
+async def test_gemm_dtypes_on_the_cublas_path(
+    backend: Any, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """GEMMs on cublasGemmEx (accelkit_cuda.blas), captured or eager with
+    ``ACCELKIT_CUDA_GEMM_WORKSPACE=1``: bf16 and f16 operands into F32 with an F32 addend (the
+    product not rounded to the operands' type first: bf16-bf16-f32-f32 failed on the H100),
+    and f64 with alpha and beta (double scalars for CUBLAS_COMPUTE_64F)."""
+    import ml_dtypes
+
+    if path == "workspace":
+        monkeypatch.setenv("ACCELKIT_CUDA_GEMM_WORKSPACE", "1")
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rng = np.random.default_rng(7)
+    cases = [
+        (ml_dtypes.bfloat16, np.float32, 1.0, 1.0),
+        (np.float16, np.float32, 1.0, 1.0),
+        (np.float64, np.float64, 2.5, -0.5),
+    ]
+    if ak.DType.BF16 not in backend.supported_dtypes:
+        cases = cases[1:]
+    tensors, hosts = [], []
+    for dt, ct, alpha, beta in cases:
+        a_h = rng.uniform(-2, 2, (24, 40)).astype(dt)
+        b_h = rng.uniform(-2, 2, (40, 16)).astype(dt)
+        c_h = rng.standard_normal((24, 16)).astype(ct)
+        tensors.append((f.from_host(a_h), f.from_host(b_h), f.from_host(c_h), alpha, beta))
+        hosts.append((a_h, b_h, c_h, alpha, beta, ct))
+
+    def run() -> list[Any]:
+        return [ops.gemm(a, b, c, alpha=al, beta=be) for a, b, c, al, be in tensors]
+
+    if path == "capture":
+        async with backend.capture() as graph:
+            outs = run()
+        assert graph.kind == "cuda-graph"
+        graph.replay()
+    else:
+        outs = run()
+    for out, (a_h, b_h, c_h, alpha, beta, ct) in zip(outs, hosts, strict=True):
+        got = await out.to_host()
+        assert got.dtype == ct
+        want = alpha * (a_h.astype(np.float64) @ b_h.astype(np.float64)) + beta * c_h
+        eps = float(np.finfo(ct).eps)
+        np.testing.assert_allclose(got, want, rtol=64 * eps, atol=64 * 40 * eps)
+
+
 async def test_streams_order_work_across_streams(backend: Any) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     a = f.from_host(np.ones((2048, 2048), np.float32))

@@ -191,7 +191,7 @@ async def test_a_free_on_the_submission_thread_waits_for_the_capture_to_end(
         blocks = backend._memory.blocks
         block = await backend.thread.call(lambda: blocks.alloc(1024))  # cudaMalloc in place
         ptr = block.ptr
-        assert ptr and ptr in fake_cupy.MALLOCED
+        assert ptr in fake_cupy.MALLOCED
 
         def free_while_capturing() -> tuple[bool, bool]:
             with capturing(1):
@@ -201,5 +201,26 @@ async def test_a_free_on_the_submission_thread_waits_for_the_capture_to_end(
 
         during, after = await backend.thread.call(free_while_capturing)
         assert (during, after) == (False, True)
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_captured_transformer_block_is_one_cuda_graph(
+    plugin: Plugin, cublas: fake_cupy.Cublas
+) -> None:
+    """bench_core's transformer block (benchmarks/bench_cuda.py's captured figure, "calls" on
+    the H100): every op of it is captured, its six projections on cuBLAS. Its numbers need
+    the fused attention kernel, which the stand-in does not run (test_gpu.py checks them)."""
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    backend = await _open(plugin)
+    try:
+        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+        async with backend.capture() as graph:
+            transformer_block(backend, x, w, cfg)
+        assert graph.kind == "cuda-graph"
+        assert len(_gemms(cublas)) == 6
     finally:
         await backend.shutdown()

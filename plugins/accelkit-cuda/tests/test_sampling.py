@@ -40,12 +40,14 @@ async def test_fused_and_composed_sampling_agree_for_a_seed(
         await backend.synchronize()
         fake_cupy.CALLS.clear()
         a = fused.sample_token(logits, seed=11, **kwargs)
-        assert fused.last_route is not None and fused.last_route.route == "fused"
+        assert fused.last_route is not None
+        assert fused.last_route.route == "fused"
         a_host = await a.to_host()
         # The fused route's own draw: on the device generator, on the submission thread.
         draws = [ident for name, ident in fake_cupy.CALLS if name == "random.Generator.random"]
         b = composed.sample_token(logits, seed=11, **kwargs)
-        assert composed.last_route is not None and composed.last_route.route == "composed"
+        assert composed.last_route is not None
+        assert composed.last_route.route == "composed"
         b_host = await b.to_host()
         again = await fused.sample_token(logits, seed=11, **kwargs).to_host()
         other = await fused.sample_token(logits, seed=12, **kwargs).to_host()
@@ -53,4 +55,5 @@ async def test_fused_and_composed_sampling_agree_for_a_seed(
         await backend.shutdown()
     assert a_host.tolist() == b_host.tolist() == again.tolist()
     assert other.tolist() != a_host.tolist()  # the seed matters (6 rows of 300: not by chance)
-    assert len(draws) == 1 and threading.get_ident() not in draws
+    assert len(draws) == 1
+    assert threading.get_ident() not in draws

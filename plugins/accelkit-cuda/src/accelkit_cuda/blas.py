@@ -307,13 +307,11 @@ def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = Fal
         # A capture has no cupy.matmul to fall back on: copy the operands into a layout taken.
         a, b, result_shape = _contiguous_batch(cp, a, b)
     shape = (*a.shape[:-1], b.shape[-1])
-    direct = not squeeze and result_shape is None
-    if not direct or out is None or out.dtype != out_dtype or out.shape != shape:
-        res = cp.empty(shape, out_dtype)
-    elif not out.flags.c_contiguous:
-        res = cp.empty(shape, out_dtype)
-    else:
+    direct = not squeeze and result_shape is None and out is not None
+    if direct and out.dtype == out_dtype and out.shape == shape and out.flags.c_contiguous:
         res = out
+    else:
+        res = cp.empty(shape, out_dtype)
     if not matmul_into(a, b, res, tf32):
         return None
     if result_shape is not None:
@@ -338,9 +336,7 @@ def _contiguous_batch(cp: Any, a: Any, b: Any) -> tuple[Any, Any, tuple[int, ...
         count *= d
     a3 = cp.ascontiguousarray(cp.broadcast_to(a, (*batch, *a.shape[-2:])))
     b3 = cp.ascontiguousarray(cp.broadcast_to(b, (*batch, *b.shape[-2:])))
-    return (
-        a3.reshape(count, *a.shape[-2:]), b3.reshape(count, *b.shape[-2:]), (*batch, m, n)
-    )
+    return (a3.reshape(count, *a.shape[-2:]), b3.reshape(count, *b.shape[-2:]), (*batch, m, n))
 
 
 def matmul_into(
