@@ -10,7 +10,11 @@ When a capture block ends, its calls have run once on the stream as usual. This 
    that their kernels, cuBLAS calls and copies become the nodes of one ``cupy.cuda.Graph``
    instead of running; CuPy's temporaries come from a memory pool of the graph's own
    (``cupy.cuda.using_allocator``), kept as long as the graph, so that no later work reuses
-   memory the graph's nodes write;
+   memory the graph's nodes write. Meanwhile the thread is marked as capturing
+   (:mod:`accelkit_cuda.capturing`): GEMMs go to cuBLAS through :mod:`accelkit_cuda.blas`
+   (CuPy refuses its own cuBLAS calls on a capturing stream), whose handle and workspace for
+   the stream are made before ``begin_capture``, and frees of the backend's pool wait until
+   the capture ends;
 3. returns a :class:`~accelkit.sdk.NativeGraph` whose ``launch()`` is one position on the
    stream: ``graph.launch(stream)`` after the pending writers of the graph's inputs on other
    streams, with every output recorded as written there.
@@ -25,8 +29,10 @@ device (an embedding index out of range) are made for the capture's own run, not
 replay.
 
 Unverified on a GPU: written against CuPy 13/14's ``Stream.begin_capture``/``end_capture`` and
-``Graph.launch``, and tested here only over a stand-in for CuPy (no device in this repository's
-CI); the GPU test (``tests/test_gpu.py``) and ``../shared/gpu/`` measure it on a device.
+``Graph.launch``, and tested here only over a stand-in for CuPy and cuBLAS (no device in this
+repository's CI); the GPU tests (``tests/test_gpu.py``: a captured decode step and transformer
+block) and ``benchmarks/bench_cuda.py`` check it on a device. An H100 run of 2026-11-27 (before
+the GEMMs went to blas.py) got ``"calls"``: CuPy refused cuBLAS.
 """
 
 from __future__ import annotations
