@@ -8,8 +8,10 @@ Run with ``python benchmarks/bench_cuda_attention.py`` where accelkit-cuda, CuPy
   where installed, else the NVRTC kernel: the engine is printed) vs
   ``torch.nn.functional.scaled_dot_product_attention`` [cuDNN >= 0.9x];
 - one decode step over a paged KV cache (batch 16, 32 query heads, 8 KV heads, head_dim 128,
-  4096 tokens a sequence in blocks of 16), ``paged_attention`` vs SDPA over the same keys held
-  densely (PyTorch has no paged attention: its dense decode is the yardstick) [>= 0.9x];
+  4096 tokens a sequence in blocks of 16), ``paged_attention`` on the split-KV decode kernel
+  (where its on-device check passed) and without it (cuDNN's paged graph, or the warp-per-row
+  kernel) vs SDPA over the same keys held densely (PyTorch has no paged attention: its dense
+  decode is the yardstick) [>= 0.9x];
 - GEMM 8192x8192x8192 in f16, bf16 and f32 (f32 exact, then TF32 with ``allow_tf32`` on both
   sides) vs ``torch.matmul`` [f16/bf16 >= 0.97x].
 
@@ -45,6 +47,31 @@ def served(engines: Any, op: str, before: dict[str, int], expected: int) -> str:
     if got.get(engine, 0) != expected:
         return f"{engine}; NOT ALL TIMED CALLS: {got} of {expected}"
     return engine
+
+
+async def device_ms(backend: Any, call: Any, n: int) -> float:
+    """Device milliseconds a call of ``call()`` (accelkit, CUDA events around ``n`` calls on the
+    current stream): the kernels' time alone, without the host's or a synchronization's."""
+    stream = backend.default_stream
+    start = stream.record_event()
+    for _ in range(n):
+        call()
+    end = stream.record_event()
+    await backend.synchronize()
+    return float(start.elapsed_ms(end)) / n
+
+
+def torch_device_ms(call: Any, n: int) -> float:
+    """The same for PyTorch (its current stream)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / n
 
 
 async def main() -> None:
@@ -91,6 +118,12 @@ async def main() -> None:
                 f" TFLOP/s, SDPA {t_th * 1e3:.2f} ms: {t_th / t_ak:.2f}x torch"
                 " (target >= 0.9x on cuDNN)"
             )
+            d_ak = await device_ms(backend, lambda qkv=qkv: kops.attention(*qkv, causal=True), 5)
+            d_th = torch_device_ms(
+                lambda tqkv=tqkv: F.scaled_dot_product_attention(*tqkv, is_causal=True), 5
+            )
+            print(f"      {name}: device time a call (CUDA events) accelkit {d_ak:.3f} ms,"
+                  f" SDPA {d_th:.3f} ms: {d_th / d_ak:.2f}x")  # fmt: skip
             qkv.clear()
             tqkv.clear()
 
@@ -125,17 +158,34 @@ async def main() -> None:
                 F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
             torch.cuda.synchronize()
 
-        kops.paged_attention(*args)  # queues the graph's build
-        await backend.synchronize()
-        await ak_decode()
+        decode = backend.flash_decode
+        print(f"      split-KV decode kernel: {decode.describe()}")
         torch_decode()
-        before = dict(engines.routes.get("paged_attention", {}))
-        t_ak, t_th = await interleaved(ak_decode, torch_decode, ROUNDS)
-        engine = served(engines, "paged_attention", before, steps * ROUNDS)
-        print(
-            f"      accelkit paged ({engine}) {t_ak / steps * 1e6:.1f} us/step, torch dense SDPA"
-            f" {t_th / steps * 1e6:.1f} us/step: {t_th / t_ak:.2f}x torch (target >= 0.9x)"
+        d_th = torch_device_ms(
+            lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), 20
         )
+        # The split-KV kernel (where verified), then cuDNN's paged graph (or the warp kernel).
+        for label, enabled in (("split-KV", True), ("without split-KV", False)):
+            if label == "split-KV" and not decode.verified:
+                continue
+            decode.enabled = enabled
+            kops.paged_attention(*args)  # queues cuDNN's graph build where that route is next
+            await backend.synchronize()
+            await ak_decode()
+            before = dict(engines.routes.get("paged_attention", {}))
+            t_ak, t_th = await interleaved(ak_decode, torch_decode, ROUNDS)
+            engine = served(engines, "paged_attention", before, steps * ROUNDS)
+            d_ak = await device_ms(backend, lambda: kops.paged_attention(*args), 20)
+            print(
+                f"      {label}: accelkit paged ({engine}) {t_ak / steps * 1e6:.1f} us/step,"
+                f" torch dense SDPA {t_th / steps * 1e6:.1f} us/step: {t_th / t_ak:.2f}x torch"
+                " (target >= 0.9x)"
+            )
+            print(
+                f"      {label}: device time a step (CUDA events) accelkit {d_ak * 1e3:.1f} us,"
+                f" SDPA {d_th * 1e3:.1f} us: {d_th / d_ak:.2f}x"
+            )
+        decode.enabled = True
         args.clear()
 
         print("[3/3] GEMM 8192 ...", flush=True)

@@ -113,18 +113,14 @@ def test_the_geometry_splits_heads_and_keys() -> None:
         (DType.F16, (0, 8, 128), (9, 16, 2, 128), (9, 16, 2, 128), (0, 4), "empty"),
     ],
 )
-def test_refusals(
-    dtype: DType, q: Any, kc: Any, vc: Any, table: Any, why: str | None
-) -> None:
+def test_refusals(dtype: DType, q: Any, kc: Any, vc: Any, table: Any, why: str | None) -> None:
     got = fd.refusal(dtype, q, kc, vc, table)
     assert (got is None) if why is None else (got is not None and why in got), got
 
 
 @pytest.mark.parametrize("shape", fd.CHECK_SHAPES)
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16, DType.F32])
-def test_the_model_of_the_kernels_computes_paged_attention(
-    shape: Any, dtype: DType
-) -> None:
+def test_the_model_of_the_kernels_computes_paged_attention(shape: Any, dtype: DType) -> None:
     rng = np.random.default_rng(3)
     (q, kc, vc, table, lens), scale = fd._check_case(rng, dtype, shape)
     out, err = fd.model(q, kc, vc, table, lens, scale)

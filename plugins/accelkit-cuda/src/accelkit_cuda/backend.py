@@ -190,7 +190,6 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._cudnn = await anyio.to_thread.run_sync(load_frontend)  # loads a library
         opened = self._build(device, props)
         from accelkit_cuda.flash_attention import Flash2Attention
-
         from accelkit_cuda.flash_decode import FlashDecode
 
         flash2 = self._flash2 = Flash2Attention(self, props)

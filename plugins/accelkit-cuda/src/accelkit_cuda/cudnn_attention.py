@@ -352,6 +352,9 @@ class CudnnAttention:
         self.routes: dict[str, dict[str, int]] = {}
         #: Graphs built (the cache's size; each key is built once at most).
         self.builds = 0
+        #: False routes every call to the NVRTC kernels (built graphs are kept): for
+        #: comparisons such as ``benchmarks/bench_cuda_flash.py``.
+        self.enabled = True
 
     @property
     def engine(self) -> str:
@@ -384,6 +387,8 @@ class CudnnAttention:
         the key is new). Runs on the caller's thread and makes no CUDA call."""
         if self.frontend is None:
             return f"cuDNN unavailable: {self.unavailable}"
+        if not self.enabled:
+            return "cuDNN is switched off for this backend (enabled = False)"
         with self._lock:
             built = self._built.get(key)
             if built is not None:

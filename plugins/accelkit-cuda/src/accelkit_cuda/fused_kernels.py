@@ -308,7 +308,6 @@ class CUDAAttentionKernels(_Fused):
         self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
         engines.record("paged_attention", "warp", declined)
 
-
     def _flash_decode(
         self, decode: Any, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
         context_lens: Tensor, scale: float, out: Tensor, error: Callable[[int, int], BaseException],
