@@ -49,6 +49,31 @@ def served(engines: Any, op: str, before: dict[str, int], expected: int) -> str:
     return engine
 
 
+def torch_backends(tqkv: list[Any]) -> str:
+    """PyTorch's SDPA forced onto each of its backends (device ms a call, or why not): which
+    one its default picks shows beside the default's figure."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    parts = []
+    for label, kind in (
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("flash", SDPBackend.FLASH_ATTENTION),
+    ):
+        try:
+            with sdpa_kernel(kind):
+                F.scaled_dot_product_attention(*tqkv, is_causal=True)  # warm up
+                torch.cuda.synchronize()
+                ms = torch_device_ms(
+                    lambda: F.scaled_dot_product_attention(*tqkv, is_causal=True), 5
+                )
+            parts.append(f"{label} {ms:.3f} ms")
+        except Exception as exc:  # not built in, or refused for this shape
+            parts.append(f"{label}: {type(exc).__name__}")
+    return ", ".join(parts)
+
+
 async def device_ms(backend: Any, call: Any, n: int) -> float:
     """Device milliseconds a call of ``call()`` (accelkit, CUDA events around ``n`` calls on the
     current stream): the kernels' time alone, without the host's or a synchronization's."""
@@ -85,6 +110,13 @@ async def main() -> None:
         engines = backend.attention_engines
         print(f"device: {backend.device} ({extra['arch']}), torch {torch.__version__}", flush=True)
         print(f"attention engine: {extra['attention_engine']} ({extra['attention_engine_note']})")
+        frontend = engines.frontend
+        ours = (
+            "-"
+            if frontend is None
+            else f"{frontend.backend_version()} (frontend {frontend.__version__})"
+        )
+        print(f"cuDNN: ours {ours}, PyTorch's {torch.backends.cudnn.version()}", flush=True)
         rng = np.random.default_rng(0)
         tdt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -124,6 +156,7 @@ async def main() -> None:
             )
             print(f"      {name}: device time a call (CUDA events) accelkit {d_ak:.3f} ms,"
                   f" SDPA {d_th:.3f} ms: {d_th / d_ak:.2f}x")  # fmt: skip
+            print(f"      {name}: SDPA's own backends, device time a call: {torch_backends(tqkv)}")
             qkv.clear()
             tqkv.clear()
 
