@@ -138,6 +138,18 @@ def test_the_model_of_the_kernels_computes_paged_attention(shape: Any, dtype: DT
     assert fd.model(q, kc, vc, table, long, scale)[1] == [1, int(long[0])]
 
 
+def test_a_nan_makes_its_row_nan() -> None:
+    """fmaxf skips NaN: the kernels carry a NaN score through the chunk's sum to the output, as
+    the warp-per-row kernel and the composition do; other rows stay finite."""
+    rng = np.random.default_rng(5)
+    (q, kc, vc, table, lens), scale = fd._check_case(rng, DType.F32, fd.CHECK_SHAPES[0])
+    q[0, 3, 7] = np.nan
+    out, err = fd.model(q, kc, vc, table, lens, scale)
+    assert err == [0, 0]
+    assert np.isnan(out[0, 3]).all()
+    assert np.isfinite(np.delete(out.reshape(-1, out.shape[-1]), 3, axis=0)).all()
+
+
 def test_check_cases_cover_what_the_kernel_splits() -> None:
     """The on-device check meets several chunks, a partial chunk, an empty sequence, more
     query heads a KV head than a block takes, and head dims of both slices."""

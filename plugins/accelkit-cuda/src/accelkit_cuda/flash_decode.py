@@ -224,12 +224,14 @@ def split_model(grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
                     lanes.reshape(gn, -1)[:, :d] = prod
                     s[:gn, j] = lanes.sum(axis=(1, 3), dtype=np.float32).sum(1, dtype=np.float32)
                 for gi in range(gn):
-                    m = s[gi, :cnt].max()
+                    m = np.fmax.reduce(s[gi, :cnt], initial=-inf)  # fmaxf: skips NaN
                     p = np.zeros(CHUNK, np.float32)
                     if m != -inf:
                         p[:cnt] = np.exp2(s[gi, :cnt] - m)
+                    nan_seen = bool(np.isnan(s[gi, :cnt]).any())
                     s[gi] = p
-                    pm[(slot0 + gi * chunks) * 2 : (slot0 + gi * chunks) * 2 + 2] = (m, p.sum())
+                    total = np.float32(np.nan) if nan_seen else p.sum()
+                    pm[(slot0 + gi * chunks) * 2 : (slot0 + gi * chunks) * 2 + 2] = (m, total)
                 o = np.zeros((gn, dv), np.float32)
                 for j in range(cnt):
                     if roff[j] >= 0:
@@ -247,14 +249,14 @@ def combine_model(grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
     of = np.asarray(out).reshape(-1)
     for bh in range(grid[0]):
         ml = pm[bh * chunks * 2 : (bh + 1) * chunks * 2].reshape(chunks, 2)
-        live = ml[:, 1] > 0
-        big = ml[live, 0].max() if live.any() else -np.inf
-        w = np.where(live, np.exp2(np.where(live, ml[:, 0], 0) - (big if live.any() else 0)), 0)
-        w = w.astype(np.float32)
-        total = np.float32((ml[:, 1] * w).sum())
-        parts = po[bh * chunks * dv : (bh + 1) * chunks * dv].reshape(chunks, dv)
-        o = (np.where(live[:, None], parts, 0) * w[:, None]).sum(0, dtype=np.float32)
-        of[bh * dv : (bh + 1) * dv] = o / total if total > 0 else 0
+        live = ml[:, 1] != 0  # a NaN sum counts, and makes the row NaN
+        big = np.fmax.reduce(ml[live, 0]) if live.any() else -np.inf
+        with np.errstate(invalid="ignore"):  # -inf - -inf where a NaN row has no finite max
+            w = np.where(live, np.exp2(np.where(live, ml[:, 0], 0) - big), 0).astype(np.float32)
+            total = np.float32((ml[:, 1] * w).sum())
+            parts = po[bh * chunks * dv : (bh + 1) * chunks * dv].reshape(chunks, dv)
+            o = (np.where(live[:, None], parts, 0) * w[:, None]).sum(0, dtype=np.float32)
+            of[bh * dv : (bh + 1) * dv] = o / total if total > 0 or np.isnan(total) else 0
 
 
 def model(
@@ -674,6 +676,10 @@ template <typename K> __device__ void split_impl(
             l += p;
         }
         l = warp_sum(l);
+        // fmaxf skips NaN: a NaN score must still make the row NaN (as the other routes do).
+        bool nan_seen = false;
+        for (int j = lane; j < cnt; j += 32) nan_seen |= isnan(s[gi][j]) != 0;
+        if (__any_sync(0xffffffffu, nan_seen)) l = __int_as_float(0x7fc00000);
         if (lane == 0) {
             part_ml[(slot0 + (i64)gi * chunks) * 2] = m;
             part_ml[(slot0 + (i64)gi * chunks) * 2 + 1] = l;
@@ -742,14 +748,14 @@ template <typename K> __device__ void combine_impl(
     const float* ml = part_ml + bh * chunks * 2;
     float big = -__int_as_float(0x7f800000), total = 0.0f;
     for (int c = 0; c < chunks; ++c)
-        if (ml[2 * c + 1] > 0.0f) big = fmaxf(big, ml[2 * c]);
+        if (ml[2 * c + 1] != 0.0f) big = fmaxf(big, ml[2 * c]);  // NaN sums count (and spread)
     for (int c = 0; c < chunks; ++c)
-        if (ml[2 * c + 1] > 0.0f) total += ml[2 * c + 1] * exp2f(ml[2 * c] - big);
+        if (ml[2 * c + 1] != 0.0f) total += ml[2 * c + 1] * exp2f(ml[2 * c] - big);
     for (int i = threadIdx.x; i < Dv; i += THREADS) {
         float o = 0.0f;
         for (int c = 0; c < chunks; ++c)
-            if (ml[2 * c + 1] > 0.0f) o += part_o[(bh * chunks + c) * Dv + i] * exp2f(ml[2 * c] - big);
-        store(out, bh * Dv + i, total > 0.0f ? o / total : 0.0f, K());
+            if (ml[2 * c + 1] != 0.0f) o += part_o[(bh * chunks + c) * Dv + i] * exp2f(ml[2 * c] - big);
+        store(out, bh * Dv + i, total > 0.0f || isnan(total) ? o / total : 0.0f, K());
     }
 }
 
