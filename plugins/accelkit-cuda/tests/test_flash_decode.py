@@ -246,3 +246,43 @@ async def test_decode_runs_on_the_split_kernel_once_verified(
         assert engines.routes["paged_attention"]["flash_decode"] == 4
     finally:
         await backend.shutdown()
+
+
+def test_the_on_device_check_passes_the_model_and_fails_a_wrong_kernel(plugin: Any) -> None:
+    """The gate's own check (``_check``, as the child runs it), over the stand-in for CuPy with
+    the NumPy ports in the kernels' place: it passes them, and names the case a kernel with a
+    wrong head-group offset fails on."""
+    import importlib
+
+    import ml_dtypes
+
+    module = importlib.import_module("accelkit_cuda.flash_decode")  # over the stand-in
+    views = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32}
+
+    def as_values(a: Any, sfx: str) -> Any:
+        return a.view(views[sfx]) if a.dtype == np.uint16 else a
+
+    class Kernel:
+        def __init__(self, name: str, wrong: bool = False) -> None:
+            self.name, self.wrong = name, wrong
+
+        def __call__(self, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+            sfx = self.name.rsplit("_", 1)[1]
+            if "split" in self.name:
+                args = (*(as_values(np.asarray(a), sfx) for a in args[:3]), *args[3:])
+                if self.wrong:  # every query head reads the first KV head's keys
+                    kc = np.asarray(args[1])
+                    kc = np.repeat(kc[:, :, :1], kc.shape[2], axis=2)
+                    args = (args[0], kc, *args[2:])
+                module.split_model(grid, args)
+            else:
+                out = as_values(np.asarray(args[2]), sfx)
+                module.combine_model(grid, (args[0], args[1], out, *args[3:]))
+
+    good = {n: Kernel(n) for n in module.kernel_names()}
+    assert module._check(good) is None
+    bad = dict(good, decode_split_f16=Kernel("decode_split_f16", wrong=True))
+    failure = module._check(bad)
+    assert failure is not None
+    assert "decode_f16" in failure
+    assert "max error" in failure

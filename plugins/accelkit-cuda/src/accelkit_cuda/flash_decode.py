@@ -2,11 +2,13 @@
 
 On an H100 (cuDNN 9.19) a decode step of 16 sequences x 4096 tokens (32 query / 8 KV heads, head
 dim 128) took 1425 us on cuDNN's paged SDPA graph against 98 us for PyTorch's dense SDPA over the
-same keys: cuDNN's paged engine is a prefill kernel (one block per 64 query rows of a head: with
-one query row, a block per (sequence, head) walks all of its keys alone, and every query head
-reads its KV head again), and the route built the page table, lengths and checks with a dozen
-CuPy kernels a step. The older warp-per-row kernel is one warp per (sequence, head). Neither
-keeps an H100 busy on a memory-bound step. This kernel does, in two launches:
+same keys. Where the time went was not measured on the device (the next bench prints the
+device time by CUDA events); what is known: the route builds the clamped page table, lengths and
+checks with about fifteen CuPy kernels a step, and cuDNN's SDPA engines tile the queries (64 or
+128 rows a block), so with one query row a block per (sequence, head) likely walks all its keys
+alone, each query head reading its KV head again. The older warp-per-row kernel is one warp per
+(sequence, head): too few to keep an H100 busy on a memory-bound step. This kernel splits the
+keys, in two launches:
 
 - ``decode_split_<dtype>``: a block (128 threads, four warps) takes one (sequence, KV head,
   chunk of :data:`CHUNK` keys) and all the query heads of that KV head (up to :data:`GROUP`; more
