@@ -51,9 +51,9 @@ TAILN=12 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_
 TAILN=12 step demo 120 $PY -m accelkit demo
 step doctor 90 $PY -m accelkit doctor
 TAILN=16 step bench 120 $PY benchmarks/bench_cuda.py
-TAILN=14 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
+TAILN=24 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
 # the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
-TAILN=8 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py
+TAILN=10 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py
 TAILN=16 step webgpu_bench 90 $PY benchmarks/bench_webgpu.py
 cd /tmp
 TAILN=8 step webgpu_conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend webgpu -q -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"

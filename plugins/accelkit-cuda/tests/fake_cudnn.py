@@ -6,6 +6,9 @@ and the ``sdpa`` node; ``validate`` .. ``build_plans`` record the build steps (`
 are under ``fake_cupy``) with the described dims and strides and computes the attention in
 float64 as cuDNN defines it (a -inf bias row gives NaN, as cuDNN's softmax does), so that what
 the plugin hands cuDNN (pointers, layouts, tables, lengths, bias) is checked by the result.
+``validate`` applies the real frontend's SDPA validation rules the plugin's graphs can meet
+(``_frontend_rules``: a bottom-right causal diagonal beside a bias is refused, as cuDNN 9.19 with
+frontend 1.28 refused it on an H100).
 """
 
 from __future__ import annotations
@@ -64,10 +67,35 @@ def _view(ptr: int, t: Tensor, dtype: str | None = None) -> np.ndarray[Any, Any]
     )
 
 
+def _frontend_rules(graph: pygraph) -> str | None:
+    """The SDPA node validation rules of cudnn-frontend (1.2x, ``scaled_dot_product_flash_
+    attention.h``) that the plugin's graphs can meet; the real frontend raises at validate()."""
+    o = graph.options
+    bottom_right = (
+        o.get("diagonal_band_right_bound") is not None
+        and o.get("diagonal_alignment") == "BOTTOM_RIGHT"
+    )
+    s_q, s_kv = graph.q.dim[2], graph.k.dim[2]
+    if bottom_right and not o.get("use_padding_mask") and s_q > s_kv:
+        return "Bottom right causal mask does not support max_s_q > max_s_kv."
+    if bottom_right and o.get("bias") is not None:
+        return (
+            "Bottom right causal mask is only supported with is_bias=False, is_alibi=False,"
+            " is_dropout=False."
+        )
+    if (o.get("generate_stats") is None) == (o.get("is_inference") is None):
+        return "Exactly one of {generate_stats, is_inference} must be set"
+    return None
+
+
 def _step(name: str) -> Callable[..., None]:
     def step(self: pygraph, *args: Any) -> None:
         _record(name)
         self.steps.append(name)
+        if name == "validate":
+            why = _frontend_rules(self)
+            if why is not None:
+                raise RuntimeError(f"cudnnGraphNotSupportedError: {why}")
         if name == "check_support":
             why = type(self).refuse(self)
             if why is not None:

@@ -127,6 +127,42 @@ def test_a_refused_key_is_remembered_and_never_rebuilt() -> None:
     assert engine.state(f32) == "refused"
 
 
+@pytest.mark.parametrize(
+    ("q", "k", "mask", "band"),
+    [
+        ((2, 8, 48, 64), (2, 2, 80, 64), (2, 1, 48, 80), None),  # the H100's failing case
+        ((2, 8, 48, 64), (2, 2, 80, 64), None, "BOTTOM_RIGHT"),
+        ((2, 8, 80, 64), (2, 2, 80, 64), (2, 1, 80, 80), "TOP_LEFT"),
+        ((1, 2, 8, 64), (1, 2, 9, 64), (1, 1, 1, 9), None),
+    ],
+)
+def test_bool_and_causal_together_build(
+    q: tuple[int, ...], k: tuple[int, ...], mask: tuple[int, ...] | None, band: str | None
+) -> None:
+    """A BOOL mask with causal and more keys than queries once never reached cuDNN: the graph
+    asked for a bottom-right band beside the bias, which the frontend refuses (the stand-in
+    applies the frontend's rule). Every combination must build, and the band be where cuDNN
+    takes it."""
+    engine, jobs, _ = _engine()
+    for dtype in (DType.F16, DType.BF16):
+        key = ca.attention_key(q, k, k, dtype, mask, True, 0.125)
+        assert ca.causal_in_graph(key) is (band is not None)
+        engine.lookup(key)
+        jobs.pop()()
+        assert engine.state(key) == "built", engine.reason(key)
+        built = engine.lookup(key)
+        assert not isinstance(built, str)
+        assert built.graph.options.get("diagonal_alignment") == band
+        assert ("bias" in built.graph.options) is (mask is not None)
+    # The rule itself: the band beside a bias is refused, with the frontend's reason kept.
+    frontend = fake_cudnn.install()
+    key = ca.attention_key(q, k, k, DType.F16, (1, 1, q[2], k[2]), True, 0.125)
+    graph = ca.describe(frontend, key)
+    graph.options.update(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=0)
+    with pytest.raises(RuntimeError, match="Bottom right causal mask"):
+        graph.validate()
+
+
 def test_no_frontend_or_an_old_device_means_nvrtc() -> None:
     absent = ca.CudnnAttention(None, "not installed here", (9, 0), lambda job: None)
     assert absent.engine == "nvrtc"
@@ -169,8 +205,9 @@ def test_the_real_frontend_describes_the_graphs() -> None:
     (node,) = ca.describe(cudnn, key).nodes
     assert node.params["attn_scale"] == 0.125
     assert node.params["generate_stats"] is False
-    assert node.params["diagonal_alignment"] == cudnn.diagonal_alignment.BOTTOM_RIGHT
-    assert node.params["diagonal_band_right_bound"] == 0
+    # A bias with more keys than queries: the causal condition is in the bias, not a
+    # bottom-right band (which the frontend refuses beside a bias).
+    assert node.params.get("diagonal_band_right_bound") is None
     got = {n: (t.uid, list(t.dim), list(t.stride)) for n, t in node.inputs.items()}
     assert got == {
         "q": (ca.UID_Q, [2, 4, 8, 64], [2048, 512, 64, 1]),
@@ -185,6 +222,12 @@ def test_the_real_frontend_describes_the_graphs() -> None:
         [2, 4, 8, 32],
         [1024, 256, 32, 1],
     )
+    causal = ca.attention_key(
+        (2, 4, 8, 64), (2, 2, 16, 64), (2, 2, 16, 32), DType.BF16, None, True, 0.125
+    )
+    (node,) = ca.describe(cudnn, causal).nodes
+    assert node.params["diagonal_alignment"] == cudnn.diagonal_alignment.BOTTOM_RIGHT
+    assert node.params["diagonal_band_right_bound"] == 0
     # Square causal: top-left (the same mask, the most widely served alignment).
     square = ca.attention_key((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), DType.F16, None, True, 1)
     (node,) = ca.describe(cudnn, square).nodes

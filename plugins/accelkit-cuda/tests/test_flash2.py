@@ -213,7 +213,9 @@ def test_the_verdict_is_checked_once_per_binary_and_device(
     runs: list[int] = []
     answers = iter([(None, True), ("fa2_f16_d64 on ...: max error 1 > 0.002", True)])
 
-    def child(binary: bytes, device: int, timeout: float) -> tuple[str | None, bool]:
+    def child(
+        binary: bytes, device: int, timeout: float, module: str = ""
+    ) -> tuple[str | None, bool]:
         runs.append(device)
         return next(answers)
 

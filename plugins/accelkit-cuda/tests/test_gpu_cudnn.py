@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from accelkit.errors import InvalidArgumentError
+
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 
 
@@ -41,18 +43,24 @@ async def _twice(backend: Any, call: Any) -> Any:
     await backend.synchronize()
     out = call()
     engines = backend.attention_engines
-    assert engines.last_route is not None
-    assert engines.last_route.engine == "cudnn", engines.last_route
+    # When cuDNN declines, the route records why (a composed call leaves last_route alone:
+    # KernelOps's own record has the reason then, with cuDNN's refusal in it).
+    why = engines.last_route or backend.kernel_ops.last_route
+    assert engines.last_route is not None, why
+    assert engines.last_route.engine == "cudnn", why
     return out
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
-@pytest.mark.parametrize("masking", ["causal", "bool", "bool+causal", "none"])
+@pytest.mark.parametrize("masking", ["causal", "bool", "bool+causal", "bool+causal-square", "none"])
 async def test_cudnn_attention_matches_numpy(backend: Any, dtype: str, masking: str) -> None:
     _cudnn(backend)
     f, kops = backend.tensor_factory, backend.kernel_ops
+    backend.attention_engines.last_route = None
     rng = np.random.default_rng(1)
     b, h, hk, sq, sk, d = 2, 8, 2, 48, 80, 64
+    if masking.endswith("-square"):  # the causal band (top-left) beside the bias
+        sq = sk
     qh, kh, vh = (
         rng.standard_normal(s).astype(np.float32)
         for s in ((b, h, sq, d), (b, hk, sk, d), (b, hk, sk, d))
@@ -75,9 +83,87 @@ async def test_cudnn_attention_matches_numpy(backend: Any, dtype: str, masking: 
     np.testing.assert_allclose(got, _reference(qr, kr, vr, keep), atol=8 * eps, rtol=8 * eps)
 
 
+def _paged_case(
+    rng: Any, b: int, hk: int, h: int, d: int, bs: int, lens: list[int], dtype: Any
+) -> list[Any]:
+    """q, a shuffled paged cache (table entries past each length -1), table and lengths."""
+    mb = max(1, -(-max(lens) // bs))
+    nb = b * mb + 2
+    table = rng.permutation(nb)[: b * mb].reshape(b, mb).astype(np.int32)
+    for i, n in enumerate(lens):
+        table[i, -(-n // bs) :] = -1
+    kc, vc = (rng.standard_normal((nb, bs, hk, d)).astype(dtype) for _ in range(2))
+    qh = rng.standard_normal((b, h, d)).astype(dtype)
+    return [qh, kc, vc, table, np.array(lens, np.int32)]
+
+
+def _paged_reference(q: Any, kc: Any, vc: Any, table: Any, lens: Any) -> Any:
+    """Decode over the paged cache in float64, from the definition; no key: zeros."""
+    b, h, d = q.shape
+    bs, hk = kc.shape[1], kc.shape[2]
+    want = np.zeros((b, h, vc.shape[3]))
+    for i in range(b):
+        n = int(lens[i])
+        if n == 0:
+            continue
+        blocks = np.array([table[i, t // bs] for t in range(n)])
+        keys, vals = kc[blocks, np.arange(n) % bs], vc[blocks, np.arange(n) % bs]
+        for j in range(h):
+            s = keys[:, j // (h // hk)] @ q[i, j] / np.sqrt(d)
+            p = np.exp(s - s.max())
+            want[i, j] = (p / p.sum()) @ vals[:, j // (h // hk)]
+    return want
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+async def test_split_kv_decode_matches_numpy(backend: Any, dtype: str) -> None:
+    """The split-KV decode kernel (accelkit_cuda.flash_decode) through paged_attention: a long
+    sequence (many chunks), a short one, an empty one, 32/8 and 12/1 heads, head dims 128/64."""
+    decode = backend.flash_decode
+    if decode.state == "unavailable":
+        pytest.skip(f"the split-KV decode kernel is unavailable: {decode.reason}")
+    assert decode.verified, decode.describe()  # its on-device check must pass on a GPU
+    f, kops, engines = backend.tensor_factory, backend.kernel_ops, backend.attention_engines
+    rng = np.random.default_rng(4)
+    np_dt = np.float32 if dtype == "f32" else np.float16
+    eps = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 2.0**-23}[dtype]
+    for b, h, hk, d, bs, lens in (
+        (3, 32, 8, 128, 16, [4096, 37, 0]),
+        (2, 12, 1, 64, 8, [1, 700]),
+    ):
+        host = _paged_case(rng, b, hk, h, d, bs, lens, np_dt)
+        args = [f.from_host(x, dtype=dtype) for x in host[:3]]
+        args += [f.from_host(x) for x in host[3:]]
+        qr, kr, vr = [(await t.to_host()).astype(np.float64) for t in args[:3]]
+        want = _paged_reference(qr, kr, vr, host[3], host[4])  # the values as held
+        out = kops.paged_attention(*args)
+        assert engines.last_route is not None
+        assert engines.last_route.engine == "flash_decode", engines.last_route
+        got = (await out.to_host()).astype(np.float64)
+        tol = 2 * (eps + (max(lens) + d) * 2.0**-23) * np.abs(vr).max()
+        np.testing.assert_allclose(got, want, atol=tol, rtol=0)
+        assert not got[lens.index(0)].any() if 0 in lens else True
+    bad = host[3].copy()
+    bad[1, 0] = 10_000
+    out = kops.paged_attention(*args[:3], f.from_host(bad), args[4])
+    with pytest.raises(InvalidArgumentError, match="refers to block 10000"):
+        await out.to_host()
+
+
 async def test_cudnn_paged_attention_matches_numpy(backend: Any) -> None:
     _cudnn(backend)
     f, kops = backend.tensor_factory, backend.kernel_ops
+    decode = backend.flash_decode
+    if decode is not None:  # it precedes cuDNN where verified
+        decode.enabled = False
+    try:
+        await _cudnn_paged(backend, f, kops)
+    finally:
+        if decode is not None:
+            decode.enabled = True
+
+
+async def _cudnn_paged(backend: Any, f: Any, kops: Any) -> None:
     rng = np.random.default_rng(2)
     nb, bs, hk, d, b, h = 16, 16, 2, 128, 3, 8
     kc = rng.standard_normal((nb, bs, hk, d)).astype(np.float16)

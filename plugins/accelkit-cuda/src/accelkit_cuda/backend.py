@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from accelkit_cuda.cudnn_attention import CudnnAttention
     from accelkit_cuda.executor import CUDAKernelExecutor
     from accelkit_cuda.flash_attention import Flash2Attention
+    from accelkit_cuda.flash_decode import FlashDecode
     from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
     from accelkit_cuda.memory import CUDAMemoryKernels
 
@@ -88,6 +89,8 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self.allow_tf32: bool = _tf32_default()
         #: The tensor-core attention kernel and its on-device verdict (made at initialize).
         self._flash2: Flash2Attention | None = None
+        #: The split-KV decode kernel for paged_attention and its verdict (made at initialize).
+        self._flash_decode: FlashDecode | None = None
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -141,6 +144,12 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         whether it passed its on-device check and serves attention."""
         return self._flash2
 
+    @property
+    def flash_decode(self) -> FlashDecode | None:
+        """The split-KV decode kernel of ``paged_attention`` (None before initialize);
+        ``flash_decode.state`` says whether it passed its on-device check and serves decode."""
+        return self._flash_decode
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> Opened[CUDAStream]:
         missing = cupy_status()
@@ -181,14 +190,20 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._cudnn = await anyio.to_thread.run_sync(load_frontend)  # loads a library
         opened = self._build(device, props)
         from accelkit_cuda.flash_attention import Flash2Attention
+        from accelkit_cuda.flash_decode import FlashDecode
 
         flash2 = self._flash2 = Flash2Attention(self, props)
-        async with anyio.create_task_group() as tg:  # the two NVRTC compiles side by side
+        decode = self._flash_decode = FlashDecode(self, props)
+        async with anyio.create_task_group() as tg:  # the NVRTC compiles side by side
             tg.start_soon(self.fused.load)
             tg.start_soon(flash2.load)  # compiled, checked on the device (a child), loaded
+            tg.start_soon(decode.load)  # the same
         if opened.capabilities is not None:  # which kernel serves f16/bf16 attention, and why
             caps = opened.capabilities
-            extra = {**caps.extra, "flash2_attention": flash2.describe()}
+            extra = {
+                **caps.extra, "flash2_attention": flash2.describe(),
+                "flash_decode": decode.describe(),
+            }  # fmt: skip
             opened = replace(opened, capabilities=caps.model_copy(update={"extra": extra}))
         await thread.call(_warm_up)
         return opened

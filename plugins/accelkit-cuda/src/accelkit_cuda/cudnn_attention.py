@@ -11,7 +11,9 @@ backend's fused ``attention`` and ``paged_attention`` run cuDNN's flash-attentio
   queries than keys is left to the other routes, which give its key-less queries zeros), a BOOL
   ``mask`` (materialised as an additive bias, 0 or the dtype's lowest, of its broadcast batch and
   head extent; a query that sees no key gets zeros, as the contract says), or
-  both; a float mask is left to the other routes;
+  both (with more keys than queries the causal condition is folded into the bias: cuDNN's
+  frontend refuses its bottom-right diagonal beside a bias); a float mask is left to the
+  other routes;
 - grouped KV heads (cuDNN takes fewer K/V heads natively);
 - ``paged_attention`` through cuDNN's paged K/V tables (the cache read in place: the block table
   is cuDNN's page table, ``context_lens`` its per-sequence KV length).
@@ -65,6 +67,7 @@ __all__ = [
     "EngineRoute",
     "GraphKey",
     "attention_key",
+    "causal_in_graph",
     "describe",
     "frontend_status",
     "load_frontend",
@@ -180,6 +183,19 @@ def refusal(key: GraphKey) -> str | None:
     return None
 
 
+def causal_in_graph(key: GraphKey) -> bool:
+    """Whether the graph of ``key`` carries the causal mask itself (cuDNN's diagonal band).
+
+    cuDNN's frontend refuses a bottom-right diagonal together with a bias ("Bottom right causal
+    mask is only supported with is_bias=False", its SDPA node's validation): a causal call with
+    a BOOL mask and more keys than queries has the causal condition folded into the bias
+    instead (the bias is [.., Sq, Sk] anyway). Square calls keep the top-left band with the
+    bias, so cuDNN still skips the tiles above the diagonal."""
+    if "causal" not in key.mask:
+        return False
+    return key.bias is None or key.q[2] == key.k[2]
+
+
 def _strides(shape: tuple[int, ...]) -> list[int]:
     out, acc = [], 1
     for d in reversed(shape):
@@ -213,7 +229,7 @@ def describe(cudnn: Any, key: GraphKey, handle: Any = None) -> Any:
         out_stride = _strides(out_dim)
         if key.bias is not None:
             options["bias"] = tensor("bias", UID_BIAS, key.bias, _strides(key.bias))
-        if "causal" in key.mask:
+        if causal_in_graph(key):
             # Query i sees keys j <= i + Sk - Sq (bottom-right); the same as top-left at Sq == Sk.
             options["diagonal_alignment"] = (
                 cudnn.diagonal_alignment.TOP_LEFT if sq == sk
@@ -336,6 +352,9 @@ class CudnnAttention:
         self.routes: dict[str, dict[str, int]] = {}
         #: Graphs built (the cache's size; each key is built once at most).
         self.builds = 0
+        #: False routes every call to the NVRTC kernels (built graphs are kept): for
+        #: comparisons such as ``benchmarks/bench_cuda_flash.py``.
+        self.enabled = True
 
     @property
     def engine(self) -> str:
@@ -368,6 +387,8 @@ class CudnnAttention:
         the key is new). Runs on the caller's thread and makes no CUDA call."""
         if self.frontend is None:
             return f"cuDNN unavailable: {self.unavailable}"
+        if not self.enabled:
+            return "cuDNN is switched off for this backend (enabled = False)"
         with self._lock:
             built = self._built.get(key)
             if built is not None:
@@ -509,11 +530,13 @@ def _dense_launch(
             keep = cp.broadcast_to(m, (key.bias[0], key.bias[1], sq, sk))
             # A stream-ordered temporary (CuPy's pool), alive until the work is done.
             masked = cp.float32(_MASKED[key.dtype])
-            bias = cp.where(keep, cp.float32(0), masked).astype(o.dtype)
-            pack[UID_BIAS] = bias.data.ptr
             if "causal" in key.mask:
                 tri = cp.arange(sk)[None, :] <= cp.arange(sq)[:, None] + (sk - sq)
                 keep = keep & tri
+            # The bias carries the causal condition too where the graph does not (see
+            # causal_in_graph); where it does, the two agree.
+            bias = cp.where(keep, cp.float32(0), masked).astype(o.dtype)
+            pack[UID_BIAS] = bias.data.ptr
             # A query that sees no key gets zeros (the contract); cuDNN gives NaN there.
             visible = keep.any(axis=-1)[..., None]
             _execute(engine, built, pack, stream.cp.ptr)

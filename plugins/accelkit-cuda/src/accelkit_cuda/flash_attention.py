@@ -282,24 +282,33 @@ class Flash2Attention:
         return self._functions[kernel_name(dtype, head_dim)]
 
 
-def verdict(binary: bytes, props: DeviceProps, timeout: float = 180.0) -> str | None:
+def verdict(
+    binary: bytes, props: DeviceProps, timeout: float = 180.0, *,
+    module: str = "accelkit_cuda.flash_attention", prefix: str = "flash2",
+    recheck: bool | None = None,
+) -> str | None:  # fmt: skip
     """The on-device check of ``binary`` on ``props``'s device: None when it passed, else why
     not. A stored verdict for the same binary, device name, compute capability and driver is
     reused (``ACCELKIT_CUDA_FLASH2=recheck`` ignores it); otherwise a child process runs
     :func:`_check` (blocking: call it off the loop). A check that ran to its end (passed,
     failed, or crashed: a kernel fault) is stored; one that timed out or could not start is
-    not, and runs again next time."""
+    not, and runs again next time. ``module`` is the child's (``python -m MODULE DEVICE
+    CUBIN``; :mod:`accelkit_cuda.flash_decode` checks its kernel this way too), ``prefix`` the
+    stored file's, ``recheck`` (default: ``ACCELKIT_CUDA_FLASH2=recheck``) ignores a stored
+    verdict."""
     ident = "\0".join(
         (props.name, "{}.{}".format(*props.compute_capability), str(props.driver_version))
     )
     key = hashlib.sha256(binary + b"\0" + ident.encode()).hexdigest()
-    path = verdict_folder() / f"flash2-{key}.verdict"
-    if env_str("ACCELKIT_CUDA_FLASH2") != "recheck":
+    path = verdict_folder() / f"{prefix}-{key}.verdict"
+    if recheck is None:
+        recheck = env_str("ACCELKIT_CUDA_FLASH2") == "recheck"
+    if not recheck:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             stored = json.loads(path.read_text())
             ok, reason = bool(stored["ok"]), str(stored["reason"])
             return None if ok else f"{reason} (a stored verdict: {path.name})"
-    failure, ran = _run_child(binary, props.index, timeout)
+    failure, ran = _run_child(binary, props.index, timeout, module)
     if ran:
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -320,12 +329,15 @@ def verdict_folder() -> Path:
     return cache_dir() / "cuda-verdicts"
 
 
-def _run_child(binary: bytes, device: int, timeout: float) -> tuple[str | None, bool]:
-    """Run :func:`main` in a child: (None or why it failed, whether the check ran to its end)."""
+def _run_child(
+    binary: bytes, device: int, timeout: float, module: str = "accelkit_cuda.flash_attention"
+) -> tuple[str | None, bool]:
+    """Run ``module``'s ``main`` in a child: (None or why it failed, whether the check ran to
+    its end)."""
     with tempfile.TemporaryDirectory(prefix="accelkit-flash2-") as folder:
-        cubin = Path(folder) / "flash2.cubin"
+        cubin = Path(folder) / "kernel.cubin"
         cubin.write_bytes(binary)
-        cmd = [sys.executable, "-m", "accelkit_cuda.flash_attention", str(device), str(cubin)]
+        cmd = [sys.executable, "-m", module, str(device), str(cubin)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -270,11 +270,23 @@ class CUDAAttentionKernels(_Fused):
             )
 
         engines = self.backend.attention_engines
+        decode = self.backend.flash_decode
+        why_not = "no split-KV kernel" if decode is None else decode.refusal(
+            q, k_cache, v_cache, block_table
+        )  # fmt: skip
+        if decode is not None and why_not is None:
+            why_not = self._flash_decode(
+                decode, q, k_cache, v_cache, block_table, context_lens, scale, out, error
+            )
+            if why_not is None:
+                engines.record("paged_attention", "flash_decode", "the split-KV decode kernel")
+                return
         declined = engines.paged_attention(
             self, q, k_cache, v_cache, block_table, context_lens, scale, out, error
         )  # cuDNN's route
         if declined is None:
             return
+        declined = f"{declined}; split-KV kernel: {why_not}"
         if q.dtype not in _SUFFIX or d > MAX_DV or b * h == 0:
             raise UnsupportedOperationError(
                 f"paged_attention: the composition handles this case (cuDNN: {declined})"
@@ -299,6 +311,37 @@ class CUDAAttentionKernels(_Fused):
 
         self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
         engines.record("paged_attention", "warp", declined)
+
+    def _flash_decode(
+        self, decode: Any, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+        context_lens: Tensor, scale: float, out: Tensor, error: Callable[[int, int], BaseException],
+    ) -> str | None:  # fmt: skip
+        """Submit paged decode on the split-KV kernel (None), or say why not (nothing queued)."""
+        from accelkit_cuda.flash_decode import run as run_decode
+
+        stream = self.current_stream
+        dtype = q.dtype
+
+        def aligned(a: Any) -> Any:
+            # The kernel loads 8 or 16 bytes at a time: a view at an odd offset is copied (a
+            # fresh block of the pool is aligned).
+            a = cp.ascontiguousarray(a)
+            return a if a.data.ptr % 16 == 0 else a.copy()
+
+        def run() -> Any:
+            o = storage(out)
+            dst = aligned(o)
+            err = run_decode(
+                decode.function, aligned(storage(q)), aligned(storage(k_cache)),
+                aligned(storage(v_cache)), storage(block_table), storage(context_lens), dst,
+                dtype, scale, stream.cp,
+            )  # fmt: skip
+            if dst is not o:
+                cp.copyto(o, dst)
+            return err
+
+        self._launch_checked(run, (q, k_cache, v_cache, block_table, context_lens), (out,), error)
+        return None
 
 
 class CUDAActivationKernels(_Fused):

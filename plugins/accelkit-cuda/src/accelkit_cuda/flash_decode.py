@@ -1,0 +1,782 @@
+"""A split-KV ("flash-decoding") NVRTC kernel for ``paged_attention``: one query token a sequence.
+
+On an H100 (cuDNN 9.19) a decode step of 16 sequences x 4096 tokens (32 query / 8 KV heads, head
+dim 128) took 1425 us on cuDNN's paged SDPA graph against 98 us for PyTorch's dense SDPA over the
+same keys. Where the time went was not measured on the device (the next bench prints the
+device time by CUDA events); what is known: the route builds the clamped page table, lengths and
+checks with about fifteen CuPy kernels a step, and cuDNN's SDPA engines tile the queries (64 or
+128 rows a block), so with one query row a block per (sequence, head) likely walks all its keys
+alone, each query head reading its KV head again. The older warp-per-row kernel is one warp per
+(sequence, head): too few to keep an H100 busy on a memory-bound step. This kernel splits the
+keys, in two launches:
+
+- ``decode_split_<dtype>``: a block (128 threads, four warps) takes one (sequence, KV head,
+  chunk of :data:`CHUNK` keys) and all the query heads of that KV head (up to :data:`GROUP`; more
+  make more blocks), so each key and value row is read from the cache once a step, directly
+  through the block table (no gather). Warps take keys in turn, lanes four head dims each
+  (8- or 16-byte loads); the scores of the chunk sit in shared memory (log2 domain), their
+  maximum and sum and the unnormalised ``P V`` of the chunk go to float32 scratch.
+- ``decode_combine_<dtype>``: one block per (sequence, query head) merges the chunks'
+  partial results (rescaled by ``exp2(m_c - M)``) into the output; a sequence without keys gets
+  zeros (the contract).
+
+Bad lengths or block ids are found on the device as by the warp-per-row kernel (``err`` code 1:
+a length outside ``0..max_blocks*block_size``, code 2: a used table entry naming no block), and
+the rows they would address are never read.
+
+It takes f16, bf16 and f32 with ``head_dim`` and ``head_dim_v`` multiples of 4 up to
+:data:`MAX_HEAD_DIM`, an int32 block table and lengths (others are converted), and caches whose
+pointers are 16-byte aligned. Like :mod:`accelkit_cuda.flash_attention` it is never trusted
+before it has passed an on-device check (a child process runs every variant on small random
+paged caches, odd lengths, grouped heads, more query heads than :data:`GROUP`, empty sequences,
+against a float64 reference; the verdict is stored the same way, keyed by the binary and the
+device). ``ACCELKIT_CUDA_FLASH_DECODE=0`` switches it off (``recheck`` runs the check again).
+Unverified on a GPU as written: compiled by NVRTC and its indexing checked by a NumPy model
+(:func:`model`) in the GPU-free tests only.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from accelkit.dtype import DType
+from accelkit.sdk import env_str
+from accelkit_cuda.flash_attention import Flash2State, from_bits, to_bits
+
+if TYPE_CHECKING:
+    from accelkit.tensor import Tensor
+    from accelkit_cuda.driver import DeviceProps
+
+__all__ = [
+    "CHUNK",
+    "GROUP",
+    "MAX_HEAD_DIM",
+    "SOURCE",
+    "THREADS",
+    "FlashDecode",
+    "geometry",
+    "kernel_names",
+    "combine_model",
+    "launches",
+    "model",
+    "reference",
+    "refusal",
+    "run",
+    "scratch_shapes",
+    "split_model",
+]
+
+CHUNK = 256  # keys a block
+GROUP = 8  # query heads a block (of one KV head)
+THREADS = 128  # four warps
+MAX_HEAD_DIM = 256  # two 4-element slices a lane
+_LOG2E = 1.4426950408889634
+_SUFFIX = {DType.F16: "f16", DType.BF16: "bf16", DType.F32: "f32"}
+_GRID_YZ_MAX = 65535
+
+
+def kernel_names() -> list[str]:
+    """Both kernels of every dtype."""
+    return [f"decode_{k}_{s}" for s in _SUFFIX.values() for k in ("split", "combine")]
+
+
+def geometry(
+    batch: int, heads: int, kv_heads: int, max_keys: int
+) -> tuple[tuple[int, int, int], tuple[int, int, int], int, int]:
+    """``(split grid, combine grid, chunks, groups)``: the split kernel's grid is (chunks,
+    kv_heads * groups, batch), groups = ceil((heads / kv_heads) / GROUP); the combine kernel's
+    (batch * heads, 1, 1)."""
+    chunks = max(1, -(-max_keys // CHUNK))
+    groups = -(-(heads // kv_heads) // GROUP)
+    return (chunks, kv_heads * groups, batch), (batch * heads, 1, 1), chunks, groups
+
+
+def refusal(
+    dtype: DType, q: tuple[int, ...], k_cache: tuple[int, ...], v_cache: tuple[int, ...],
+    table: tuple[int, ...],
+) -> str | None:  # fmt: skip
+    """None when the kernel takes this call (shapes: q [B, H, D], caches [blocks, block_size,
+    Hk, D|Dv], table [B, max_blocks]), else why not."""
+    if dtype not in _SUFFIX:
+        return f"the split-KV decode kernel takes f16/bf16/f32, not {dtype.value}"
+    b, h, d = q
+    nb, bs, hk = k_cache[:3]
+    dv = v_cache[3]
+    if d % 4 or dv % 4 or not 0 < d <= MAX_HEAD_DIM or not 0 < dv <= MAX_HEAD_DIM:
+        return (
+            f"the split-KV decode kernel takes head dims that are multiples of 4 up to"
+            f" {MAX_HEAD_DIM}; got {d}/{dv}"
+        )
+    if b * h == 0 or nb == 0 or bs == 0 or table[1] == 0:
+        return "empty input"
+    grid = geometry(b, h, hk, table[1] * bs)[0]
+    if grid[2] > _GRID_YZ_MAX or grid[1] > _GRID_YZ_MAX:
+        return f"batch or kv_heads * groups > {_GRID_YZ_MAX}"
+    return None
+
+
+def reference(
+    q: np.ndarray[Any, Any], kc: np.ndarray[Any, Any], vc: np.ndarray[Any, Any],
+    table: np.ndarray[Any, Any], lens: np.ndarray[Any, Any], scale: float,
+) -> np.ndarray[Any, Any]:  # fmt: skip
+    """Paged decode in float64, directly from the definition: [B, H, Dv]; no key: zeros."""
+    b, h, _ = q.shape
+    bs, hk = kc.shape[1], kc.shape[2]
+    out = np.zeros((b, h, vc.shape[3]))
+    for i in range(b):
+        n = int(lens[i])
+        if n == 0:
+            continue
+        blocks = np.array([table[i, t // bs] for t in range(n)])
+        rows = np.arange(n) % bs
+        keys = kc[blocks, rows].astype(np.float64)  # [n, Hk, D]
+        vals = vc[blocks, rows].astype(np.float64)
+        for j in range(h):
+            g = j // (h // hk)
+            s = keys[:, g] @ q[i, j].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[i, j] = (p / p.sum()) @ vals[:, g]
+    return out
+
+
+def launches(
+    q: Any, kc: Any, vc: Any, table32: Any, lens32: Any, part_o: Any, part_ml: Any, out: Any,
+    err: Any, scale: float,
+) -> list[tuple[str, tuple[int, int, int], tuple[int, int, int], tuple[Any, ...]]]:  # fmt: skip
+    """The two launches of one call, ``(kind, grid, block, args)``, the arguments in the
+    kernels' parameter order (arrays as given: CuPy's on the device, NumPy's in :func:`model`)."""
+    b, h, d = q.shape
+    nb, bs, hk = kc.shape[:3]
+    dv = vc.shape[3]
+    mb = table32.shape[1]
+    grid, grid2, chunks, _ = geometry(b, h, hk, mb * bs)
+    split = (
+        q, kc, vc, table32, lens32, part_o, part_ml, np.int32(h), np.int32(hk), np.int32(d),
+        np.int32(dv), np.int64(nb), np.int32(bs), np.int32(mb), np.float32(scale * _LOG2E),
+        np.int32(chunks), err,
+    )  # fmt: skip
+    combine = (part_o, part_ml, out, np.int32(dv), np.int32(chunks))
+    return [("split", grid, (THREADS, 1, 1), split), ("combine", grid2, (THREADS, 1, 1), combine)]
+
+
+def scratch_shapes(b: int, h: int, kv_heads: int, max_keys: int, dv: int) -> tuple[int, int]:
+    """Elements of ``part_o`` and ``part_ml`` (float32) for one call."""
+    chunks = geometry(b, h, kv_heads, max_keys)[2]
+    return b * h * chunks * dv, b * h * chunks * 2
+
+
+def split_model(grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
+    """``decode_split``, block by block as SOURCE computes it (the flat offsets, the chunk and
+    head-group split, the lanes' four-dim slices, the log2-domain softmax), on NumPy arrays
+    given in the kernel's parameter order (the GPU-free tests launch it in the kernel's place)."""
+    q, kc, vc, table, lens, part_o, part_ml, h, hkv, d, dv, nb, bs, mb, scale_log2, chunks, err = (
+        args
+    )
+    h, hkv, d, dv, nb, bs, mb, chunks = (int(x) for x in (h, hkv, d, dv, nb, bs, mb, chunks))
+    qf, kf, vf = (np.asarray(x).reshape(-1).astype(np.float32) for x in (q, kc, vc))
+    tf, lf = np.asarray(table).reshape(-1), np.asarray(lens).reshape(-1)
+    po, pm, ef = (np.asarray(x).reshape(-1) for x in (part_o, part_ml, err))
+    g_all = h // hkv
+    groups = -(-g_all // GROUP)
+    inf = np.float32(np.inf)
+
+    def set_error(code: int, value: int) -> None:
+        if ef[0] == 0:
+            ef[0], ef[1] = code, value
+
+    for bz in range(grid[2]):
+        for by in range(grid[1]):
+            for bx in range(grid[0]):
+                kvh, g0 = by // groups, (by % groups) * GROUP
+                gn = min(GROUP, g_all - g0)
+                n = int(lf[bz])
+                if n < 0 or n > mb * bs:
+                    if bx == 0 and by == 0:
+                        set_error(1, n)
+                    n = 0
+                start = bx * CHUNK
+                cnt = min(CHUNK, n - start)
+                slot0 = (bz * h + kvh * g_all + g0) * chunks + bx
+                if cnt <= 0:
+                    for gi in range(gn):
+                        pm[(slot0 + gi * chunks) * 2 : (slot0 + gi * chunks) * 2 + 2] = (-inf, 0)
+                    continue
+                roff = np.full(CHUNK, -1, np.int64)
+                for j in range(cnt):
+                    t = start + j
+                    blk = int(tf[bz * mb + t // bs])
+                    if blk < 0 or blk >= nb:
+                        set_error(2, blk)
+                    else:
+                        roff[j] = (blk * bs + t % bs) * hkv + kvh
+                heads = [bz * h + kvh * g_all + g0 + gi for gi in range(gn)]
+                qs = np.stack([qf[x * d : x * d + d] for x in heads]) * np.float32(scale_log2)
+                s = np.full((GROUP, CHUNK), -inf, np.float32)
+                for j in range(cnt):
+                    if roff[j] < 0:
+                        continue
+                    prod = qs * kf[roff[j] * d : roff[j] * d + d][None, :]  # [gn, d]
+                    # Lane l holds dims 4l..4l+3 and 128+4l..: its sum, then the warp's.
+                    lanes = np.zeros((gn, 2, 32, 4), np.float32)
+                    lanes.reshape(gn, -1)[:, :d] = prod
+                    s[:gn, j] = lanes.sum(axis=(1, 3), dtype=np.float32).sum(1, dtype=np.float32)
+                for gi in range(gn):
+                    m = np.fmax.reduce(s[gi, :cnt], initial=-inf)  # fmaxf: skips NaN
+                    p = np.zeros(CHUNK, np.float32)
+                    if m != -inf:
+                        p[:cnt] = np.exp2(s[gi, :cnt] - m)
+                    nan_seen = bool(np.isnan(s[gi, :cnt]).any())
+                    s[gi] = p
+                    total = np.float32(np.nan) if nan_seen else p.sum()
+                    pm[(slot0 + gi * chunks) * 2 : (slot0 + gi * chunks) * 2 + 2] = (m, total)
+                o = np.zeros((gn, dv), np.float32)
+                for j in range(cnt):
+                    if roff[j] >= 0:
+                        o += s[:gn, j : j + 1] * vf[roff[j] * dv : roff[j] * dv + dv][None, :]
+                for gi in range(gn):
+                    po[(slot0 + gi * chunks) * dv : (slot0 + gi * chunks + 1) * dv] = o[gi]
+
+
+def combine_model(grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
+    """``decode_combine`` on NumPy arrays in the kernel's parameter order; ``out`` is written
+    in its own dtype (rounded once, as the kernel's store)."""
+    part_o, part_ml, out, dv, chunks = args
+    dv, chunks = int(dv), int(chunks)
+    po, pm = np.asarray(part_o).reshape(-1), np.asarray(part_ml).reshape(-1)
+    of = np.asarray(out).reshape(-1)
+    for bh in range(grid[0]):
+        ml = pm[bh * chunks * 2 : (bh + 1) * chunks * 2].reshape(chunks, 2)
+        live = ml[:, 1] != 0  # a NaN sum counts, and makes the row NaN
+        big = np.fmax.reduce(ml[live, 0]) if live.any() else -np.inf
+        with np.errstate(invalid="ignore"):  # -inf - -inf where a NaN row has no finite max
+            w = np.where(live, np.exp2(np.where(live, ml[:, 0], 0) - big), 0).astype(np.float32)
+            total = np.float32((ml[:, 1] * w).sum())
+            parts = po[bh * chunks * dv : (bh + 1) * chunks * dv].reshape(chunks, dv)
+            o = (np.where(live[:, None], parts, 0) * w[:, None]).sum(0, dtype=np.float32)
+            of[bh * dv : (bh + 1) * dv] = o / total if total > 0 or np.isnan(total) else 0
+
+
+def model(
+    q: np.ndarray[Any, Any], kc: np.ndarray[Any, Any], vc: np.ndarray[Any, Any],
+    table: np.ndarray[Any, Any], lens: np.ndarray[Any, Any], scale: float,
+) -> tuple[np.ndarray[Any, Any], list[int]]:  # fmt: skip
+    """Both kernels' arithmetic and indexing in NumPy (:func:`split_model`, then
+    :func:`combine_model`, with :func:`launches`' packing): ``(out [B, H, Dv] float32, err)``.
+    The GPU-free tests check it against :func:`reference`."""
+    b, h, _ = q.shape
+    hk, dv = kc.shape[2], vc.shape[3]
+    n_o, n_ml = scratch_shapes(b, h, hk, table.shape[1] * kc.shape[1], dv)
+    part_o = np.full(n_o, np.nan, np.float32)
+    part_ml = np.full(n_ml, np.nan, np.float32)
+    out = np.full((b, h, dv), np.nan, np.float32)
+    err = np.zeros(2, np.int64)
+    plan = launches(
+        q, kc, vc, table.astype(np.int32), lens.astype(np.int32), part_o, part_ml, out, err,
+        scale,
+    )  # fmt: skip
+    for kind, grid, _block, args in plan:
+        (split_model if kind == "split" else combine_model)(grid, args)
+    return out, err.tolist()
+
+
+#: The shapes of the on-device check: (batch, heads, kv_heads, head_dim, head_dim_v,
+#: block_size, lengths). Lengths not a multiple of a block or a chunk, several chunks, an empty
+#: sequence, more query heads a KV head than GROUP, MQA, a narrow value head.
+CHECK_SHAPES: tuple[tuple[int, int, int, int, int, int, tuple[int, ...]], ...] = (
+    (3, 8, 2, 128, 128, 16, (700, 0, 257)),
+    (2, 18, 1, 64, 64, 16, (33, 530)),
+    (2, 4, 4, 256, 96, 8, (1, 300)),
+)
+
+
+def _check_case(
+    rng: np.random.Generator, dtype: DType, shape: tuple[int, int, int, int, int, int, tuple[int, ...]],
+) -> tuple[list[np.ndarray[Any, Any]], float]:  # fmt: skip
+    """Random inputs of one check case (a shuffled table, -1 past each length) and its scale."""
+    b, h, hk, d, dv, bs, lens = shape
+    mb = max(1, -(-max(lens) // bs))
+    nb = b * mb + 3
+    order = rng.permutation(nb)[: b * mb].reshape(b, mb).astype(np.int32)
+    for i, n in enumerate(lens):
+        order[i, -(-n // bs) :] = -1
+    arrays = [
+        rng.standard_normal((b, h, d)), rng.standard_normal((nb, bs, hk, d)),
+        rng.standard_normal((nb, bs, hk, dv)),
+    ]  # fmt: skip
+    if dtype is not DType.F32:
+        arrays = [from_bits(to_bits(a, dtype), dtype) for a in arrays]
+    return [*arrays, order, np.array(lens, np.int32)], 1.0 / math.sqrt(d)
+
+
+def tolerance(dtype: DType, keys: int, head_dim: int) -> float:
+    """The largest error of an output element relative to ``max |v|``: the output's rounding
+    (eps/2 of its type) and f32 accumulation over the keys and dims, twice for safety."""
+    eps = {DType.F16: 2.0**-10, DType.BF16: 2.0**-7, DType.F32: 2.0**-23}[dtype]
+    return 2.0 * (eps + (keys + head_dim) * 2.0**-23)
+
+
+class FlashDecode:
+    """The split-KV decode kernel of one backend: compiled, checked on the device (a child
+    process, the verdict stored) and loaded by :meth:`load`, as the tensor-core kernel is."""
+
+    def __init__(self, backend: Any, props: DeviceProps) -> None:
+        self._backend = backend
+        self._props = props
+        self.state: Flash2State = "unverified"
+        #: Why the kernel is not used (empty when verified).
+        self.reason = "not loaded yet"
+        self._functions: dict[str, Any] = {}
+        #: False routes decode to cuDNN's paged graph or the warp-per-row kernel (benchmarks).
+        self.enabled = True
+
+    @property
+    def verified(self) -> bool:
+        """Whether the kernel passed its on-device check here (and is loaded)."""
+        return self.state == "verified"
+
+    def describe(self) -> str:
+        """One line for notes and capabilities."""
+        return "verified" if self.verified else f"{self.state}: {self.reason}"
+
+    async def load(self) -> None:
+        """Compile (a worker thread; cached on disk), check in a child, load on the submission
+        thread. Never raises: a failure leaves the other routes and says why."""
+        import anyio
+
+        from accelkit_cuda.flash_attention import verdict
+
+        switch = env_str("ACCELKIT_CUDA_FLASH_DECODE")
+        if switch in ("0", "off", "false", "no"):
+            self.state, self.reason = "unavailable", "switched off (ACCELKIT_CUDA_FLASH_DECODE=0)"
+            return
+        try:
+            from accelkit_cuda.nvrtc import compile_cached
+
+            arch: str = self._backend._arch
+            compiled = await anyio.to_thread.run_sync(
+                compile_cached, SOURCE, arch, (), "accelkit_flash_decode.cu"
+            )
+        except Exception as exc:
+            self.state, self.reason = "unavailable", f"compiling failed: {exc}"
+            return
+
+        def check() -> str | None:
+            return verdict(
+                compiled.binary, self._props, module="accelkit_cuda.flash_decode",
+                prefix="flash-decode", recheck=switch == "recheck",
+            )  # fmt: skip
+
+        failure = await anyio.to_thread.run_sync(check)
+        if failure is not None:
+            self.state, self.reason = "failed", f"the on-device check failed: {failure}"
+            return
+        try:
+            self._functions = await self._backend.thread.call(lambda: _load(compiled.binary))
+        except Exception as exc:
+            self.state, self.reason = "unavailable", f"loading failed: {exc}"
+            return
+        self.state, self.reason = "verified", ""
+
+    def refusal(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor
+    ) -> str | None:
+        """None when the kernel takes this ``paged_attention`` call, else why not."""
+        if self.state != "verified":
+            return f"the split-KV decode kernel is {self.describe()}"
+        if not self.enabled:
+            return "the split-KV decode kernel is switched off for this backend (enabled = False)"
+        return refusal(q.dtype, q.shape, k_cache.shape, v_cache.shape, block_table.shape)
+
+    def function(self, kind: str, dtype: DType) -> Any:
+        """The loaded kernel (``kind``: ``"split"`` or ``"combine"``; a dict lookup)."""
+        return self._functions[f"decode_{kind}_{_SUFFIX[dtype]}"]
+
+
+def run(
+    functions: Any, q: Any, kc: Any, vc: Any, table: Any, lens: Any, out: Any, dtype: DType,
+    scale: float, stream: Any = None,
+) -> Any:  # fmt: skip
+    """Launch both kernels on CuPy arrays (the submission thread, or the check's child):
+    returns the int64 ``err`` pair (the scratch is kept alive by CuPy's stream-ordered pool
+    until the launches are done). ``functions(kind, dtype)`` gives a kernel."""
+    import cupy as cp
+
+    b, h, _ = q.shape
+    hk, dv = kc.shape[2], vc.shape[3]
+    # int32 for the kernel; wider ids and lengths are clipped first, so that one too large for
+    # int32 stays out of range (and is reported) instead of wrapping onto a valid one.
+    top = 2**31 - 1
+    table32 = table if table.dtype == cp.int32 else cp.clip(table, -1, top).astype(cp.int32)
+    lens32 = lens if lens.dtype == cp.int32 else cp.clip(lens, -1, top).astype(cp.int32)
+    n_o, n_ml = scratch_shapes(b, h, hk, table.shape[1] * kc.shape[1], dv)
+    part_o = cp.empty(n_o, cp.float32)
+    part_ml = cp.empty(n_ml, cp.float32)
+    err = cp.zeros(2, cp.int64)
+    kw = {} if stream is None else {"stream": stream}
+    plan = launches(q, kc, vc, table32, lens32, part_o, part_ml, out, err, scale)
+    for kind, grid, block, args in plan:
+        functions(kind, dtype)(grid, block, args, **kw)
+    return err
+
+
+def main(argv: list[str]) -> int:
+    """The child of the verdict: ``python -m accelkit_cuda.flash_decode DEVICE CUBIN`` prints
+    ``{"failure": null}`` or ``{"failure": "why"}`` as its last line."""
+    import json
+
+    import cupy as cp
+
+    with cp.cuda.Device(int(argv[1])):
+        functions = _load(Path(argv[2]).read_bytes())
+        failure = _check(functions)
+    print(json.dumps({"failure": failure}))
+    return 0
+
+
+def _load(binary: bytes) -> dict[str, Any]:
+    import cupy as cp
+
+    module = cp.cuda.function.Module()
+    module.load(binary)
+    return {"": module} | {name: module.get_function(name) for name in kernel_names()}
+
+
+def _check(functions: dict[str, Any]) -> str | None:
+    """Every dtype on :data:`CHECK_SHAPES` against :func:`reference`, plus a bad block id and a
+    bad length (their error codes). None, or the first failure."""
+    import cupy as cp
+
+    np_dt = {DType.F16: np.float16, DType.BF16: np.uint16, DType.F32: np.float32}
+
+    def fn(kind: str, dtype: DType) -> Any:
+        return functions[f"decode_{kind}_{_SUFFIX[dtype]}"]
+
+    def device(x: np.ndarray[Any, Any], dtype: DType) -> Any:
+        if dtype is DType.BF16:
+            return cp.asarray(to_bits(x, dtype))
+        return cp.asarray(x.astype(np_dt[dtype]))
+
+    rng = np.random.default_rng(31)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for dtype in _SUFFIX:
+            for shape in CHECK_SHAPES:
+                (qh, kh, vh, table, lens), scale = _check_case(rng, dtype, shape)
+                b, h = qh.shape[:2]
+                dv = vh.shape[3]
+                out = cp.full((b, h, dv), 0xFFFF if dtype is not DType.F32 else np.nan,
+                              cp.uint16 if dtype is not DType.F32 else cp.float32)  # fmt: skip
+                err = run(
+                    fn, device(qh, dtype), device(kh, dtype), device(vh, dtype),
+                    cp.asarray(table), cp.asarray(lens), out, dtype, scale,
+                )  # fmt: skip
+                got = out.get()
+                got = got.astype(np.float64) if dtype is DType.F32 else from_bits(
+                    got.view(np.uint16) if dtype is DType.BF16 else got, dtype
+                )  # fmt: skip
+                ref = reference(qh, kh, vh, table, lens, scale)
+                bound = tolerance(dtype, max(shape[6]), shape[3]) * float(np.max(np.abs(vh)))
+                e = np.abs(got - ref)
+                name = f"decode_{_SUFFIX[dtype]} on {shape[:6]} lens {shape[6]}"
+                if int(err.get()[0]) != 0:
+                    return f"{name}: an error was flagged on good input: {err.get().tolist()}"
+                if not np.all(e <= bound):
+                    worst = float(np.nanmax(e)) if np.isfinite(e).any() else math.nan
+                    return f"{name}: max error {worst:.3g} > {bound:.3g}"
+                bad = table.copy()
+                bad[-1, 0] = kh.shape[0] + 5
+                err = run(
+                    fn, device(qh, dtype), device(kh, dtype), device(vh, dtype),
+                    cp.asarray(bad), cp.asarray(lens), out, dtype, scale,
+                )  # fmt: skip
+                if err.get().tolist() != [2, kh.shape[0] + 5]:
+                    return f"{name}: a bad block id gave err {err.get().tolist()}"
+                long = lens.copy()
+                long[0] = table.shape[1] * kh.shape[1] + 1
+                err = run(
+                    fn, device(qh, dtype), device(kh, dtype), device(vh, dtype),
+                    cp.asarray(table), cp.asarray(long), out, dtype, scale,
+                )  # fmt: skip
+                if err.get().tolist()[0] not in (1, 2):
+                    return f"{name}: a bad length gave err {err.get().tolist()}"
+    stream.synchronize()
+    return None
+
+
+SOURCE = r"""
+typedef long long i64;
+typedef unsigned short u16;
+
+// No headers (NVRTC has no include path on a bare machine): f16 and bf16 widened with PTX and
+// bit shifts, narrowed to nearest even.
+__device__ __forceinline__ float h2f(u16 h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float b2f(u16 h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ u16 f2b(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+struct F16 { typedef u16 T; typedef uint2 Raw; };
+struct BF16 { typedef u16 T; typedef uint2 Raw; };
+struct F32 { typedef float T; typedef float4 Raw; };
+
+// Four consecutive elements (8 or 16 bytes, aligned: offsets are multiples of 4), loaded raw
+// (so that several rows are in flight before any is used) and widened afterwards.
+__device__ __forceinline__ uint2 raw4(const u16* p, i64 i) { return *(const uint2*)(p + i); }
+__device__ __forceinline__ float4 raw4(const float* p, i64 i) { return *(const float4*)(p + i); }
+__device__ __forceinline__ void widen(uint2 r, float* x, F16) {
+    x[0] = h2f((u16)(r.x & 0xffffu)); x[1] = h2f((u16)(r.x >> 16));
+    x[2] = h2f((u16)(r.y & 0xffffu)); x[3] = h2f((u16)(r.y >> 16));
+}
+__device__ __forceinline__ void widen(uint2 r, float* x, BF16) {
+    x[0] = __uint_as_float(r.x << 16); x[1] = __uint_as_float(r.x & 0xffff0000u);
+    x[2] = __uint_as_float(r.y << 16); x[3] = __uint_as_float(r.y & 0xffff0000u);
+}
+__device__ __forceinline__ void widen(float4 r, float* x, F32) {
+    x[0] = r.x; x[1] = r.y; x[2] = r.z; x[3] = r.w;
+}
+template <typename K> __device__ __forceinline__ void load4(const typename K::T* p, i64 i, float* x) {
+    widen(raw4(p, i), x, K());
+}
+__device__ __forceinline__ void store(u16* p, i64 i, float v, F16) { p[i] = f2h(v); }
+__device__ __forceinline__ void store(u16* p, i64 i, float v, BF16) { p[i] = f2b(v); }
+__device__ __forceinline__ void store(float* p, i64 i, float v, F32) { p[i] = v; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
+    if (atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)code) == 0ull) err[1] = value;
+}
+
+#define CHUNK 256
+#define GROUP 8
+#define THREADS 128
+#define NWARPS 4
+#define SLICES 2
+#define UNROLL 4  // key rows a warp has in flight
+
+// grid (chunks, Hkv * groups, B), THREADS threads. part_o [B*H*chunks, Dv], part_ml [.., 2]
+// (the chunk's max score, log2 domain, and its sum of exp2(s - max)).
+template <typename K> __device__ void split_impl(
+        const typename K::T* q, const typename K::T* kc, const typename K::T* vc,
+        const int* table, const int* lens, float* part_o, float* part_ml, int H, int Hkv, int D,
+        int Dv, i64 NB, int BS, int MB, float scale_log2, int chunks, i64* err) {
+    __shared__ float s[GROUP][CHUNK];
+    __shared__ float red[GROUP][2 * THREADS];
+    __shared__ i64 roff[CHUNK];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int G = H / Hkv, groups = (G + GROUP - 1) / GROUP;
+    int kvh = blockIdx.y / groups, g0 = (blockIdx.y % groups) * GROUP;
+    int gn = min(GROUP, G - g0);
+    i64 b = blockIdx.z;
+    i64 n = lens[b];
+    if (n < 0 || n > (i64)MB * BS) {
+        if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) set_error(err, 1, n);
+        n = 0;
+    }
+    i64 start = (i64)blockIdx.x * CHUNK;
+    int cnt = (int)min((i64)CHUNK, n - start);
+    i64 slot0 = (b * H + (i64)kvh * G + g0) * chunks + blockIdx.x;  // head gi: + gi * chunks
+    if (cnt <= 0) {
+        if (tid < gn) {
+            part_ml[(slot0 + (i64)tid * chunks) * 2] = -__int_as_float(0x7f800000);
+            part_ml[(slot0 + (i64)tid * chunks) * 2 + 1] = 0.0f;
+        }
+        return;
+    }
+    for (int j = tid; j < cnt; j += THREADS) {
+        i64 t = start + j;
+        i64 blk = table[b * MB + t / BS];
+        if (blk < 0 || blk >= NB) {
+            set_error(err, 2, blk);
+            roff[j] = -1;
+        } else {
+            roff[j] = (blk * BS + t % BS) * Hkv + kvh;
+        }
+    }
+    for (int i = tid; i < GROUP * 2 * THREADS; i += THREADS) (&red[0][0])[i] = 0.0f;
+    // This lane's slices of the group's queries (scaled into the log2 domain).
+    float qr[GROUP][SLICES][4];
+#pragma unroll
+    for (int gi = 0; gi < GROUP; ++gi)
+#pragma unroll
+        for (int it = 0; it < SLICES; ++it) {
+            int i0 = 4 * lane + 128 * it;
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (gi < gn && i0 < D) load4<K>(q, (b * H + (i64)kvh * G + g0 + gi) * D + i0, x);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qr[gi][it][e] = x[e] * scale_log2;
+        }
+    __syncthreads();
+    // Scores: warps take UNROLL keys in turn, lanes four dims of each slice.
+    for (int j0 = warp * UNROLL; j0 < cnt; j0 += NWARPS * UNROLL) {
+        typename K::Raw r[UNROLL][SLICES];
+        i64 ro[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
+#pragma unroll
+            for (int it = 0; it < SLICES; ++it) {
+                int i0 = 4 * lane + 128 * it;
+                if (ro[u] >= 0 && i0 < D) r[u][it] = raw4(kc, ro[u] * D + i0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            float part[GROUP];
+#pragma unroll
+            for (int gi = 0; gi < GROUP; ++gi) part[gi] = 0.0f;
+#pragma unroll
+            for (int it = 0; it < SLICES; ++it) {
+                int i0 = 4 * lane + 128 * it;
+                if (ro[u] >= 0 && i0 < D) {
+                    float x[4];
+                    widen(r[u][it], x, K());
+#pragma unroll
+                    for (int gi = 0; gi < GROUP; ++gi)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) part[gi] += qr[gi][it][e] * x[e];
+                }
+            }
+#pragma unroll
+            for (int gi = 0; gi < GROUP; ++gi) {
+                if (gi < gn && j0 + u < cnt) {  // warp-uniform
+                    float v = warp_sum(part[gi]);
+                    if (lane == 0) s[gi][j0 + u] = ro[u] >= 0 ? v : -__int_as_float(0x7f800000);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    // The chunk's softmax statistics: a warp a head.
+    for (int gi = warp; gi < gn; gi += NWARPS) {
+        float m = -__int_as_float(0x7f800000);
+        for (int j = lane; j < cnt; j += 32) m = fmaxf(m, s[gi][j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < cnt; j += 32) {
+            float p = m == -__int_as_float(0x7f800000) ? 0.0f : exp2f(s[gi][j] - m);
+            s[gi][j] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        // fmaxf skips NaN: a NaN score must still make the row NaN (as the other routes do).
+        bool nan_seen = false;
+        for (int j = lane; j < cnt; j += 32) nan_seen |= isnan(s[gi][j]) != 0;
+        if (__any_sync(0xffffffffu, nan_seen)) l = __int_as_float(0x7fc00000);
+        if (lane == 0) {
+            part_ml[(slot0 + (i64)gi * chunks) * 2] = m;
+            part_ml[(slot0 + (i64)gi * chunks) * 2 + 1] = l;
+        }
+    }
+    __syncthreads();
+    // P V: warps take keys in turn, lanes four value dims of each slice.
+    float acc[GROUP][SLICES][4];
+#pragma unroll
+    for (int gi = 0; gi < GROUP; ++gi)
+#pragma unroll
+        for (int it = 0; it < SLICES; ++it)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[gi][it][e] = 0.0f;
+    for (int j0 = warp * UNROLL; j0 < cnt; j0 += NWARPS * UNROLL) {
+        typename K::Raw r[UNROLL][SLICES];
+        i64 ro[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
+#pragma unroll
+            for (int it = 0; it < SLICES; ++it) {
+                int i0 = 4 * lane + 128 * it;
+                if (ro[u] >= 0 && i0 < Dv) r[u][it] = raw4(vc, ro[u] * Dv + i0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (ro[u] < 0) continue;
+#pragma unroll
+            for (int it = 0; it < SLICES; ++it) {
+                int i0 = 4 * lane + 128 * it;
+                if (i0 < Dv) {
+                    float x[4];
+                    widen(r[u][it], x, K());
+#pragma unroll
+                    for (int gi = 0; gi < GROUP; ++gi) {
+                        float p = gi < gn ? s[gi][j0 + u] : 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[gi][it][e] += p * x[e];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int gi = 0; gi < GROUP; ++gi)
+#pragma unroll
+        for (int it = 0; it < SLICES; ++it) {
+            int i0 = 4 * lane + 128 * it;
+            if (gi < gn && i0 < Dv)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) atomicAdd(&red[gi][i0 + e], acc[gi][it][e]);
+        }
+    __syncthreads();
+    for (int i = tid; i < gn * Dv; i += THREADS) {
+        int gi = i / Dv, c = i % Dv;
+        part_o[(slot0 + (i64)gi * chunks) * Dv + c] = red[gi][c];
+    }
+}
+
+// grid (B * H), THREADS threads: merge the chunks of one (sequence, head); no key: zeros.
+template <typename K> __device__ void combine_impl(
+        const float* part_o, const float* part_ml, typename K::T* out, int Dv, int chunks) {
+    i64 bh = blockIdx.x;
+    const float* ml = part_ml + bh * chunks * 2;
+    float big = -__int_as_float(0x7f800000), total = 0.0f;
+    for (int c = 0; c < chunks; ++c)
+        if (ml[2 * c + 1] != 0.0f) big = fmaxf(big, ml[2 * c]);  // NaN sums count (and spread)
+    for (int c = 0; c < chunks; ++c)
+        if (ml[2 * c + 1] != 0.0f) total += ml[2 * c + 1] * exp2f(ml[2 * c] - big);
+    for (int i = threadIdx.x; i < Dv; i += THREADS) {
+        float o = 0.0f;
+        for (int c = 0; c < chunks; ++c)
+            if (ml[2 * c + 1] != 0.0f) o += part_o[(bh * chunks + c) * Dv + i] * exp2f(ml[2 * c] - big);
+        store(out, bh * Dv + i, total > 0.0f || isnan(total) ? o / total : 0.0f, K());
+    }
+}
+
+#define INSTANTIATE(K, S)                                                                         \
+extern "C" __global__ void __launch_bounds__(THREADS) decode_split_##S(                          \
+        const K::T* q, const K::T* kc, const K::T* vc, const int* table, const int* lens,       \
+        float* part_o, float* part_ml, int H, int Hkv, int D, int Dv, i64 NB, int BS, int MB,    \
+        float scale_log2, int chunks, i64* err)                                                   \
+    { split_impl<K>(q, kc, vc, table, lens, part_o, part_ml, H, Hkv, D, Dv, NB, BS, MB,           \
+                    scale_log2, chunks, err); }                                                   \
+extern "C" __global__ void __launch_bounds__(THREADS) decode_combine_##S(                        \
+        const float* part_o, const float* part_ml, K::T* out, int Dv, int chunks)                \
+    { combine_impl<K>(part_o, part_ml, out, Dv, chunks); }
+
+INSTANTIATE(F16, f16)
+INSTANTIATE(BF16, bf16)
+INSTANTIATE(F32, f32)
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,288 @@
+"""The split-KV decode kernel of paged_attention (accelkit_cuda.flash_decode).
+
+Without a GPU: both kernels of every dtype compile with NVRTC for sm_80 and sm_90 (no spills, no
+warnings), the constants of SOURCE and the Python side agree, the launch arguments follow the
+kernels' signatures, the NumPy port of the kernels (``split_model``/``combine_model``: the same
+flat offsets, chunk and head-group split and combine) matches the float64 reference on the
+on-device check's shapes and flags bad tables and lengths, and the whole route runs through the
+backend over the CuPy stand-in with the ports launched in the kernels' place, under asyncio and
+trio: the verdict decides the route, the engine is recorded, errors surface at the await. On a
+GPU, the backend's own on-device check (a child) and test_gpu_cudnn.py's decode test run it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import test_offloop
+from accelkit_cuda import flash_decode as fd
+
+from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError
+
+plugin = test_offloop.plugin
+
+
+def _nvrtc() -> Any:
+    from accelkit_cuda import nvrtc
+
+    try:
+        nvrtc.nvrtc_version()
+    except nvrtc.NVRTCUnavailable as exc:
+        pytest.skip(f"NVRTC is not installed: {exc}")
+    return nvrtc
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_both_kernels_compile_without_spills(arch: str) -> None:
+    nvrtc = _nvrtc()
+    compiled = nvrtc.compile_cuda(fd.SOURCE, arch, ("--ptxas-options=-v",), "decode.cu")
+    assert compiled.kind == "cubin"
+    for name in fd.kernel_names():
+        assert name.encode() + b"\0" in compiled.binary, name
+    log = compiled.log
+    assert "warning" not in log.lower(), log
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(spills) == len(fd.kernel_names()), log
+    assert all(s == ("0", "0") for s in spills), log
+    registers = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+    assert registers
+    assert max(registers) <= 255  # 128 threads a block: __launch_bounds__ keeps it there
+
+
+def test_the_source_and_python_agree() -> None:
+    defines = dict(re.findall(r"#define (\w+) (\d+)", fd.SOURCE))
+    assert int(defines["CHUNK"]) == fd.CHUNK
+    assert int(defines["GROUP"]) == fd.GROUP
+    assert int(defines["THREADS"]) == fd.THREADS
+    assert int(defines["NWARPS"]) * 32 == fd.THREADS
+    assert int(defines["SLICES"]) * 128 == fd.MAX_HEAD_DIM  # 4 dims a lane a slice
+    assert sorted(fd.kernel_names()) == sorted(
+        f"decode_{k}_{s}" for k in ("split", "combine") for s in ("f16", "bf16", "f32")
+    )
+
+
+def test_launch_args_follow_the_kernel_signatures() -> None:
+    q, kc, vc = np.zeros((3, 8, 64)), np.zeros((10, 16, 2, 64)), np.zeros((10, 16, 2, 32))
+    table, lens = np.zeros((3, 40), np.int32), np.zeros(3, np.int32)
+    po, pm, out, err = object(), object(), object(), object()
+    (k1, g1, b1, a1), (k2, g2, b2, a2) = fd.launches(
+        q, kc, vc, table, lens, po, pm, out, err, 0.125
+    )  # fmt: skip
+    chunks = math.ceil(40 * 16 / fd.CHUNK)
+    assert (k1, g1, b1) == ("split", (chunks, 2, 3), (fd.THREADS, 1, 1))
+    assert (k2, g2, b2) == ("combine", (24, 1, 1), (fd.THREADS, 1, 1))
+    assert a1[:7] == (q, kc, vc, table, lens, po, pm)
+    assert a1[-1] is err
+    kinds = [type(a) for a in a1[7:-1]]
+    assert kinds == [np.int32] * 4 + [np.int64, np.int32, np.int32, np.float32, np.int32]
+    assert a1[7:14] == (8, 2, 64, 32, 10, 16, 40)
+    assert a1[14] == np.float32(0.125 * math.log2(math.e))
+    assert a1[15] == chunks
+    assert a2 == (po, pm, out, 32, chunks)
+    for name, args in (("split", a1), ("combine", a2)):
+        sig = re.search(rf"decode_{name}_##S\((.*?)\)", fd.SOURCE, re.S)
+        assert sig is not None
+        params = [p.split()[-1] for p in sig.group(1).replace("\\", " ").split(",")]
+        assert len(params) == len(args), (name, params)
+        pointers = [p.startswith("*") or "*" in p for p in sig.group(1).split(",")]
+        scalars = [type(a) in (np.int32, np.int64, np.float32) for a in args]
+        assert [not s for s in scalars] == pointers, name
+
+
+def test_the_geometry_splits_heads_and_keys() -> None:
+    grid, grid2, chunks, groups = fd.geometry(16, 32, 8, 4096)
+    assert (grid, grid2, chunks, groups) == ((16, 8, 16), (512, 1, 1), 16, 1)
+    grid, _, chunks, groups = fd.geometry(2, 18, 1, 1)  # MQA, 18 heads: three groups
+    assert (grid, chunks, groups) == ((1, 3, 2), 1, 3)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "q", "kc", "vc", "table", "why"),
+    [
+        (DType.F16, (2, 8, 128), (9, 16, 2, 128), (9, 16, 2, 128), (2, 4), None),
+        (DType.F32, (2, 8, 256), (9, 16, 2, 256), (9, 16, 2, 64), (2, 4), None),
+        (DType.F64, (2, 8, 128), (9, 16, 2, 128), (9, 16, 2, 128), (2, 4), "f16/bf16/f32"),
+        (DType.BF16, (2, 8, 66), (9, 16, 2, 66), (9, 16, 2, 66), (2, 4), "multiples of 4"),
+        (DType.BF16, (2, 8, 512), (9, 16, 2, 512), (9, 16, 2, 512), (2, 4), "multiples of 4"),
+        (DType.F16, (0, 8, 128), (9, 16, 2, 128), (9, 16, 2, 128), (0, 4), "empty"),
+    ],
+)
+def test_refusals(dtype: DType, q: Any, kc: Any, vc: Any, table: Any, why: str | None) -> None:
+    got = fd.refusal(dtype, q, kc, vc, table)
+    assert (got is None) if why is None else (got is not None and why in got), got
+
+
+@pytest.mark.parametrize("shape", fd.CHECK_SHAPES)
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16, DType.F32])
+def test_the_model_of_the_kernels_computes_paged_attention(shape: Any, dtype: DType) -> None:
+    rng = np.random.default_rng(3)
+    (q, kc, vc, table, lens), scale = fd._check_case(rng, dtype, shape)
+    out, err = fd.model(q, kc, vc, table, lens, scale)
+    assert err == [0, 0]
+    ref = fd.reference(q, kc, vc, table, lens, scale)
+    bound = fd.tolerance(dtype, max(shape[6]), shape[3]) * float(np.abs(vc).max())
+    np.testing.assert_array_less(np.abs(out - ref), bound)
+    assert not out[list(shape[6]).index(0)].any() if 0 in shape[6] else True
+    # The -1 entries past each length are never read; a used entry out of range is flagged.
+    bad = table.copy()
+    bad[-1, 0] = kc.shape[0] + 5
+    assert fd.model(q, kc, vc, bad, lens, scale)[1] == [2, kc.shape[0] + 5]
+    long = lens.copy()
+    long[0] = table.shape[1] * kc.shape[1] + 1
+    assert fd.model(q, kc, vc, table, long, scale)[1] == [1, int(long[0])]
+
+
+def test_a_nan_makes_its_row_nan() -> None:
+    """fmaxf skips NaN: the kernels carry a NaN score through the chunk's sum to the output, as
+    the warp-per-row kernel and the composition do; other rows stay finite."""
+    rng = np.random.default_rng(5)
+    (q, kc, vc, table, lens), scale = fd._check_case(rng, DType.F32, fd.CHECK_SHAPES[0])
+    q[0, 3, 7] = np.nan
+    out, err = fd.model(q, kc, vc, table, lens, scale)
+    assert err == [0, 0]
+    assert np.isnan(out[0, 3]).all()
+    assert np.isfinite(np.delete(out.reshape(-1, out.shape[-1]), 3, axis=0)).all()
+
+
+def test_check_cases_cover_what_the_kernel_splits() -> None:
+    """The on-device check meets several chunks, a partial chunk, an empty sequence, more
+    query heads a KV head than a block takes, and head dims of both slices."""
+    lens = [n for s in fd.CHECK_SHAPES for n in s[6]]
+    assert max(lens) > 2 * fd.CHUNK
+    assert any(n % fd.CHUNK for n in lens)
+    assert 0 in lens
+    assert any(s[1] // s[2] > fd.GROUP for s in fd.CHECK_SHAPES)
+    assert any(s[3] > 128 for s in fd.CHECK_SHAPES)
+    assert any(s[3] != s[4] for s in fd.CHECK_SHAPES)
+
+
+# -- the route, through the backend over the stand-in for CuPy ------------------------------------
+def _launch_models(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Make the stand-in's launches of the decode kernels run their NumPy ports."""
+    import fake_cupy
+
+    launched: list[tuple[str, Any]] = []
+    original = fake_cupy.Function.__call__
+
+    def call(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        if self.name.startswith("decode_split_"):
+            fd_module = __import__("accelkit_cuda.flash_decode", fromlist=["split_model"])
+            fd_module.split_model(grid, args)
+        elif self.name.startswith("decode_combine_"):
+            fd_module = __import__("accelkit_cuda.flash_decode", fromlist=["combine_model"])
+            fd_module.combine_model(grid, args)
+        launched.append((self.name, grid))
+        original(self, grid, block, args, **kwargs)
+
+    monkeypatch.setattr(fake_cupy.Function, "__call__", call)
+    return launched
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("passed", [True, False])
+async def test_decode_runs_on_the_split_kernel_once_verified(
+    plugin: Any, passed: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib
+
+    monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path))
+    fa = importlib.import_module("accelkit_cuda.flash_attention")  # over the stand-in
+    answer = None if passed else "decode_f16 on ...: max error 2"
+    monkeypatch.setattr(fa, "_run_child", lambda *a: (answer, True))
+    launched = _launch_models(monkeypatch)
+    backend = plugin.backend.CUDABackend()
+    await backend.initialize("cuda:0")
+    try:
+        decode = backend.flash_decode
+        assert decode.state == ("verified" if passed else "failed")
+        assert backend.capabilities.extra["flash_decode"] == decode.describe()
+        f, kops, engines = backend.tensor_factory, backend.kernel_ops, backend.attention_engines
+        rng = np.random.default_rng(11)
+        shape = (3, 18, 2, 64, 64, 16, (300, 0, 41))  # two head groups a KV head, two chunks
+        (qh, kc, vc, table, lens), scale = fd._check_case(rng, DType.F16, shape)
+        host = [x.astype(np.float16) for x in (qh, kc, vc)]
+        args = [f.from_host(x) for x in (*host, table, lens)]
+        out = kops.paged_attention(*args)
+        route = engines.last_route
+        assert route is not None
+        assert route.op == "paged_attention"
+        if not passed:
+            assert route.engine != "flash_decode"
+            assert "max error 2" in route.reason
+            await out.to_host()
+            return
+        assert route.engine == "flash_decode", route
+        got = (await out.to_host()).astype(np.float64)
+        names = [n for n, _ in launched if n.startswith("decode_")]
+        assert names == ["decode_split_f16", "decode_combine_f16"]
+        ref = fd.reference(*host, table, lens, scale)
+        bound = fd.tolerance(DType.F16, 300, 64) * float(np.abs(host[2]).max())
+        np.testing.assert_array_less(np.abs(got - ref), bound)
+        assert not got[1].any()  # length 0: zeros
+        # An int64 table and lengths are converted; results alike.
+        wide = [f.from_host(table.astype(np.int64)), f.from_host(lens.astype(np.int64))]
+        got64 = (await kops.paged_attention(*args[:3], *wide).to_host()).astype(np.float64)
+        np.testing.assert_array_equal(got64, got)
+        bad = table.copy()
+        bad[2, 1] = 99  # a used entry naming no block of the cache
+        out = kops.paged_attention(*args[:3], f.from_host(bad), args[4])
+        with pytest.raises(InvalidArgumentError, match="refers to block 99"):
+            await out.to_host()
+        long = lens.copy()
+        long[0] = table.shape[1] * 16 + 3
+        out = kops.paged_attention(*args[:4], f.from_host(long))
+        with pytest.raises(InvalidArgumentError, match="context_lens must lie in"):
+            await out.to_host()
+        decode.enabled = False  # the other routes, with the reason recorded
+        await kops.paged_attention(*args).to_host()
+        assert engines.last_route.engine != "flash_decode"
+        assert "switched off" in engines.last_route.reason
+        assert engines.routes["paged_attention"]["flash_decode"] == 4
+    finally:
+        await backend.shutdown()
+
+
+def test_the_on_device_check_passes_the_model_and_fails_a_wrong_kernel(plugin: Any) -> None:
+    """The gate's own check (``_check``, as the child runs it), over the stand-in for CuPy with
+    the NumPy ports in the kernels' place: it passes them, and names the case a kernel with a
+    wrong head-group offset fails on."""
+    import importlib
+
+    import ml_dtypes
+
+    module = importlib.import_module("accelkit_cuda.flash_decode")  # over the stand-in
+    views = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32}
+
+    def as_values(a: Any, sfx: str) -> Any:
+        return a.view(views[sfx]) if a.dtype == np.uint16 else a
+
+    class Kernel:
+        def __init__(self, name: str, wrong: bool = False) -> None:
+            self.name, self.wrong = name, wrong
+
+        def __call__(self, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+            sfx = self.name.rsplit("_", 1)[1]
+            if "split" in self.name:
+                args = (*(as_values(np.asarray(a), sfx) for a in args[:3]), *args[3:])
+                if self.wrong:  # every query head reads the first KV head's keys
+                    kc = np.asarray(args[1])
+                    kc = np.repeat(kc[:, :, :1], kc.shape[2], axis=2)
+                    args = (args[0], kc, *args[2:])
+                module.split_model(grid, args)
+            else:
+                out = as_values(np.asarray(args[2]), sfx)
+                module.combine_model(grid, (args[0], args[1], out, *args[3:]))
+
+    good = {n: Kernel(n) for n in module.kernel_names()}
+    assert module._check(good) is None
+    bad = dict(good, decode_split_f16=Kernel("decode_split_f16", wrong=True))
+    failure = module._check(bad)
+    assert failure is not None
+    assert "decode_f16" in failure
+    assert "max error" in failure
