@@ -28,7 +28,14 @@ import pytest
 
 import service_app
 from accelkit._core.env import env_flag
-from service_app import ServerDied, ServiceServer, drive, numpy_reference, server_lag
+from service_app import (
+    ServerDied,
+    ServiceServer,
+    drive,
+    format_stall_sites,
+    numpy_reference,
+    server_lag,
+)
 
 REQUESTS = 32
 CONCURRENCY = 16
@@ -156,6 +163,8 @@ async def test_service_answers_right_and_keeps_loop_responsive(
     )
     if result.health_errors:
         summary += f"; {len(result.health_errors)} /health errors: {result.health_errors[:3]}"
+    if lag:  # where the loop waited (the server's stall sampler), in every report
+        summary += "\n" + format_stall_sites(lag.get("stall_sites"))
     print(summary)
     record_property("service_summary", summary)
     for key in ("p50_ms", "p99_ms", "max_ms"):
