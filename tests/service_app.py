@@ -295,6 +295,9 @@ def create_app(backend_name: str | None = None) -> Any:
             factory = backend.tensor_factory
             state["backend"] = backend
             state["weights"] = {k: factory.from_host(v) for k, v in make_weights().items()}
+            # The one-time work (imports, JIT compiles) now, off the loop, not in the first
+            # requests: what a latency-sensitive service does (docs/execution-model.md).
+            await backend.prepare()
             await backend.synchronize()
             state["startup_s"] = time.perf_counter() - t0
             async with anyio.create_task_group() as tg:
