@@ -183,9 +183,12 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         from accelkit_cuda.flash_attention import Flash2Attention
 
         flash2 = self._flash2 = Flash2Attention(self, props)
-        async with anyio.create_task_group() as tg:  # the two NVRTC compiles side by side
+        fast = getattr(opened.tensor, "fast", None)  # the raw elementwise kernels
+        async with anyio.create_task_group() as tg:  # the NVRTC compiles side by side
             tg.start_soon(self.fused.load)
             tg.start_soon(flash2.load)  # compiled, checked on the device (a child), loaded
+            if fast is not None:  # not at the first add of a request (docs/backends/cuda.md)
+                tg.start_soon(fast.load)
         if opened.capabilities is not None:  # which kernel serves f16/bf16 attention, and why
             caps = opened.capabilities
             extra = {**caps.extra, "flash2_attention": flash2.describe()}
