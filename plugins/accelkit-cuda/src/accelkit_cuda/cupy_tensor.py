@@ -509,6 +509,7 @@ def warm_up() -> None:
         x = cp.ones((4, 8), dtype)
         w = cp.ones((8, 8), dtype)
         out = cp.empty((4, 8), dtype)
+        out.fill(0)  # zeros, ones, full
         matmul(x, w, out)
         linear(x, w, None, out)
         for op in ("add", "sub", "mul", "div", "maximum"):
