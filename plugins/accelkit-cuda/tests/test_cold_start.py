@@ -19,13 +19,14 @@ import fake_cupy
 import numpy as np
 import pytest
 from test_offloop import Plugin, _open
-from test_offloop import plugin as plugin  # noqa: F401  # the fixture
+from test_offloop import plugin as plugin  # the fixture
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_first_requests_import_and_compile_nothing(
-    plugin: Plugin, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    plugin: Plugin,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from accelkit_cuda import nvrtc
 
