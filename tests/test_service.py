@@ -13,7 +13,8 @@ skips the others with the reason.
 Timing bounds: this suite asserts no speed, because machines are noisy, but a loop that stalls is
 the behaviour under test here. By default only a stall of 2 s or more fails (a kernel built on
 the loop's thread, say) and the p99 lag is reported; only with ``ACCELKIT_STRICT_TIMING=1`` is
-the service-level target asserted: p99 lag under 10 ms. The measured figures are always printed (``pytest -s``) and recorded as properties
+the service-level target asserted: p99 lag under 10 ms (25 ms for the in-process CPU backend,
+which shares the GIL and the cores with the loop: docs/backends/cpu.md). The measured figures are always printed (``pytest -s``) and recorded as properties
 (``--junitxml``).
 """
 
@@ -45,6 +46,10 @@ TIME_LIMIT_S = 150.0
 REQUEST_TIMEOUT_S = 90.0
 
 STRICT_P99_MS = 10.0
+#: The in-process CPU backend's p99 under this load: it computes on the server's own process,
+#: sharing the GIL (the 5 ms switch interval) and the cores (BLAS's threads) with the loop, so it
+#: promises this, not 10 ms (docs/backends/cpu.md); ``isolate=True`` ("isolated:cpu") does.
+IN_PROCESS_CPU_P99_MS = 25.0
 LOOSE_MAX_MS = 2000.0
 #: The stall bound for a device that computes on the host's own cores (see below).
 HOST_DEVICE_MAX_MS = 10000.0
@@ -189,9 +194,8 @@ async def test_service_answers_right_and_keeps_loop_responsive(
             )
     assert lag.get("count", 0) > 0, f"the heartbeat recorded nothing\n{summary}"
     if env_flag("ACCELKIT_STRICT_TIMING"):
-        assert lag["p99_ms"] < STRICT_P99_MS, (
-            f"server loop p99 lag >= {STRICT_P99_MS} ms\n{summary}"
-        )
+        target = IN_PROCESS_CPU_P99_MS if service.backend_name == "cpu" else STRICT_P99_MS
+        assert lag["p99_ms"] < target, f"server loop p99 lag >= {target} ms\n{summary}"
     elif lag["p99_ms"] >= STRICT_P99_MS:
         # Reported, not asserted: shared CI cores make the p99 noisy (ACCELKIT_STRICT_TIMING=1
         # asserts it where the machine is quiet enough to mean something).
