@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -119,7 +120,9 @@ def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServiceS
             ("PYOPENCL_CACHE_DIR", "pyopencl"),
         )
     }
-    server = ServiceServer(name, env=env)
+    # ready_timeout: the lifespan runs backend.prepare() (cold caches: the CPU JIT's compile and
+    # check, OpenCL's kernel variants verified in child processes, 76 s on 2 loaded cores)
+    server = ServiceServer(name, env=env, ready_timeout=300.0)
     try:  # the finally also covers a failure inside start()
         try:
             server.start()
@@ -148,7 +151,7 @@ async def test_service_answers_right_and_keeps_loop_responsive(
                 break
             await anyio.sleep(0.05)
     died = service.describe_exit()
-    lag: dict[str, float] = {}
+    lag: dict[str, Any] = {}
     if died is None:
         try:
             lag = await server_lag(service.base_url)

@@ -27,7 +27,9 @@ def preload() -> None:
     """Import now what these bodies import on first use (SciPy's special functions, for erf and
     the exact GELU): a backend's ``prepare`` calls it, so that no first request imports (an
     import holds the GIL for a fraction of a second)."""
-    import scipy.special  # noqa: F401  # type: ignore[import-untyped]
+    import importlib
+
+    importlib.import_module("scipy.special")
 
 
 def _erf(x: Array) -> Array:
