@@ -136,7 +136,10 @@ class StallSampler:
     when it sits in the selector, that it was ready but waited for the GIL: then the other
     threads' sites (a backend's worker in a long call that holds the GIL) say who held it. The
     watchdog itself needs the GIL to sample, so a sample is taken when the holder lets go: it
-    shows where the holder was at the switch. Off with ``ACCELKIT_SERVICE_SAMPLER=0``."""
+    shows where the holder was at the switch. A thread blocked in a C call (a pipe read, a wait
+    the idle list does not know) shows the Python line that made the call, as does one that
+    holds the GIL in a long C call: the sites say where, not who held the lock. Off with
+    ``ACCELKIT_SERVICE_SAMPLER=0``."""
 
     def __init__(self) -> None:
         self.loop_sites: collections.Counter[str] = collections.Counter()
