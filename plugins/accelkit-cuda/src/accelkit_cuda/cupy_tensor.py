@@ -527,7 +527,7 @@ def warm_up() -> None:
     # threads up to rows of 128, 512 from 2048) from the row length, and builds a kernel per
     # configuration, so the (4, 8) rows above leave the rows of real work cold. F32: where
     # softmax and the norms compute (f16/bf16 are computed in f32).
-    for cols in (512, 1024, 4096):
+    for cols in (256, 512, 1024, 4096):  # CUB blocks of 64, 128, 256, 512 threads
         x = cp.ones((2, cols), cp.float32)
         out = cp.empty_like(x)
         softmax(x, 1, out, False)
