@@ -77,6 +77,61 @@ async def main() -> int:
     return 0
 
 
+async def _block_parts(
+    backend: ak.ComputeBackend, torch: Any, x: Any, w: dict[str, Any], tx: Any,
+    tw: dict[str, Any], cfg: BlockConfig,
+) -> str:  # fmt: skip
+    """Each op of the transformer block alone, at the block's shapes, against PyTorch's: ms per
+    call and synchronize, medians of interleaved rounds. The CuPy compositions launch many
+    kernels where PyTorch launches one (over the stand-in: layer_norm 11, tanh-GELU 10, a linear
+    with its bias 3, a permute 1 copy; docs/backends/cuda.md)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    ops = backend.tensor_ops
+    b, s, d, h, hd = cfg.batch, cfg.seq, cfg.width, cfg.heads, cfg.head_dim
+    y = ops.layer_norm(x, w["ln1_g"], w["ln1_b"], cfg.eps)
+    heads = [
+        ops.permute(ops.reshape(ops.linear(y, w[f"w_{n}"], w[f"b_{n}"]), (b, s, h, hd)), (0, 2, 1, 3))
+        for n in "qkv"
+    ]  # fmt: skip
+    m = ops.linear(y, w["w_1"], w["b_1"])
+    with torch.inference_mode():
+        ty = F.layer_norm(tx, (d,), tw["ln1_g"], tw["ln1_b"], cfg.eps)
+        tl = F.linear(ty, tw["w_qkv"][:d], tw["b_qkv"][:d])
+        tq = tl.reshape(b, s, h, hd).permute(0, 2, 1, 3).contiguous()
+        tm = F.linear(ty, tw["w_1"], tw["b_1"])
+    cases: list[tuple[str, Any, Any]] = [
+        ("layer_norm", lambda: ops.layer_norm(x, w["ln1_g"], w["ln1_b"], cfg.eps),
+         lambda: F.layer_norm(tx, (d,), tw["ln1_g"], tw["ln1_b"], cfg.eps)),
+        ("linear+bias", lambda: ops.linear(y, w["w_q"], w["b_q"]),
+         lambda: F.linear(ty, tw["w_qkv"][:d], tw["b_qkv"][:d])),
+        ("permute", lambda: ops.permute(ops.reshape(y, (b, s, h, hd)), (0, 2, 1, 3)),
+         lambda: tl.reshape(b, s, h, hd).permute(0, 2, 1, 3).contiguous()),
+        ("attention f32 causal", lambda: ops.attention(*heads, causal=True),
+         lambda: F.scaled_dot_product_attention(tq, tq, tq, is_causal=True)),
+        ("tanh-GELU", lambda: ops.gelu(m, approximate="tanh"),
+         lambda: F.gelu(tm, approximate="tanh")),
+        ("add", lambda: ops.add(x, y), lambda: tx + ty),
+    ]  # fmt: skip
+    parts = []
+    for name, ak_op, torch_op in cases:
+
+        async def ak_run(op: Any = ak_op) -> None:
+            op()
+            await backend.synchronize()
+
+        def torch_run(op: Any = torch_op) -> None:
+            with torch.inference_mode():
+                op()
+            torch.cuda.synchronize()
+
+        await ak_run()
+        torch_run()
+        t_ak, t_th = await interleaved(ak_run, torch_run, BLOCK_ROUNDS)
+        parts.append(f"{name} {t_ak * 1e3:.3f}/{t_th * 1e3:.3f}")
+    return "block parts, ms per call accelkit/torch: " + ", ".join(parts)
+
+
 async def measure(backend: ak.ComputeBackend) -> None:
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -221,6 +276,12 @@ async def measure(backend: ak.ComputeBackend) -> None:
         f" {t_ak * 1e3:.2f} ms, torch eager {t_th * 1e3:.2f} ms: {t_th / t_ak:.2f}x torch"
         " (target >= 1.0x)"
     )
+    print(f"      {line}", flush=True)
+    summary.append(line)
+    try:  # where the block's time goes: a figure, never a reason to stop the benchmark
+        line = await _block_parts(backend, torch, x, w, tx, tw, cfg)
+    except Exception as exc:
+        line = f"block parts: not measured ({type(exc).__name__}: {exc})"
     print(f"      {line}", flush=True)
     summary.append(line)
     # -- the same block captured once and replayed (issue 29 item 5) ---------------------

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -94,33 +95,181 @@ def numpy_reference(seed: int, weights: Mapping[str, np.ndarray] | None = None) 
 # ----------------------------------------------------------------------------------- the server
 
 
-class LagMeter:
-    """Lateness of a task that sleeps ``HEARTBEAT_S`` in a loop: how long the event loop was busy
-    with something else when the timer was due."""
+#: A heartbeat later than this (ms) has the stall sampler look at what every thread is doing.
+STALL_SAMPLE_MS = 3.0
+#: How often (ms) the sampler looks again while the heartbeat stays late.
+STALL_RESAMPLE_MS = 2.0
+
+# Innermost frames that mean "this thread waits" (a pool worker on its queue, a selector, a lock):
+# such a thread holds no GIL and is left out of the other threads' sites.
+_IDLE_FUNCS = frozenset(
+    {"wait", "get", "select", "poll", "_worker", "acquire", "sleep", "_wait_for_tstate_lock",
+     "epoll", "run_forever", "_run_once", "accept", "recv", "read", "readinto", "join"}
+)  # fmt: skip
+
+
+def _site(frame: Any, depth: int = 3) -> str:
+    """The ``depth`` innermost frames of a stack, innermost first: ``file:line func < ...``; an
+    import in progress shows as ``import NAME`` in place of the import machinery's frames."""
+    parts: list[str] = []
+    importing: str | None = None
+    while frame is not None and len(parts) < depth:
+        code = frame.f_code
+        if code.co_filename.startswith("<frozen importlib"):
+            if code.co_name == "_find_and_load":
+                importing = str(frame.f_locals.get("name", "?"))
+        else:
+            if importing is not None:
+                parts.append(f"import {importing}")
+                importing = None
+            parts.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return " < ".join(parts[:depth])
+
+
+class StallSampler:
+    """A watchdog thread: when the heartbeat is more than ``STALL_SAMPLE_MS`` late, it samples the
+    loop thread's stack and the other busy threads' (``sys._current_frames``), every
+    ``STALL_RESAMPLE_MS`` while the beat stays late, and counts the sites.
+
+    The loop thread's site says what kept the loop busy (a kernel built on it, a long call), or,
+    when it sits in the selector, that it was ready but waited for the GIL: then the other
+    threads' sites (a backend's worker in a long call that holds the GIL) say who held it. The
+    watchdog itself needs the GIL to sample, so a sample is taken when the holder lets go: it
+    shows where the holder was at the switch. A thread blocked in a C call (a pipe read, a wait
+    the idle list does not know) shows the Python line that made the call, as does one that
+    holds the GIL in a long C call: the sites say where, not who held the lock. Off with
+    ``ACCELKIT_SERVICE_SAMPLER=0``."""
 
     def __init__(self) -> None:
+        self.loop_sites: collections.Counter[str] = collections.Counter()
+        self.other_sites: collections.Counter[str] = collections.Counter()
+        self.samples = 0
+        self.stalls = 0
+        self._due = math.inf  # perf_counter time when the pending beat is due
+        self._beat = 0  # the pending beat's number
+        self._loop_ident = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def start(self) -> None:
+        self._loop_ident = threading.get_ident()
+        self._thread = threading.Thread(target=self._run, name="stall-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+
+    def beat_pending(self, due: float) -> None:
+        """The heartbeat sleeps until ``due``."""
+        with self._cond:
+            self._beat += 1
+            self._due = due
+            self._cond.notify()
+
+    def beat_done(self) -> None:
+        self._due = math.inf
+
+    def _run(self) -> None:
+        late_s = STALL_SAMPLE_MS / 1e3
+        again_s = STALL_RESAMPLE_MS / 1e3
+        me = threading.get_ident()
+        with self._cond:
+            while not self._stop:
+                due, beat = self._due, self._beat
+                if due == math.inf:
+                    self._cond.wait()
+                    continue
+                wait = due + late_s - time.perf_counter()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                counted = False
+                while not self._stop and self._beat == beat and self._due != math.inf:
+                    if not counted:
+                        self.stalls += 1
+                        counted = True
+                    self._sample(me)
+                    self._cond.wait(again_s)
+                while (
+                    not self._stop and self._beat == beat
+                ):  # the late beat came: wait for the next
+                    self._cond.wait()
+
+    def _sample(self, me: int) -> None:
+        frames = sys._current_frames()
+        self.samples += 1
+        loop = frames.get(self._loop_ident)
+        if loop is not None:
+            self.loop_sites[_site(loop)] += 1
+        for ident, frame in frames.items():
+            if ident in (me, self._loop_ident) or frame.f_code.co_name in _IDLE_FUNCS:
+                continue
+            name = next((t.name for t in threading.enumerate() if t.ident == ident), "?")
+            self.other_sites[f"[{name}] {_site(frame)}"] += 1
+
+    def report(self, top: int = 5) -> dict[str, Any]:
+        return {
+            "stalls": self.stalls,
+            "samples": self.samples,
+            "loop": self.loop_sites.most_common(top),
+            "others": self.other_sites.most_common(top),
+        }
+
+    def reset(self) -> None:
+        self.loop_sites.clear()
+        self.other_sites.clear()
+        self.samples = self.stalls = 0
+
+
+class LagMeter:
+    """Lateness of a task that sleeps ``HEARTBEAT_S`` in a loop: how long the event loop was busy
+    with something else when the timer was due. With a ``StallSampler``, a late beat also says
+    where the loop waited."""
+
+    def __init__(self, sampler: StallSampler | None = None) -> None:
         self.samples: collections.deque[float] = collections.deque(maxlen=200_000)
         self.since = time.perf_counter()
+        self.sampler = sampler
 
     async def run(self) -> None:
-        while True:
-            t0 = time.perf_counter()
-            await anyio.sleep(HEARTBEAT_S)
-            self.samples.append(max(0.0, time.perf_counter() - t0 - HEARTBEAT_S))
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                if sampler is not None:
+                    sampler.beat_pending(t0 + HEARTBEAT_S)
+                await anyio.sleep(HEARTBEAT_S)
+                t1 = time.perf_counter()
+                if sampler is not None:
+                    sampler.beat_done()
+                self.samples.append(max(0.0, t1 - t0 - HEARTBEAT_S))
+        finally:
+            if sampler is not None:
+                sampler.stop()
 
-    def stats(self, reset: bool = False) -> dict[str, float | int]:
+    def stats(self, reset: bool = False) -> dict[str, Any]:
         data = np.asarray(self.samples, dtype=np.float64) * 1e3
         now = time.perf_counter()
-        out: dict[str, float | int] = {"count": int(data.size), "window_s": now - self.since}
+        out: dict[str, Any] = {"count": int(data.size), "window_s": now - self.since}
         if data.size:
             out.update(
                 p50_ms=float(np.percentile(data, 50)),
                 p99_ms=float(np.percentile(data, 99)),
                 max_ms=float(data.max()),
             )
+        if self.sampler is not None:
+            out["stall_sites"] = self.sampler.report()
         if reset:
             self.samples.clear()
             self.since = now
+            if self.sampler is not None:
+                self.sampler.reset()
         return out
 
 
@@ -135,7 +284,8 @@ def create_app(backend_name: str | None = None) -> Any:
 
     name = backend_name or os.environ.get(BACKEND_ENV) or "cpu"
     state: dict[str, Any] = {}
-    meter = LagMeter()
+    sampler = None if os.environ.get("ACCELKIT_SERVICE_SAMPLER", "1") == "0" else StallSampler()
+    meter = LagMeter(sampler)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -148,6 +298,9 @@ def create_app(backend_name: str | None = None) -> Any:
             factory = backend.tensor_factory
             state["backend"] = backend
             state["weights"] = {k: factory.from_host(v) for k, v in make_weights().items()}
+            # The one-time work (imports, JIT compiles) now, off the loop, not in the first
+            # requests: what a latency-sensitive service does (docs/execution-model.md).
+            await backend.prepare()
             await backend.synchronize()
             state["startup_s"] = time.perf_counter() - t0
             async with anyio.create_task_group() as tg:
@@ -437,6 +590,23 @@ async def drive(
         )
     result.wall_s = time.perf_counter() - t_start
     return result
+
+
+def format_stall_sites(sites: Mapping[str, Any] | None) -> str:
+    """The ``stall_sites`` of ``GET /lag`` as text: where the loop thread was, and what the other
+    busy threads did, while the heartbeat was late (most-sampled first)."""
+    if not sites:
+        return "stall sites: (no sampler)"
+    lines = [
+        f"stall sites: {sites['stalls']} late beats (> {STALL_SAMPLE_MS:g} ms),"
+        f" {sites['samples']} samples"
+    ]
+    for title, key in (("loop thread", "loop"), ("other busy threads", "others")):
+        rows = sites.get(key) or []
+        if rows:
+            lines.append(f"  {title}:")
+            lines.extend(f"    {count:4d} x {site}" for site, count in rows)
+    return "\n".join(lines)
 
 
 async def server_lag(base_url: str, *, reset: bool = False) -> dict[str, Any]:

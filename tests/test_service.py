@@ -13,7 +13,8 @@ skips the others with the reason.
 Timing bounds: this suite asserts no speed, because machines are noisy, but a loop that stalls is
 the behaviour under test here. By default only a stall of 2 s or more fails (a kernel built on
 the loop's thread, say) and the p99 lag is reported; only with ``ACCELKIT_STRICT_TIMING=1`` is
-the service-level target asserted: p99 lag under 10 ms. The measured figures are always printed (``pytest -s``) and recorded as properties
+the service-level target asserted: p99 lag under 10 ms (25 ms for the in-process CPU backend,
+which shares the GIL and the cores with the loop: docs/backends/cpu.md). The measured figures are always printed (``pytest -s``) and recorded as properties
 (``--junitxml``).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -28,7 +30,14 @@ import pytest
 
 import service_app
 from accelkit._core.env import env_flag
-from service_app import ServerDied, ServiceServer, drive, numpy_reference, server_lag
+from service_app import (
+    ServerDied,
+    ServiceServer,
+    drive,
+    format_stall_sites,
+    numpy_reference,
+    server_lag,
+)
 
 REQUESTS = 32
 CONCURRENCY = 16
@@ -38,6 +47,10 @@ TIME_LIMIT_S = 150.0
 REQUEST_TIMEOUT_S = 90.0
 
 STRICT_P99_MS = 10.0
+#: The in-process CPU backend's p99 under this load: it computes on the server's own process,
+#: sharing the GIL (the 5 ms switch interval) and the cores (BLAS's threads) with the loop, so it
+#: promises this, not 10 ms (docs/backends/cpu.md); ``isolate=True`` ("isolated:cpu") does.
+IN_PROCESS_CPU_P99_MS = 25.0
 LOOSE_MAX_MS = 2000.0
 #: The stall bound for a device that computes on the host's own cores (see below).
 HOST_DEVICE_MAX_MS = 10000.0
@@ -107,7 +120,9 @@ def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServiceS
             ("PYOPENCL_CACHE_DIR", "pyopencl"),
         )
     }
-    server = ServiceServer(name, env=env)
+    # ready_timeout: the lifespan runs backend.prepare() (cold caches: the CPU JIT's compile and
+    # check, OpenCL's kernel variants verified in child processes, 76 s on 2 loaded cores)
+    server = ServiceServer(name, env=env, ready_timeout=300.0)
     try:  # the finally also covers a failure inside start()
         try:
             server.start()
@@ -136,7 +151,7 @@ async def test_service_answers_right_and_keeps_loop_responsive(
                 break
             await anyio.sleep(0.05)
     died = service.describe_exit()
-    lag: dict[str, float] = {}
+    lag: dict[str, Any] = {}
     if died is None:
         try:
             lag = await server_lag(service.base_url)
@@ -156,6 +171,8 @@ async def test_service_answers_right_and_keeps_loop_responsive(
     )
     if result.health_errors:
         summary += f"; {len(result.health_errors)} /health errors: {result.health_errors[:3]}"
+    if lag:  # where the loop waited (the server's stall sampler), in every report
+        summary += "\n" + format_stall_sites(lag.get("stall_sites"))
     print(summary)
     record_property("service_summary", summary)
     for key in ("p50_ms", "p99_ms", "max_ms"):
@@ -180,9 +197,8 @@ async def test_service_answers_right_and_keeps_loop_responsive(
             )
     assert lag.get("count", 0) > 0, f"the heartbeat recorded nothing\n{summary}"
     if env_flag("ACCELKIT_STRICT_TIMING"):
-        assert lag["p99_ms"] < STRICT_P99_MS, (
-            f"server loop p99 lag >= {STRICT_P99_MS} ms\n{summary}"
-        )
+        target = IN_PROCESS_CPU_P99_MS if service.backend_name == "cpu" else STRICT_P99_MS
+        assert lag["p99_ms"] < target, f"server loop p99 lag >= {target} ms\n{summary}"
     elif lag["p99_ms"] >= STRICT_P99_MS:
         # Reported, not asserted: shared CI cores make the p99 noisy (ACCELKIT_STRICT_TIMING=1
         # asserts it where the machine is quiet enough to mean something).

@@ -47,7 +47,7 @@ TAILN=20 step conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit
 # the fuzz properties run under one event loop each (one_loop): every property, once
 TAILN=20 step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 $PY -m pytest --pyargs accelkit.testing.test_fuzz --accelkit-backend cuda -x -q -p no:cacheprovider
 cd "$ROOT"
-TAILN=12 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_service.py -v -s -p no:cacheprovider -rfE
+TAILN=40 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_service.py -v -s -p no:cacheprovider -rfE
 TAILN=12 step demo 120 $PY -m accelkit demo
 step doctor 90 $PY -m accelkit doctor
 TAILN=16 step bench 120 $PY benchmarks/bench_cuda.py

@@ -194,10 +194,13 @@ class CUDABackend(QueuedBackend[CUDAStream]):
 
         flash2 = self._flash2 = Flash2Attention(self, props)
         decode = self._flash_decode = FlashDecode(self, props)
+        fast = getattr(opened.tensor, "fast", None)  # the raw elementwise kernels
         async with anyio.create_task_group() as tg:  # the NVRTC compiles side by side
             tg.start_soon(self.fused.load)
             tg.start_soon(flash2.load)  # compiled, checked on the device (a child), loaded
             tg.start_soon(decode.load)  # the same
+            if fast is not None:  # not at the first add of a request (docs/backends/cuda.md)
+                tg.start_soon(fast.load)
         if opened.capabilities is not None:  # which kernel serves f16/bf16 attention, and why
             caps = opened.capabilities
             extra = {

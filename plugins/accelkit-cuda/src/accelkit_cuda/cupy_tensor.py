@@ -517,6 +517,7 @@ def warm_up() -> None:
         x = cp.ones((4, 8), dtype)
         w = cp.ones((8, 8), dtype)
         out = cp.empty((4, 8), dtype)
+        out.fill(0)  # zeros, ones, full
         matmul(x, w, out)
         linear(x, w, None, out)
         for op in ("add", "sub", "mul", "div", "maximum"):
@@ -529,7 +530,25 @@ def warm_up() -> None:
         softmax(x, 1, out, False)
         layer_norm(x, w[0], w[1], 1e-5, out)
         rms_norm(x, w[0], 1e-6, out)
-    rng = cp.random.default_rng(0)  # uniform and normal (factory_kernels: random)
-    rng.random(8, dtype=cp.float32)
-    rng.standard_normal(8, dtype=cp.float32)
+    # The reductions of softmax and the norms at rows of each length class: CuPy picks a
+    # reduction kernel's launch configuration (with its CUB accelerator, the block size: 32
+    # threads up to rows of 128, 512 from 2048) from the row length, and builds a kernel per
+    # configuration, so the (4, 8) rows above leave the rows of real work cold. F32: where
+    # softmax and the norms compute (f16/bf16 are computed in f32).
+    for cols in (256, 512, 1024, 4096):  # CUB blocks of 64, 128, 256, 512 threads
+        x = cp.ones((2, cols), cp.float32)
+        out = cp.empty_like(x)
+        softmax(x, 1, out, False)
+        softmax(x, 1, out, True)
+        layer_norm(x, x[0], x[1], 1e-5, out)
+        rms_norm(x, x[0], 1e-6, out)
+        for op in ("sum", "mean", "max", "min"):
+            reduce(op, x, (1,), True, cp.empty((2, 1), cp.float32))
+    # uniform and normal as factory_kernels.random draws them: a generator per draw (its
+    # state's init kernel), the draw, then the scale and the offset in place
+    for draw in ("random", "standard_normal"):
+        rng = cp.random.default_rng(0)
+        x = getattr(rng, draw)(8, dtype=cp.float32)
+        x *= 2.0
+        x += 1.0
     cp.cuda.get_current_stream().synchronize()

@@ -150,6 +150,21 @@ class ElementwiseProgram:
             self._started = True
         threading.Thread(target=self._compile, name="accelkit-cuda-ew-compile", daemon=True).start()
 
+    async def load(self) -> None:
+        """Compile (on a worker thread) and load (on the submission thread) now, and return
+        once the kernels are loaded or have failed: ``initialize`` awaits it beside the fused
+        program, so the first request's compile (NVRTC, the disk cache's reads, the module
+        load: milliseconds to seconds of a thread that competes for the interpreter lock)
+        happens before the service serves. Nothing if :meth:`start` ran already."""
+        import anyio
+
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        await anyio.to_thread.run_sync(self._compile)
+        await self._backend.thread.call(lambda: None)  # after the load _compile queued
+
     def _compile(self) -> None:
         from accelkit_cuda.nvrtc import compile_cached
 

@@ -23,6 +23,15 @@ Array = np.ndarray[Any, Any]
 _SQRT_2_OVER_PI = 0.7978845608028654
 
 
+def preload() -> None:
+    """Import now what these bodies import on first use (SciPy's special functions, for erf and
+    the exact GELU): a backend's ``prepare`` calls it, so that no first request imports (an
+    import holds the GIL for a fraction of a second)."""
+    import importlib
+
+    importlib.import_module("scipy.special")
+
+
 def _erf(x: Array) -> Array:
     from scipy.special import erf  # type: ignore[import-untyped]  # SciPy ships no types
 

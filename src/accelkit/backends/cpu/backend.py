@@ -54,10 +54,17 @@ class CPUBackend(StreamBackend[HostStream]):
         )
 
     async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
-        """Compile and check the CPU JIT kernels now, on a worker thread (the loop stays free),
-        rather than in the background on first need; None when all are ready (or the JIT is off
-        on purpose), else a note on those left out (NumPy's code runs for them)."""
+        """Import what the kernels import on first use (SciPy's special functions: erf, exact
+        GELU) and compile and check the CPU JIT kernels now, on a worker thread, rather than in
+        the background on first need: an import or a Numba compile holds the GIL, which this
+        backend shares with the event loop, for up to seconds. None when all are ready (or the
+        JIT is off on purpose), else a note on those left out (NumPy's code runs for them)."""
+        import anyio
+
+        from accelkit._core.host_kernels.elementwise import preload
+
         self.check_ready()
+        await anyio.to_thread.run_sync(preload)
         return await JIT.prepare(progress)
 
     # -- streams ----------------------------------------------------------------------------------
