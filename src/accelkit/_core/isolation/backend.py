@@ -78,6 +78,9 @@ MAX_RESTARTS = 5
 #: ... within this many seconds.
 RESTART_WINDOW = 60.0
 _STDERR_LINES = 60
+#: The socket buffers asked for on both ends (the system may give less): the writes of the
+#: event loop's thread do not wait for the worker to read.
+_SOCK_BUF = 4 << 20
 #: Queued messages are written once this many wait (see ``_Link.call``).
 _BATCH = 64
 _READY = LifecycleState.READY
@@ -217,6 +220,9 @@ class _Link:
         finally:
             os.close(fd)
             theirs.close()
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):  # a batch is written without waiting
+            with contextlib.suppress(OSError):
+                ours.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
         self.conn = Connection(ours.detach())
         self.lock = threading.Lock()  # sends, positions, the queued messages
         self.queued: list[Any] = []
@@ -234,7 +240,7 @@ class _Link:
         )
         self.fault: WorkerLostError | None = None
         self.closing = False
-        self.last_progress = time.monotonic()
+        self.last_progress = self.last_ping = time.monotonic()
         self.deadline = owner.deadline
         self.flush_wake = threading.Condition(self.lock)
         self.flush_scheduled = False
@@ -419,6 +425,9 @@ class _Link:
             self.lost(None, cause="")
 
     def _watch(self) -> None:
+        """The hang watchdog: work pending without progress for ``deadline`` seconds is a hang.
+        While idle, the worker is pinged every ``deadline / 2`` seconds (at most 30 s): an
+        unanswered ping is pending work, so a worker that hangs while idle is found too."""
         while not self.closing and self.fault is None:
             deadline = self.deadline
             time.sleep(min(0.25, deadline / 4) if deadline else 0.25)
@@ -429,6 +438,10 @@ class _Link:
             )
             now = time.monotonic()
             if not busy:
+                if deadline and not self.requests and now - self.last_ping >= min(deadline / 2, 30):
+                    self.last_ping = now
+                    with contextlib.suppress(Exception):  # a fault: the reader says so
+                        self.request("ping")
                 self.last_progress = now
             elif deadline and now - self.last_progress > deadline:
                 self.lost(

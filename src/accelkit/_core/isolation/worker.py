@@ -45,7 +45,6 @@ def main() -> None:
     by the user's process with one end of a socket pair as FD and its stderr sent to a file."""
     import json
     import signal
-    import socket
     from multiprocessing.connection import Connection
 
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
@@ -53,6 +52,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     faulthandler.enable()
     sock = socket.socket(fileno=fd)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
     conn = Connection(sock.detach())
 
     def watch_parent() -> None:
@@ -524,6 +526,8 @@ class _Worker:
         from accelkit._core.isolation.proto import map_segment
 
         b = self.backend
+        if what == "ping":  # the user's process checks that an idle worker still answers
+            return None
         if what == "open":
             return await self.open(*args)
         mm = b.memory_manager
