@@ -167,6 +167,7 @@ class _Worker:
         self.send_lock = threading.Lock()
         self.closing = False
         self.tg: Any = None
+        self.cur_sid: int | None = None
         self.rsock: Any = None
         self.rbuf = bytearray()
         self.outbox: list[Any] | None = None
@@ -413,14 +414,22 @@ class _Worker:
                     self._watch(touched)
                 self.flush_out()
 
+    def _use(self, sid: int) -> None:
+        """Make the real stream of ``sid`` current for the calls that follow (the loop's task
+        keeps it; set only when it changes, not per call as ``use_stream`` would)."""
+        self.backend.check_ready()
+        if sid != self.cur_sid:
+            self.backend._stream_var.set(self.streams[sid])
+            self.cur_sid = sid
+
     async def handle(self, msg: Any, touched: set[int]) -> bool:
         op = msg[0]
         if op == "c":  # a kernel call: ("c", sid, seq, kind, name, args, kwargs)
             _, sid, seq, kind, name, args, kwargs = msg
             err = None
             try:
-                with self.backend.use_stream(self.streams[sid]):
-                    getattr(self.objs[kind], name)(*args, **kwargs)
+                self._use(sid)
+                getattr(self.objs[kind], name)(*args, **kwargs)
             except BaseException as exc:
                 err = exc
             self._track(sid, seq, err)
@@ -428,8 +437,8 @@ class _Worker:
         elif op == "e":  # ("e", tid, bid, shape, dtype, kind, sid)
             _, tid, bid, shape, dtype, kind, sid = msg
             try:
-                with self.backend.use_stream(self.streams[sid]):
-                    t = self.objs[kind].empty(shape, dtype)
+                self._use(sid)
+                t = self.objs[kind].empty(shape, dtype)
                 self.tensors[tid] = t
                 self.bufs[bid] = t._buffer
             except BaseException as exc:
@@ -587,6 +596,7 @@ class _Worker:
         await b.initialize(device)
         self.backend = b
         self.streams = {0: b.default_stream}
+        self.cur_sid = None
         tensor = b.tensor_ops.kernels
         factory = b.tensor_factory.kernels
         fused = b.kernel_ops.kernels
@@ -628,6 +638,7 @@ class _Worker:
             self.streams = {}
             self.objs = {}
             self.backend = None
+            self.cur_sid = None
             if not keep:
                 self.closing = True
                 self.wake.notify()
