@@ -82,7 +82,7 @@ _STDERR_LINES = 60
 #: event loop's thread do not wait for the worker to read.
 _SOCK_BUF = 4 << 20
 #: Queued messages are written once this many wait (see ``_Link.call``).
-_BATCH = 64
+_BATCH = 256
 _READY = LifecycleState.READY
 
 
