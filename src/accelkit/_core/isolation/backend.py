@@ -4,14 +4,18 @@
 facades (validation and shape inference run here, as for every backend); below them, the
 kernel objects, memory kernels, executor and streams of this backend's ``Opened`` record are
 proxies that send each call to the worker (:mod:`accelkit._core.isolation.worker`), where the
-real backend is opened. A tensor here holds a handle naming the worker's tensor; a call is sent
-at once, in order, without waiting for a reply, and gets a position on its proxy stream; the
-worker reports positions as the real work completes, and awaits wait for those. Host transfers
-of at least :data:`~accelkit._core.isolation.proto.SHM_THRESHOLD` bytes go through a
-shared-memory segment; smaller ones are pickled.
+real backend is opened. A tensor here holds a handle naming the worker's tensor; a call is
+queued in order, without waiting for a reply, and gets a position on its proxy stream; the queue
+is written when the event loop next turns (or every :data:`_BATCH` messages); the worker reports
+positions as the real work completes, and awaits wait for those. A read is written at once with
+the positions of its writers: the worker waits for them and answers with their completion and
+the data together (one round trip). Host transfers of at least
+:data:`~accelkit._core.isolation.proto.SHM_THRESHOLD` bytes go through a shared-memory segment;
+smaller ones are pickled.
 
 When the worker dies (a signal, an abort), reports a sticky device error, or makes no progress
-for ``deadline`` seconds while work is pending, every pending await raises
+for ``deadline`` seconds while work is pending (an idle worker is pinged, so that counts too),
+every pending await raises
 :class:`~accelkit.errors.WorkerLostError` naming the cause and the worker's last stderr lines,
 the backend fails (its components say why), every handle from before goes stale (the
 generation grows), and ``await backend.recover()`` starts a new worker (rate-limited). With
@@ -1073,7 +1077,9 @@ class IsolatedBackend(StreamBackend[IsoStream]):
     (see the module docstring). Its ``name`` is the inner backend's; :attr:`isolated` is true.
 
     ``deadline``: seconds without progress, while work is pending, after which the worker
-    counts as hung and is killed (``ACCELKIT_ISOLATE_DEADLINE_S``, default 300; 0: never).
+    counts as hung and is killed (``ACCELKIT_ISOLATE_DEADLINE_S``, default 300; 0: never);
+    while idle, the worker is pinged every ``deadline / 2`` seconds (at most 30), so that a
+    worker that hangs while idle is found too.
     ``auto_recover``: start a new worker by itself after a fault (within the rate limit).
     """
 
