@@ -278,21 +278,22 @@ async def test_hung_worker_past_the_deadline(anyio_backend: str) -> None:
 async def test_idle_hung_worker_is_found(anyio_backend: str) -> None:
     """A worker that stops answering while nothing is pending is found by the idle ping within
     about the deadline, without any work submitted."""
-    b = IsolatedBackend("cpu", deadline=1.0)
+    deadline = 3.0  # pinged every 1.5 s; a loaded machine answers well within 3 s
+    b = IsolatedBackend("cpu", deadline=deadline)
     await b.initialize()
     try:
         pid = b.worker_pid
         assert pid is not None
         t = b.tensor_factory.from_host(np.arange(8, dtype=np.float32))
         await t.to_host()
-        await anyio.sleep(1.5)  # idle past the deadline: the pings keep it healthy
+        await anyio.sleep(deadline + 0.5)  # idle past the deadline: answered pings keep it
         assert b.is_ready
         os.kill(pid, signal.SIGSTOP)  # hung: alive, but it answers nothing
         t0 = time.monotonic()
-        with anyio.fail_after(20):
+        with anyio.fail_after(30):
             while b.is_ready:  # noqa: ASYNC110 - the fault is noticed on another thread
                 await anyio.sleep(0.05)
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 3 * deadline  # a ping's interval, then the deadline
         assert b.last_fault is not None
         assert b.last_fault.cause == "hang"
         with pytest.raises(StaleHandleError):
