@@ -247,8 +247,10 @@ class _Worker:
             if last:
                 msgs.append(("d", sid, last, errs))
         if fatal is not None:  # the context is gone: nothing after it can be trusted
+            out = self.outbox if threading.get_ident() == self.loop_ident else None
+            self.outbox = None
             with contextlib.suppress(OSError, ValueError):
-                self.send(("F", fatal))
+                self._write([*(out or ()), ("F", fatal)])  # written now: the worker ends here
             sys.stderr.write(f"accelkit isolated worker: {fatal}\n")
             sys.stderr.flush()
             os._exit(4)
@@ -334,7 +336,7 @@ class _Worker:
             self._report(done)
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _recv(self) -> list[memoryview]:
+    def _recv(self) -> list[bytes]:
         """The complete frames (``Connection.send_bytes``'s: a 4-byte big-endian length, or -1
         and an 8-byte one) that can be read now, without blocking; a partial one is kept."""
         buf = self.rbuf
@@ -370,7 +372,7 @@ class _Worker:
         view.release()
         if at:
             del buf[:at]
-        return frames  # type: ignore[return-value]
+        return frames
 
     async def serve(self) -> None:
         import anyio
