@@ -1129,6 +1129,7 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         self.worker_used_at_shutdown: int | None = None
         self._sids = itertools.count(1)
         self._loop: tuple[Callable[[], bool], Callable[[Callable[[], None]], Any]] | None = None
+        self._recover_thread: threading.Thread | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
     def _device_count(self) -> int:
@@ -1150,8 +1151,8 @@ class IsolatedBackend(StreamBackend[IsoStream]):
 
     async def _initialize(self, device: Device) -> Opened[IsoStream]:
         self._device_for_open = device
-        if self._loop is None:  # the loop that opened it (not auto_recover's own)
-            self._loop = _loop_binding()
+        if self._loop is None or threading.current_thread() is not self._recover_thread:
+            self._loop = _loop_binding()  # the loop that opens it (not auto_recover's own)
         link = _take_spare(self)
         if link is None:
             link = await anyio.to_thread.run_sync(_Link, self)
@@ -1241,8 +1242,12 @@ class IsolatedBackend(StreamBackend[IsoStream]):
             threading.Thread(target=self._recover_blocking, daemon=True).start()
 
     def _recover_blocking(self) -> None:
-        with contextlib.suppress(Exception):
-            anyio.run(self.recover)
+        self._recover_thread = threading.current_thread()
+        try:
+            with contextlib.suppress(Exception):
+                anyio.run(self.recover)
+        finally:
+            self._recover_thread = None
 
     async def recover(self) -> None:
         """Start a new worker after a fault and reopen the device in it: every tensor, stream,
