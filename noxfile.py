@@ -145,7 +145,7 @@ SHARES: dict[str, float] = {
     # 441 s in a whole `.ci/run` on 2 cores (2026-11-27; 578 s on a loaded dev VM). A worker
     # process per backend, reused from test to test (ACCELKIT_ISOLATE_SPARE)
     "conformance[isolated:cpu]": 450,
-    # a subset (ISOLATED_OPENCL_TESTS); see CONTRIBUTING.md
+    # a subset (ISOLATED_OPENCL_TESTS): 110 s alone on a loaded dev VM (2026-11-27)
     "conformance[isolated:opencl]": 300,
     "conformance[example]": 120,
     "plugin accelkit-webgpu": 90,
