@@ -145,6 +145,8 @@ SHARES: dict[str, float] = {
     # 441 s in a whole `.ci/run` on 2 cores (2026-11-27; 578 s on a loaded dev VM). A worker
     # process per backend, reused from test to test (ACCELKIT_ISOLATE_SPARE)
     "conformance[isolated:cpu]": 450,
+    # a subset (ISOLATED_OPENCL_TESTS): 110 s alone on a loaded dev VM (2026-11-27)
+    "conformance[isolated:opencl]": 300,
     "conformance[example]": 120,
     "plugin accelkit-webgpu": 90,
     "plugin accelkit-cuda": 90,
@@ -271,6 +273,15 @@ DASK_PART_TIMEOUT_S = 3600.0
 #: on the CPU (PoCL) or run on a software adapter (llvmpipe), so that neither is left alone at the
 #: end of the run on one core.
 SHARDS = {"opencl": 2, "webgpu": 2}
+#: The conformance modules run on the isolated form of OpenCL (``ACCELKIT_TEST_ISOLATE=1``):
+#: what crosses the worker's pipe in every way (lifecycle, streams and events, memory and
+#: transfers, concurrency and cancellation), without the op modules, which compile one PoCL
+#: kernel after another and are the same code below the pipe as in conformance[opencl].
+ISOLATED_OPENCL_TESTS = (
+    "src/accelkit/testing/test_backend.py",
+    "src/accelkit/testing/test_factory.py",
+    "src/accelkit/testing/test_stress.py",
+)
 #: The device plugins the tests session installs, whose tests/ it runs as parts of their own.
 DEVICE_PLUGINS = ("accelkit-opencl", "accelkit-cuda", "accelkit-webgpu", "accelkit-dask")
 #: pytest options that take a value (so that the value is not taken for a test path).
@@ -367,6 +378,19 @@ def _test_parts(parts: Any, python: str, env: dict[str, str]) -> list[Any]:
                     timeout=DASK_PART_TIMEOUT_S if name == "dask" else None,
                 )
                 plan.insert(0, part) if part.alongside else plan.append(part)
+            if name == "opencl":  # isolated too, on a subset (the whole suite takes ~30 min)
+                plan.append(
+                    parts.Part(
+                        "conformance[isolated:opencl]",
+                        ISOLATED_OPENCL_TESTS,
+                        env={
+                            "ACCELKIT_TEST_BACKEND": name,
+                            "ACCELKIT_TEST_ISOLATE": "1",
+                            **parts.split(ISOLATED_OPENCL_TESTS, fixtures, "backend"),
+                        },
+                        skip_reason="" if backend["devices"] else f"no device: {backend['reason']}",
+                    )
+                )
             if name == "cpu":  # the CPU backend again, isolated: in a worker process
                 plan.append(
                     parts.Part(

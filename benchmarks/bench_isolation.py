@@ -10,14 +10,19 @@ Run with ``python benchmarks/bench_isolation.py [--quick] [--json PATH]``. Figur
   fresh shared-memory segment in this process, without a second process (the least a transfer
   through shared memory costs). Target: ``to_host`` at 50 % of that speed or better;
 - a 256 MiB upload (``from_host``), against the same copy;
-- the round trip of one small op (submit, await, read back 16 KiB).
+- the round trip of one small op (submit, await, read back 16 KiB);
+- the CPU time that the user's process and the worker spend per chained small op and per
+  round trip (Linux: the worker's from ``/proc/PID/stat``): steadier than wall time on a
+  machine that other jobs load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +34,13 @@ import anyio
 import numpy as np
 
 from accelkit._core.isolation.proto import Segment
+
+
+def _proc_cpu(pid: int) -> float:
+    """A process's CPU time (user and system) in seconds, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _timed(fn: Callable[[], Awaitable[float]], reps: int) -> float:
@@ -95,6 +107,20 @@ async def main(quick: bool) -> dict[str, Any]:
             med = {k: statistics.median(v) for k, v in got.items()}
             results[label] = {**med, "ratio": med["isolated"] / med["in-process"]}
 
+        pid = getattr(iso, "worker_pid", None)
+        if pid is not None and sys.platform == "linux":
+            x = xs["isolated"]
+            cpu: dict[str, float] = {}
+            for label, n, chain in (("chain", 4000, 500), ("roundtrip", 1000, 1)):
+                u0, w0 = time.process_time(), _proc_cpu(pid)
+                for _ in range(n // chain):
+                    for _ in range(chain):
+                        y = x + 1.0
+                    await y.to_host()
+                cpu[f"{label}_user_us"] = (time.process_time() - u0) / n * 1e6
+                cpu[f"{label}_worker_us"] = (_proc_cpu(pid) - w0) / n * 1e6
+            results["cpu_per_op"] = cpu
+
         host = np.random.default_rng(0).standard_normal(big // 4).astype(np.float32)
         tb = iso.tensor_factory.from_host(host)
         await tb.to_host()
@@ -145,6 +171,13 @@ def report(results: dict[str, Any]) -> None:
         print(
             f"{label:24s} in-process {r['in-process']:8.2f} us  isolated {r['isolated']:8.2f} us"
             f"  ratio {r['ratio']:.2f}x"
+        )
+    c = results.get("cpu_per_op")
+    if c:
+        print(
+            f"CPU per chained op: your process {c['chain_user_us']:.1f} us, worker"
+            f" {c['chain_worker_us']:.1f} us; per round trip: {c['roundtrip_user_us']:.0f} us,"
+            f" {c['roundtrip_worker_us']:.0f} us"
         )
     t = results["transfer_256MiB"]
     print(

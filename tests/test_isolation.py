@@ -275,6 +275,37 @@ async def test_hung_worker_past_the_deadline(anyio_backend: str) -> None:
         await b.shutdown()
 
 
+async def test_idle_hung_worker_is_found(anyio_backend: str) -> None:
+    """A worker that stops answering while nothing is pending is found by the idle ping within
+    about the deadline, without any work submitted."""
+    deadline = 3.0  # pinged every 1.5 s; a loaded machine answers well within 3 s
+    b = IsolatedBackend("cpu", deadline=deadline)
+    await b.initialize()
+    try:
+        pid = b.worker_pid
+        assert pid is not None
+        t = b.tensor_factory.from_host(np.arange(8, dtype=np.float32))
+        await t.to_host()
+        await anyio.sleep(deadline + 0.5)  # idle past the deadline: answered pings keep it
+        assert b.is_ready
+        os.kill(pid, signal.SIGSTOP)  # hung: alive, but it answers nothing
+        t0 = time.monotonic()
+        with anyio.fail_after(30):
+            while b.is_ready:  # noqa: ASYNC110 - the fault is noticed on another thread
+                await anyio.sleep(0.05)
+        assert time.monotonic() - t0 < 3 * deadline  # a ping's interval, then the deadline
+        assert b.last_fault is not None
+        assert b.last_fault.cause == "hang"
+        with pytest.raises(StaleHandleError):
+            await t.to_host()
+        _no_leak([pid])
+        with anyio.fail_after(60):
+            await b.recover()
+        await _check_recovered(b)
+    finally:
+        await b.shutdown()
+
+
 async def test_restarts_are_rate_limited(anyio_backend: str) -> None:
     b = IsolatedBackend("cpu", max_restarts=1, restart_window=600)
     await b.initialize()
@@ -308,6 +339,51 @@ async def test_auto_recover_starts_a_new_worker(anyio_backend: str) -> None:
         assert b.last_fault is not None
         assert b.last_fault.cause == "SIGKILL"
         await _check_recovered(b)
+    finally:
+        await b.shutdown()
+    _no_leak([pid])
+
+
+async def test_auto_recover_under_concurrent_use(anyio_backend: str) -> None:
+    """Several tasks computing when the worker is killed: each sees typed errors only, one new
+    worker is started, and every task then computes correctly on it."""
+    b = IsolatedBackend("cpu", auto_recover=True)
+    await b.initialize()
+    pid = b.worker_pid
+    assert pid is not None
+    seen: list[type[BaseException]] = []
+    done: list[int] = []
+    eps = float(np.finfo(np.float32).eps)
+
+    async def user(i: int) -> None:
+        a = np.random.default_rng(i).standard_normal((48, 48)).astype(np.float32)
+        while True:
+            before = b.worker_pid
+            try:
+                t = b.tensor_factory.from_host(a)
+                got = await b.tensor_ops.matmul(t, t + float(i)).to_host()
+            except (WorkerLostError, StaleHandleError, NotInitializedError) as exc:
+                seen.append(type(exc))
+                await anyio.sleep(0.01)
+                continue
+            np.testing.assert_allclose(got, a @ (a + i), rtol=48 * 8 * eps, atol=48 * 8 * eps)
+            if before not in (None, pid):  # computed by the new worker
+                done.append(i)
+                return
+            await anyio.sleep(0.001)
+
+    try:
+        with anyio.fail_after(90):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(user, i)
+                await anyio.sleep(0.3)
+                os.kill(pid, signal.SIGKILL)
+        assert sorted(done) == [0, 1, 2, 3]
+        assert seen, "no task saw the fault"
+        assert b.restarts == 1
+        assert b.last_fault is not None
+        assert b.last_fault.cause == "SIGKILL"
     finally:
         await b.shutdown()
     _no_leak([pid])

@@ -4,14 +4,18 @@
 facades (validation and shape inference run here, as for every backend); below them, the
 kernel objects, memory kernels, executor and streams of this backend's ``Opened`` record are
 proxies that send each call to the worker (:mod:`accelkit._core.isolation.worker`), where the
-real backend is opened. A tensor here holds a handle naming the worker's tensor; a call is sent
-at once, in order, without waiting for a reply, and gets a position on its proxy stream; the
-worker reports positions as the real work completes, and awaits wait for those. Host transfers
-of at least :data:`~accelkit._core.isolation.proto.SHM_THRESHOLD` bytes go through a
-shared-memory segment; smaller ones are pickled.
+real backend is opened. A tensor here holds a handle naming the worker's tensor; a call is
+queued in order, without waiting for a reply, and gets a position on its proxy stream; the queue
+is written when the event loop next turns (or every :data:`_BATCH` messages); the worker reports
+positions as the real work completes, and awaits wait for those. A read is written at once with
+the positions of its writers: the worker waits for them and answers with their completion and
+the data together (one round trip). Host transfers of at least
+:data:`~accelkit._core.isolation.proto.SHM_THRESHOLD` bytes go through a shared-memory segment;
+smaller ones are pickled.
 
 When the worker dies (a signal, an abort), reports a sticky device error, or makes no progress
-for ``deadline`` seconds while work is pending, every pending await raises
+for ``deadline`` seconds while work is pending (an idle worker is pinged, so that counts too),
+every pending await raises
 :class:`~accelkit.errors.WorkerLostError` naming the cause and the worker's last stderr lines,
 the backend fails (its components say why), every handle from before goes stale (the
 generation grows), and ``await backend.recover()`` starts a new worker (rate-limited). With
@@ -66,6 +70,7 @@ from accelkit.errors import (
 )
 from accelkit.memory import MemoryInfo, MemoryPoolConfig
 from accelkit.sdk.kernels import FactoryKernels, FusedKernels, MemoryKernels, TensorKernels
+from accelkit.sdk.tensors import pending_writes
 from accelkit.tensor import Tensor
 
 __all__ = ["IsolatedBackend", "IsoStream"]
@@ -77,6 +82,11 @@ MAX_RESTARTS = 5
 #: ... within this many seconds.
 RESTART_WINDOW = 60.0
 _STDERR_LINES = 60
+#: The socket buffers asked for on both ends (the system may give less): the writes of the
+#: event loop's thread do not wait for the worker to read.
+_SOCK_BUF = 4 << 20
+#: Queued messages are written once this many wait (see ``_Link.call``).
+_BATCH = 256
 _READY = LifecycleState.READY
 
 
@@ -155,6 +165,38 @@ def _fresh(exc: BaseException) -> BaseException:
     return exc
 
 
+def _never() -> bool:
+    return False
+
+
+def _ignore(_fn: Callable[[], None]) -> None:
+    return None
+
+
+def _loop_binding() -> tuple[Callable[[], bool], Callable[[Callable[[], None]], Any]]:
+    """For the running event loop: a cheap test that the caller runs on it, and how to
+    schedule a callback there from its own thread."""
+    import sniffio
+
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+
+        def on_trio() -> bool:
+            try:
+                return trio.lowlevel.current_trio_token() is token
+            except RuntimeError:
+                return False
+
+        return on_trio, token.run_sync_soon
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    get_loop = asyncio._get_running_loop
+    return (lambda: get_loop() is loop), loop.call_soon
+
+
 class _Link:
     """The pipe to one worker process, its reader and watchdog threads, and its fault state."""
 
@@ -182,6 +224,9 @@ class _Link:
         finally:
             os.close(fd)
             theirs.close()
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):  # a batch is written without waiting
+            with contextlib.suppress(OSError):
+                ours.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
         self.conn = Connection(ours.detach())
         self.lock = threading.Lock()  # sends, positions, the queued messages
         self.queued: list[Any] = []
@@ -199,9 +244,12 @@ class _Link:
         )
         self.fault: WorkerLostError | None = None
         self.closing = False
-        self.last_progress = time.monotonic()
+        self.last_progress = self.last_ping = time.monotonic()
         self.deadline = owner.deadline
         self.flush_wake = threading.Condition(self.lock)
+        self.flush_scheduled = False
+        self.on_loop: Callable[[], bool] = _never
+        self.call_soon: Callable[[Callable[[], None]], Any] = _ignore
         self.flusher = threading.Thread(
             target=self._flusher, daemon=True, name="accelkit-iso-flusher"
         )
@@ -231,10 +279,30 @@ class _Link:
             self._check_locked()
             self._queue_locked(msg)
 
+    def bind_loop(
+        self, binding: tuple[Callable[[], bool], Callable[[Callable[[], None]], Any]]
+    ) -> None:
+        """Flush from this event loop (``binding``: whether the caller runs on it, and how to
+        schedule a callback there, see :func:`_loop_binding`)."""
+        self.on_loop, self.call_soon = binding
+
+    def _loop_flush(self) -> None:
+        self.flush_scheduled = False
+        with contextlib.suppress(Exception):  # a fault: the awaits say so
+            self.flush()
+
     def _queue_locked(self, msg: Any) -> None:
         queued = self.queued
         if not queued:
-            self.flush_wake.notify()
+            # The first message of a batch: on the event loop, the batch is written when the
+            # loop next turns (after the current task yields, or at its await: one write for a
+            # submission and its read); elsewhere by the flusher thread.
+            if self.on_loop():
+                if not self.flush_scheduled:
+                    self.flush_scheduled = True
+                    self.call_soon(self._loop_flush)
+            else:
+                self.flush_wake.notify()
         # A handle's death goes in the order it happened: after what was queued before it (a
         # view queued earlier may still name it), before what follows (a reused block is new).
         if self.drops or self.buf_drops:
@@ -290,12 +358,15 @@ class _Link:
             self._flush_locked()
 
     def call(self, stream: IsoStream, msg_tail: tuple[Any, ...], op: str = "c") -> int:
-        """Queue a call on ``stream``; returns its position there."""
+        """Queue a call on ``stream``; returns its position there (written with the next
+        batch, see :meth:`_queue_locked`, or at once when :data:`_BATCH` messages wait)."""
         with self.lock:
             self._check_locked()
             seq = stream.submitted + 1
             self._queue_locked((op, stream.sid, seq, *msg_tail))
             stream.submitted = seq
+            if len(self.queued) >= _BATCH:
+                self._flush_locked()
             return seq
 
     def request(self, what: str, *args: Any) -> _Pending:
@@ -335,27 +406,32 @@ class _Link:
             except (EOFError, OSError):
                 break
             self.last_progress = time.monotonic()
-            msg = pickle.loads(data)
-            kind = msg[0]
-            if kind == "D":
-                for _, sid, seq, errs in msg[1]:
-                    stream = self.streams.get(sid)
-                    if stream is not None:
-                        stream.complete(seq, [(s, decode_error(e, stream.name)) for s, e in errs])
-            elif kind == "r":
-                _, req, ok, value = msg
-                pending = self.requests.pop(req, None)
-                self.slow.discard(req)
-                if pending is not None:
-                    err = None if ok else decode_error(value, f"the {self.owner.name} worker")
-                    pending.settle(ok, value if ok else None, err)
-            elif kind == "F":
-                self.lost(f"a sticky device error: {msg[1]}", cause=msg[1], kill=True)
-                return
+            for msg in pickle.loads(data):  # a list: what one batch of the worker sent
+                kind = msg[0]
+                if kind == "D":
+                    for _, sid, seq, errs in msg[1]:
+                        stream = self.streams.get(sid)
+                        if stream is not None:
+                            stream.complete(
+                                seq, [(s, decode_error(e, stream.name)) for s, e in errs]
+                            )
+                elif kind == "r":
+                    _, req, ok, value = msg
+                    pending = self.requests.pop(req, None)
+                    self.slow.discard(req)
+                    if pending is not None:
+                        err = None if ok else decode_error(value, f"the {self.owner.name} worker")
+                        pending.settle(ok, value if ok else None, err)
+                elif kind == "F":
+                    self.lost(f"a sticky device error: {msg[1]}", cause=msg[1], kill=True)
+                    return
         if not self.closing:
             self.lost(None, cause="")
 
     def _watch(self) -> None:
+        """The hang watchdog: work pending without progress for ``deadline`` seconds is a hang.
+        While idle, the worker is pinged every ``deadline / 2`` seconds (at most 30 s): an
+        unanswered ping is pending work, so a worker that hangs while idle is found too."""
         while not self.closing and self.fault is None:
             deadline = self.deadline
             time.sleep(min(0.25, deadline / 4) if deadline else 0.25)
@@ -366,6 +442,10 @@ class _Link:
             )
             now = time.monotonic()
             if not busy:
+                if deadline and not self.requests and now - self.last_ping >= min(deadline / 2, 30):
+                    self.last_ping = now
+                    with contextlib.suppress(Exception):  # a fault: the reader says so
+                        self.request("ping")
                 self.last_progress = now
             elif deadline and now - self.last_progress > deadline:
                 self.lost(
@@ -836,8 +916,18 @@ class _ProxyExecutor(KernelExecutor):
         self._link.send(("q", 0, "unload_kernel", handle))
 
 
+def _writes(tensor: Tensor | None, buffer: DeviceBuffer) -> list[tuple[IsoStream, int]]:
+    """The positions a read of ``tensor`` (or of ``buffer``) waits for."""
+    if tensor is not None:
+        return pending_writes(tensor)  # type: ignore[return-value]
+    return [buffer.last_write] if buffer.last_write is not None else []
+
+
 class _ProxyMemoryKernels(MemoryKernels):
-    wait_for_writers = True
+    # A read is sent at once with the positions of its writers; the worker waits for those and
+    # reports them before it answers, so a read after a submission is one round trip. The
+    # writers' errors are then raised here as on any stream.
+    wait_for_writers = False
 
     def __init__(self, backend: IsolatedBackend, link: _Link, pool: _ProxyPool) -> None:
         super().__init__(backend, pool)
@@ -876,18 +966,41 @@ class _ProxyMemoryKernels(MemoryKernels):
                 seg.unlink()
                 self._link.segments.discard(seg)
 
+    async def _ask_read(self, writes: list[tuple[IsoStream, int]], *args: Any) -> Any:
+        pending = self._link.request(
+            *args,
+            [(s.sid, q) for s, q in writes if s.completed < q],
+        )
+        if not pending.done.is_set():
+            await wait_for_callback(pending.add)
+        for stream, seq in writes:  # reported before the answer: their errors come first
+            await stream.wait_for(seq)
+        return pending.result()
+
+    def _ask_read_blocking(self, writes: list[tuple[IsoStream, int]], *args: Any) -> Any:
+        pending = self._link.request(
+            *args,
+            [(s.sid, q) for s, q in writes if s.completed < q],
+        )
+        pending.done.wait()
+        for stream, seq in writes:
+            stream.wait_for_blocking(seq)
+        return pending.result()
+
     async def read(
         self, out: np.ndarray[Any, Any], buffer: DeviceBuffer, src: Tensor | None
     ) -> None:
         n = out.nbytes
+        cur = self._stream()
+        writes = [*_writes(src, buffer), (cur, cur.submitted)]
         if n < SHM_THRESHOLD:
-            data = await self._link.ask("readb", buffer, src, n, None)
+            data = await self._ask_read(writes, "readb", buffer, src, n, None)
             out[...] = data
             return
         seg = Segment(n)
         self._link.segments.add(seg)
         try:
-            await self._link.ask("readb", buffer, src, n, seg.path)
+            await self._ask_read(writes, "readb", buffer, src, n, seg.path)
             await anyio.to_thread.run_sync(np.copyto, out, seg.array())
         finally:
             seg.unlink()
@@ -912,13 +1025,17 @@ class _ProxyMemoryKernels(MemoryKernels):
 
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         n = tensor.nbytes
+        writes = pending_writes(tensor)
         if n < SHM_THRESHOLD:
-            arr: np.ndarray[Any, Any] = await self._link.ask("read", tensor, None)
+            arr: np.ndarray[Any, Any] = await self._ask_read(
+                writes,  # type: ignore[arg-type]
+                "read", tensor, None,
+            )  # fmt: skip
             return arr
         seg = Segment(n)
         self._link.segments.add(seg)
         try:
-            await self._link.ask("read", tensor, seg.path)
+            await self._ask_read(writes, "read", tensor, seg.path)  # type: ignore[arg-type]
         finally:
             seg.unlink()
             self._link.segments.discard(seg)
@@ -926,13 +1043,14 @@ class _ProxyMemoryKernels(MemoryKernels):
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         n = tensor.nbytes
+        writes: Any = pending_writes(tensor)
         if n < SHM_THRESHOLD:
-            arr: np.ndarray[Any, Any] = self._link.ask_blocking("read", tensor, None)
+            arr: np.ndarray[Any, Any] = self._ask_read_blocking(writes, "read", tensor, None)
             return arr
         seg = Segment(n)
         self._link.segments.add(seg)
         try:
-            self._link.ask_blocking("read", tensor, seg.path)
+            self._ask_read_blocking(writes, "read", tensor, seg.path)
         finally:
             seg.unlink()
             self._link.segments.discard(seg)
@@ -959,7 +1077,9 @@ class IsolatedBackend(StreamBackend[IsoStream]):
     (see the module docstring). Its ``name`` is the inner backend's; :attr:`isolated` is true.
 
     ``deadline``: seconds without progress, while work is pending, after which the worker
-    counts as hung and is killed (``ACCELKIT_ISOLATE_DEADLINE_S``, default 300; 0: never).
+    counts as hung and is killed (``ACCELKIT_ISOLATE_DEADLINE_S``, default 300; 0: never);
+    while idle, the worker is pinged every ``deadline / 2`` seconds (at most 30), so that a
+    worker that hangs while idle is found too.
     ``auto_recover``: start a new worker by itself after a fault (within the rate limit).
     """
 
@@ -1008,6 +1128,8 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         #: The worker's ``memory_info().used`` when it was last shut down (None before).
         self.worker_used_at_shutdown: int | None = None
         self._sids = itertools.count(1)
+        self._loop: tuple[Callable[[], bool], Callable[[Callable[[], None]], Any]] | None = None
+        self._recover_thread: threading.Thread | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
     def _device_count(self) -> int:
@@ -1029,9 +1151,12 @@ class IsolatedBackend(StreamBackend[IsoStream]):
 
     async def _initialize(self, device: Device) -> Opened[IsoStream]:
         self._device_for_open = device
+        if self._loop is None or threading.current_thread() is not self._recover_thread:
+            self._loop = _loop_binding()  # the loop that opens it (not auto_recover's own)
         link = _take_spare(self)
         if link is None:
             link = await anyio.to_thread.run_sync(_Link, self)
+        link.bind_loop(self._loop)
         try:
             with anyio.CancelScope(shield=False):
                 info = await link.ask("open", self.inner, str(device), self._pool_config)
@@ -1117,8 +1242,12 @@ class IsolatedBackend(StreamBackend[IsoStream]):
             threading.Thread(target=self._recover_blocking, daemon=True).start()
 
     def _recover_blocking(self) -> None:
-        with contextlib.suppress(Exception):
-            anyio.run(self.recover)
+        self._recover_thread = threading.current_thread()
+        try:
+            with contextlib.suppress(Exception):
+                anyio.run(self.recover)
+        finally:
+            self._recover_thread = None
 
     async def recover(self) -> None:
         """Start a new worker after a fault and reopen the device in it: every tensor, stream,

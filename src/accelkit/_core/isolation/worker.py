@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import io
 import os
 import pickle
+import socket
+import struct
 import sys
 import threading
 import time
@@ -26,6 +29,9 @@ from collections import deque
 from typing import Any
 
 __all__ = ["main", "ref_buffer", "ref_tensor"]
+
+_HEAD = struct.Struct("!i")
+_HEAD8 = struct.Struct("!Q")
 
 #: The optional TensorKernels methods whose overriding the worker reports.
 _OPTIONAL = (
@@ -39,7 +45,6 @@ def main() -> None:
     by the user's process with one end of a socket pair as FD and its stderr sent to a file."""
     import json
     import signal
-    import socket
     from multiprocessing.connection import Connection
 
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
@@ -47,6 +52,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     faulthandler.enable()
     sock = socket.socket(fileno=fd)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
     conn = Connection(sock.detach())
 
     def watch_parent() -> None:
@@ -124,6 +132,10 @@ def _resolve_msg(w: _Worker, msg: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _add_waiter(stream: Any, pos: int, cb: Any) -> Any:
+    return stream.add_waiter(pos, cb)
+
+
 def _stale(what: str, ident: int) -> Exception:
     from accelkit.errors import StaleHandleError
 
@@ -132,6 +144,9 @@ def _stale(what: str, ident: int) -> Exception:
 
 #: The messages whose references are resolved before they are handled.
 _RESOLVED = frozenset({"c", "cp", "we", "q", "f"})
+#: The requests that read the device's memory: the user's process sends them at once, with the
+#: positions of their writers, and the worker waits for those (one round trip, not two).
+_READS = frozenset({"read", "readb"})
 
 
 class _Worker:
@@ -151,12 +166,36 @@ class _Worker:
         self.wake = threading.Condition(self.lock)
         self.send_lock = threading.Lock()
         self.closing = False
+        self.tg: Any = None
+        self.cur_sid: int | None = None
+        self.rsock: Any = None
+        self.rbuf = bytearray()
+        self.outbox: list[Any] | None = None
+        self.loop_ident = 0
+        self.rchunk = memoryview(bytearray(1 << 18))
+        self._pending_done: dict[int, int] = {}
+        self._waits: list[tuple[Any, int]] = []
 
     # -- sending ----------------------------------------------------------------------------------
     def send(self, msg: Any) -> None:
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        """Send ``msg``; while the loop handles a batch, with what else the batch sends (one
+        write: each write wakes the user's reader)."""
+        if self.outbox is not None and threading.get_ident() == self.loop_ident:
+            self.outbox.append(msg)
+            return
+        self._write([msg])
+
+    def _write(self, msgs: list[Any]) -> None:
+        data = pickle.dumps(msgs, protocol=pickle.HIGHEST_PROTOCOL)
         with self.send_lock:
             self.conn.send_bytes(data)
+
+    def flush_out(self) -> None:
+        """Write what the loop's batch sends, and send at once from now on."""
+        out, self.outbox = self.outbox, None
+        if out:
+            with contextlib.suppress(OSError, ValueError):
+                self._write(out)
 
     def reply(self, req: int, ok: bool, value: Any) -> None:
         from accelkit._core.isolation.proto import encode_error
@@ -164,8 +203,8 @@ class _Worker:
         self.send(("r", req, ok, value if ok else encode_error(value)))
 
     def _sender(self) -> None:
-        from accelkit._core.isolation.proto import encode_error
-
+        """Reports the positions of work that completed later than its batch was handled (a
+        waiter on the real stream woke it)."""
         while True:
             with self.lock:
                 while not self.out and not self.closing:
@@ -177,38 +216,47 @@ class _Worker:
             done: dict[int, int] = {}
             for sid, real_pos in items:
                 done[sid] = max(done.get(sid, 0), real_pos)
-            msgs = []
-            fatal = None
-            for sid, real_pos in done.items():
-                stream = self.streams.get(sid)
-                q = self.inflight.get(sid)
-                if stream is None or q is None:
-                    continue
-                errs = []
-                last = 0
-                with self.lock:
-                    while q and q[0][0] <= real_pos:
-                        pos, seq, err = q.popleft()
-                        if err is None:
-                            try:
-                                stream.raise_errors(pos)
-                            except BaseException as exc:
-                                err = exc
-                        if err is not None:
-                            errs.append((seq, encode_error(err)))
-                            fatal = fatal or self._sticky(err)
-                        last = seq
-                if last:
-                    msgs.append(("d", sid, last, errs))
-            if fatal is not None:  # the context is gone: nothing after it can be trusted
-                with contextlib.suppress(OSError, ValueError):
-                    self.send(("F", fatal))
-                sys.stderr.write(f"accelkit isolated worker: {fatal}\n")
-                sys.stderr.flush()
-                os._exit(4)
-            if msgs:
-                with contextlib.suppress(OSError, ValueError):
-                    self.send(("D", msgs))
+            self._report(done)
+
+    def _report(self, done: dict[int, int]) -> None:
+        """Send the user's positions whose real work completed up to ``done[sid]`` (with the
+        errors of failed work); a sticky error ends the worker."""
+        from accelkit._core.isolation.proto import encode_error
+
+        msgs = []
+        fatal = None
+        for sid, real_pos in done.items():
+            stream = self.streams.get(sid)
+            q = self.inflight.get(sid)
+            if stream is None or q is None:
+                continue
+            errs = []
+            last = 0
+            with self.lock:
+                while q and q[0][0] <= real_pos:
+                    pos, seq, err = q.popleft()
+                    if err is None:
+                        try:
+                            stream.raise_errors(pos)
+                        except BaseException as exc:
+                            err = exc
+                    if err is not None:
+                        errs.append((seq, encode_error(err)))
+                        fatal = fatal or self._sticky(err)
+                    last = seq
+            if last:
+                msgs.append(("d", sid, last, errs))
+        if fatal is not None:  # the context is gone: nothing after it can be trusted
+            out = self.outbox if threading.get_ident() == self.loop_ident else None
+            self.outbox = None
+            with contextlib.suppress(OSError, ValueError):
+                self._write([*(out or ()), ("F", fatal)])  # written now: the worker ends here
+            sys.stderr.write(f"accelkit isolated worker: {fatal}\n")
+            sys.stderr.flush()
+            os._exit(4)
+        if msgs:
+            with contextlib.suppress(OSError, ValueError):
+                self.send(("D", msgs))
 
     def _sticky(self, err: BaseException) -> str | None:
         from accelkit.capabilities import LifecycleState
@@ -229,9 +277,15 @@ class _Worker:
             q.append((pos, seq, err))
 
     def _watch(self, sids: set[int]) -> None:
+        """Report the work of this batch: at once where it has completed already (small work
+        runs inline), else when the real stream reaches it (through the sender thread)."""
+        done: dict[int, int] = {}
         for sid in sids:
             stream = self.streams[sid]
             pos = int(stream.submitted)
+            if stream.completed >= pos:
+                done[sid] = pos
+                continue
 
             def fire(sid: int = sid, pos: int = pos) -> None:
                 with self.lock:
@@ -239,43 +293,136 @@ class _Worker:
                     self.wake.notify()
 
             stream.add_waiter(pos, fire)
+        if done:
+            self._report(done)
+
+    def _pending(self, positions: list[tuple[int, int]]) -> bool:
+        """Whether the real work behind the user's ``positions`` ((stream id, position) pairs)
+        is still running; :attr:`_pending_done` is then what to report, and :attr:`_waits`
+        what to wait for."""
+        done: dict[int, int] = {}
+        waits = []
+        for sid, seq in positions:
+            q = self.inflight.get(sid)
+            stream = self.streams.get(sid)
+            if not q or stream is None:
+                continue
+            real = 0
+            with self.lock:
+                for pos, s, _err in q:
+                    if s > seq:
+                        break
+                    real = pos
+            if not real:
+                continue
+            if stream.completed < real:
+                waits.append((stream, real))
+            done[sid] = max(done.get(sid, 0), real)
+        self._pending_done = done
+        self._waits = waits
+        return bool(waits)
+
+    async def _settle(self, positions: list[tuple[int, int]]) -> None:
+        """Wait until the user's ``positions`` have completed here, and report them before the
+        reply that follows (a read waits for its writers in the worker: one round trip)."""
+        from accelkit._core.loop import wait_for_callback
+
+        self._pending(positions)
+        done, waits = self._pending_done, self._waits
+        for stream, real in waits:
+            if stream.completed < real:
+                await wait_for_callback(functools.partial(_add_waiter, stream, real))
+        if done:
+            self._report(done)
 
     # -- the loop ---------------------------------------------------------------------------------
     def _recv(self) -> list[bytes]:
-        try:
-            items = [self.conn.recv_bytes()]
-            while len(items) < 256 and self.conn.poll(0):
-                items.append(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            os._exit(0)  # the parent is gone, or closed the pipe
-        return items
+        """The complete frames (``Connection.send_bytes``'s: a 4-byte big-endian length, or -1
+        and an 8-byte one) that can be read now, without blocking; a partial one is kept."""
+        buf = self.rbuf
+        chunk = self.rchunk
+        while True:
+            try:
+                got = self.rsock.recv_into(chunk, len(chunk), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                os._exit(0)
+            if not got:
+                os._exit(0)  # the parent is gone, or closed the pipe
+            buf += chunk[:got]
+            if got < len(chunk):
+                break
+        frames = []
+        view = memoryview(buf)
+        at = 0
+        end = len(buf)
+        while end - at >= 4:
+            (n,) = _HEAD.unpack_from(view, at)
+            head = 4
+            if n == -1:
+                if end - at < 12:
+                    break
+                (n,) = _HEAD8.unpack_from(view, at + 4)
+                head = 12
+            if end - at - head < n:
+                break
+            frames.append(bytes(view[at + head : at + head + n]))
+            at += head + n
+        view.release()
+        if at:
+            del buf[:at]
+        return frames
 
     async def serve(self) -> None:
         import anyio
 
         threading.Thread(target=self._sender, daemon=True, name="accelkit-iso-sender").start()
-        while True:
-            batch = await anyio.to_thread.run_sync(self._recv)
-            touched: set[int] = set()
-            for data in batch:
-                f = io.BytesIO(data)
-                while f.tell() < len(data):
-                    msgs = pickle.load(f)
-                    for msg in msgs:
-                        if msg[0] in _RESOLVED:
-                            try:
-                                msg = _resolve_msg(self, msg)
-                            except BaseException as err:
-                                if msg[0] == "q":
-                                    self.reply(msg[1], False, err)
-                                elif msg[0] != "f":  # a call: it fails at its position
-                                    self._track(msg[1], msg[2], err)
-                                    touched.add(msg[1])
-                                continue
-                        if await self.handle(msg, touched):
-                            return
-            if touched:
-                self._watch(touched)
+        fd = self.conn.fileno()
+        self.rsock = socket.socket(fileno=os.dup(fd))
+        self.loop_ident = threading.get_ident()
+        async with anyio.create_task_group() as tg:
+            self.tg = tg
+            while True:
+                # The loop itself waits on the pipe: no thread between a batch and its handling.
+                await anyio.wait_readable(fd)
+                batch = self._recv()
+                if not batch:
+                    continue
+                touched: set[int] = set()
+                self.outbox = []
+                for data in batch:
+                    f = io.BytesIO(data)
+                    while f.tell() < len(data):
+                        msgs = pickle.load(f)
+                        for msg in msgs:
+                            if msg[0] in _RESOLVED:
+                                try:
+                                    msg = _resolve_msg(self, msg)
+                                except BaseException as err:
+                                    if msg[0] == "q":
+                                        self.reply(msg[1], False, err)
+                                    elif msg[0] != "f":  # a call: it fails at its position
+                                        self._track(msg[1], msg[2], err)
+                                        touched.add(msg[1])
+                                    continue
+                            if msg[0] == "q" and touched:
+                                self._watch(touched)  # what came before is reported first
+                                touched = set()
+                            if await self.handle(msg, touched):
+                                tg.cancel_scope.cancel()
+                                return
+                if touched:
+                    self._watch(touched)
+                self.flush_out()
+
+    def _use(self, sid: int) -> None:
+        """Make the real stream of ``sid`` current for the calls that follow (the loop's task
+        keeps it; set only when it changes, not per call as ``use_stream`` would)."""
+        self.backend.check_ready()
+        if sid != self.cur_sid:
+            self.backend._stream_var.set(self.streams[sid])
+            self.cur_sid = sid
 
     async def handle(self, msg: Any, touched: set[int]) -> bool:
         op = msg[0]
@@ -283,8 +430,8 @@ class _Worker:
             _, sid, seq, kind, name, args, kwargs = msg
             err = None
             try:
-                with self.backend.use_stream(self.streams[sid]):
-                    getattr(self.objs[kind], name)(*args, **kwargs)
+                self._use(sid)
+                getattr(self.objs[kind], name)(*args, **kwargs)
             except BaseException as exc:
                 err = exc
             self._track(sid, seq, err)
@@ -292,8 +439,8 @@ class _Worker:
         elif op == "e":  # ("e", tid, bid, shape, dtype, kind, sid)
             _, tid, bid, shape, dtype, kind, sid = msg
             try:
-                with self.backend.use_stream(self.streams[sid]):
-                    t = self.objs[kind].empty(shape, dtype)
+                self._use(sid)
+                t = self.objs[kind].empty(shape, dtype)
                 self.tensors[tid] = t
                 self.bufs[bid] = t._buffer
             except BaseException as exc:
@@ -356,6 +503,14 @@ class _Worker:
             touched.add(msg[1])
         elif op == "q":  # a request: ("q", req, what, *args)
             req, what, args = msg[1], msg[2], msg[3:]
+            if what in _READS:  # (..., positions): may wait for its writers; others go on
+                if self._pending(args[-1]):
+                    self.tg.start_soon(self.answer_read, req, what, args)
+                    return False
+                self._report(self._pending_done)
+                args = args[:-1]
+            else:
+                self.flush_out()  # it may take a while: what came before goes first
             try:
                 value = await self.request(what, *args)
             except BaseException as exc:
@@ -366,12 +521,24 @@ class _Worker:
                     return True
         return False
 
+    async def answer_read(self, req: int, what: str, args: tuple[Any, ...]) -> None:
+        """A read: once the user's positions it names have completed (reported first), read."""
+        try:
+            await self._settle(args[-1])
+            value = await self.request(what, *args[:-1])
+        except BaseException as exc:
+            self.reply(req, False, exc)
+        else:
+            self.reply(req, True, value)
+
     async def request(self, what: str, *args: Any) -> Any:
         import numpy as np
 
         from accelkit._core.isolation.proto import map_segment
 
         b = self.backend
+        if what == "ping":  # the user's process checks that an idle worker still answers
+            return None
         if what == "open":
             return await self.open(*args)
         mm = b.memory_manager
@@ -431,6 +598,7 @@ class _Worker:
         await b.initialize(device)
         self.backend = b
         self.streams = {0: b.default_stream}
+        self.cur_sid = None
         tensor = b.tensor_ops.kernels
         factory = b.tensor_factory.kernels
         fused = b.kernel_ops.kernels
@@ -472,6 +640,7 @@ class _Worker:
             self.streams = {}
             self.objs = {}
             self.backend = None
+            self.cur_sid = None
             if not keep:
                 self.closing = True
                 self.wake.notify()
