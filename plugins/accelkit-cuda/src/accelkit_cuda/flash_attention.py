@@ -189,9 +189,9 @@ CHECK_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
 )
 
 
-class Flash2Attention:
-    """The tensor-core kernel of one backend: compiled, checked on the device and loaded by
-    :meth:`load`; :meth:`refusal` says whether a call can take it."""
+class GatedKernel:
+    """A kernel used only once it passed its on-device check (a child process, the verdict
+    stored): the state the tensor-core kernel and the split-KV decode kernel share."""
 
     def __init__(self, backend: Any, props: DeviceProps) -> None:
         self._backend = backend
@@ -200,7 +200,7 @@ class Flash2Attention:
         #: Why the kernel is not used (empty when verified).
         self.reason = "not loaded yet"
         self._functions: dict[str, Any] = {}
-        #: False routes every call to the older kernel (a verified kernel stays loaded): for
+        #: False routes every call to the other engines (a verified kernel stays loaded): for
         #: comparisons such as ``benchmarks/bench_cuda_flash.py``.
         self.enabled = True
 
@@ -212,6 +212,11 @@ class Flash2Attention:
     def describe(self) -> str:
         """One line for notes and capabilities."""
         return "verified" if self.verified else f"{self.state}: {self.reason}"
+
+
+class Flash2Attention(GatedKernel):
+    """The tensor-core kernel of one backend: compiled, checked on the device and loaded by
+    :meth:`load`; :meth:`refusal` says whether a call can take it."""
 
     async def load(self) -> None:
         """Compile (a worker thread; cached on disk), check on the device in a child process

@@ -46,11 +46,10 @@ import numpy as np
 
 from accelkit.dtype import DType
 from accelkit.sdk import env_str
-from accelkit_cuda.flash_attention import Flash2State, from_bits, to_bits
+from accelkit_cuda.flash_attention import GatedKernel, from_bits, to_bits
 
 if TYPE_CHECKING:
     from accelkit.tensor import Tensor
-    from accelkit_cuda.driver import DeviceProps
 
 __all__ = [
     "CHUNK",
@@ -320,28 +319,10 @@ def tolerance(dtype: DType, keys: int, head_dim: int) -> float:
     return 2.0 * (eps + (keys + head_dim) * 2.0**-23)
 
 
-class FlashDecode:
+class FlashDecode(GatedKernel):
     """The split-KV decode kernel of one backend: compiled, checked on the device (a child
-    process, the verdict stored) and loaded by :meth:`load`, as the tensor-core kernel is."""
-
-    def __init__(self, backend: Any, props: DeviceProps) -> None:
-        self._backend = backend
-        self._props = props
-        self.state: Flash2State = "unverified"
-        #: Why the kernel is not used (empty when verified).
-        self.reason = "not loaded yet"
-        self._functions: dict[str, Any] = {}
-        #: False routes decode to cuDNN's paged graph or the warp-per-row kernel (benchmarks).
-        self.enabled = True
-
-    @property
-    def verified(self) -> bool:
-        """Whether the kernel passed its on-device check here (and is loaded)."""
-        return self.state == "verified"
-
-    def describe(self) -> str:
-        """One line for notes and capabilities."""
-        return "verified" if self.verified else f"{self.state}: {self.reason}"
+    process, the verdict stored) and loaded by :meth:`load`, as the tensor-core kernel is.
+    ``enabled = False`` routes decode to cuDNN's paged graph or the warp-per-row kernel."""
 
     async def load(self) -> None:
         """Compile (a worker thread; cached on disk), check in a child, load on the submission
