@@ -57,7 +57,7 @@ HOST_DEVICE_MAX_MS = 10000.0
 
 
 #: Every backend the service runs on where it is installed and finds a device.
-BACKENDS = ["cpu", "opencl", "cuda", "webgpu", "dask", "isolated:cpu"]
+BACKENDS = ["cpu", "opencl", "cuda", "webgpu", "dask", "isolated:cpu", "isolated:cuda"]
 
 
 def _unavailable(name: str) -> str | None:

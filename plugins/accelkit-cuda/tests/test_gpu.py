@@ -216,7 +216,8 @@ async def test_gemm_dtypes_on_the_cublas_path(
     ]
     if ak.DType.BF16 not in backend.supported_dtypes:
         cases = cases[1:]
-    tensors, hosts = [], []
+    tensors: list[Any] = []
+    hosts: list[tuple[Any, ...]] = []
     for dt, ct, alpha, beta in cases:
         a_h = rng.uniform(-2, 2, (24, 40)).astype(dt)
         b_h = rng.uniform(-2, 2, (40, 16)).astype(dt)
@@ -388,3 +389,49 @@ async def test_a_buffer_dead_in_a_cycle_comes_back_live(backend: Any) -> None:
     x_h[0, 3] = 1.0
     np.testing.assert_array_equal(ops.argmin(f.from_host(x_h), axis=1).numpy(), [3])
     np.testing.assert_array_equal(ops.cast(f.from_host(np.ones(9)), ak.DType.BOOL).numpy(), True)
+
+
+async def test_an_isolated_backend_survives_an_illegal_write(anyio_backend: Any) -> None:
+    """Issue 30 on a GPU: the illegal write that poisons an in-process backend for good ends
+    the isolated backend's worker only. The awaits pending on it raise WorkerLostError naming
+    the fault, the event loop keeps running through the fault and the restart (a heartbeat
+    task keeps beating), and after ``recover()`` a new worker computes right."""
+    import anyio
+
+    from accelkit.errors import NotInitializedError, WorkerLostError
+
+    beats = 0
+    stop = anyio.Event()
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while not stop.is_set():
+            beats += 1
+            await anyio.sleep(0.01)
+
+    x = np.arange(8, dtype=np.float32)
+    async with ak.open_backend("cuda", isolate=True) as opened, anyio.create_task_group() as tg:
+        b: Any = opened  # an accelkit.isolation.IsolatedBackend
+        tg.start_soon(heartbeat)
+        try:
+            ex = b.kernel_executor
+            keep = b.tensor_factory.from_host(x)
+            np.testing.assert_array_equal(await b.tensor_ops.add(keep, 1.0).to_host(), x + 1)
+            handle = await ex.load_kernel(BAD_WRITE, "bad_write", language="cuda")
+            ex.execute_kernel(handle, (1,), (1,), [keep])
+            before = beats
+            with anyio.fail_after(120), pytest.raises(WorkerLostError) as info:
+                await keep.to_host()
+            text = str(info.value).lower()
+            assert "illegal" in text or "700" in text, info.value
+            with pytest.raises((WorkerLostError, StaleHandleError, NotInitializedError)):
+                b.tensor_ops.add(keep, 1.0)
+            generation = b.generation
+            with anyio.fail_after(180):
+                await b.recover()
+            assert b.generation > generation
+            y = b.tensor_factory.from_host(x)
+            np.testing.assert_array_equal(await b.tensor_ops.add(y, 1.0).to_host(), x + 1)
+            assert beats > before + 1, "the event loop stopped while the worker failed"
+        finally:
+            stop.set()
