@@ -220,7 +220,55 @@ async def block(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int
     entry.update(
         jit_ms=1e3 * t_jit, numpy_kernels_ms=1e3 * t_nojit, vs_numpy_kernels=t_nojit / t_jit
     )
+    entry["timeline"] = await block_timeline(
+        backend, lambda: transformer_block(backend, x, w, cfg), repeats
+    )
+    entry["timeline_steps"] = repeats
     report["transformer_block"] = entry
+
+
+async def block_timeline(
+    backend: ak.ComputeBackend, step: Callable[[], Any], steps: int
+) -> dict[str, float]:
+    """Where a step's time goes: ``step()`` submits some ops and returns a tensor whose
+    ``to_host()`` is awaited; the medians over ``steps`` steps of when the ops were submitted
+    (``submit_ms``) and when the await returned (``done_ms``), in ms from the first op. On the
+    CUDA backend, also when its submission thread launched them, their GPU time, its waits and
+    the per-step counts (``accelkit_cuda.timeline``); on other backends those two only."""
+    probe: Any = None
+    if str(backend.device).startswith("cuda"):
+        from accelkit_cuda.timeline import StepProbe
+
+        probe = StepProbe(backend)  # type: ignore[arg-type]
+    rows: list[dict[str, float]] = []
+    for _ in range(steps):
+        if probe is not None:
+            probe.begin()
+        t0 = time.perf_counter()
+        y = step()
+        t1 = time.perf_counter()
+        if probe is not None:
+            probe.submitted()
+        await y.to_host()
+        t2 = time.perf_counter()
+        rows.append(
+            probe.finish()
+            if probe is not None
+            else {"submit_ms": 1e3 * (t1 - t0), "done_ms": 1e3 * (t2 - t0)}
+        )
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def describe_timeline(m: dict[str, float], steps: int) -> list[str]:
+    """Lines (one, two on CUDA) for :func:`block_timeline`'s medians ``m``."""
+    if "gpu_ms" in m:
+        from accelkit_cuda.timeline import describe
+
+        return describe(m, steps)
+    return [
+        f"step timeline (median of {steps}, ms from the first op): ops submitted"
+        f" {m['submit_ms']:.2f}, await returned {m['done_ms']:.2f}"
+    ]
 
 
 async def block_parts(backend: ak.ComputeBackend, report: dict[str, Any], repeats: int) -> None:
@@ -517,6 +565,9 @@ def show(r: dict[str, Any]) -> None:
         f"{'transformer block':<34}{t['jit_ms']:>12.1f}ms{t['numpy_kernels_ms']:>12.1f}ms"
         f"   {t['vs_numpy_kernels']:.2f}x faster than on NumPy's kernels (JIT off)"
     )
+    if "timeline" in t:
+        for line in describe_timeline(t["timeline"], t["timeline_steps"]):
+            print(f"  transformer block {line}")
     for p in r["block_parts"]:
         torch_part = (
             f"; {p['jit_ms'] / p['torch_ms']:.2f}x PyTorch's time ({p['torch_ms']:.2f} ms)"

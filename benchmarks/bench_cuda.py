@@ -13,7 +13,10 @@ with a summary of every figure. Figures (issue 29's targets in brackets):
 - host time to submit a small op (64x64 f32: add, mul, add of a scalar, matmul, exp, relu, a
   row sum; the cases of ``benchmarks/bench_host.py``), next to PyTorch's [<= PyTorch's];
 - the transformer block of ``benchmarks/bench_core.py`` (batch 4, seq 256, width 512, 8 heads)
-  vs PyTorch CUDA eager [>= 1.0x; with capture >= 1.5x, once accelkit has a capture API];
+  vs PyTorch CUDA eager [>= 1.0x; with capture >= 1.5x, once accelkit has a capture API], and
+  one step of it as a timeline (``accelkit_cuda.timeline``: when the ops were submitted, when
+  the submission thread launched them, their GPU time, when the await returned, the thread's
+  waits and the per-step counts; docs/backends/cuda.md says how to read it);
 - how late a 1 ms heartbeat task runs while the loop awaits a long GEMM chain [<= 1 ms].
 
 Timings are medians of interleaved repeats, each ending in a device synchronization (the
@@ -37,7 +40,7 @@ from accelkit.errors import AccelError
 from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
 
 # Beside this script: the small-op cases and their timing, and PyTorch's transformer block.
-from bench_core import _torch_block  # isort: skip
+from bench_core import _torch_block, block_timeline, describe_timeline  # isort: skip
 from bench_host import CASES, host_times  # isort: skip
 
 STEPS = 5
@@ -278,6 +281,14 @@ async def measure(backend: ak.ComputeBackend) -> None:
     )
     print(f"      {line}", flush=True)
     summary.append(line)
+    try:  # one step's timeline (accelkit_cuda.timeline): a figure, never a reason to stop
+        m = await block_timeline(backend, lambda: transformer_block(backend, x, w, cfg), 15)
+        lines = [f"block {line}" for line in describe_timeline(m, 15)]
+    except Exception as exc:
+        lines = [f"block step timeline: not measured ({type(exc).__name__}: {exc})"]
+    for line in lines:
+        print(f"      {line}", flush=True)
+        summary.append(line)
     try:  # where the block's time goes: a figure, never a reason to stop the benchmark
         line = await _block_parts(backend, torch, x, w, tx, tw, cfg)
     except Exception as exc:

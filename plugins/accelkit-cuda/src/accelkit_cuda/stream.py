@@ -13,7 +13,9 @@ accelkit error, is raised by the next await that covers its position (as on the 
 
 **Completion** is followed by the stream's completer thread, which waits for those events in
 order (``cudaEventSynchronize`` on a blocking-sync event: the thread sleeps), drops what each
-position kept alive, and wakes waiters: an ``await`` registers a callback that the completer
+position kept alive, and wakes waiters (a completed event goes back to a small pool of the
+stream and is recorded again for a later position, so a warm stream makes no new CUDA event per
+position: counted over the stand-in; its speed is unverified on a GPU): an ``await`` registers a callback that the completer
 calls, which wakes the loop through its thread-safe entry point
 (:func:`~accelkit.sdk.wait_for_callback`). Waiting is pure Python on the loop's thread; blocking
 waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
@@ -39,6 +41,9 @@ __all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error
 #: What CuPy raises for a failed CUDA call: runtime API errors, and driver API errors (kernel
 #: launches and module loads go through the driver). Both carry the CUDA error code.
 CUDA_ERRORS = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
+
+#: How many completed end-of-position events a stream keeps for reuse (more are dropped).
+_SPARE_EVENTS = 64
 
 OnError = Callable[[AccelError], AccelError]
 #: What other streams a submission waits for: ``(stream, position)`` of each pending writer of
@@ -136,6 +141,17 @@ class CUDAStream(DeviceErrors, PositionStream):
         self._completer: threading.Thread | None = None
         self._closed = False
         self._abandoned = False
+        #: Blocking-sync events the completer has seen complete, re-recorded for later positions
+        #: (a CUDA event may be recorded again once its last record is done) instead of a new
+        #: ``cupy.cuda.Event`` per position. Appended by the completer, popped by the submission
+        #: thread (list append/pop are atomic).
+        self._spare_events: list[Any] = []
+        #: Counters the step timeline reads (``accelkit_cuda.timeline``): events made and
+        #: recorded for positions (submission thread), and the completer's rounds (each takes
+        #: one or more completed positions off the queue).
+        self.events_created = 0
+        self.events_recorded = 0
+        self.completer_rounds = 0
         others = tuple(after)
 
         def open_stream() -> None:
@@ -205,7 +221,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         event: Any = None
         if not self._abandoned and self._usable():
             try:
-                event = _event(self.cp)
+                event = self._end_event()
             except BaseException as exc:
                 self._fail(seq, as_accel_error(exc, f"work on {self.name}", self.on_error))
         with self._lock:
@@ -216,6 +232,18 @@ class CUDAStream(DeviceErrors, PositionStream):
                 )
                 self._completer.start()
             self._work_cv.notify()
+
+    def _end_event(self) -> Any:
+        """A blocking-sync event recorded now at the end of the stream (submission thread): a
+        spare one when the completer has handed one back, else a new one."""
+        try:
+            event = self._spare_events.pop()
+        except IndexError:
+            event = cupy.cuda.Event(block=True, disable_timing=True)
+            self.events_created += 1
+        event.record(self.cp)
+        self.events_recorded += 1
+        return event
 
     def _usable(self) -> bool:
         try:
@@ -238,10 +266,14 @@ class CUDAStream(DeviceErrors, PositionStream):
                     event.synchronize()
                 except BaseException as exc:
                     self._fail(seq, as_accel_error(exc, f"work on {self.name}", self.on_error))
+                else:  # its record is done: it may be recorded again (a failed one is dropped)
+                    if len(self._spare_events) < _SPARE_EVENTS:
+                        self._spare_events.append(event)
             with self._lock:
                 self._pending.popleft()
                 del keep, event
                 self._completed_upto = max(self._completed_upto, seq)
+                self.completer_rounds += 1
                 ready = self._due_locked()
             for cb in ready:
                 cb()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -49,6 +50,9 @@ class SubmissionThread:
         self._closed = False
         #: The thread's identifier once started (tests compare the threads of calls with it).
         self.ident: int | None = None
+        #: How many times the thread took work off its queue (each time it takes all that is
+        #: queued); read by the step timeline (``accelkit_cuda.timeline``) and the tests.
+        self.rounds = 0
 
     def on_thread(self) -> bool:
         return threading.get_ident() == self.ident
@@ -67,6 +71,34 @@ class SubmissionThread:
                 return
         threading.Thread(target=_guarded(fn), name="accelkit-cuda-late", daemon=True).start()
 
+    def start_trace(self) -> list[tuple[float, float, float]]:
+        """Until :meth:`stop_trace`, time each closure queued: the list returned gets one
+        ``(queued, started, ended)`` of ``time.perf_counter`` per closure, in the order they
+        run (appended as they end). For the step timeline (``accelkit_cuda.timeline``): the
+        wrapped ``submit`` is an attribute of this instance, so nothing costs anything while
+        no trace runs; while one does, each closure costs three clock reads and a wrapper."""
+        trace: list[tuple[float, float, float]] = []
+        plain = SubmissionThread.submit
+
+        def submit(fn: Callable[[], None]) -> None:
+            queued = time.perf_counter()
+
+            def timed() -> None:
+                started = time.perf_counter()
+                try:
+                    fn()
+                finally:
+                    trace.append((queued, started, time.perf_counter()))
+
+            plain(self, timed)
+
+        self.__dict__["submit"] = submit
+        return trace
+
+    def stop_trace(self) -> None:
+        """End :meth:`start_trace` (closures already queued are still timed)."""
+        self.__dict__.pop("submit", None)
+
     def _work(self) -> None:
         self.ident = threading.get_ident()
         import cupy
@@ -81,9 +113,14 @@ class SubmissionThread:
                     self._cv.wait()
                 if not self._queue:
                     return
-                fn = self._queue.popleft()
-            _guarded(fn)()
-            del fn
+                # All that is queued, in one round: one lock round trip per batch, not per
+                # closure (closures queued meanwhile wait for the next round, in order).
+                batch, self._queue = self._queue, deque()
+                self.rounds += 1
+            while batch:
+                fn = batch.popleft()  # dropped once run: what it keeps alive goes with it
+                _guarded(fn)()
+                del fn
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the thread (after the work queued so far) and return its result; the

@@ -1,0 +1,175 @@
+"""The step timeline (``accelkit_cuda.timeline``, benchmarks/bench_cuda.py's block timeline) and
+the per-position costs it counts, over the stand-in for CuPy (no GPU): the benchmark's code runs
+and its figures are consistent; a warm stream records its end-of-position events again instead
+of making new ones; the submission thread takes all that is queued in one round. The timings
+themselves mean something only on a GPU (unverified here)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import threading
+from pathlib import Path
+
+import fake_cupy
+import numpy as np
+import pytest
+import test_offloop
+from test_offloop import Plugin, _open
+
+pytestmark = pytest.mark.anyio
+
+#: The plugin's modules over the stand-in (test_offloop's fixture, found here by its name).
+plugin = test_offloop.plugin
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def _count(name: str) -> int:
+    return sum(1 for n, _ in fake_cupy.CALLS if n == name)
+
+
+async def test_the_benchmarks_block_timeline_runs(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delitem(sys.modules, "bench_core", raising=False)
+    bench_core = importlib.import_module("bench_core")
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    backend = await _open(plugin)
+    try:
+        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+        steps = 5
+        m = await bench_core.block_timeline(
+            backend, lambda: transformer_block(backend, x, w, cfg), steps
+        )
+        timeline = importlib.import_module("accelkit_cuda.timeline")
+        assert set(m) == set(timeline.FIELDS)
+        assert all(math.isfinite(v) and v >= 0 for v in m.values()), m
+        # In the order a step runs: submitted and launched before the await returned.
+        assert m["first_launch_ms"] <= m["launched_ms"] <= m["done_ms"]
+        assert m["submit_ms"] <= m["done_ms"]
+        assert m["completed_ms"] <= m["done_ms"]
+        assert m["thread_busy_ms"] <= m["done_ms"]
+        assert m["thread_max_wait_ms"] <= m["thread_waited_ms"]
+        # The block is many closures, each one position, each ending in a recorded event; the
+        # await's copy adds positions of its own. Warm, a step makes no new event.
+        assert m["closures"] >= 10
+        assert m["positions"] >= m["closures"]
+        assert m["events_recorded"] == m["positions"]
+        assert m["events_created"] == 0
+        assert m["completer_rounds"] == m["positions"]
+        assert 1 <= m["thread_rounds"] <= m["closures"] + 3
+        lines = bench_core.describe_timeline(m, steps)
+        assert len(lines) == 2
+        assert all(len(line) < 390 for line in lines)  # run.sh cuts summary lines at 400
+        assert not any(name == "submit" for name in vars(backend.thread))  # tracing is off
+    finally:
+        await backend.shutdown()
+
+
+async def test_the_timeline_on_the_cpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench_core = importlib.import_module("bench_core")
+    import accelkit as ak
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    async with ak.open_backend("cpu") as backend:
+        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+        m = await bench_core.block_timeline(
+            backend, lambda: transformer_block(backend, x, w, cfg), 3
+        )
+    assert set(m) == {"submit_ms", "done_ms"}
+    assert 0 <= m["submit_ms"] <= m["done_ms"]
+    assert len(bench_core.describe_timeline(m, 3)) == 1
+
+
+async def test_a_warm_stream_makes_no_new_event_per_position(plugin: Plugin) -> None:
+    """Each position ends in a blocking-sync event; once the completer has seen one complete,
+    it is recorded again for a later position: rounds of 40 positions make at most 40 events
+    in all (as many as were ever outstanding), not one per position (200 before)."""
+    backend = await _open(plugin)
+    try:
+        x = backend.tensor_factory.from_host(np.ones((8, 8), np.float32))
+        await backend.synchronize()
+        stream = backend.default_stream
+        created, recorded = _count("Event()"), stream.events_recorded
+        for _ in range(5):
+            y = x
+            for _ in range(40):
+                y = y + 1.0
+            got = await y.to_host()
+        np.testing.assert_array_equal(got, np.full((8, 8), 41.0, np.float32))
+        positions = stream.events_recorded - recorded
+        assert positions >= 200
+        assert _count("Event()") - created <= 41
+        assert stream.events_created <= _count("Event()")
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_failed_event_is_not_recorded_again(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event whose synchronize failed is dropped, not handed back for reuse; the failure is
+    raised by the await that covers its position, as before."""
+    from accelkit.errors import AccelError
+
+    backend = await _open(plugin)
+    try:
+        x = backend.tensor_factory.from_host(np.ones((4,), np.float32))
+        await backend.synchronize()
+        stream = backend.default_stream
+        spares_before = len(stream._spare_events)
+        failing: list[object] = []
+        plain = fake_cupy.Event.synchronize
+
+        def synchronize(self: object) -> None:
+            if not failing:
+                failing.append(self)
+                raise fake_cupy.CUDARuntimeError(999)  # an unknown, not sticky, error
+            plain(self)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(fake_cupy.Event, "synchronize", synchronize)
+        y = x + 1.0
+        with pytest.raises(AccelError):
+            await y.to_host()
+        monkeypatch.setattr(fake_cupy.Event, "synchronize", plain)
+        assert failing and all(e is not failing[0] for e in stream._spare_events)
+        assert len(stream._spare_events) <= spares_before + 2
+    finally:
+        await backend.shutdown()
+
+
+async def test_the_submission_thread_takes_all_queued_work_in_one_round(plugin: Plugin) -> None:
+    """50 closures queued while the thread is busy run in order, in one round (one lock round
+    trip), not one round each; tracing times each of them and costs nothing once stopped."""
+    submission = importlib.import_module("accelkit_cuda.submission")
+    thread = submission.SubmissionThread(0, "test")
+    gate, running = threading.Event(), threading.Event()
+    ran: list[int] = []
+    try:
+        thread.submit(lambda: (running.set(), gate.wait()))
+        assert running.wait(10)
+        rounds = thread.rounds
+        trace = thread.start_trace()
+        for i in range(50):
+            thread.submit(lambda i=i: ran.append(i))
+        thread.stop_trace()
+        assert "submit" not in vars(thread)
+        gate.set()
+        thread.call_blocking(lambda: None)
+        assert ran == list(range(50))
+        assert thread.rounds - rounds <= 2  # the 50, and perhaps the call on its own
+        assert len(trace) == 50
+        assert all(q <= s <= e for q, s, e in trace)
+        assert [s for _, s, _ in trace] == sorted(s for _, s, _ in trace)
+    finally:
+        gate.set()
+        thread.close()
