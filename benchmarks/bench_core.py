@@ -239,7 +239,8 @@ async def block_timeline(
     if str(backend.device).startswith("cuda"):
         from accelkit_cuda.timeline import StepProbe
 
-        probe = StepProbe(backend)  # type: ignore[arg-type]
+        cuda: Any = backend  # a CUDABackend
+        probe = StepProbe(cuda)
     rows: list[dict[str, float]] = []
     for _ in range(steps):
         if probe is not None:
@@ -264,7 +265,8 @@ def describe_timeline(m: dict[str, float], steps: int) -> list[str]:
     if "gpu_ms" in m:
         from accelkit_cuda.timeline import describe
 
-        return describe(m, steps)
+        lines: list[str] = describe(m, steps)
+        return lines
     return [
         f"step timeline (median of {steps}, ms from the first op): ops submitted"
         f" {m['submit_ms']:.2f}, await returned {m['done_ms']:.2f}"
