@@ -16,7 +16,9 @@ with a summary of every figure. Figures (issue 29's targets in brackets):
   vs PyTorch CUDA eager [>= 1.0x; with capture >= 1.5x, once accelkit has a capture API], and
   one step of it as a timeline (``accelkit_cuda.timeline``: when the ops were submitted, when
   the submission thread launched them, their GPU time, when the await returned, the thread's
-  waits and the per-step counts; docs/backends/cuda.md says how to read it);
+  waits and the per-step counts; docs/backends/cuda.md says how to read it), and the block
+  again at GIL switch intervals of 0.2 ms and 5 ms (CPython's default; the process runs at
+  accelkit's 1 ms), an experiment: the interval is put back;
 - how late a 1 ms heartbeat task runs while the loop awaits a long GEMM chain [<= 1 ms].
 
 Timings are medians of interleaved repeats, each ending in a device synchronization (the
@@ -133,6 +135,44 @@ async def _block_parts(
         t_ak, t_th = await interleaved(ak_run, torch_run, BLOCK_ROUNDS)
         parts.append(f"{name} {t_ak * 1e3:.3f}/{t_th * 1e3:.3f}")
     return "block parts, ms per call accelkit/torch: " + ", ".join(parts)
+
+
+async def _switch_intervals(
+    backend: ak.ComputeBackend,
+    ak_block: Callable[[], Any],
+    step: Callable[[], Any],
+    short: float = 0.0002,
+    long: float = 0.005,
+) -> list[str]:
+    """The block (``ak_block``: submit and synchronize) at a ``short`` and a ``long`` (CPython's
+    default) GIL switch interval, interleaved, and the step timeline at ``short``: whether the
+    submission thread's waits for the GIL (a thread that wants it may wait a whole interval
+    while another runs Python) are where the block's time goes. The process's own interval (1 ms
+    once a backend opened, ``ACCELKIT_SWITCH_INTERVAL_US``) is put back after each run."""
+    current = sys.getswitchinterval()
+
+    def at(interval: float) -> Callable[[], Any]:
+        async def run() -> None:
+            sys.setswitchinterval(interval)
+            try:
+                await ak_block()
+            finally:
+                sys.setswitchinterval(current)
+
+        return run
+
+    t_short, t_long = await interleaved(at(short), at(long), BLOCK_ROUNDS)
+    sys.setswitchinterval(short)
+    try:
+        m = await block_timeline(backend, step, 15)
+    finally:
+        sys.setswitchinterval(current)
+    return [
+        f"block at a {short * 1e3:g} ms GIL switch interval: {t_short * 1e3:.2f} ms per step; at"
+        f" {long * 1e3:g} ms (CPython's default): {t_long * 1e3:.2f} ms (interleaved; the figures"
+        f" above ran at {current * 1e3:g} ms)",
+        *(f"block ({short * 1e3:g} ms) {line}" for line in describe_timeline(m, 15)),
+    ]
 
 
 async def measure(backend: ak.ComputeBackend) -> None:
@@ -286,6 +326,15 @@ async def measure(backend: ak.ComputeBackend) -> None:
         lines = [f"block {line}" for line in describe_timeline(m, 15)]
     except Exception as exc:
         lines = [f"block step timeline: not measured ({type(exc).__name__}: {exc})"]
+    for line in lines:
+        print(f"      {line}", flush=True)
+        summary.append(line)
+    try:  # an experiment: the same block at other GIL switch intervals
+        lines = await _switch_intervals(
+            backend, ak_block, lambda: transformer_block(backend, x, w, cfg)
+        )
+    except Exception as exc:
+        lines = [f"block at other switch intervals: not measured ({type(exc).__name__}: {exc})"]
     for line in lines:
         print(f"      {line}", flush=True)
         summary.append(line)

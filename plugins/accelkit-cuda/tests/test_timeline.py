@@ -174,3 +174,38 @@ async def test_the_submission_thread_takes_all_queued_work_in_one_round(plugin: 
     finally:
         gate.set()
         thread.close()
+
+
+async def test_the_benchmarks_switch_interval_experiment_runs(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_cuda.py's block at other GIL switch intervals: it runs over the stand-in, says
+    both figures and the timeline in lines the GPU check keeps whole, and puts the process's
+    switch interval back."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("bench_core", "bench_cuda", "bench_host"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    bench_cuda = importlib.import_module("bench_cuda")
+    monkeypatch.setattr(bench_cuda, "BLOCK_ROUNDS", 3)
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    backend = await _open(plugin)
+    default = sys.getswitchinterval()  # the one opening a backend chose
+    try:
+        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+
+        async def ak_block() -> None:
+            transformer_block(backend, x, w, cfg)
+            await backend.synchronize()
+
+        lines = await bench_cuda._switch_intervals(
+            backend, ak_block, lambda: transformer_block(backend, x, w, cfg)
+        )
+    finally:
+        await backend.shutdown()
+    assert sys.getswitchinterval() == default
+    assert len(lines) == 3
+    assert lines[0].startswith("block at a 0.2 ms GIL switch interval")
+    assert all(len(line) < 390 for line in lines)
