@@ -21,6 +21,7 @@ import pytest
 import test_offloop
 from accelkit_cuda import flash_attention as fa
 from accelkit_cuda.driver import Attr, DeviceProps
+from nvrtc_checks import assert_compiles_without_spills
 
 from accelkit.dtype import DType
 
@@ -38,32 +39,10 @@ def _props(name: str = "Stand-in GPU", cc: tuple[int, int] = (9, 0), optin: int 
     return DeviceProps(0, name, 1 << 30, attrs, 12040)
 
 
-def _nvrtc() -> Any:
-    from accelkit_cuda import nvrtc
-
-    try:
-        nvrtc.nvrtc_version()
-    except nvrtc.NVRTCUnavailable as exc:
-        pytest.skip(f"NVRTC is not installed: {exc}")
-    return nvrtc
-
-
 # -- compilation ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_variant_compiles_without_spills(arch: str) -> None:
-    nvrtc = _nvrtc()
-    compiled = nvrtc.compile_cuda(fa.SOURCE, arch, ("--ptxas-options=-v",), "flash2.cu")
-    assert compiled.kind == "cubin"
-    for name in fa.kernel_names():
-        assert name.encode() + b"\0" in compiled.binary, name
-    log = compiled.log
-    assert "warning" not in log.lower(), log
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert len(spills) == len(fa.kernel_names()), log
-    assert all(s == ("0", "0") for s in spills), log  # the accumulators stay in registers
-    registers = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
-    assert registers, log
-    assert max(registers) <= 255, log
+    assert_compiles_without_spills(fa.SOURCE, arch, fa.kernel_names(), "flash2.cu")
 
 
 def test_the_kernel_names_and_the_sm80_gate() -> None:

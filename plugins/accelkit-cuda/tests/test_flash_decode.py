@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import test_offloop
 from accelkit_cuda import flash_decode as fd
+from nvrtc_checks import assert_compiles_without_spills
 
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
@@ -28,31 +29,9 @@ from accelkit.errors import InvalidArgumentError
 plugin = test_offloop.plugin
 
 
-def _nvrtc() -> Any:
-    from accelkit_cuda import nvrtc
-
-    try:
-        nvrtc.nvrtc_version()
-    except nvrtc.NVRTCUnavailable as exc:
-        pytest.skip(f"NVRTC is not installed: {exc}")
-    return nvrtc
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_both_kernels_compile_without_spills(arch: str) -> None:
-    nvrtc = _nvrtc()
-    compiled = nvrtc.compile_cuda(fd.SOURCE, arch, ("--ptxas-options=-v",), "decode.cu")
-    assert compiled.kind == "cubin"
-    for name in fd.kernel_names():
-        assert name.encode() + b"\0" in compiled.binary, name
-    log = compiled.log
-    assert "warning" not in log.lower(), log
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert len(spills) == len(fd.kernel_names()), log
-    assert all(s == ("0", "0") for s in spills), log
-    registers = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
-    assert registers
-    assert max(registers) <= 255  # 128 threads a block: __launch_bounds__ keeps it there
+    assert_compiles_without_spills(fd.SOURCE, arch, fd.kernel_names(), "decode.cu")
 
 
 def test_the_source_and_python_agree() -> None:
