@@ -167,6 +167,14 @@ def _no_leak(pids: list[int]) -> None:
     assert not [p for p in pids if _alive(p)]
 
 
+async def _recovers_after(b: IsolatedBackend, pid: int) -> None:
+    """The lost worker ``pid`` left nothing behind, and a recovered backend computes right."""
+    _no_leak([pid])
+    with anyio.fail_after(60):
+        await b.recover()
+    await _check_recovered(b)
+
+
 async def test_worker_killed_mid_gemm(anyio_backend: str) -> None:
     b = await _open_faulty()
     try:
@@ -267,10 +275,7 @@ async def test_hung_worker_past_the_deadline(anyio_backend: str) -> None:
         with anyio.fail_after(20), pytest.raises(WorkerLostError, match="hung") as info:
             await t.to_host()
         assert info.value.cause == "hang"
-        _no_leak([pid])
-        with anyio.fail_after(60):
-            await b.recover()
-        await _check_recovered(b)
+        await _recovers_after(b, pid)
     finally:
         await b.shutdown()
 
@@ -298,10 +303,7 @@ async def test_idle_hung_worker_is_found(anyio_backend: str) -> None:
         assert b.last_fault.cause == "hang"
         with pytest.raises(StaleHandleError):
             await t.to_host()
-        _no_leak([pid])
-        with anyio.fail_after(60):
-            await b.recover()
-        await _check_recovered(b)
+        await _recovers_after(b, pid)
     finally:
         await b.shutdown()
 

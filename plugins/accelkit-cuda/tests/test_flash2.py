@@ -506,3 +506,42 @@ async def test_the_verdict_decides_the_attention_route(
         assert counts == ({"flash2": 1, "warp": 1} if passed else {"warp": 2})
     finally:
         await backend.shutdown()
+
+
+@pytest.mark.parametrize("failure", [None, "row 3 differs"])
+def test_the_check_child_prints_its_verdict_as_its_last_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    failure: str | None,
+) -> None:
+    """The body both gated kernels' children run (``python -m ... DEVICE CUBIN``): the cubin
+    loaded and checked on the device named, the verdict as the last line's JSON."""
+    import contextlib
+    import json
+    import sys
+
+    devices: list[int] = []
+
+    def device(index: int) -> Any:
+        devices.append(index)
+        return contextlib.nullcontext()
+
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(Device=device)))
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"CUBIN")
+    seen: list[object] = []
+
+    def load(binary: bytes) -> dict[str, Any]:
+        seen.append(binary)
+        return {"k": binary}
+
+    def check(functions: dict[str, Any]) -> str | None:
+        seen.append(functions)
+        return failure
+
+    assert fa.check_child(["prog", "3", str(cubin)], load, check) == 0
+    assert devices == [3]
+    assert seen == [b"CUBIN", {"k": b"CUBIN"}]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == {"failure": failure}

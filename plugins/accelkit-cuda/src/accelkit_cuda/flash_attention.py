@@ -45,6 +45,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -65,7 +66,9 @@ __all__ = [
     "THREADS",
     "Flash2Attention",
     "Flash2State",
+    "GatedKernel",
     "arch_supported",
+    "check_child",
     "geometry",
     "kernel_name",
     "kernel_names",
@@ -358,16 +361,26 @@ def _run_child(
     return f"the check exited with {done.returncode}: {tail}", True
 
 
-def main(argv: list[str]) -> int:
-    """The child of :func:`verdict`: ``python -m accelkit_cuda.flash_attention DEVICE CUBIN``
-    prints ``{"failure": null}`` or ``{"failure": "why"}`` as its last line."""
+def check_child(
+    argv: list[str],
+    load: Callable[[bytes], dict[str, Any]],
+    check: Callable[[dict[str, Any]], str | None],
+) -> int:
+    """The body of a :func:`verdict` child (``python -m MODULE DEVICE CUBIN``): on device
+    ``argv[1]``, ``check(load(cubin))``; prints ``{"failure": null}`` or ``{"failure": "why"}``
+    as its last line."""
     import cupy as cp
 
     with cp.cuda.Device(int(argv[1])):
-        functions = _load(Path(argv[2]).read_bytes())
-        failure = _check(functions)
+        failure = check(load(Path(argv[2]).read_bytes()))
     print(json.dumps({"failure": failure}))
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """The child of :func:`verdict` for this kernel: ``python -m accelkit_cuda.flash_attention
+    DEVICE CUBIN`` (:func:`check_child`)."""
+    return check_child(argv, _load, _check)
 
 
 def _load(binary: bytes) -> dict[str, Any]:

@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from accelkit.dtype import DType
 from accelkit.sdk import env_str
-from accelkit_cuda.flash_attention import GatedKernel, from_bits, to_bits
+from accelkit_cuda.flash_attention import GatedKernel, check_child, from_bits, to_bits
 
 if TYPE_CHECKING:
     from accelkit.tensor import Tensor
@@ -406,17 +405,9 @@ def run(
 
 
 def main(argv: list[str]) -> int:
-    """The child of the verdict: ``python -m accelkit_cuda.flash_decode DEVICE CUBIN`` prints
-    ``{"failure": null}`` or ``{"failure": "why"}`` as its last line."""
-    import json
-
-    import cupy as cp
-
-    with cp.cuda.Device(int(argv[1])):
-        functions = _load(Path(argv[2]).read_bytes())
-        failure = _check(functions)
-    print(json.dumps({"failure": failure}))
-    return 0
+    """The child of the verdict: ``python -m accelkit_cuda.flash_decode DEVICE CUBIN``
+    (:func:`~accelkit_cuda.flash_attention.check_child`)."""
+    return check_child(argv, _load, _check)
 
 
 def _load(binary: bytes) -> dict[str, Any]:
