@@ -57,11 +57,15 @@ async def test_the_benchmarks_block_timeline_runs(
         assert m["thread_busy_ms"] <= m["done_ms"]
         assert m["thread_max_wait_ms"] <= m["thread_waited_ms"]
         # The block is many closures, each one position, each ending in a recorded event; the
-        # await's copy adds positions of its own. Warm, a step makes no new event.
+        # await's copy adds positions of its own. Warm, a step reuses the events the previous
+        # step's positions returned to the pool: it makes new ones only for positions still in
+        # flight when it starts (the previous step's frees, on a loaded machine), never one per
+        # position as without the pool. (Exactly 0 is not a given: it depends on how far the
+        # completer lags; test_a_warm_stream_makes_no_new_event_per_position bounds the total.)
         assert m["closures"] >= 10
         assert m["positions"] >= m["closures"]
         assert m["events_recorded"] == m["positions"]
-        assert m["events_created"] == 0
+        assert m["events_created"] < m["events_recorded"] / 2
         assert m["completer_rounds"] == m["positions"]
         assert 1 <= m["thread_rounds"] <= m["closures"] + 3
         lines = bench_core.describe_timeline(m, steps)
