@@ -95,7 +95,7 @@ async def _block_parts(
     """Each op of the transformer block alone, at the block's shapes, against PyTorch's: ms per
     call and synchronize, medians of interleaved rounds. The CuPy compositions launch many
     kernels where PyTorch launches one (over the stand-in: layer_norm 11, tanh-GELU 10, a linear
-    with its bias 3, a permute 1 copy; docs/backends/cuda.md)."""
+    with its bias 2, a permute 1 copy; docs/backends/cuda.md)."""
     import torch.nn.functional as F  # noqa: N812
 
     ops = backend.tensor_ops

@@ -238,3 +238,51 @@ def test_a_half_gemm_into_f32_is_rounded_once(
         want = want + c_h
     eps = float(np.finfo(np.float32).eps)
     np.testing.assert_allclose(np.asarray(out), want, rtol=16 * eps, atol=16 * eps)
+
+
+#: Stand-in calls that are a kernel launch on a GPU (a CuPy routine, a ufunc, a copy, a fill,
+#: a cast, an indexed store; views and allocations are not).
+def _launches(calls: list[tuple[str, int]]) -> list[str]:
+    quiet = ("ndarray op", "ndarray", "empty", "asarray", "Event", "Stream", "runtime.", "pool.")
+    names = [name for name, _ in calls if not name.startswith(quiet) or name.startswith("ndarray.")]
+    # A CuPy routine that is a ufunc is recorded twice (the routine, then its ufunc): one launch.
+    return [n for i, n in enumerate(names) if not (i and n == f"ufunc {names[i - 1]}")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+async def test_a_linear_with_a_bias_is_two_launches(plugin: Plugin, dtype: str) -> None:
+    """F32/F64: the GEMM into the output, then the bias added in place (it was three launches:
+    the GEMM into a temporary, the add into another, the copy). The half types add the bias to
+    the F32 product and round once, as before. Against float64 NumPy, within the half-ulp of
+    the stored result plus the sum's rounding (k products of magnitude <= |x||w|)."""
+    import fake_cupy
+    import ml_dtypes
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    rng = np.random.default_rng(4)
+    x_h = rng.standard_normal((2, 5, 16)).astype(np_dtype)
+    w_h = rng.standard_normal((12, 16)).astype(np_dtype)
+    b_h = rng.standard_normal(12).astype(np_dtype)
+    backend = plugin.backend.CUDABackend()
+    await backend.initialize(Device("cuda", 0))
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+        await backend.synchronize()
+        fake_cupy.CALLS.clear()
+        y = ops.linear(x, w, b)
+        await backend.synchronize()
+        launched = _launches(list(fake_cupy.CALLS))
+        got = (await y.to_host()).astype(np.float64)
+    finally:
+        await backend.shutdown()
+    ref = x_h.astype(np.float64) @ w_h.astype(np.float64).T + b_h.astype(np.float64)
+    eps = float(ml_dtypes.finfo(np_dtype).eps)
+    k = x_h.shape[-1]
+    acc_eps = eps if dtype in ("float32", "float64") else float(np.finfo(np.float32).eps)
+    bound = np.abs(x_h.astype(np.float64)) @ np.abs(w_h.astype(np.float64)).T + np.abs(b_h)
+    tol = (k + 1) * acc_eps * bound + eps * np.abs(ref)
+    assert np.all(np.abs(got - ref) <= tol)
+    if dtype in ("float32", "float64"):
+        assert launched == ["matmul", "add"], launched

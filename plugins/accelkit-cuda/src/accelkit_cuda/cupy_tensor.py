@@ -297,7 +297,16 @@ def matmul(a: Array, b: Array, out: Array, tf32: bool = False) -> None:
 
 
 def linear(x: Array, w: Array, bias: Array | None, out: Array, tf32: bool = False) -> None:
-    direct = bias is None and out.dtype == x.dtype and out.flags.c_contiguous
+    """``x @ w.T (+ bias)``. Into ``out`` directly where it is contiguous and of ``x``'s dtype;
+    an F32/F64 bias of that dtype is then added in place: two launches, no temporaries, and the
+    same rounding as adding it to the product held in that dtype (PyTorch's cuBLASLt epilogue
+    makes it one launch). F16/BF16 add their bias to the F32 product and round once."""
+    direct = out.dtype == x.dtype and out.flags.c_contiguous
+    if direct and bias is not None and not half(out.dtype) and bias.dtype == out.dtype:
+        _mm(x, w.T, out, tf32)
+        cp.add(out, bias, out=out)
+        return
+    direct = direct and bias is None
     res = _mm(x, w.T, out if direct else None, tf32)
     if bias is not None:
         res = up(res) + up(bias)
