@@ -19,7 +19,8 @@ with a summary of every figure. Figures (issue 29's targets in brackets):
   the submission thread launched them, their GPU time, when the await returned, the thread's
   waits and the per-step counts; docs/backends/cuda.md says how to read it), and the block
   again at GIL switch intervals of 0.2 ms and 5 ms (CPython's default; the process runs at
-  accelkit's 1 ms), an experiment: the interval is put back;
+  accelkit's 1 ms), an experiment: the interval is put back; and with the streams' completer
+  threads waiting on each position or on the newest pending one (another experiment);
 - how late a 1 ms heartbeat task runs while the loop awaits a long GEMM chain [<= 1 ms].
 
 Timings are medians of interleaved repeats, each ending in a device synchronization (the
@@ -141,6 +142,34 @@ async def _block_parts(
         t_ak, t_th = await interleaved(ak_run, torch_run, BLOCK_ROUNDS)
         parts.append(f"{name} {t_ak * 1e3:.3f}/{t_th * 1e3:.3f}")
     return "block parts, ms per call accelkit/torch: " + ", ".join(parts)
+
+
+async def _completer_modes(ak_block: Callable[[], Any]) -> str:
+    """The block (``ak_block``: submit and synchronize) with the streams' completer threads
+    waiting on each position's event in turn and on the newest pending one
+    (``accelkit_cuda.stream.COMPLETER``), interleaved: whether the completer's wake-ups (one a
+    position, each a GIL acquisition beside the submission thread and the loop) are where
+    the block's time goes. The mode is put back after each run."""
+    from accelkit_cuda import stream
+
+    current = stream.COMPLETER
+
+    def at(mode: str) -> Callable[[], Any]:
+        async def run() -> None:
+            stream.COMPLETER = mode
+            try:
+                await ak_block()
+            finally:
+                stream.COMPLETER = current
+
+        return run
+
+    t_each, t_newest = await interleaved(at("each"), at("newest"), BLOCK_ROUNDS)
+    return (
+        f"block by completer mode: each position {t_each * 1e3:.2f} ms, newest pending"
+        f" {t_newest * 1e3:.2f} ms per step: {t_each / t_newest:.2f}x (interleaved; the figures"
+        f" above ran with {current!r}; ACCELKIT_CUDA_COMPLETER)"
+    )
 
 
 async def _switch_intervals(
@@ -378,6 +407,12 @@ async def measure(backend: ak.ComputeBackend) -> None:
     for line in lines:
         print(f"      {line}", flush=True)
         summary.append(line)
+    try:  # an experiment: the same block with the completer waiting on each or the newest
+        line = await _completer_modes(ak_block)
+    except Exception as exc:
+        line = f"block by completer mode: not measured ({type(exc).__name__}: {exc})"
+    print(f"      {line}", flush=True)
+    summary.append(line)
     try:  # where the block's time goes: a figure, never a reason to stop the benchmark
         line = await _block_parts(backend, torch, x, w, tx, tw, cfg)
     except Exception as exc:

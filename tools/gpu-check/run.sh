@@ -51,7 +51,7 @@ TAILN=40 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_
 TAILN=12 step demo 120 $PY -m accelkit demo
 step doctor 90 $PY -m accelkit doctor
 # its summary (about 24 lines: GEMMs, attention, host times, the block, its step timelines)
-TAILN=30 step bench 120 $PY benchmarks/bench_cuda.py
+TAILN=32 step bench 120 $PY benchmarks/bench_cuda.py
 TAILN=24 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
 # the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
 TAILN=10 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py

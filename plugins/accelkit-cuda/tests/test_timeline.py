@@ -66,7 +66,12 @@ async def test_the_benchmarks_block_timeline_runs(
         assert m["positions"] >= m["closures"]
         assert m["events_recorded"] == m["positions"]
         assert m["events_created"] < m["events_recorded"] / 2
-        assert m["completer_rounds"] == m["positions"]
+        # A round a position ("each"), or fewer where positions were pending together.
+        stream = importlib.import_module("accelkit_cuda.stream")
+        if stream.COMPLETER == "each":
+            assert m["completer_rounds"] == m["positions"]
+        else:
+            assert 1 <= m["completer_rounds"] <= m["positions"]
         assert 1 <= m["thread_rounds"] <= m["closures"] + 3
         lines = bench_core.describe_timeline(m, steps)
         assert len(lines) == 2

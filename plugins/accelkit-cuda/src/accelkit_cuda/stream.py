@@ -23,6 +23,7 @@ waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -44,6 +45,16 @@ CUDA_ERRORS = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverEr
 
 #: How many completed end-of-position events a stream keeps for reuse (more are dropped).
 _SPARE_EVENTS = 64
+
+#: How a stream's completer thread waits: ``"each"`` position's event in turn (a wake-up, a
+#: round of callbacks and a GIL acquisition per position), or the ``"newest"`` pending
+#: position's (one wake-up for a chain of positions; an awaited early position is then seen
+#: done when the newest position queued at that moment is). ``ACCELKIT_CUDA_COMPLETER`` sets it
+#: at import; ``benchmarks/bench_cuda.py`` runs the transformer block under both (interleaved),
+#: to decide the default on a GPU (unmeasured when written).
+COMPLETER = (
+    "newest" if os.environ.get("ACCELKIT_CUDA_COMPLETER", "").strip() == "newest" else "each"
+)
 
 OnError = Callable[[AccelError], AccelError]
 #: What other streams a submission waits for: ``(stream, position)`` of each pending writer of
@@ -253,25 +264,42 @@ class CUDAStream(DeviceErrors, PositionStream):
         return True
 
     def _complete(self) -> None:
-        """The completer thread: waits for the positions' events in order."""
+        """The completer thread: waits for the positions' events in order, one position a round
+        (``COMPLETER == "each"``) or, with ``"newest"``, the newest pending position that has an
+        event: the stream runs in order, so every position before it is done when it is, and
+        a chain of N positions costs one wake-up, not N (see :data:`COMPLETER`)."""
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
                     self._work_cv.wait()
                 if not self._pending:
                     return
-                seq, event, keep = self._pending[0]
+                last = 0
+                if COMPLETER == "newest":
+                    for i in range(len(self._pending) - 1, 0, -1):
+                        if self._pending[i][1] is not None:
+                            last = i
+                            break
+                seq, event = self._pending[last][:2]  # (not its keepalive: see below)
+            ok = False
             if event is not None and not self._abandoned and self._usable():
                 try:
                     event.synchronize()
                 except BaseException as exc:
                     self._fail(seq, as_accel_error(exc, f"work on {self.name}", self.on_error))
-                else:  # its record is done: it may be recorded again (a failed one is dropped)
-                    if len(self._spare_events) < _SPARE_EVENTS:
-                        self._spare_events.append(event)
+                else:
+                    ok = True
             with self._lock:
-                self._pending.popleft()
-                del keep, event
+                done = [self._pending.popleft() for _ in range(last + 1)]
+                # Their records are done: the events may be recorded again (a failed wait's
+                # are dropped).
+                if ok:
+                    spare = self._spare_events
+                    spare.extend(
+                        [p[1] for p in done if p[1] is not None][: _SPARE_EVENTS - len(spare)]
+                    )
+                # Nothing here may keep a position's keepalive once it is done.
+                del done, event
                 self._completed_upto = max(self._completed_upto, seq)
                 self.completer_rounds += 1
                 ready = self._due_locked()
