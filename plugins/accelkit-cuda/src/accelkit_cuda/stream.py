@@ -12,7 +12,8 @@ accelkit error, is raised by the next await that covers its position (as on the 
 :class:`~accelkit._core.device_errors.DeviceErrors`); a sticky one also poisons the backend.
 
 **Completion** is followed by the stream's completer thread, which waits for those events in
-order (``cudaEventSynchronize`` on a blocking-sync event: the thread sleeps), drops what each
+order (``cudaEventSynchronize`` on a blocking-sync event: the thread sleeps; each one, or the
+newest pending one, :data:`COMPLETER`), drops what each
 position kept alive, and wakes waiters (a completed event goes back to a small pool of the
 stream and is recorded again for a later position, so a warm stream makes no new CUDA event per
 position: counted over the stand-in; its speed is unverified on a GPU): an ``await`` registers a callback that the completer
