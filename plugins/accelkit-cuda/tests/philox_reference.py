@@ -29,9 +29,12 @@ def philox4x32_10(counter: Any, key: Any, rounds: int = 10) -> np.ndarray[Any, A
             k1 = (k1 + np.uint64(W1)) & _MASK
         p0 = np.uint64(M0) * c0  # < 2**64: exact in uint64
         p1 = np.uint64(M1) * c2
-        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _MASK, (
-            p0 >> np.uint64(32)
-        ) ^ c3 ^ k1, p0 & _MASK
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ k0,
+            p1 & _MASK,
+            (p0 >> np.uint64(32)) ^ c3 ^ k1,
+            p0 & _MASK,
+        )
     return np.stack([c0, c1, c2, c3], -1).astype(np.uint32)
 
 

@@ -309,9 +309,8 @@ def _reference(
     """What CUDAFactoryKernels.random computes, in NumPy: the Philox kernel's port (or, with
     ``philox`` false, the stand-in's CuPy generator, NumPy's PCG64): U or Z in float32 (float64
     for f64 or huge bounds), then a + (b - a) * U or a + b * Z in that dtype, cast once."""
-    wide = np.float64 if dt == np.float64 or max(abs(a), abs(b), abs(b - a)) > 3.4e38 else (
-        np.float32
-    )
+    huge = max(abs(a), abs(b), abs(b - a)) > float(np.finfo(np.float32).max)
+    wide = np.float64 if dt == np.float64 or huge else np.float32
     scale = b - a if kind == "uniform" else b
     if philox:
         n = int(np.prod(shape))

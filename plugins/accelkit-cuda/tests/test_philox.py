@@ -158,3 +158,93 @@ def test_the_grid_has_a_thread_a_counter(n: int, acc: str, blocks: int) -> None:
     assert grid == blocks
     counters = -(-n // philox.per_counter(acc))
     assert grid * philox.BLOCK >= counters or grid == 65535 * 8  # grid-stride beyond
+
+
+_HOST_SHIMS = r"""
+#include <cstdint>
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define __device__
+#define __forceinline__ inline
+static inline u32 __umulhi(u32 a, u32 b) { return (u32)(((u64)a * b) >> 32); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+"""
+_HOST_ENTRIES = r"""
+extern "C" void words(const u32* ctr, u32 k0, u32 k1, u32* out) {
+    w4 c = {ctr[0], ctr[1], ctr[2], ctr[3]};
+    w4 r = philox4x32_10(c, k0, k1);
+    out[0] = r.x; out[1] = r.y; out[2] = r.z; out[3] = r.w;
+}
+extern "C" void uniform_f32(long n, u32 k0, u32 k1, float a, float s, float* out) {
+    for (long c = 0; c * 4 < n; ++c) {
+        w4 ctr = {(u32)c, (u32)((u64)c >> 32), 0u, 0u};
+        w4 r = philox4x32_10(ctr, k0, k1);
+        float v[4] = {u24(r.x), u24(r.y), u24(r.z), u24(r.w)};
+        for (int j = 0; j < 4 && c * 4 + j < n; ++j) out[c * 4 + j] = affine(a, s, v[j]);
+    }
+}
+extern "C" void uniform_f64(long n, u32 k0, u32 k1, double a, double s, double* out) {
+    for (long c = 0; c * 2 < n; ++c) {
+        w4 ctr = {(u32)c, (u32)((u64)c >> 32), 0u, 0u};
+        w4 r = philox4x32_10(ctr, k0, k1);
+        double v[2] = {u53(r.x, r.y), u53(r.z, r.w)};
+        for (int j = 0; j < 2 && c * 2 + j < n; ++j) out[c * 2 + j] = affine(a, s, v[j]);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_core(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """accelkit_cuda.philox.CORE, the kernels' own text of the generator and the uniform
+    transforms, built for the host (``__device__`` defined away, CUDA's round-to-nearest
+    intrinsics as plain operations, no contraction), with the kernels' loops around it."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler to build the Philox core with")
+    lib = tmp_path_factory.mktemp("philox") / "philox_host.so"
+    subprocess.run(
+        [compiler, "-O1", "-ffp-contract=off", "-fno-fast-math", "-Wno-unknown-pragmas",
+         "-shared", "-fPIC", "-x", "c++", "-", "-o", str(lib)],
+        input=(_HOST_SHIMS + philox.CORE + _HOST_ENTRIES).encode(), check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return ctypes.CDLL(str(lib))
+
+
+@pytest.mark.parametrize(("counter", "key", "expected"), KAT, ids=["zeros", "ones", "pi"])
+def test_the_kernels_generator_gives_random123s_known_answers(
+    host_core: Any, counter: tuple[int, ...], key: tuple[int, int], expected: tuple[int, ...]
+) -> None:
+    import ctypes
+
+    ctr = np.array(counter, np.uint32)
+    out = np.zeros(4, np.uint32)
+    host_core.words(
+        ctypes.c_void_p(ctr.ctypes.data), ctypes.c_uint32(key[0]), ctypes.c_uint32(key[1]),
+        ctypes.c_void_p(out.ctypes.data),
+    )  # fmt: skip
+    assert [int(w) for w in out] == list(expected)
+
+
+@pytest.mark.parametrize("acc", ["f32", "f64"])
+def test_the_kernels_uniforms_are_the_numpy_ports_bit_for_bit(host_core: Any, acc: str) -> None:
+    import ctypes
+
+    n, (k0, k1) = 10_001, philox.key_of(0xDEADBEEF12345)
+    wide = np.float32 if acc == "f32" else np.float64
+    c_wide = ctypes.c_float if acc == "f32" else ctypes.c_double
+    out = np.empty(n, wide)
+    getattr(host_core, f"uniform_{acc}")(
+        ctypes.c_long(n), ctypes.c_uint32(k0), ctypes.c_uint32(k1), c_wide(-3.0), c_wide(8.0),
+        ctypes.c_void_p(out.ctypes.data),
+    )  # fmt: skip
+    np.testing.assert_array_equal(out, ref.draw("uniform", n, (k0, k1), acc, -3.0, 8.0, wide))

@@ -49,7 +49,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ACCS",
     "BLOCK",
+    "CORE",
     "KINDS",
+    "NAMES",
     "OUTS",
     "SOURCE",
     "PhiloxProgram",
@@ -98,7 +100,11 @@ __device__ __forceinline__ void st(bf16* p, i64 i, float v) {
     else h = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest even
     p[i].bits = h;
 }
+"""
 
+#: The generator and the transforms (device functions of plain C++ and CUDA's rounding
+#: intrinsics: the tests build this text for the host and compare it with the NumPy port).
+CORE = r"""
 struct w4 { u32 x, y, z, w; };
 
 // Philox4x32-10 (Salmon et al., SC'11; Random123's philox4x32round and philox4x32bumpkey).
@@ -179,7 +185,7 @@ def kernel_name(kind: str, acc: str, out: str) -> str:
 
 
 def _source() -> str:
-    parts = [_HEADER]
+    parts = [_HEADER, CORE]
     for kind in KINDS:
         for acc, outs in ACCS.items():
             for out in outs:
