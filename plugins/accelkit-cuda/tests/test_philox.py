@@ -14,7 +14,7 @@ import philox_reference as ref
 import pytest
 from accelkit_cuda import philox
 from nvrtc_checks import assert_compiles_without_spills
-from scipy import stats
+from scipy import stats  # type: ignore[import-untyped]
 
 #: Random123's known-answer vectors for philox4x32 with 10 rounds: tests/kat_vectors of
 #: https://github.com/DEShawResearch/random123 (v1.14.0; the same on main at 9545ff64), the
