@@ -465,7 +465,7 @@ async def test_philox_draws_are_the_numpy_ports(backend: Any) -> None:
         eps = float(np.finfo(np.float32 if dt is ak.DType.BF16 else out).eps)
         if dt is ak.DType.BF16:
             eps = 2.0**-7
-        tol = 4 * eps * 5.0  # a few ulps of the output at |2 + 0.5 Z| <= 5
+        tol = 16 * eps * 5.0  # a few ulps of the output (and of Z) at |2 + 0.5 Z| <= 5
         got64, ref64 = z.reshape(-1).astype(np.float64), expected.astype(np.float64)
         assert np.abs(got64 - ref64).max() <= tol, (dt, np.abs(got64 - ref64).max())
     small = await f.uniform((10,), seed=5).to_host()
