@@ -2,8 +2,9 @@
 
 Enough of CuPy's surface for the CUDA backend to run end to end without a GPU: arrays are NumPy
 arrays (a subclass) over host memory that ``runtime.malloc`` hands out, copies are ``memmove``,
-streams and events complete at once, modules load anything and their kernels do nothing, and
-``cupy.random``'s generator is NumPy's PCG64.
+streams and events complete at once, modules load anything and their kernels do nothing (but
+the raw elementwise and Philox kernels, computed by NumPy ports), and ``cupy.random``'s
+generator is NumPy's PCG64.
 Every function, array operation, launch, copy, stream and event call appends ``(name, thread
 ident)`` to :data:`CALLS`; what counts as a call is what reaches CUDA in real CuPy (making an
 array over memory it is given does not; a ufunc, a copy, ``astype`` or a new array does).
@@ -275,6 +276,8 @@ class Function:
         record(f"launch {self.name}")
         if self.name.startswith("ew_"):
             _elementwise(self.name, args)
+        elif self.name.startswith("philox_"):
+            _philox(self.name, args)
 
 
 _EW_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum,
@@ -298,6 +301,22 @@ def _elementwise(name: str, args: Any) -> None:
     acc = np.float64 if sfx == "f64" else np.float32
     out = _EW_UFUNCS[op](view(pa).astype(acc), view(pb).astype(acc))
     view(po)[...] = out.astype(dtype)
+
+
+def _philox(name: str, args: Any) -> None:
+    """What accelkit_cuda.philox's kernel ``name`` writes (its NumPy port,
+    philox_reference.draw), on the host memory the stand-in's device pointer addresses."""
+    import ml_dtypes
+    import philox_reference
+
+    _, kind, acc, sfx = name.split("_")
+    dtype = np.dtype({"f32": np.float32, "f64": np.float64, "f16": np.float16,
+                      "bf16": ml_dtypes.bfloat16}[sfx])  # fmt: skip
+    ptr, n, k0, k1, a, s = args
+    n = int(n)
+    buf = (ctypes.c_char * max(n * dtype.itemsize, 1)).from_address(int(ptr))
+    out = np.ndarray((n,), dtype, buffer=buf)
+    out[...] = philox_reference.draw(kind, n, (int(k0), int(k1)), acc, a, s, dtype)
 
 
 class Module:

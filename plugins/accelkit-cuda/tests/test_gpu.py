@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import philox_reference
 import pytest
 
 import accelkit as ak
@@ -435,3 +436,45 @@ async def test_an_isolated_backend_survives_an_illegal_write(anyio_backend: Any)
             assert beats > before + 1, "the event loop stopped while the worker failed"
         finally:
             stop.set()
+
+
+async def test_philox_draws_are_the_numpy_ports(backend: Any) -> None:
+    """Issues 27/29: uniform and normal draw by the Philox kernels (not CuPy's generator, the
+    fallback without NVRTC): uniforms bit for bit the NumPy port's (tests/philox_reference.py,
+    checked against Random123's known answers), normals within the device's logf/sincospif
+    error (a few ulps), in every float dtype; a shorter draw is a prefix of a longer one (a
+    different grid), and the fused sample_token draws the same noise (the conformance suite)."""
+    from accelkit_cuda.philox import key_of
+
+    program = getattr(backend, "philox", None)  # None when isolated (a proxy)
+    if program is not None:
+        assert program.ready, program.error
+    f = backend.tensor_factory
+    shape, n = (300, 37), 300 * 37
+    dtypes = [ak.DType.F32, ak.DType.F64, ak.DType.F16]
+    if ak.DType.BF16 in backend.capabilities.dtypes:
+        dtypes.append(ak.DType.BF16)
+    for dt in dtypes:
+        out = np.dtype(dt.to_numpy())
+        acc = "f64" if dt is ak.DType.F64 else "f32"
+        u = await f.uniform(shape, -3.0, 5.0, seed=77, dtype=dt).to_host()
+        expected = philox_reference.draw("uniform", n, key_of(77), acc, -3.0, 8.0, out)
+        np.testing.assert_array_equal(u.reshape(-1), expected, err_msg=str(dt))
+        z = await f.normal(shape, 2.0, 0.5, seed=78, dtype=dt).to_host()
+        expected = philox_reference.draw("normal", n, key_of(78), acc, 2.0, 0.5, out)
+        eps = float(np.finfo(np.float32 if dt is ak.DType.BF16 else out).eps)
+        if dt is ak.DType.BF16:
+            eps = 2.0**-7
+        tol = 16 * eps * 5.0  # a few ulps of the output (and of Z) at |2 + 0.5 Z| <= 5
+        got64, ref64 = z.reshape(-1).astype(np.float64), expected.astype(np.float64)
+        assert np.abs(got64 - ref64).max() <= tol, (dt, np.abs(got64 - ref64).max())
+    small = await f.uniform((10,), seed=5).to_host()
+    big = await f.uniform((100_000,), seed=5).to_host()
+    np.testing.assert_array_equal(small, big[:10])
+    # Statistics of a large f32 draw on the device (bounds from the sample size).
+    z = (await f.normal((1 << 20,), seed=9).to_host()).astype(np.float64)
+    assert abs(z.mean()) <= 5 / np.sqrt(z.size)
+    assert abs((z**2).mean() - 1) <= 5 * np.sqrt(2) / np.sqrt(z.size)
+    u = await f.uniform((1 << 20,), seed=10).to_host()
+    assert u.min() >= 0.0
+    assert u.max() < 1.0

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import fake_cupy
 import numpy as np
+import philox_reference
 import pytest
 
 from accelkit.device import Device
@@ -155,13 +156,13 @@ async def test_no_cuda_call_on_the_loop_thread(plugin: Plugin) -> None:
     for expected in (
         "runtime.malloc", "runtime.memcpyAsync", "alloc_pinned_memory", "Stream()",
         "Module.load", "launch rms_norm_f32", "ufunc matmul", "runtime.free",
-        "random.default_rng", "random.Generator.standard_normal", "random.Generator.random",
+        "launch philox_normal_f32_f32", "launch philox_uniform_f32_f32",
     ):  # fmt: skip
         assert expected in on_submission, (expected, on_submission)
     np.testing.assert_array_equal(got["x"], host)
-    # Drawn on the device (the stand-in's generator is NumPy's PCG64): 0 + 1 * Z in float32.
-    z = np.random.default_rng(3).standard_normal((4, 6), dtype=np.float32)
-    np.testing.assert_array_equal(got["n"], z)
+    # Drawn on the device by the Philox kernel (its NumPy port here): 0 + 1 * Z in float32.
+    z = philox_reference.draw("normal", 24, (3, 0), "f32", 0.0, 1.0, np.float32)
+    np.testing.assert_array_equal(got["n"], z.reshape(4, 6))
     np.testing.assert_array_equal(got["r"], np.arange(8))
     np.testing.assert_array_equal(got["z"], np.arange(16, dtype=np.float32).reshape(4, 4))
     np.testing.assert_array_equal(back, np.arange(16, dtype=np.float32))
@@ -295,29 +296,60 @@ async def test_shutdown_finishes_failed_work_without_raising(plugin: Plugin) -> 
 
 
 def _random_calls() -> list[tuple[str, int]]:
-    return [(name, t) for name, t in fake_cupy.CALLS if name.startswith("random.")]
+    return [
+        (name, t)
+        for name, t in fake_cupy.CALLS
+        if name.startswith(("random.", "launch philox_", "ufunc", "astype"))
+    ]
 
 
-def _reference(kind: str, a: float, b: float, shape: tuple[int, ...], seed: int, dt: Any) -> Any:
-    """What CUDAFactoryKernels.random computes, in NumPy: the generator's U or Z in float32
-    (float64 for f64), then a + (b - a) * U or a + b * Z in that dtype, cast once."""
-    wide = np.float64 if dt == np.float64 else np.float32
+def _reference(
+    kind: str, a: float, b: float, shape: tuple[int, ...], seed: int, dt: Any, philox: bool = True
+) -> Any:
+    """What CUDAFactoryKernels.random computes, in NumPy: the Philox kernel's port (or, with
+    ``philox`` false, the stand-in's CuPy generator, NumPy's PCG64): U or Z in float32 (float64
+    for f64 or huge bounds), then a + (b - a) * U or a + b * Z in that dtype, cast once."""
+    huge = max(abs(a), abs(b), abs(b - a)) > float(np.finfo(np.float32).max)
+    wide = np.float64 if dt == np.float64 or huge else np.float32
+    scale = b - a if kind == "uniform" else b
+    if philox:
+        n = int(np.prod(shape))
+        acc = "f64" if wide is np.float64 else "f32"
+        key = (seed & 0xFFFFFFFF, seed >> 32)
+        return philox_reference.draw(kind, n, key, acc, a, scale, dt).reshape(shape)
     rng = np.random.default_rng(seed)  # the stand-in's generator
     if kind == "uniform":
-        x = rng.random(shape, dtype=wide) * wide(b - a) + wide(a)
+        x = rng.random(shape, dtype=wide) * wide(scale) + wide(a)
     else:
-        x = rng.standard_normal(shape, dtype=wide) * wide(b) + wide(a)
+        x = rng.standard_normal(shape, dtype=wide) * wide(scale) + wide(a)
     return x.astype(dt)
 
 
-async def test_random_numbers_are_drawn_on_the_device_in_stream_order(plugin: Plugin) -> None:
-    """uniform and normal launch CuPy's generator from the submission thread, queued like any
-    kernel: the calls return while that thread is busy, no draw runs on the loop's thread, and
-    the values are the generator's numbers scaled and shifted in float32 (f64: float64)."""
+@pytest.mark.parametrize("philox", [True, False], ids=["philox", "no-nvrtc"])
+async def test_random_numbers_are_drawn_on_the_device_in_stream_order(
+    plugin: Plugin, philox: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uniform and normal launch the Philox kernels (without NVRTC: CuPy's generator) from
+    the submission thread, queued like any kernel: the calls return while that thread is busy,
+    no draw runs on the loop's thread, and the values are the generator's numbers scaled and
+    shifted in float32 (f64: float64). A Philox draw is one launch a tensor, in its dtype."""
+    from accelkit_cuda import nvrtc
+
     from accelkit.sdk import last_writer
 
+    if not philox:  # NVRTC missing for the draw kernels only: CuPy's generator draws
+        stand_in = nvrtc.compile_cached
+
+        def compile_cached(source: str, *args: Any, **kwargs: Any) -> Any:
+            if "philox4x32_10" in source:
+                raise nvrtc.NVRTCUnavailable("no NVRTC (test)")
+            return stand_in(source, *args, **kwargs)
+
+        monkeypatch.setattr(nvrtc, "compile_cached", compile_cached)
     loop_thread = threading.get_ident()
     backend = await _open(plugin)
+    assert backend.philox is not None
+    assert backend.philox.ready is philox, backend.philox.error
     f = backend.tensor_factory
     assert f.kernels.device_random
     dtypes = [DType.F32, DType.F64, DType.F16]
@@ -345,31 +377,41 @@ async def test_random_numbers_are_drawn_on_the_device_in_stream_order(plugin: Pl
         assert (await empty.to_host()).shape == (0, 3)
         assert np.isfinite(await fresh.to_host()).all()
         np.testing.assert_array_equal(
-            await on_other.to_host(), _reference("uniform", 0.0, 1.0, (4,), 5, np.float32)
+            await on_other.to_host(),
+            _reference("uniform", 0.0, 1.0, (4,), 5, np.float32, philox),
         )
         submission = backend._thread.ident
     finally:
         gate.set()
         await backend.shutdown()
     calls = _random_calls()
-    assert {
-        "random.default_rng",
-        "random.Generator.random",
-        "random.Generator.standard_normal",
-    } <= {name for name, _ in calls}
+    names = [name for name, _ in calls]
+    if philox:  # one launch a tensor (fresh: 1), in its dtype: no generator, no cast
+        assert len(names) == 2 * len(dtypes) + 3, names
+        assert {f"launch philox_{k}_f32_{dt}" for k in ("uniform", "normal")
+                for dt in ("f32", "f16")} <= set(names)  # fmt: skip
+        assert "launch philox_uniform_f64_f32" in names  # the huge bounds: f64, written as f32
+        assert not [n for n in names if not n.startswith("launch philox_")], names
+    else:
+        assert {
+            "random.default_rng",
+            "random.Generator.random",
+            "random.Generator.standard_normal",
+        } <= set(names)
     threads = {t for _, t in calls}
     assert loop_thread not in threads, "random numbers drawn on the event loop's thread"
     assert threads == {submission}
     for (kind, dt), values in got.items():
         a, b, seed = (-3.0, 5.0, 11) if kind == "uniform" else (2.0, 0.5, 4)
-        expected = _reference(kind, a, b, (5, 7), seed, dt.to_numpy())
+        expected = _reference(kind, a, b, (5, 7), seed, dt.to_numpy(), philox)
         assert values.dtype == expected.dtype, (kind, dt)
         np.testing.assert_array_equal(
             values.astype(np.float64), expected.astype(np.float64), err_msg=f"{kind} {dt}"
         )
     assert np.isfinite(got_wide).all()
     np.testing.assert_allclose(
-        got_wide, _reference("uniform", -3e38, 3e38, (64,), 2, np.float64).astype(np.float32)
+        got_wide,
+        _reference("uniform", -3e38, 3e38, (64,), 2, np.float64, philox).astype(np.float32),
     )
 
 

@@ -1,9 +1,10 @@
 """sample_token's two routes on the CUDA backend without a GPU, over the stand-in for CuPy
-(``fake_cupy``, whose ``cupy.random`` generator is NumPy's PCG64 in place of CuPy's XORWOW): the
-fused route must draw its Gumbel noise from the same device generator, with the same seed, shape
-and dtype, as the composition's ``tensor_factory.uniform`` (the H100's conformance run: the fused
-route drew NumPy's ``default_rng(seed).uniform`` on the host, and the routes disagreed), and
-draw it on the submission thread."""
+(``fake_cupy``, which runs the Philox kernels' NumPy port, and whose ``cupy.random`` generator,
+the fallback without NVRTC, is NumPy's PCG64 in place of CuPy's XORWOW): the fused route must
+draw its Gumbel noise from the same device generator, with the same seed, shape and dtype, as
+the composition's ``tensor_factory.uniform`` (the H100's conformance run: the fused route drew
+NumPy's ``default_rng(seed).uniform`` on the host, and the routes disagreed), and draw it on the
+submission thread."""
 
 from __future__ import annotations
 
@@ -21,14 +22,20 @@ pytestmark = pytest.mark.anyio
 plugin = test_offloop.plugin
 
 
+@pytest.mark.parametrize("philox", [True, False], ids=["philox", "no-nvrtc"])
 @pytest.mark.parametrize(
     "kwargs",
     [{}, {"top_k": 20}, {"top_p": 0.9, "temperature": 0.7}, {"top_k": 50, "top_p": 0.8}],
     ids=["plain", "top_k", "top_p", "both"],
 )
 async def test_fused_and_composed_sampling_agree_for_a_seed(
-    plugin: Plugin, kwargs: dict[str, Any]
+    plugin: Plugin, kwargs: dict[str, Any], philox: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from accelkit_cuda.philox import PhiloxProgram
+
+    if not philox:  # as if NVRTC were missing: CuPy's generator draws on both routes
+        monkeypatch.setattr(PhiloxProgram, "function", lambda *a: None)
+    drawn_by = "launch philox_uniform_f32_f32" if philox else "random.Generator.random"
     backend = await _open(plugin)
     try:
         rng = np.random.default_rng(8)
@@ -44,7 +51,7 @@ async def test_fused_and_composed_sampling_agree_for_a_seed(
         assert fused.last_route.route == "fused"
         a_host = await a.to_host()
         # The fused route's own draw: on the device generator, on the submission thread.
-        draws = [ident for name, ident in fake_cupy.CALLS if name == "random.Generator.random"]
+        draws = [ident for name, ident in fake_cupy.CALLS if name == drawn_by]
         b = composed.sample_token(logits, seed=11, **kwargs)
         assert composed.last_route is not None
         assert composed.last_route.route == "composed"

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from accelkit_cuda.flash_decode import FlashDecode
     from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
     from accelkit_cuda.memory import CUDAMemoryKernels
+    from accelkit_cuda.philox import PhiloxProgram
 
 _log = logging.getLogger("accelkit.cuda")
 __all__ = ["CUDABackend"]
@@ -77,6 +78,8 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._memory: CUDAMemoryKernels | None = None
         self._executor: CUDAKernelExecutor | None = None
         self._fused: FusedProgram | None = None
+        #: The Philox draw kernels (made and loaded at initialize; None before).
+        self.philox: PhiloxProgram | None = None
         #: The fused kernels (TensorOps' attention launches their flash kernel).
         self._fused_kernels: CUDAFusedKernels | None = None
         #: Attention's engines: cuDNN's graphs where installed, with their records.
@@ -195,8 +198,12 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         flash2 = self._flash2 = Flash2Attention(self, props)
         decode = self._flash_decode = FlashDecode(self, props)
         fast = getattr(opened.tensor, "fast", None)  # the raw elementwise kernels
+        from accelkit_cuda.philox import PhiloxProgram
+
+        philox = self.philox = PhiloxProgram(self)  # the draws (CuPy's generator if it fails)
         async with anyio.create_task_group() as tg:  # the NVRTC compiles side by side
             tg.start_soon(self.fused.load)
+            tg.start_soon(philox.load)  # before serving: a seed's numbers take one path
             tg.start_soon(flash2.load)  # compiled, checked on the device (a child), loaded
             tg.start_soon(decode.load)  # the same
             if fast is not None:  # not at the first add of a request (docs/backends/cuda.md)
@@ -284,7 +291,7 @@ class CUDABackend(QueuedBackend[CUDAStream]):
             if self._poisoned is not None:
                 for stream in streams:
                     stream.abandon()
-                _LEFT_TO_THE_PROCESS.append((streams, self._fused, self._executor))
+                _LEFT_TO_THE_PROCESS.append((streams, self._fused, self._executor, self.philox))
             if thread is not None:
                 await anyio.to_thread.run_sync(thread.close)  # runs them, then ends
 

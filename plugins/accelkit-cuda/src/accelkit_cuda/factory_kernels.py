@@ -5,10 +5,16 @@ async copies.
 the pinned staging block, the copy into it and the ``cudaMemcpyAsync`` happen on the submission
 thread. Range tensors are made there too (``generate``), never on the loop's thread.
 
-Random tensors (``uniform``, ``normal``) are drawn on the device by CuPy's generator
-(``cupy.random.default_rng(seed)``), launched from the submission thread in stream order like
-every other kernel (:meth:`CUDAFactoryKernels.random`): a seed gives the same numbers on every
-CUDA run, and not the numbers of NumPy's PCG64 that the host backends draw.
+Random tensors (``uniform``, ``normal``) are drawn on the device by Philox4x32-10, a
+counter-based generator (:mod:`accelkit_cuda.philox`: the key is the seed, the counter the
+element index), one raw NVRTC launch per draw that writes the output's dtype directly, from the
+submission thread in stream order like every other kernel (:meth:`CUDAFactoryKernels.random`,
+:func:`device_draw`). A seed gives the same numbers on every CUDA run and any grid, and not the
+numbers of NumPy's PCG64 that the host backends draw. If NVRTC is missing (the kernels failed to
+compile or load at ``initialize``), CuPy's generator draws instead
+(``cupy.random.default_rng(seed)``, XORWOW: other numbers for a seed, a state initialised per
+draw). Before 0.3.0 CuPy's generator drew every time, so a seed's CUDA numbers changed with the
+switch. **Unverified on a GPU** when written (issues 27/29).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from accelkit.sdk import host_assign as assign
 from accelkit.tensor import Tensor
 from accelkit_cuda.cupy_tensor import cast_into
 from accelkit_cuda.memory import pinned_empty
+from accelkit_cuda.philox import BLOCK, OUTS, grid_for, key_of
 from accelkit_cuda.submit import CUDAComponent, storage
 
 __all__ = ["CUDAFactoryKernels", "device_draw", "random_dtype"]
@@ -72,26 +79,20 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
         self._upload(out, make, "generate")
 
     def random(self, out: Tensor, draw: RandomDraw) -> None:
-        """Draw on the device: ``cupy.random.default_rng(draw.seed)`` (CuPy's XORWOW) makes
-        ``U`` in [0, 1) (``Generator.random``) or ``Z`` standard normal
-        (``Generator.standard_normal``), and ``out`` gets ``a + (b - a) * U`` (uniform) or
-        ``a + b * Z`` (normal). The arithmetic is float32 (float64 for f64 tensors, and where
-        a bound or the scale exceeds float32's range), drawn straight into ``out`` when it has
-        that dtype, else cast once (f16, bf16). It runs on the submission thread, in stream
-        order like every launch; nothing here touches CUDA on the caller's thread."""
+        """Draw on the device (:func:`device_draw`): ``out`` gets ``a + (b - a) * U``
+        (uniform) or ``a + b * Z`` (normal), computed in float32 (float64 for f64 tensors, and
+        where a bound or the scale exceeds float32's range: :func:`random_dtype`) and written
+        in ``out``'s dtype by the one Philox launch. It runs on the submission thread, in
+        stream order like every launch; nothing here touches CUDA on the caller's thread."""
         if out.size == 0:
             self.skip([out])
             return
         dtype = random_dtype(draw, out.dtype is DType.F64)
-
-        def run() -> None:
-            dst = storage(out)
-            direct = dst.dtype == dtype  # f32 (or f64): drawn into the output itself
-            x = device_draw(draw, dtype, dst if direct else None)
-            if not direct:
-                cast_into(x, dst)
-
-        self.launch(run, (), (out,), what=f"random numbers ({draw.kind})")
+        program = getattr(self.backend, "philox", None)
+        self.launch(
+            lambda: device_draw(draw, dtype, storage(out), program), (), (out,),
+            what=f"random numbers ({draw.kind})",
+        )  # fmt: skip
 
 
 def random_dtype(draw: RandomDraw, f64: bool = False) -> Any:
@@ -102,20 +103,46 @@ def random_dtype(draw: RandomDraw, f64: bool = False) -> Any:
     return np.float64 if f64 or max(abs(a), abs(b), abs(scale)) > _F32_MAX else np.float32
 
 
-def device_draw(draw: RandomDraw, dtype: Any, out: Any = None) -> Any:
-    """``draw`` on the device, in ``dtype`` (into ``out`` where given, of that dtype and the
-    draw's shape): ``cupy.random.default_rng(draw.seed)`` makes ``U`` in [0, 1) or ``Z``, then
-    ``a + (b - a) * U`` or ``a + b * Z``. The one place a CUDA draw is made, so that every
-    user of a seed (``tensor_factory.uniform``, the fused ``sample_token``) gets the same
-    numbers. On the submission thread."""
+def device_draw(draw: RandomDraw, dtype: Any, out: Any = None, program: Any = None) -> Any:
+    """``draw`` on the device, computed in ``dtype`` (float32 or float64), into ``out`` (a
+    CuPy array of the draw's shape, of any float dtype: f16, bf16, f32, f64) or a new array of
+    ``dtype``; returns it. The one place a CUDA draw is made, so that every user of a seed
+    (``tensor_factory.uniform``, the fused ``sample_token``) gets the same numbers. On the
+    submission thread, on the current stream.
+
+    With ``program`` (the backend's :class:`~accelkit_cuda.philox.PhiloxProgram`) loaded: one
+    Philox4x32-10 launch, key = the seed, counter = the element index, writing
+    ``a + (b - a) * U`` or ``a + b * Z`` in ``out``'s dtype (:mod:`accelkit_cuda.philox`).
+    Without (NVRTC missing): ``cupy.random.default_rng(draw.seed)`` (XORWOW) makes ``U`` or
+    ``Z`` in ``dtype``, scaled and shifted in place, cast once into ``out`` if its dtype
+    differs."""
+    acc = "f64" if np.dtype(dtype) == np.float64 else "f32"
+    if out is None:
+        out = cupy.empty(draw.shape, dtype)
     a, b = draw.a, draw.b
     scale = b - a if draw.kind == "uniform" else b
+    fn = None
+    if program is not None:
+        fn = program.function(draw.kind, acc, OUTS.get(np.dtype(out.dtype).name, ""))
+    if fn is not None:
+        n = out.size
+        if n:
+            k0, k1 = key_of(draw.seed)
+            wide = np.float64 if acc == "f64" else np.float32
+            args = (np.uintp(out.data.ptr), np.int64(n), np.uint32(k0), np.uint32(k1),
+                    wide(a), wide(scale))  # fmt: skip
+            fn(grid_for(n, acc), (BLOCK,), args, stream=cupy.cuda.get_current_stream())
+        return out
+    # CuPy's generator (the path before the Philox kernels; NVRTC missing).
+    direct = out.dtype == dtype
     rng = cupy.random.default_rng(draw.seed)
     draw_fn = rng.random if draw.kind == "uniform" else rng.standard_normal
-    x = draw_fn(draw.shape, dtype=dtype, out=out)
+    x = draw_fn(draw.shape, dtype=dtype, out=out if direct else None)
     x *= scale  # a + (b - a) * U, a + b * Z, in x's dtype (the scalars rounded to it)
     x += a
-    return x
+    if not direct:
+        cast_into(x, out)
+    return out
 
 
 #: The largest finite float32: bounds beyond it are computed in float64.

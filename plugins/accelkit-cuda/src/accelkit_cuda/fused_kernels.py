@@ -415,11 +415,12 @@ class CUDASamplingKernels(_Fused):
         # The composition's noise: tensor_factory.uniform((rows, vocab), seed=seed) (F32), drawn
         # by the same device generator (factory_kernels.device_draw), so both routes agree.
         draw = RandomDraw("uniform", 0.0, 1.0, (rows, vocab), params.seed)
+        program = getattr(self.backend, "philox", None)
 
         def run() -> Any:
             noise = None
             if params.temperature != 0.0:
-                noise = device_draw(draw, random_dtype(draw))
+                noise = device_draw(draw, random_dtype(draw), None, program)
             return _sample(storage(logits), _data(previous_tokens), params, noise, storage(out))
 
         def error(_code: int, value: int) -> BaseException:
