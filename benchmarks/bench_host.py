@@ -140,6 +140,35 @@ def profile_lines(fn: Callable[[], object], calls: int, top: int = 12) -> list[s
     return out
 
 
+def python_work(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+    """Python function calls and bytecodes executed per call of ``fn`` on this thread (a
+    trace function counts them; the loop and ``fn``'s own frame are taken out): what a
+    change to the submission path's Python removes, exactly, where wall-clock figures of a
+    few microseconds move by half between runs on a shared machine. Calls into C (a NumPy
+    scalar, a lock) count one bytecode each, whatever they cost."""
+    counts = {"call": 0, "opcode": 0}
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        frame.f_trace_opcodes = True
+        if event in counts:
+            counts[event] += 1
+        return tracer
+
+    def per_call(f: Callable[[], object]) -> tuple[float, float]:
+        counts.update(call=0, opcode=0)
+        sys.settrace(tracer)
+        try:
+            for _ in range(calls):
+                f()
+        finally:
+            sys.settrace(None)
+        return counts["call"] / calls, counts["opcode"] / calls
+
+    frames, ops = per_call(fn)
+    frames0, ops0 = per_call(lambda: None)
+    return frames - frames0, ops - ops0
+
+
 def install_cuda_standin() -> None:
     """Make ``open_backend("cuda")`` open the CUDA backend over the plugin tests' stand-in for
     CuPy (no GPU: one 1 GiB device, NVRTC compiles answered with a placeholder binary, the raw
@@ -257,7 +286,12 @@ async def run(
             report["rows"].append({"op": f"{label} 64x64 f32", **times})
             if profile:
                 call = sides["accelkit"][0]
-                report["profiles"][label] = profile_lines(call, calls * 4)
+                frames, codes = python_work(call, calls)
+                await ak_sync()
+                report["profiles"][label] = [
+                    f"Python per call: {frames:.0f} function calls, {codes:.0f} bytecodes",
+                    *profile_lines(call, calls * 4),
+                ]
                 await ak_sync()
     return report
 
