@@ -130,6 +130,12 @@ class CUDAStream(DeviceErrors, PositionStream):
         self._lock = threading.Lock()
         self._done_cv = threading.Condition(self._lock)
         self._work_cv = threading.Condition(self._lock)
+        # Who waits on the conditions (counted under ``_lock``), so that each position's end
+        # notifies only when someone waits: ``Condition.notify`` is Python code (the owner
+        # check, a deque of the waiters) run per position on the submission and completer
+        # threads, which share the interpreter lock with the caller.
+        self._completer_idle = False
+        self._blocked = 0
         self.submitted = 0
         self._completed_upto = 0
         self.checks: list[tuple[int, Callable[[], BaseException | None]]] = []
@@ -231,7 +237,8 @@ class CUDAStream(DeviceErrors, PositionStream):
                     target=self._complete, name=f"accelkit-cuda-done-{self.name}", daemon=True
                 )
                 self._completer.start()
-            self._work_cv.notify()
+            elif self._completer_idle:
+                self._work_cv.notify()
 
     def _end_event(self) -> Any:
         """A blocking-sync event recorded now at the end of the stream (submission thread): a
@@ -257,7 +264,11 @@ class CUDAStream(DeviceErrors, PositionStream):
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
-                    self._work_cv.wait()
+                    self._completer_idle = True
+                    try:
+                        self._work_cv.wait()
+                    finally:
+                        self._completer_idle = False
                 if not self._pending:
                     return
                 seq, event, keep = self._pending[0]
@@ -279,7 +290,8 @@ class CUDAStream(DeviceErrors, PositionStream):
                 cb()
 
     def _due_locked(self) -> list[Callable[[], None]]:
-        self._done_cv.notify_all()
+        if self._blocked:
+            self._done_cv.notify_all()
         ready = self._waiters.due(self._completed_upto)
         self.prune_checks_locked(self._completed_upto)
         return ready
@@ -317,7 +329,11 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.check_usable()
         with self._lock:
             while self._completed_upto < seq:
-                self._done_cv.wait()
+                self._blocked += 1
+                try:
+                    self._done_cv.wait()
+                finally:
+                    self._blocked -= 1
         self.raise_errors(seq)
 
     # -- Stream interface -------------------------------------------------------------------------
