@@ -115,7 +115,9 @@ def profile_lines(fn: Callable[[], object], calls: int, top: int = 12) -> list[s
     the profiler every function call costs more, so read the shares, not the sum)."""
     # The clock of the timed blocks (thread CPU time with --cpu-time: the submission thread's
     # turns at the interpreter lock are not charged to the function they interrupted).
-    prof = cProfile.Profile(time.thread_time if CLOCK[0] is time.thread_time_ns else time.perf_counter)
+    prof = cProfile.Profile(
+        time.thread_time if CLOCK[0] is time.thread_time_ns else time.perf_counter
+    )
     gc.collect()
     gc.disable()
     try:
@@ -134,7 +136,8 @@ def profile_lines(fn: Callable[[], object], calls: int, top: int = 12) -> list[s
         rows.append((tt, nc, f"{name} ({where})"))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    out = [f"{'us/call':>9}{'share':>7}{'n/call':>8}  function (profiled: {total / calls * 1e6:.1f} us/call)"]
+    head = f"function (profiled: {total / calls * 1e6:.1f} us/call)"
+    out = [f"{'us/call':>9}{'share':>7}{'n/call':>8}  {head}"]
     for tt, nc, what in rows[:top]:
         out.append(f"{tt / calls * 1e6:>9.2f}{tt / total:>7.0%}{nc / calls:>8.1f}  {what}")
     return out

@@ -16,7 +16,6 @@ import fake_cupy
 import numpy as np
 import pytest
 import test_offloop
-
 from accelkit_cuda.fast_elementwise import grid_for
 
 pytestmark = pytest.mark.anyio
@@ -130,10 +129,11 @@ async def test_the_threads_wake_for_work_after_they_idled(plugin: Plugin) -> Non
                 if thread._idle and stream._completer_idle:
                     break
                 threading.Event().wait(0.01)
-            assert thread._idle and stream._completer_idle
+            assert thread._idle
+            assert stream._completer_idle
             x = ops.add(x, x)
             box: list[Any] = []
-            other = threading.Thread(target=lambda y=x: box.append(y.numpy()))  # a blocking wait
+            other = threading.Thread(target=lambda y=x, got=box: got.append(y.numpy()))  # blocks
             other.start()
             other.join(10)
             assert not other.is_alive()
