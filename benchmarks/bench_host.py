@@ -113,11 +113,9 @@ def profile_lines(fn: Callable[[], object], calls: int, top: int = 12) -> list[s
     """Where ``calls`` calls of ``fn`` spend their time: cProfile's ``top`` functions by own
     time, as ``us/call  calls/call  function`` lines (microseconds per call of ``fn``; under
     the profiler every function call costs more, so read the shares, not the sum)."""
-    # The clock of the timed blocks (thread CPU time with --cpu-time: the submission thread's
-    # turns at the interpreter lock are not charged to the function they interrupted).
-    prof = cProfile.Profile(
-        time.thread_time if CLOCK[0] is time.thread_time_ns else time.perf_counter
-    )
+    # Wall time (time.perf_counter): a thread CPU clock is a system call per function event,
+    # more than most of the functions cost.
+    prof = cProfile.Profile(time.perf_counter)
     gc.collect()
     gc.disable()
     try:
