@@ -126,11 +126,11 @@ async def test_the_threads_wake_for_work_after_they_idled(plugin: Plugin) -> Non
             await backend.synchronize()
             thread, stream = backend.thread, backend.default_stream
             for _ in range(100):  # until both threads wait again
-                if thread._idle and stream._completer_idle:
+                if thread._bell.idle and stream._work_bell.idle:
                     break
                 threading.Event().wait(0.01)
-            assert thread._idle
-            assert stream._completer_idle
+            assert thread._bell.idle
+            assert stream._work_bell.idle
             x = ops.add(x, x)
             box: list[Any] = []
             other = threading.Thread(target=lambda y=x, got=box: got.append(y.numpy()))  # blocks

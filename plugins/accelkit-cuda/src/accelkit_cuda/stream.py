@@ -34,7 +34,7 @@ from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, OutOfMemoryError
 from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters
 from accelkit_cuda.errors import translate
-from accelkit_cuda.submission import SubmissionThread
+from accelkit_cuda.submission import Bell, SubmissionThread
 
 __all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error"]
 
@@ -129,12 +129,12 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.name = name
         self._lock = threading.Lock()
         self._done_cv = threading.Condition(self._lock)
-        self._work_cv = threading.Condition(self._lock)
-        # Who waits on the conditions (counted under ``_lock``), so that each position's end
+        # The completer waits for positions on a bell (rung in C calls, only when it waits),
+        # and blocking waiters are counted (under ``_lock``), so that each position's end
         # notifies only when someone waits: ``Condition.notify`` is Python code (the owner
         # check, a deque of the waiters) run per position on the submission and completer
         # threads, which share the interpreter lock with the caller.
-        self._completer_idle = False
+        self._work_bell = Bell()
         self._blocked = 0
         self.submitted = 0
         self._completed_upto = 0
@@ -237,8 +237,8 @@ class CUDAStream(DeviceErrors, PositionStream):
                     target=self._complete, name=f"accelkit-cuda-done-{self.name}", daemon=True
                 )
                 self._completer.start()
-            elif self._completer_idle:
-                self._work_cv.notify()
+            else:
+                self._work_bell.ring()
 
     def _end_event(self) -> Any:
         """A blocking-sync event recorded now at the end of the stream (submission thread): a
@@ -264,11 +264,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
-                    self._completer_idle = True
-                    try:
-                        self._work_cv.wait()
-                    finally:
-                        self._completer_idle = False
+                    self._work_bell.wait(self._lock)
                 if not self._pending:
                     return
                 seq, event, keep = self._pending[0]
@@ -376,13 +372,13 @@ class CUDAStream(DeviceErrors, PositionStream):
         with self._lock:
             self.checks = []
             self._closed = True
-            self._work_cv.notify()
+            self._work_bell.ring()
 
     def close(self) -> None:
         """End the completer after the work queued so far (blocking: call it off the loop)."""
         with self._lock:
             self._closed = True
-            self._work_cv.notify()
+            self._work_bell.ring()
             thread = self._completer
         if thread is not None:
             thread.join(60.0)
