@@ -125,7 +125,7 @@ async def test_the_threads_wake_for_work_after_they_idled(plugin: Plugin) -> Non
         for step in range(5):
             await backend.synchronize()
             thread, stream = backend.thread, backend.default_stream
-            for _ in range(100):  # until both threads wait again
+            for _ in range(1000):  # until both threads wait again (10 s at most)
                 if thread._bell.idle and stream._work_bell.idle:
                     break
                 threading.Event().wait(0.01)
