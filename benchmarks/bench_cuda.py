@@ -12,7 +12,9 @@ with a summary of every figure. Figures (issue 29's targets in brackets):
   ``torch.nn.functional.scaled_dot_product_attention``, for the fused flash kernel
   (KernelOps) and the cuBLAS route (TensorOps) (cuDNN's figures: their own script);
 - host time to submit a small op (64x64 f32: add, mul, add of a scalar, matmul, exp, relu, a
-  row sum; the cases of ``benchmarks/bench_host.py``), next to PyTorch's [<= PyTorch's];
+  row sum; the cases of ``benchmarks/bench_host.py``), next to PyTorch's [<= PyTorch's], and
+  where the add's goes on the caller's thread (Python calls and bytecodes per op, cProfile's
+  top functions);
 - the transformer block of ``benchmarks/bench_core.py`` (batch 4, seq 256, width 512, 8 heads)
   vs PyTorch CUDA eager [>= 1.0x; with capture >= 1.5x, once accelkit has a capture API], and
   one step of it as a timeline (``accelkit_cuda.timeline``: when the ops were submitted, when
@@ -48,7 +50,7 @@ from accelkit.workloads import BlockConfig, block_weights, transformer_block, up
 # Beside this script: the small-op cases and their timing, and PyTorch's transformer block.
 from bench_core import _torch_block, block_timeline, describe_timeline  # isort: skip
 from bench_cuda_attention import device_ms, torch_device_ms  # isort: skip
-from bench_host import CASES, host_times  # isort: skip
+from bench_host import CASES, host_times, profile_lines, python_work  # isort: skip
 
 STEPS = 5
 GEMM_N = 8192
@@ -358,6 +360,17 @@ async def measure(backend: ak.ComputeBackend) -> None:
         )
         print(f"      {line}", flush=True)
         summary.append(line)
+        if label == "add":  # where the caller's time of the commonest small op goes
+            frames, codes = python_work(lambda c=ak_call: c(ops, sa, sb), SMALL_CALLS)
+            await backend.synchronize()
+            top = profile_lines(lambda c=ak_call: c(ops, sa, sb), SMALL_CALLS, top=6)
+            await backend.synchronize()
+            print(f"      add's caller thread: {frames:.0f} Python calls, {codes:.0f} bytecodes"
+                  " per op; cProfile's top functions by own time:")  # fmt: skip
+            for row in top:
+                print(f"        {row}")
+            summary.append(f"add's caller thread: {frames:.0f} Python calls, {codes:.0f}"
+                           " bytecodes per op")  # fmt: skip
 
     print(f"[{step()}] transformer block (bench_core's) vs PyTorch CUDA eager ...", flush=True)
     cfg = BlockConfig()

@@ -10,6 +10,15 @@ included, as it is for PyTorch CPU (on one thread) and NumPy; the difference is 
 overhead of the submission path (validation, output allocation from the pool, the launch,
 stream bookkeeping).
 
+``--backend cuda --standin`` runs the CUDA backend without a GPU, over the stand-in for CuPy of
+the plugin's tests (``plugins/accelkit-cuda/tests/fake_cupy.py``: the raw elementwise kernels run
+as NumPy on the submission thread): the figure is then the caller thread's cost of a submission
+(validation, allocation, the closure queued), best read with ``--cpu-time``. ``--profile`` adds,
+per case, where accelkit's calls spend that time (cProfile, the functions with the most own
+time), ``--cases add,mul`` picks cases. For example::
+
+    python benchmarks/bench_host.py --backend cuda --standin --cpu-time --cases add --profile
+
 ``benchmarks/bench_cuda.py`` runs the same cases on the CUDA backend against PyTorch CUDA
 (:func:`host_times` with ``sync``): there the figure is the host time to submit, the device
 work being awaited once per round outside the timed block.
@@ -18,11 +27,17 @@ work being awaited once per round outside the timed block.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import gc
+import io
 import json
+import pstats
 import statistics
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -94,7 +109,130 @@ async def host_times(
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-async def run(backend_name: str, calls: int, rounds: int) -> dict[str, Any]:
+def profile_lines(fn: Callable[[], object], calls: int, top: int = 12) -> list[str]:
+    """Where ``calls`` calls of ``fn`` spend their time: cProfile's ``top`` functions by own
+    time, as ``us/call  calls/call  function`` lines (microseconds per call of ``fn``; under
+    the profiler every function call costs more, so read the shares, not the sum)."""
+    # Wall time (time.perf_counter): a thread CPU clock is a system call per function event,
+    # more than most of the functions cost.
+    prof = cProfile.Profile(time.perf_counter)
+    gc.collect()
+    gc.disable()
+    try:
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
+    finally:
+        gc.enable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (path, line, name), (_cc, nc, tt, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if name == "<lambda>" and path == __file__:
+            continue
+        where = f"{Path(path).name}:{line}" if line else path
+        rows.append((tt, nc, f"{name} ({where})"))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    head = f"function (profiled: {total / calls * 1e6:.1f} us/call)"
+    out = [f"{'us/call':>9}{'share':>7}{'n/call':>8}  {head}"]
+    for tt, nc, what in rows[:top]:
+        out.append(f"{tt / calls * 1e6:>9.2f}{tt / total:>7.0%}{nc / calls:>8.1f}  {what}")
+    return out
+
+
+def python_work(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+    """Python function calls and bytecodes executed per call of ``fn`` on this thread (a
+    trace function counts them; the loop and ``fn``'s own frame are taken out): what a
+    change to the submission path's Python removes, exactly, where wall-clock figures of a
+    few microseconds move by half between runs on a shared machine. Calls into C (a NumPy
+    scalar, a lock) count one bytecode each, whatever they cost."""
+    counts = {"call": 0, "opcode": 0}
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        frame.f_trace_opcodes = True
+        if event in counts:
+            counts[event] += 1
+        return tracer
+
+    def per_call(f: Callable[[], object]) -> tuple[float, float]:
+        counts.update(call=0, opcode=0)
+        sys.settrace(tracer)
+        try:
+            for _ in range(calls):
+                f()
+        finally:
+            sys.settrace(None)
+        return counts["call"] / calls, counts["opcode"] / calls
+
+    frames, ops = per_call(fn)
+    frames0, ops0 = per_call(lambda: None)
+    return frames - frames0, ops - ops0
+
+
+def install_cuda_standin() -> None:
+    """Make ``open_backend("cuda")`` open the CUDA backend over the plugin tests' stand-in for
+    CuPy (no GPU: one 1 GiB device, NVRTC compiles answered with a placeholder binary, the raw
+    elementwise kernels run as NumPy on the submission thread), as their ``test_offloop``
+    does. Call before anything imports ``accelkit_cuda``."""
+    tests = Path(__file__).resolve().parent.parent / "plugins" / "accelkit-cuda" / "tests"
+    sys.path.insert(0, str(tests))
+    import fake_cupy
+
+    sys.modules.update(fake_cupy.install())
+    from accelkit_cuda import backend, driver, nvrtc
+
+    attrs = {
+        driver.Attr.COMPUTE_CAPABILITY_MAJOR: 9, driver.Attr.COMPUTE_CAPABILITY_MINOR: 0,
+        driver.Attr.MULTIPROCESSOR_COUNT: 132, driver.Attr.CLOCK_RATE: 1_980_000,
+        driver.Attr.MAX_THREADS_PER_BLOCK: 1024, driver.Attr.WARP_SIZE: 32,
+        driver.Attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 227 * 1024,
+    }  # fmt: skip
+    props = driver.DeviceProps(0, "Stand-in GPU", 1 << 30, attrs, 12040)
+    backend._devices = lambda: [props]  # type: ignore[attr-defined]
+
+    class Driver:
+        def param_sizes(self, function: int) -> None:
+            return None
+
+        def reset_primary_context(self, index: int) -> None:
+            return None
+
+    driver.driver = lambda: Driver()  # type: ignore[assignment,return-value]
+    compiled = nvrtc.Compiled(b"\0cubin", "cubin", "", "stand-in")
+    nvrtc.compile_cached = lambda *a, **k: compiled  # type: ignore[assignment]
+    # The stand-in records every CUDA call it answers (its tests read them): keep it short.
+    STANDIN_SYNC.append(fake_cupy.CALLS.clear)
+
+
+@contextlib.asynccontextmanager
+async def open_bench_backend(name: str) -> AsyncIterator[Any]:
+    """``ak.open_backend(name)``; over the stand-in (:func:`install_cuda_standin`) the CUDA
+    backend itself, opened as the plugin's tests open it (its probe needs a driver)."""
+    if not STANDIN_SYNC:
+        async with ak.open_backend(name) as backend:
+            yield backend
+        return
+    from accelkit_cuda.backend import CUDABackend
+
+    from accelkit.device import Device
+
+    backend = CUDABackend()
+    await backend.initialize(Device("cuda", 0))
+    try:
+        yield backend
+    finally:
+        await backend.shutdown()
+
+
+#: Run after each timed block of accelkit's side (the stand-in's call records are dropped).
+STANDIN_SYNC: list[Callable[[], None]] = []
+
+
+async def run(
+    backend_name: str, calls: int, rounds: int, cases: list[str] | None = None,
+    profile: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     try:
         import torch
     except ImportError:
@@ -114,21 +252,32 @@ async def run(backend_name: str, calls: int, rounds: int) -> dict[str, Any]:
         "torch": None if torch is None else torch.__version__,
         "clock": "thread CPU time" if CLOCK[0] is time.thread_time_ns else "wall time",
         "rows": [],
+        "profiles": {},
     }
-    async with ak.open_backend(backend_name) as backend:
+    async with open_bench_backend(backend_name) as backend:
         f, ops = backend.tensor_factory, backend.tensor_ops
         a, b = f.from_host(a_h), f.from_host(b_h)
-        report["device"] = str(backend.device)
+        report["device"] = str(backend.device) + (" (stand-in for CuPy)" if STANDIN_SYNC else "")
+        fast = getattr(ops.kernels, "fast", None)  # CUDA's raw elementwise kernels
+        if fast is not None:
+            await fast.load()  # as initialize does (a no-op where it did)
 
         def no_sync() -> None:
             return None
 
+        async def ak_sync() -> None:
+            await backend.synchronize()
+            for clear in STANDIN_SYNC:
+                clear()
+
         for label, ak_call, torch_call, np_call in CASES:
+            if cases is not None and label not in cases:
+                continue
             np.testing.assert_allclose(
                 ak_call(ops, a, b).numpy(), np_call(a_h, b_h), rtol=1e-5, atol=1e-4
             )
             sides: dict[str, tuple[Callable[[], object], Callable[[], Any]]] = {
-                "accelkit": (lambda c=ak_call: c(ops, a, b), backend.synchronize),
+                "accelkit": (lambda c=ak_call: c(ops, a, b), ak_sync),
             }
             if torch is not None:
                 ta, tb = torch.from_numpy(a_h), torch.from_numpy(b_h)
@@ -136,6 +285,15 @@ async def run(backend_name: str, calls: int, rounds: int) -> dict[str, Any]:
             sides["numpy"] = (lambda c=np_call: c(a_h, b_h), no_sync)
             times = await host_times(sides, calls, rounds)
             report["rows"].append({"op": f"{label} 64x64 f32", **times})
+            if profile:
+                call = sides["accelkit"][0]
+                frames, codes = python_work(call, calls)
+                await ak_sync()
+                report["profiles"][label] = [
+                    f"Python per call: {frames:.0f} function calls, {codes:.0f} bytecodes",
+                    *profile_lines(call, calls * 4),
+                ]
+                await ak_sync()
     return report
 
 
@@ -150,10 +308,14 @@ def show(r: dict[str, Any]) -> None:
         t = row.get("torch")
         print(
             f"  {row['op']:<24}{row['accelkit']:>10.2f}"
-            f"{t if t is None else format(t, '10.2f'):>10}{row['numpy']:>10.2f}"
+            f"{'-' if t is None else format(t, '10.2f'):>10}{row['numpy']:>10.2f}"
             f"{'' if t is None else format(row['accelkit'] / t, '9.2f') + 'x':>10}"
             f"{row['accelkit'] / row['numpy']:>9.2f}x"
         )
+    for label, lines in r["profiles"].items():
+        print(f"\n  where accelkit's {label} goes (caller thread):")
+        for line in lines:
+            print(f"  {line}")
 
 
 if __name__ == "__main__":
@@ -165,6 +327,15 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=21, help="interleaved rounds")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(
+        "--standin",
+        action="store_true",
+        help="with --backend cuda: over the stand-in for CuPy of the plugin's tests (no GPU)",
+    )
+    parser.add_argument("--cases", help="comma-separated case labels (default: all)")
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile accelkit's calls of each case"
+    )
+    parser.add_argument(
         "--cpu-time",
         action="store_true",
         help="time the calling thread's CPU time instead of wall time (a shared machine)",
@@ -172,7 +343,10 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.cpu_time:
         CLOCK[0] = time.thread_time_ns
-    result = anyio.run(run, args.backend, args.calls, args.rounds)
+    if args.standin:
+        install_cuda_standin()
+    cases = None if args.cases is None else [c.strip() for c in args.cases.split(",")]
+    result = anyio.run(run, args.backend, args.calls, args.rounds, cases, args.profile)
     show(result)
     if args.json:
         with open(args.json, "w") as fh:

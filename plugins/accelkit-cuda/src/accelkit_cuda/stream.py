@@ -36,7 +36,7 @@ from accelkit.device import Device
 from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, OutOfMemoryError
 from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters
 from accelkit_cuda.errors import translate
-from accelkit_cuda.submission import SubmissionThread
+from accelkit_cuda.submission import Bell, SubmissionThread
 
 __all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error"]
 
@@ -141,7 +141,13 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.name = name
         self._lock = threading.Lock()
         self._done_cv = threading.Condition(self._lock)
-        self._work_cv = threading.Condition(self._lock)
+        # The completer waits for positions on a bell (rung in C calls, only when it waits),
+        # and blocking waiters are counted (under ``_lock``), so that each position's end
+        # notifies only when someone waits: ``Condition.notify`` is Python code (the owner
+        # check, a deque of the waiters) run per position on the submission and completer
+        # threads, which share the interpreter lock with the caller.
+        self._work_bell = Bell()
+        self._blocked = 0
         self.submitted = 0
         self._completed_upto = 0
         self.checks: list[tuple[int, Callable[[], BaseException | None]]] = []
@@ -243,7 +249,8 @@ class CUDAStream(DeviceErrors, PositionStream):
                     target=self._complete, name=f"accelkit-cuda-done-{self.name}", daemon=True
                 )
                 self._completer.start()
-            self._work_cv.notify()
+            else:
+                self._work_bell.ring()
 
     def _end_event(self) -> Any:
         """A blocking-sync event recorded now at the end of the stream (submission thread): a
@@ -272,7 +279,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
-                    self._work_cv.wait()
+                    self._work_bell.wait(self._lock)
                 if not self._pending:
                     return
                 last = 0
@@ -308,7 +315,8 @@ class CUDAStream(DeviceErrors, PositionStream):
                 cb()
 
     def _due_locked(self) -> list[Callable[[], None]]:
-        self._done_cv.notify_all()
+        if self._blocked:
+            self._done_cv.notify_all()
         ready = self._waiters.due(self._completed_upto)
         self.prune_checks_locked(self._completed_upto)
         return ready
@@ -346,7 +354,11 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.check_usable()
         with self._lock:
             while self._completed_upto < seq:
-                self._done_cv.wait()
+                self._blocked += 1
+                try:
+                    self._done_cv.wait()
+                finally:
+                    self._blocked -= 1
         self.raise_errors(seq)
 
     # -- Stream interface -------------------------------------------------------------------------
@@ -389,13 +401,13 @@ class CUDAStream(DeviceErrors, PositionStream):
         with self._lock:
             self.checks = []
             self._closed = True
-            self._work_cv.notify()
+            self._work_bell.ring()
 
     def close(self) -> None:
         """End the completer after the work queued so far (blocking: call it off the loop)."""
         with self._lock:
             self._closed = True
-            self._work_cv.notify()
+            self._work_bell.ring()
             thread = self._completer
         if thread is not None:
             thread.join(60.0)

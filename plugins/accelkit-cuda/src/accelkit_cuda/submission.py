@@ -29,13 +29,45 @@ from typing import Any, TypeVar
 
 from accelkit.sdk import wait_for_callback
 
-__all__ = ["SubmissionThread"]
+__all__ = ["Bell", "SubmissionThread"]
 
 T = TypeVar("T")
 _log = logging.getLogger("accelkit.cuda")
 
 #: How long :meth:`SubmissionThread.close` waits for the queued work (seconds).
 _JOIN_TIMEOUT = 60.0
+
+
+class Bell:
+    """What one thread waits on for work, under a lock of its owner's, like a condition with
+    one waiter whose notify is two C calls: the waiter, holding the lock, calls :meth:`wait`,
+    which sets :attr:`idle`, releases the lock until :meth:`ring`, and takes it again; a
+    producer holding the lock calls :meth:`ring`, which wakes it if it is idle (at most once
+    per wait) and does nothing otherwise. ``threading.Condition.notify`` is Python code (an
+    owner check, a deque of waiters) run per small op where the submission thread keeps up."""
+
+    __slots__ = ("_lock", "idle")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()  # released by ring: the waiter's acquire returns
+        #: Whether the waiter waits (read and written under the owner's lock).
+        self.idle = False
+
+    def wait(self, lock: threading.Lock) -> None:
+        """With ``lock`` held: release it until :meth:`ring` is called, then take it again."""
+        self.idle = True
+        lock.release()
+        try:
+            self._lock.acquire()
+        finally:
+            lock.acquire()
+
+    def ring(self) -> None:
+        """With the owner's lock held: wake the waiter if it waits."""
+        if self.idle:
+            self.idle = False
+            self._lock.release()
 
 
 class SubmissionThread:
@@ -45,7 +77,11 @@ class SubmissionThread:
         self.device_index = device_index
         self.name = name
         self._queue: deque[Callable[[], None]] = deque()
-        self._cv = threading.Condition()
+        # A plain lock (entered in C), and a bell the thread waits on when the queue is empty:
+        # a submission rings it only then, in C calls (``Condition.notify`` is Python code,
+        # run per small op on the caller's thread whenever the thread keeps up).
+        self._lock = threading.Lock()
+        self._bell = Bell()
         self._thread: threading.Thread | None = None
         self._closed = False
         #: The thread's identifier once started (tests compare the threads of calls with it).
@@ -59,15 +95,16 @@ class SubmissionThread:
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Queue ``fn`` after everything submitted before it; returns at once."""
-        with self._cv:
+        with self._lock:
             if not self._closed:
                 self._queue.append(fn)
-                if self._thread is None:
+                if self._bell.idle:
+                    self._bell.ring()
+                elif self._thread is None:
                     self._thread = threading.Thread(
                         target=self._work, name=f"accelkit-cuda-{self.name}", daemon=True
                     )
                     self._thread.start()
-                self._cv.notify()
                 return
         threading.Thread(target=_guarded(fn), name="accelkit-cuda-late", daemon=True).start()
 
@@ -108,9 +145,9 @@ class SubmissionThread:
         except Exception:  # reported by the first call that needs the device
             _log.debug("cannot make cuda:%d current", self.device_index, exc_info=True)
         while True:
-            with self._cv:
+            with self._lock:
                 while not self._queue and not self._closed:
-                    self._cv.wait()
+                    self._bell.wait(self._lock)
                 if not self._queue:
                     return
                 # All that is queued, in one round: one lock round trip per batch, not per
@@ -184,9 +221,9 @@ class SubmissionThread:
 
     def close(self) -> None:
         """Run what is queued, then end the thread (blocking: call it off the loop)."""
-        with self._cv:
+        with self._lock:
             self._closed = True
-            self._cv.notify()
+            self._bell.ring()
             thread = self._thread
         if thread is not None and not self.on_thread():
             thread.join(_JOIN_TIMEOUT)

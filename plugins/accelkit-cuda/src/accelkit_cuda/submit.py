@@ -24,7 +24,9 @@ from accelkit_cuda.stream import CUDAStream
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["CUDAComponent", "Storage", "device_array", "numpy_dtype", "storage", "xa"]
+__all__ = [
+    "CUDAComponent", "Storage", "block_error", "device_array", "numpy_dtype", "storage", "xa",
+]  # fmt: skip
 
 
 def _numpy_dtypes() -> dict[DType, Any]:
@@ -92,12 +94,18 @@ def device_array(buffer: DeviceBuffer, device_id: int, shape: tuple[int, ...], d
             size *= d
         if size == 0:
             return cupy.empty(shape, _NUMPY[dtype])
-        if isinstance(block.error, AccelError):  # a sticky fault at its cudaMalloc
-            raise block.error
-        raise OutOfMemoryError(
-            f"a {block.size}-byte block could not be allocated: {block.error or 'freed'}"
-        )
+        raise block_error(block)
     return cupy.ndarray(shape, _NUMPY[dtype], memptr=memptr(buffer, device_id))
+
+
+def block_error(block: Any) -> AccelError:
+    """Why a non-empty tensor's pooled block has no memory (``block.ptr`` is 0): the error of
+    its ``cudaMalloc`` (a sticky fault as it was raised), else out of memory."""
+    if isinstance(block.error, AccelError):  # a sticky fault at its cudaMalloc
+        return block.error
+    return OutOfMemoryError(
+        f"a {block.size}-byte block could not be allocated: {block.error or 'freed'}"
+    )
 
 
 class CUDAComponent(KernelBase[CUDAStream]):

@@ -12,7 +12,7 @@ from accelkit.sdk import Operand, TensorKernels, buffer_of
 from accelkit.tensor import Tensor
 from accelkit_cuda import cupy_tensor as ck
 from accelkit_cuda.fast_elementwise import BLOCK, ElementwiseProgram, grid_for
-from accelkit_cuda.submit import CUDAComponent, storage, xa
+from accelkit_cuda.submit import CUDAComponent, block_error, storage, xa
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["CUDATensorKernels", "range_error"]
 
 _BLOCK = (BLOCK,)
+_uintp = np.uintp
+#: How many element counts :meth:`CUDATensorKernels._raw_config` keeps launch configurations for.
+_RAW_CONFIGS = 256
 
 
 def range_error(op: str, what: str, low: int, high: int) -> Any:
@@ -35,6 +38,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         #: Raw NVRTC kernels of the commonest binary ops (compiled off the loop from the first
         #: such op on; CuPy's path until they are loaded).
         self.fast = ElementwiseProgram(backend)
+        #: Raw launches' (grid, int64 count) per element count (:meth:`_raw_config`).
+        self._raw_configs: dict[int, tuple[tuple[int], Any]] = {}
 
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
@@ -43,12 +48,13 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         if type(a) is Tensor and type(b) is Tensor:
             dt = out.dtype
-            n = out.size
+            shape = out.shape
             if (
-                n
+                (n := out.size)
                 and a.dtype is dt
                 and b.dtype is dt
-                and a.shape == b.shape == out.shape
+                and a.shape == shape
+                and b.shape == shape
                 and (fn := self.fast.function(op, dt)) is not None
             ):
                 self._launch_raw(fn, op, a, b, out, n)
@@ -63,22 +69,33 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def _launch_raw(self, fn: Any, op: str, a: Tensor, b: Tensor, out: Tensor, n: int) -> None:
         """One raw kernel over the three blocks' pointers (read on the submission thread,
         where the blocks' cudaMalloc ran): the grid and the element count are computed here,
-        once. A block without memory (a failed allocation) takes CuPy's path, which raises
-        the allocation's error for the await that covers the output."""
-        blocks = (buffer_of(a).handle, buffer_of(b).handle, buffer_of(out).handle)
-        grid = grid_for(n)
-        count = np.int64(n)
+        once per element count (:meth:`_raw_config`). The closure holds the blocks, not the
+        tensors: an output the caller drops goes back to the pool at once (stream order keeps
+        its next user after this launch; with more streams the stream holds the tensors until
+        the work is done), so a loop whose launches lag reuses one block instead of
+        allocating. A block without memory (a failed allocation) raises its allocation's error
+        for the await that covers the output, as CuPy's path would."""
+        ba, bb, bo = buffer_of(a).handle, buffer_of(b).handle, buffer_of(out).handle
+        grid, count = self._raw_configs.get(n) or self._raw_config(n)
         stream = self.current_stream
 
         def run() -> None:
-            pa, pb, po = blocks[0].ptr, blocks[1].ptr, blocks[2].ptr
+            pa, pb, po = ba.ptr, bb.ptr, bo.ptr
             if pa and pb and po:
-                args = (np.uintp(pa), np.uintp(pb), np.uintp(po), count)
-                fn(grid, _BLOCK, args, stream=stream.cp)
+                fn(grid, _BLOCK, (_uintp(pa), _uintp(pb), _uintp(po), count), stream=stream.cp)
             else:
-                ck.binary(op, storage(a), storage(b), storage(out))
+                raise block_error(ba if not pa else bb if not pb else bo)
 
         self.launch(run, (a, b), (out,), what=op)
+
+    def _raw_config(self, n: int) -> tuple[tuple[int], Any]:
+        """The grid and the ``int64`` element count of a raw launch over ``n`` elements, kept
+        per ``n`` (at most :data:`_RAW_CONFIGS` counts; the table starts over when full)."""
+        configs = self._raw_configs
+        if len(configs) >= _RAW_CONFIGS:
+            configs.clear()
+        config = configs[n] = (grid_for(n), np.int64(n))
+        return config
 
     def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
         self.launch(
