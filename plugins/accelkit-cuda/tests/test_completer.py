@@ -90,6 +90,7 @@ async def test_the_benchmarks_completer_experiment_runs(
     monkeypatch.setattr(bench_cuda, "BLOCK_ROUNDS", 3)
     stream_mod = importlib.import_module("accelkit_cuda.stream")
     seen: list[str] = []
+    mode = stream_mod.COMPLETER
     backend = await _open(plugin)
     try:
         cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
@@ -104,7 +105,7 @@ async def test_the_benchmarks_completer_experiment_runs(
         line = await bench_cuda._completer_modes(ak_block)
     finally:
         await backend.shutdown()
-    assert stream_mod.COMPLETER == "each"
+    assert stream_mod.COMPLETER == mode
     assert set(seen) == {"each", "newest"}
     assert line.startswith("block by completer mode: each position ")
     assert len(line) < 390
