@@ -1,0 +1,175 @@
+"""The one-launch unary and row kernels of issue 29 (accelkit_cuda.fast_elementwise), run end to
+end over the stand-in CuPy: fake_cupy computes each raw kernel with a NumPy port of its CUDA code,
+so these tests check the backend's routing (which op takes one launch, which keeps CuPy's path)
+and the ports' numerics against float64 NumPy with tolerances from the dtype's eps, NaN/inf rows
+and rows longer than a block included. **Not run on a GPU**: the CUDA code itself is only
+compiled (test_fast_elementwise.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+import fake_cupy
+import ml_dtypes
+import numpy as np
+import pytest
+from test_offloop import Plugin, _open, plugin  # noqa: F401
+
+from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+pytestmark = pytest.mark.anyio
+
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+REFERENCE = {
+    "gelu": lambda a: 0.5 * a * (1 + _ERF(a / math.sqrt(2))),
+    "gelu_tanh": lambda a: 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3))),
+    "silu": lambda a: a / (1 + np.exp(-a)),
+    "sigmoid": lambda a: 1 / (1 + np.exp(-a)),
+    "exp": np.exp, "tanh": np.tanh, "log": np.log, "sqrt": np.sqrt,
+    "rsqrt": lambda a: 1 / np.sqrt(a), "sin": np.sin, "cos": np.cos, "erf": _ERF,
+    "relu": lambda a: np.where(np.isnan(a), a, np.maximum(a, 0)), "abs": np.abs,
+    "neg": np.negative,
+}  # fmt: skip
+DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _eps(name: str) -> float:
+    return float(ml_dtypes.finfo(DTYPES[name]).eps)
+
+
+async def _ready(backend: Any) -> None:
+    fast = backend.tensor_ops.kernels.fast
+    fast.start()
+    for _ in range(500):
+        if fast.ready or fast.error is not None:
+            break
+        await anyio.sleep(0.01)
+    assert fast.ready, fast.error
+
+
+def _launches(prefix: str) -> list[str]:
+    return [name for name, _ in fake_cupy.CALLS if name.startswith("launch " + prefix)]
+
+
+def _close(got: Any, want: Any, rtol: float, atol: float) -> None:
+    got = np.asarray(got, np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+async def test_float_unary_ops_are_one_launch(plugin: Plugin, dt: str) -> None:  # noqa: F811
+    backend = await _open(plugin)
+    rng = np.random.default_rng(1)
+    host = (rng.standard_normal(300) * 3).astype(DTYPES[dt])
+    host[:4] = [np.nan, np.inf, -np.inf, 0]
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(host)
+        fake_cupy.CALLS.clear()
+        outs = {op: ops.unary(op, x) for op in REFERENCE}
+        got = {op: await t.to_host() for op, t in outs.items()}
+        launched = _launches("eu_")
+    finally:
+        await backend.shutdown()
+    assert sorted(launched) == sorted(f"launch eu_{op}_{dt}" for op in REFERENCE)
+    eps = _eps(dt)
+    xr = host.astype(np.float64)
+    with np.errstate(all="ignore"):
+        for op, fn in REFERENCE.items():
+            want = fn(xr).astype(DTYPES[dt]).astype(np.float64)  # rounded to the dtype once
+            _close(got[op], want, rtol=8 * eps, atol=8 * eps)
+
+
+def _softmax_ref(x: Any, log: bool) -> Any:
+    """float64 softmax with docs/operations.md's rule: a row holding NaN or +inf, or only
+    -inf, is NaN."""
+    m = x.max(axis=-1, keepdims=True)
+    bad = ~np.isfinite(m)
+    with np.errstate(all="ignore"):
+        s = x - np.where(bad, 0, m)
+        lse = np.log(np.exp(s).sum(axis=-1, keepdims=True))
+        res = s - lse if log else np.exp(s - lse)
+    return np.where(bad, np.nan, res)
+
+
+def _rows(rng: np.random.Generator, shape: tuple[int, ...]) -> Any:
+    x = rng.standard_normal(shape) * 4
+    flat = x.reshape(-1, shape[-1])
+    flat[0, 1] = np.nan
+    flat[1, 2] = np.inf
+    flat[2, :] = -np.inf
+    flat[3, ::2] = -np.inf  # some -inf: still a distribution
+    return x
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("cols", [7, 1000])  # a warp's row, a row longer than a block
+async def test_softmax_rows_are_one_launch(plugin: Plugin, dt: str, cols: int) -> None:  # noqa: F811
+    backend = await _open(plugin)
+    host = _rows(np.random.default_rng(2), (2, 3, cols)).astype(DTYPES[dt])
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(host)
+        fake_cupy.CALLS.clear()
+        sm, lsm = ops.softmax(x, axis=-1), ops.log_softmax(x, axis=-1)
+        got, got_log = await sm.to_host(), await lsm.to_host()
+        launched = _launches("row_")
+        fake_cupy.CALLS.clear()
+        other = await ops.softmax(x, axis=1).to_host()  # another axis: CuPy's path
+        assert not _launches("row_")
+    finally:
+        await backend.shutdown()
+    assert launched == [f"launch row_softmax_{dt}", f"launch row_log_softmax_{dt}"]
+    xr = host.astype(np.float64)
+    eps = _eps(dt)
+    tol = 4 * eps + (0 if dt in ("f16", "bf16") else cols * np.finfo(np.float32).eps / 8)
+    if dt == "f64":
+        tol = 64 * eps
+    _close(got, _softmax_ref(xr, False), rtol=tol, atol=tol)
+    want_log = _softmax_ref(xr, True)
+    _close(got_log, want_log, rtol=tol, atol=tol * max(1.0, float(np.abs(want_log[np.isfinite(want_log)]).max())))
+    want_other = np.moveaxis(_softmax_ref(np.moveaxis(xr, 1, -1), False), -1, 1)
+    _close(other, want_other, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("cols", [5, 700])
+@pytest.mark.parametrize("affine", [True, False])
+async def test_norms_are_one_launch(plugin: Plugin, dt: str, cols: int, affine: bool) -> None:  # noqa: F811
+    backend = await _open(plugin)
+    rng = np.random.default_rng(3)
+    host = (rng.standard_normal((6, cols)) * 2 + 1).astype(DTYPES[dt])
+    host[1, 0] = np.nan
+    host[2, 1] = np.inf
+    g_h = rng.standard_normal(cols).astype(DTYPES[dt])
+    b_h = rng.standard_normal(cols).astype(DTYPES[dt])
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, g, b = f.from_host(host), f.from_host(g_h), f.from_host(b_h)
+        fake_cupy.CALLS.clear()
+        ln = ops.layer_norm(x, g if affine else None, b if affine else None, 1e-5)
+        rms = ops.rms_norm(x, g if affine else None, 1e-6)
+        got_ln, got_rms = await ln.to_host(), await rms.to_host()
+        launched = _launches("row_")
+    finally:
+        await backend.shutdown()
+    assert launched == [f"launch row_layer_norm_{dt}", f"launch row_rms_norm_{dt}"]
+    xr = host.astype(np.float64)
+    gr, br = g_h.astype(np.float64), b_h.astype(np.float64)
+    with np.errstate(all="ignore"):
+        d = xr - xr.mean(-1, keepdims=True)
+        want_ln = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+        want_rms = xr / np.sqrt((xr * xr).mean(-1, keepdims=True) + 1e-6)
+    if affine:
+        want_ln, want_rms = want_ln * gr + br, want_rms * gr
+    eps = _eps(dt)
+    tol = 8 * eps + (cols * 2e-8 if dt != "f64" else 0)
+    scale = 1 + np.abs(gr).max() + np.abs(br).max() if affine else 1.0
+    _close(got_ln, want_ln, rtol=tol, atol=tol * scale)
+    _close(got_rms, want_rms, rtol=tol, atol=tol * scale)
