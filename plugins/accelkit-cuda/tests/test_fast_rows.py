@@ -132,7 +132,12 @@ async def test_softmax_rows_are_one_launch(plugin: Plugin, dt: str, cols: int) -
         tol = 64 * eps
     _close(got, _softmax_ref(xr, False), rtol=tol, atol=tol)
     want_log = _softmax_ref(xr, True)
-    _close(got_log, want_log, rtol=tol, atol=tol * max(1.0, float(np.abs(want_log[np.isfinite(want_log)]).max())))
+    _close(
+        got_log,
+        want_log,
+        rtol=tol,
+        atol=tol * max(1.0, float(np.abs(want_log[np.isfinite(want_log)]).max())),
+    )
     want_other = np.moveaxis(_softmax_ref(np.moveaxis(xr, 1, -1), False), -1, 1)
     _close(other, want_other, rtol=tol, atol=tol)
 
@@ -173,3 +178,44 @@ async def test_norms_are_one_launch(plugin: Plugin, dt: str, cols: int, affine: 
     scale = 1 + np.abs(gr).max() + np.abs(br).max() if affine else 1.0
     _close(got_ln, want_ln, rtol=tol, atol=tol * scale)
     _close(got_rms, want_rms, rtol=tol, atol=tol * scale)
+
+
+#: What the stand-in records for a kernel launch: a raw kernel, a ufunc (a reduction too), a
+#: copy, a cast, a fill, an indexed store.
+_KERNEL_CALLS = frozenset({"copyto", "ndarray.astype", "ndarray.fill", "ndarray.__setitem__"})
+
+
+def kernel_launches() -> list[str]:
+    """The kernel launches fake_cupy recorded since its CALLS were last cleared."""
+    return [
+        name
+        for name, _ in fake_cupy.CALLS
+        if name.startswith(("launch ", "ufunc ", "special.")) or name in _KERNEL_CALLS
+    ]
+
+
+async def test_a_transformer_block_takes_few_launches(plugin: Plugin) -> None:  # noqa: F811
+    """bench_core's block (issue 29): with the one-launch kernels loaded, the two layer norms,
+    the GELU and the residual adds are a launch each, attention one (the fused kernel), a
+    linear two (GEMM, bias added in place), each permute one copy: 20 in all, against 62 with
+    the norms and the GELU composed of CuPy ufuncs and the bias copied over (the count before issue 29 over
+    this stand-in, at any size)."""
+    backend = await _open(plugin)
+    cfg = BlockConfig(batch=2, seq=16, width=32, heads=4)
+    rng = np.random.default_rng(4)
+    try:
+        await _ready(backend)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(
+            rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
+        )
+        await transformer_block(backend, x, w, cfg).to_host()  # warm: the fused program loads
+        fake_cupy.CALLS.clear()
+        await transformer_block(backend, x, w, cfg).to_host()
+        launches = kernel_launches()
+    finally:
+        await backend.shutdown()
+    assert launches.count("launch row_layer_norm_f32") == 2
+    assert launches.count("launch eu_gelu_tanh_f32") == 1
+    assert launches.count("ufunc matmul") == 6
+    assert len(launches) <= 24, sorted(launches)

@@ -297,6 +297,18 @@ def matmul(a: Array, b: Array, out: Array, tf32: bool = False) -> None:
 
 
 def linear(x: Array, w: Array, bias: Array | None, out: Array, tf32: bool = False) -> None:
+    if (
+        bias is not None
+        and out.dtype.kind == "f"
+        and not half(out.dtype)
+        and x.dtype == w.dtype == bias.dtype == out.dtype
+        and out.flags.c_contiguous
+    ):
+        # F32/F64: the GEMM into ``out``, then the bias added in place (two launches, the
+        # same arithmetic as adding to a temporary and copying it over)
+        res = _mm(x, w.T, out, tf32)
+        cp.add(res, bias, out=out)
+        return
     direct = bias is None and out.dtype == x.dtype and out.flags.c_contiguous
     res = _mm(x, w.T, out if direct else None, tf32)
     if bias is not None:
