@@ -13,6 +13,12 @@ one add, subtract or multiply this is the correctly rounded result); ``maximum``
 propagate NaN as NumPy and CuPy do. Everything else (broadcasting, scalars, mixed dtypes) takes
 CuPy's path, as before.
 
+The same program holds the one-launch kernels of the float unary ops (:data:`UNARY_OPS`, same
+dtype in and out) and of the row ops over the last axis (:data:`ROW_OPS`: softmax,
+log_softmax, layer_norm, rms_norm; one block per row, F32 accumulation, F64 for F64, the
+special values of ``cupy_tensor.softmax_rows`` and the composed norms), where CuPy composed up
+to a dozen launches.
+
 The program compiles on a thread of its own from the first such op on (from the disk cache:
 milliseconds; cold: about a second) and loads on the submission thread; until then, or if
 NVRTC is missing, every op takes CuPy's path. **Unmeasured on a GPU** when written

@@ -41,8 +41,9 @@ def range_error(op: str, what: str, low: int, high: int) -> Any:
 class CUDATensorKernels(CUDAComponent, TensorKernels):
     def __init__(self, backend: CUDABackend) -> None:
         super().__init__(backend)
-        #: Raw NVRTC kernels of the commonest binary ops (compiled off the loop from the first
-        #: such op on; CuPy's path until they are loaded).
+        #: Raw NVRTC kernels of the commonest binary ops, the float unary ops, softmax and the
+        #: norms (loaded during initialize, else compiled off the loop from the first such op
+        #: on; CuPy's path until they are loaded).
         self.fast = ElementwiseProgram(backend)
 
     # -- elementwise ------------------------------------------------------------------------------
