@@ -307,13 +307,14 @@ def _elementwise(name: str, args: Any) -> None:
 def _dtype_of(sfx: str) -> np.dtype[Any]:
     import ml_dtypes
 
-    return np.dtype({"f32": np.float32, "f64": np.float64, "f16": np.float16,
-                     "bf16": ml_dtypes.bfloat16}[sfx])  # fmt: skip
+    dt: np.dtype[Any] = np.dtype({"f32": np.float32, "f64": np.float64, "f16": np.float16,
+                                  "bf16": ml_dtypes.bfloat16}[sfx])  # fmt: skip
+    return dt
 
 
 def _view(ptr: int, n: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     buf = (ctypes.c_char * max(n * dtype.itemsize, 1)).from_address(ptr)
-    return np.ndarray((n,), dtype, buffer=buf)
+    return np.ndarray((n,), dtype, buffer=memoryview(buf))
 
 
 def _unary_port(op: str, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
