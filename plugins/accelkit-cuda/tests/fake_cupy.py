@@ -363,13 +363,14 @@ def _rows(name: str, grid: Any, args: Any) -> None:
     x = _view(ptrs[0], rows * n, dtype).astype(acc).reshape(rows, n)
     out = _view(ptrs[-1], rows * n, dtype).reshape(rows, n)
     with np.errstate(all="ignore"):
-        if op in ("softmax", "log_softmax"):
+        if op in ("softmax", "log_softmax", "attn_softmax"):
             m = np.max(x, axis=1, keepdims=True)
             bad = ~np.isfinite(m)
             s = x - np.where(bad, 0, m).astype(acc)
             lse = np.log(np.sum(np.exp(s), axis=1, keepdims=True, dtype=acc))
             res = s - lse if op == "log_softmax" else np.exp(s) / np.exp(lse)
-            res = np.where(bad, np.nan, res).astype(acc)
+            fill = np.where((m == -np.inf) & (op == "attn_softmax"), 0, np.nan)
+            res = np.where(bad, fill, res).astype(acc)
         else:
             eps = acc.type(args[-1])
             if op == "layer_norm":

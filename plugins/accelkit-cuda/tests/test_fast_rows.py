@@ -224,3 +224,39 @@ async def test_a_transformer_block_takes_few_launches(plugin: Plugin) -> None:  
     assert launches.count("launch eu_gelu_tanh_f32") == 1
     assert launches.count("ufunc matmul") == 6
     assert len(launches) <= 24, sorted(launches)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16"])
+async def test_masked_attention_takes_the_one_launch_softmax(plugin: Plugin, dt: str) -> None:  # noqa: F811
+    """With a mask the fused engines decline and attention stays composed on cuBLAS; its
+    softmax is the one-launch ``row_attn_softmax`` kernel, with attention's rule: a query that
+    sees no key gets zeros (the softmax op's rule would give NaN)."""
+    backend = await _open(plugin)
+    rng = np.random.default_rng(6)
+    b, h, sq, sk, d = 2, 3, 5, 300, 8  # rows longer than a block
+    q_h, k_h, v_h = (rng.standard_normal((b, h, n, d)).astype(DTYPES[dt]) for n in (sq, sk, sk))
+    mask_h = rng.random((b, h, sq, sk)) < 0.7
+    mask_h[0, 0, 1] = False  # sees no key
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        q, k, v, mask = (f.from_host(a) for a in (q_h, k_h, v_h, mask_h))
+        fake_cupy.CALLS.clear()
+        got = (await ops.attention(q, k, v, mask=mask).to_host()).astype(np.float64)
+        launches = kernel_launches()
+    finally:
+        await backend.shutdown()
+    ct = "f64" if dt == "f64" else "f32"
+    assert launches.count(f"launch row_attn_softmax_{ct}") == 1, launches
+    assert "ufunc exp" not in launches
+    qr, kr, vr = (a.astype(np.float64) for a in (q_h, k_h, v_h))
+    s = np.where(mask_h, qr @ kr.transpose(0, 1, 3, 2) / math.sqrt(d), -np.inf)
+    m = s.max(-1, keepdims=True)
+    with np.errstate(all="ignore"):
+        p = np.exp(s - np.where(np.isfinite(m), m, 0))
+        p = np.where(np.isfinite(m), p / p.sum(-1, keepdims=True), 0)
+    want = p @ vr
+    assert not want[0, 0, 1].any()
+    tol = {"f64": 64 * _eps(dt), "f32": 1e-5, "f16": 8 * _eps(dt)}[dt]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(got[0, 0, 1], 0)

@@ -372,10 +372,13 @@ def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
 
 
 def attention(
-    q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool
-) -> None:
+    q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool,
+    weights: Any = None,
+) -> None:  # fmt: skip
     """Grouped-KV attention on cuBLAS, chunked over query rows (the fused flash kernel in
-    KernelOps never materializes the scores at all)."""
+    KernelOps never materializes the scores at all). ``weights`` (the scores' softmax over
+    their last axis, :func:`softmax_rows`'s ``empty_rows="zero"`` rule) replaces the composed
+    softmax: the backend passes its one-launch kernel."""
     ct = _ct(q)
     b, h, sq, d = q.shape
     hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -398,7 +401,7 @@ def attention(
         if causal:
             visible = cp.arange(sk)[None, :] <= cp.arange(r0, r1)[:, None] + offset
             s = cp.where(visible, s, -cp.inf)
-        res[:, :, :, r0:r1] = _mm(softmax_rows(s), vg)
+        res[:, :, :, r0:r1] = _mm(softmax_rows(s) if weights is None else weights(s), vg)
     _store(out, res.reshape(b, h, sq, dv))
 
 

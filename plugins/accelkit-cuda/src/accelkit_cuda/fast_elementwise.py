@@ -79,8 +79,9 @@ UNARY_OPS: dict[str, str] = {
     "abs": "fabs{f}(a)",
     "neg": "-a",
 }
-#: Row ops over the last axis: ``softmax log_softmax layer_norm rms_norm``.
-ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm")
+#: Row ops over the last axis: ``softmax log_softmax layer_norm rms_norm``, and attention's
+#: softmax (``attn_softmax``: a row of only -inf gives zeros, not NaN).
+ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "attn_softmax")
 _SUFFIX = {DType.F32: "f32", DType.F64: "f64", DType.F16: "f16", DType.BF16: "bf16"}
 
 _HEADER = r"""
@@ -174,6 +175,27 @@ extern "C" __global__ void row_softmax_{sfx}(const {t}* x, {t}* o, i64 n) {{
     m = block_max(m, shared);
     if (!(m - m == (acc)0)) {{  // NaN, +inf or -inf: the row is NaN
         for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, (acc)(0.0 / 0.0));
+        return;
+    }}
+    acc total = (acc)0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) total += exp{f}(ld(r, i) - m);
+    total = block_sum(total, shared);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, exp{f}(ld(r, i) - m) / total);
+}}
+
+// Attention's weights (cupy_tensor.softmax_rows with empty_rows="zero"): a row holding NaN or
+// +inf is NaN, a row of only -inf (a query that sees no key) is zeros.
+extern "C" __global__ void row_attn_softmax_{sfx}(const {t}* x, {t}* o, i64 n) {{
+    typedef {acc} acc;
+    __shared__ acc shared[32];
+    const {t}* r = x + blockIdx.x * n;
+    {t}* w = o + blockIdx.x * n;
+    acc m = (acc)(-1.0 / 0.0);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) m = nanmax(m, ld(r, i));
+    m = block_max(m, shared);
+    if (!(m - m == (acc)0)) {{
+        acc fill = m == (acc)(-1.0 / 0.0) ? (acc)0 : (acc)(0.0 / 0.0);
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, fill);
         return;
     }}
     acc total = (acc)0;

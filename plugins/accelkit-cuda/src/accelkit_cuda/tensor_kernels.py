@@ -301,10 +301,31 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
                 return
             except UnsupportedOperationError:
                 pass  # the fused program is unavailable (no NVRTC): cuBLAS below
+        ct = DType.F64 if q.dtype is DType.F64 else DType.F32  # the scores' dtype
+        fn = self.fast.function("row_attn_softmax", ct) if q.dtype in _FLOATS else None
+        weights = None if fn is None else self._attention_weights(fn)
         self.launch(
-            lambda: ck.attention(storage(q), storage(k), storage(v), xa(mask), storage(out), scale, causal),
+            lambda: ck.attention(
+                storage(q), storage(k), storage(v), xa(mask), storage(out), scale, causal, weights
+            ),
             (q, k, v, mask), (out,), what="attention",
         )  # fmt: skip
+
+    def _attention_weights(self, fn: Any) -> Any:
+        """The composed attention's softmax as one launch of ``fn`` (``row_attn_softmax``) over
+        a chunk of scores (a new C-contiguous F32/F64 array, on the submission thread)."""
+        stream = self.current_stream
+
+        def weights(s: Any) -> Any:
+            n = s.shape[-1]
+            if not n or not s.size or not s.flags.c_contiguous:
+                return ck.softmax_rows(s)
+            res = cp.empty_like(s)
+            args = (np.uintp(s.data.ptr), np.uintp(res.data.ptr), np.int64(n))
+            fn((s.size // n,), row_block(n), args, stream=stream.cp)
+            return res
+
+        return weights
 
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         op = "log_softmax" if log else "softmax"
