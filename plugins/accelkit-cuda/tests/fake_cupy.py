@@ -278,6 +278,10 @@ class Function:
             _elementwise(self.name, args)
         elif self.name.startswith("philox_"):
             _philox(self.name, args)
+        elif self.name.startswith("eu_"):
+            _unary(self.name, args)
+        elif self.name.startswith("row_"):
+            _rows(self.name, grid, args)
 
 
 _EW_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum,
@@ -317,6 +321,90 @@ def _philox(name: str, args: Any) -> None:
     buf = (ctypes.c_char * max(n * dtype.itemsize, 1)).from_address(int(ptr))
     out = np.ndarray((n,), dtype, buffer=buf)
     out[...] = philox_reference.draw(kind, n, (int(k0), int(k1)), acc, a, s, dtype)
+
+
+def _dtype_of(sfx: str) -> np.dtype[Any]:
+    import ml_dtypes
+
+    dt: np.dtype[Any] = np.dtype({"f32": np.float32, "f64": np.float64, "f16": np.float16,
+                                  "bf16": ml_dtypes.bfloat16}[sfx])  # fmt: skip
+    return dt
+
+
+def _view(ptr: int, n: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    buf = (ctypes.c_char * max(n * dtype.itemsize, 1)).from_address(ptr)
+    return np.ndarray((n,), dtype, buffer=memoryview(buf))
+
+
+def _unary_port(op: str, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """accelkit_cuda.fast_elementwise.UNARY_OPS in NumPy, in ``a``'s (accumulation) dtype."""
+    t = a.dtype.type
+    erf = np.vectorize(math.erf, otypes=[a.dtype])
+    table: dict[str, Callable[[], Any]] = {
+        "gelu": lambda: t(0.5) * a * (t(1) + erf(a * t(0.7071067811865476))),
+        "gelu_tanh": lambda: t(0.5) * a * (
+            t(1) + np.tanh(t(0.7978845608028654) * (a + t(0.044715) * a * a * a))
+        ),
+        "silu": lambda: a / (t(1) + np.exp(-a)),
+        "sigmoid": lambda: t(1) / (t(1) + np.exp(-a)),
+        "exp": lambda: np.exp(a), "tanh": lambda: np.tanh(a), "log": lambda: np.log(a),
+        "sqrt": lambda: np.sqrt(a), "rsqrt": lambda: t(1) / np.sqrt(a), "sin": lambda: np.sin(a),
+        "cos": lambda: np.cos(a), "tan": lambda: np.tan(a), "erf": lambda: erf(a),
+        "relu": lambda: np.where((a > 0) | np.isnan(a), a, t(0)),
+        "abs": lambda: np.abs(a), "neg": lambda: -a,
+    }  # fmt: skip
+    with np.errstate(all="ignore"):
+        return np.asarray(table[op](), a.dtype)
+
+
+def _unary(name: str, args: Any) -> None:
+    """What fast_elementwise's unary kernel ``name`` (``eu_<op>_<sfx>``) computes."""
+    _, rest = name.split("_", 1)
+    op, sfx = rest.rsplit("_", 1)
+    dtype = _dtype_of(sfx)
+    px, po, n = (int(v) for v in args)
+    acc = np.float64 if sfx == "f64" else np.float32
+    _view(po, n, dtype)[...] = _unary_port(op, _view(px, n, dtype).astype(acc)).astype(dtype)
+
+
+def _rows(name: str, grid: Any, args: Any) -> None:
+    """What fast_elementwise's row kernel ``name`` (``row_<op>_<sfx>``) computes: per row (one
+    block each), the reductions in the accumulation type and the special-value rules of the
+    CUDA code (a softmax row whose max is not finite is NaN)."""
+    _, rest = name.split("_", 1)
+    op, sfx = rest.rsplit("_", 1)
+    dtype = _dtype_of(sfx)
+    acc = np.dtype(np.float64 if sfx == "f64" else np.float32)
+    (rows,) = grid
+    ptrs = [int(v) for v in args[:-2]] if op in ("layer_norm", "rms_norm") else [int(args[0]),
+                                                                                 int(args[1])]  # fmt: skip
+    n = int(args[-2]) if op in ("layer_norm", "rms_norm") else int(args[-1])
+    x = _view(ptrs[0], rows * n, dtype).astype(acc).reshape(rows, n)
+    out = _view(ptrs[-1], rows * n, dtype).reshape(rows, n)
+    with np.errstate(all="ignore"):
+        if op in ("softmax", "log_softmax", "attn_softmax"):
+            m = np.max(x, axis=1, keepdims=True)
+            bad = ~np.isfinite(m)
+            s = x - np.where(bad, 0, m).astype(acc)
+            lse = np.log(np.sum(np.exp(s), axis=1, keepdims=True, dtype=acc))
+            res = s - lse if op == "log_softmax" else np.exp(s) / np.exp(lse)
+            fill = np.where((m == -np.inf) & (op == "attn_softmax"), 0, np.nan)
+            res = np.where(bad, fill, res).astype(acc)
+        else:
+            eps = acc.type(args[-1])
+            if op == "layer_norm":
+                d = x - np.sum(x, axis=1, keepdims=True, dtype=acc) / acc.type(n)
+            else:
+                d = x
+            inv = acc.type(1) / np.sqrt(np.sum(d * d, axis=1, keepdims=True, dtype=acc)
+                                        / acc.type(n) + eps)  # fmt: skip
+            res = d * inv
+            params = ptrs[1:-1]
+            if params[0]:
+                res = res * _view(params[0], n, dtype).astype(acc)
+            if op == "layer_norm" and params[1]:
+                res = res + _view(params[1], n, dtype).astype(acc)
+    out[...] = res.astype(dtype)
 
 
 class Module:

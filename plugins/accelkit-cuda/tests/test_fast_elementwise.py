@@ -6,7 +6,19 @@ from __future__ import annotations
 
 import pytest
 from accelkit_cuda import nvrtc
-from accelkit_cuda.fast_elementwise import BLOCK, OPS, SOURCE, grid_for, kernel_name
+from accelkit_cuda.fast_elementwise import (
+    BLOCK,
+    OPS,
+    ROW_OPS,
+    SOURCE,
+    UNARY_OPS,
+    grid_for,
+    kernel_name,
+    row_block,
+    row_kernel_name,
+    unary_kernel_name,
+)
+from nvrtc_checks import assert_compiles_without_spills
 
 from accelkit.dtype import DType
 
@@ -37,3 +49,21 @@ def test_the_grid_covers_the_elements(n: int, blocks: int) -> None:
     (grid,) = grid_for(n)
     assert grid == blocks
     assert grid * BLOCK >= n or grid == 65535 * 8  # a grid-stride loop covers the rest
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_unary_and_row_kernel_compiles_without_spills(arch: str) -> None:
+    """Issue 29's one-launch kernels: every unary op and row op on every float dtype is in the
+    cubin, with no warning and no spill (ptxas's report of every kernel of the source)."""
+    names = [kernel_name(op, dt) for op in OPS for dt in DTYPES]
+    names += [unary_kernel_name(op, dt) for op in UNARY_OPS for dt in DTYPES]
+    names += [row_kernel_name(op, dt) for op in ROW_OPS for dt in DTYPES]
+    # F64 sin, cos and tan call CUDA's (not inlined) argument reduction for large arguments:
+    # ptxas reports it as a function of its own, once for each of them
+    names += ["__internal_trig_reduction_slowpathd"] * 3
+    assert_compiles_without_spills(SOURCE, arch, names, "accelkit_elementwise.cu")
+
+
+@pytest.mark.parametrize(("n", "threads"), [(1, 32), (7, 32), (33, 64), (256, 256), (4096, 256)])
+def test_a_row_block_is_whole_warps(n: int, threads: int) -> None:
+    assert row_block(n) == (threads,)

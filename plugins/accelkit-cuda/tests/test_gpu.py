@@ -478,3 +478,42 @@ async def test_philox_draws_are_the_numpy_ports(backend: Any) -> None:
     u = await f.uniform((1 << 20,), seed=10).to_host()
     assert u.min() >= 0.0
     assert u.max() < 1.0
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+async def test_the_one_launch_unary_and_row_kernels_on_the_device(backend: Any, dt: str) -> None:
+    """Issue 29's raw kernels (loaded during initialize) on the device against float64 NumPy:
+    the unary ops, softmax/log_softmax with NaN, +inf and all -inf rows, the norms, a row of a
+    warp and one longer than a block (the stand-in's ports are in test_fast_rows.py)."""
+    from test_fast_rows import DTYPES, REFERENCE, _eps, _rows, _softmax_ref
+
+    assert backend.tensor_ops.kernels.fast.ready, backend.tensor_ops.kernels.fast.error
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rng = np.random.default_rng(7)
+    eps = _eps(dt)
+    flat = (rng.standard_normal(4096) * 3).astype(DTYPES[dt])
+    x = f.from_host(flat)
+    xr = flat.astype(np.float64)
+    # CUDA's f32 math is within 4 ulp; gelu's 1 + erf(x) cancels for negative x: an absolute
+    # error of eps x |x| there
+    atol = 8 * eps * (1 + float(np.abs(xr).max()))
+    for op, fn in REFERENCE.items():
+        got = (await ops.unary(op, x).to_host()).astype(np.float64)
+        with np.errstate(all="ignore"):
+            want = fn(xr).astype(DTYPES[dt]).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=8 * eps, atol=atol, equal_nan=True, err_msg=op)
+    for cols in (7, 1000):
+        host = _rows(rng, (4, cols)).astype(DTYPES[dt])
+        t = f.from_host(host)
+        hr = host.astype(np.float64)
+        tol = 4 * eps + cols * 2e-8
+        got = (await ops.softmax(t, axis=-1).to_host()).astype(np.float64)
+        want = _softmax_ref(hr, False)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+        clean = f.from_host((rng.standard_normal((4, cols)) * 2 + 1).astype(DTYPES[dt]))
+        cr = (await clean.to_host()).astype(np.float64)
+        d = cr - cr.mean(-1, keepdims=True)
+        want_ln = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+        got_ln = (await ops.layer_norm(clean, None, None, 1e-5).to_host()).astype(np.float64)
+        np.testing.assert_allclose(got_ln, want_ln, rtol=8 * eps + tol, atol=8 * eps + tol)

@@ -301,12 +301,19 @@ def linear(x: Array, w: Array, bias: Array | None, out: Array, tf32: bool = Fals
     an F32/F64 bias of that dtype is then added in place: two launches, no temporaries, and the
     same rounding as adding it to the product held in that dtype (PyTorch's cuBLASLt epilogue
     makes it one launch). F16/BF16 add their bias to the F32 product and round once."""
-    direct = out.dtype == x.dtype and out.flags.c_contiguous
-    if direct and bias is not None and not half(out.dtype) and bias.dtype == out.dtype:
-        _mm(x, w.T, out, tf32)
-        cp.add(out, bias, out=out)
+    if (
+        bias is not None
+        and out.dtype.kind == "f"
+        and not half(out.dtype)
+        and x.dtype == w.dtype == bias.dtype == out.dtype
+        and out.flags.c_contiguous
+    ):
+        # F32/F64: the GEMM into ``out``, then the bias added in place (two launches, the
+        # same arithmetic as adding to a temporary and copying it over)
+        res = _mm(x, w.T, out, tf32)
+        cp.add(res, bias, out=out)
         return
-    direct = direct and bias is None
+    direct = bias is None and out.dtype == x.dtype and out.flags.c_contiguous
     res = _mm(x, w.T, out if direct else None, tf32)
     if bias is not None:
         res = up(res) + up(bias)
@@ -369,10 +376,13 @@ def softmax(x: Array, axis: int, out: Array, log: bool) -> None:
 
 
 def attention(
-    q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool
-) -> None:
+    q: Array, k: Array, v: Array, mask: Array | None, out: Array, scale: float, causal: bool,
+    weights: Any = None,
+) -> None:  # fmt: skip
     """Grouped-KV attention on cuBLAS, chunked over query rows (the fused flash kernel in
-    KernelOps never materializes the scores at all)."""
+    KernelOps never materializes the scores at all). ``weights`` (the scores' softmax over
+    their last axis, :func:`softmax_rows`'s ``empty_rows="zero"`` rule) replaces the composed
+    softmax: the backend passes its one-launch kernel."""
     ct = _ct(q)
     b, h, sq, d = q.shape
     hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -395,7 +405,7 @@ def attention(
         if causal:
             visible = cp.arange(sk)[None, :] <= cp.arange(r0, r1)[:, None] + offset
             s = cp.where(visible, s, -cp.inf)
-        res[:, :, :, r0:r1] = _mm(softmax_rows(s), vg)
+        res[:, :, :, r0:r1] = _mm(softmax_rows(s) if weights is None else weights(s), vg)
     _store(out, res.reshape(b, h, sq, dv))
 
 

@@ -13,6 +13,12 @@ one add, subtract or multiply this is the correctly rounded result); ``maximum``
 propagate NaN as NumPy and CuPy do. Everything else (broadcasting, scalars, mixed dtypes) takes
 CuPy's path, as before.
 
+The same program holds the one-launch kernels of the float unary ops (:data:`UNARY_OPS`, same
+dtype in and out) and of the row ops over the last axis (:data:`ROW_OPS`: softmax,
+log_softmax, layer_norm, rms_norm; one block per row, F32 accumulation, F64 for F64, the
+special values of ``cupy_tensor.softmax_rows`` and the composed norms), where CuPy composed up
+to a dozen launches.
+
 The program compiles on a thread of its own from the first such op on (from the disk cache:
 milliseconds; cold: about a second) and loads on the submission thread; until then, or if
 NVRTC is missing, every op takes CuPy's path. **Unmeasured on a GPU** when written
@@ -30,7 +36,10 @@ from accelkit.dtype import DType
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["BLOCK", "OPS", "SOURCE", "ElementwiseProgram", "grid_for", "kernel_name"]
+__all__ = [
+    "BLOCK", "OPS", "ROW_OPS", "SOURCE", "UNARY_OPS", "ElementwiseProgram", "grid_for",
+    "kernel_name", "row_block", "row_kernel_name", "unary_kernel_name",
+]  # fmt: skip
 
 _log = logging.getLogger("accelkit.cuda")
 
@@ -48,6 +57,31 @@ OPS: dict[str, str] = {
     "maximum": "(a != a || a > b) ? a : b",
     "minimum": "(a != a || a < b) ? a : b",
 }
+#: Float unary op -> its expression of ``a`` (the accumulation type; ``{f}`` is ``f`` for the
+#: F32 math functions, empty for F64), as cupy_tensor.unary composes it from CuPy ufuncs.
+UNARY_OPS: dict[str, str] = {
+    "gelu": "(acc)0.5 * a * ((acc)1 + erf{f}(a * (acc)0.7071067811865476))",
+    "gelu_tanh": (
+        "(acc)0.5 * a * ((acc)1 + tanh{f}((acc)0.7978845608028654 * (a + (acc)0.044715 * a * a * a)))"
+    ),
+    "silu": "a / ((acc)1 + exp{f}(-a))",
+    "sigmoid": "(acc)1 / ((acc)1 + exp{f}(-a))",
+    "exp": "exp{f}(a)",
+    "tanh": "tanh{f}(a)",
+    "log": "log{f}(a)",
+    "sqrt": "sqrt{f}(a)",
+    "rsqrt": "(acc)1 / sqrt{f}(a)",  # not rsqrt{f}: that one is not correctly rounded
+    "sin": "sin{f}(a)",
+    "cos": "cos{f}(a)",
+    "tan": "tan{f}(a)",
+    "erf": "erf{f}(a)",
+    "relu": "(a > (acc)0 || a != a) ? a : (acc)0",  # NaN stays NaN, as cupy.maximum(x, 0)
+    "abs": "fabs{f}(a)",
+    "neg": "-a",
+}
+#: Row ops over the last axis: ``softmax log_softmax layer_norm rms_norm``, and attention's
+#: softmax (``attn_softmax``: a row of only -inf gives zeros, not NaN).
+ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "attn_softmax")
 _SUFFIX = {DType.F32: "f32", DType.F64: "f64", DType.F16: "f16", DType.BF16: "bf16"}
 
 _HEADER = r"""
@@ -89,6 +123,142 @@ extern "C" __global__ void ew_{op}_{sfx}(const {t}* x, const {t}* y, {t}* o, i64
 }}
 """
 
+_UNARY_KERNEL = r"""
+extern "C" __global__ void eu_{op}_{sfx}(const {t}* x, {t}* o, i64 n) {{
+    typedef {acc} acc;
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x) {{
+        acc a = ld(x, i);
+        st(o, i, {expr});
+    }}
+}}
+"""
+
+# One block per row (blockIdx.x), blockDim.x a multiple of 32 up to 1024; accumulation in
+# ``acc`` (F32, F64 for F64). The special values follow cupy_tensor.softmax_rows and the norms:
+# a row holding NaN or +inf, or only -inf, is NaN (softmax); the norms' arithmetic gives NaN
+# for a row holding NaN or an infinity.
+_ROW_COMMON = r"""
+template <typename A> __device__ __forceinline__ A nanmax(A a, A b) {
+    return (a != a || a > b) ? a : b;  // NaN in either gives NaN
+}
+template <typename A> __device__ A block_sum(A v, A* shared) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    __syncthreads();  // shared is reused across calls
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < warps ? shared[lane] : (A)0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+template <typename A> __device__ A block_max(A v, A* shared) {
+    for (int o = 16; o > 0; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < warps ? shared[lane] : (A)(-1.0 / 0.0);
+    for (int o = 16; o > 0; o >>= 1) v = nanmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+"""
+
+_ROW_KERNELS = r"""
+extern "C" __global__ void row_softmax_{sfx}(const {t}* x, {t}* o, i64 n) {{
+    typedef {acc} acc;
+    __shared__ acc shared[32];
+    const {t}* r = x + blockIdx.x * n;
+    {t}* w = o + blockIdx.x * n;
+    acc m = (acc)(-1.0 / 0.0);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) m = nanmax(m, ld(r, i));
+    m = block_max(m, shared);
+    if (!(m - m == (acc)0)) {{  // NaN, +inf or -inf: the row is NaN
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, (acc)(0.0 / 0.0));
+        return;
+    }}
+    acc total = (acc)0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) total += exp{f}(ld(r, i) - m);
+    total = block_sum(total, shared);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, exp{f}(ld(r, i) - m) / total);
+}}
+
+// Attention's weights (cupy_tensor.softmax_rows with empty_rows="zero"): a row holding NaN or
+// +inf is NaN, a row of only -inf (a query that sees no key) is zeros.
+extern "C" __global__ void row_attn_softmax_{sfx}(const {t}* x, {t}* o, i64 n) {{
+    typedef {acc} acc;
+    __shared__ acc shared[32];
+    const {t}* r = x + blockIdx.x * n;
+    {t}* w = o + blockIdx.x * n;
+    acc m = (acc)(-1.0 / 0.0);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) m = nanmax(m, ld(r, i));
+    m = block_max(m, shared);
+    if (!(m - m == (acc)0)) {{
+        acc fill = m == (acc)(-1.0 / 0.0) ? (acc)0 : (acc)(0.0 / 0.0);
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, fill);
+        return;
+    }}
+    acc total = (acc)0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) total += exp{f}(ld(r, i) - m);
+    total = block_sum(total, shared);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, exp{f}(ld(r, i) - m) / total);
+}}
+
+extern "C" __global__ void row_log_softmax_{sfx}(const {t}* x, {t}* o, i64 n) {{
+    typedef {acc} acc;
+    __shared__ acc shared[32];
+    const {t}* r = x + blockIdx.x * n;
+    {t}* w = o + blockIdx.x * n;
+    acc m = (acc)(-1.0 / 0.0);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) m = nanmax(m, ld(r, i));
+    m = block_max(m, shared);
+    if (!(m - m == (acc)0)) {{
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, (acc)(0.0 / 0.0));
+        return;
+    }}
+    acc total = (acc)0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) total += exp{f}(ld(r, i) - m);
+    acc lse = log{f}(block_sum(total, shared));
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) st(w, i, (ld(r, i) - m) - lse);
+}}
+
+extern "C" __global__ void row_layer_norm_{sfx}(
+    const {t}* x, const {t}* g, const {t}* b, {t}* o, i64 n, {acc} eps) {{
+    typedef {acc} acc;
+    __shared__ acc shared[32];
+    const {t}* r = x + blockIdx.x * n;
+    {t}* w = o + blockIdx.x * n;
+    acc s = (acc)0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) s += ld(r, i);
+    acc mean = block_sum(s, shared) / (acc)n;
+    acc q = (acc)0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {{ acc d = ld(r, i) - mean; q += d * d; }}
+    acc inv = (acc)1 / sqrt{f}(block_sum(q, shared) / (acc)n + eps);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {{
+        acc v = (ld(r, i) - mean) * inv;
+        if (g) v = v * ld(g, i);
+        if (b) v = v + ld(b, i);
+        st(w, i, v);
+    }}
+}}
+
+extern "C" __global__ void row_rms_norm_{sfx}(
+    const {t}* x, const {t}* g, {t}* o, i64 n, {acc} eps) {{
+    typedef {acc} acc;
+    __shared__ acc shared[32];
+    const {t}* r = x + blockIdx.x * n;
+    {t}* w = o + blockIdx.x * n;
+    acc q = (acc)0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {{ acc v = ld(r, i); q += v * v; }}
+    acc inv = (acc)1 / sqrt{f}(block_sum(q, shared) / (acc)n + eps);
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {{
+        acc v = ld(r, i) * inv;
+        if (g) v = v * ld(g, i);
+        st(w, i, v);
+    }}
+}}
+"""
+
 _TYPES = {"f32": ("float", "float"), "f64": ("double", "double"), "f16": ("f16", "float"),
           "bf16": ("bf16", "float")}  # fmt: skip
 
@@ -98,11 +268,31 @@ def kernel_name(op: str, dtype: DType) -> str:
     return f"ew_{op}_{_SUFFIX[dtype]}"
 
 
+def unary_kernel_name(op: str, dtype: DType) -> str:
+    """The entry point of the unary ``op`` on ``dtype`` (``eu_gelu_f32``)."""
+    return f"eu_{op}_{_SUFFIX[dtype]}"
+
+
+def row_kernel_name(op: str, dtype: DType) -> str:
+    """The entry point of the row ``op`` on ``dtype`` (``row_softmax_f32``)."""
+    return f"row_{op}_{_SUFFIX[dtype]}"
+
+
+def row_block(n: int) -> tuple[int]:
+    """The block of a row kernel over rows of ``n`` elements: a warp for short rows, up to 256
+    threads (a multiple of 32) for long ones; each thread strides over the row."""
+    return (min(256, max(32, (n + 31) // 32 * 32)),)
+
+
 def _source() -> str:
-    parts = [_HEADER]
-    for op, expr in OPS.items():
-        for sfx, (t, acc) in _TYPES.items():
+    parts = [_HEADER, _ROW_COMMON]
+    for sfx, (t, acc) in _TYPES.items():
+        f = "f" if acc == "float" else ""
+        for op, expr in OPS.items():
             parts.append(_KERNEL.format(op=op, sfx=sfx, t=t, acc=acc, expr=expr))
+        for op, expr in UNARY_OPS.items():
+            parts.append(_UNARY_KERNEL.format(op=op, sfx=sfx, t=t, acc=acc, expr=expr.format(f=f)))
+        parts.append(_ROW_KERNELS.format(sfx=sfx, t=t, acc=acc, f=f))
     return "".join(parts)
 
 
@@ -135,7 +325,8 @@ class ElementwiseProgram:
         return bool(self._functions)
 
     def function(self, op: str, dtype: DType) -> Any:
-        """The loaded kernel of ``op`` on ``dtype``, or None (CuPy's path then)."""
+        """The loaded kernel of ``op`` on ``dtype``, or None (CuPy's path then): a binary op
+        by its name, a unary op as ``u_<op>``, a row op as ``row_<op>``."""
         fn = self._functions.get((op, dtype))
         if fn is None and not self._started:
             self.start()
@@ -188,6 +379,11 @@ class ElementwiseProgram:
                 for op in OPS
                 for dtype in _SUFFIX
             }
+            for dtype in _SUFFIX:
+                for op in UNARY_OPS:
+                    functions["u_" + op, dtype] = module.get_function(unary_kernel_name(op, dtype))
+                for op in ROW_OPS:
+                    functions["row_" + op, dtype] = module.get_function(row_kernel_name(op, dtype))
         except Exception as exc:
             self.error = exc
             _log.debug("the elementwise kernels could not be loaded", exc_info=True)

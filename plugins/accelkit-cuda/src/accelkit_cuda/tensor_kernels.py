@@ -7,11 +7,18 @@ from typing import TYPE_CHECKING, Any
 import cupy as cp
 import numpy as np
 
+from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.sdk import Operand, TensorKernels, buffer_of
 from accelkit.tensor import Tensor
 from accelkit_cuda import cupy_tensor as ck
-from accelkit_cuda.fast_elementwise import BLOCK, ElementwiseProgram, grid_for
+from accelkit_cuda.fast_elementwise import (
+    BLOCK,
+    UNARY_OPS,
+    ElementwiseProgram,
+    grid_for,
+    row_block,
+)
 from accelkit_cuda.submit import CUDAComponent, block_error, storage, xa
 
 if TYPE_CHECKING:
@@ -23,6 +30,8 @@ _BLOCK = (BLOCK,)
 _uintp = np.uintp
 #: How many element counts :meth:`CUDATensorKernels._raw_config` keeps launch configurations for.
 _RAW_CONFIGS = 256
+_FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
+_MAX_ROWS = (1 << 31) - 1  # grid.x of a row kernel
 
 
 def range_error(op: str, what: str, low: int, high: int) -> Any:
@@ -35,15 +44,76 @@ def range_error(op: str, what: str, low: int, high: int) -> Any:
 class CUDATensorKernels(CUDAComponent, TensorKernels):
     def __init__(self, backend: CUDABackend) -> None:
         super().__init__(backend)
-        #: Raw NVRTC kernels of the commonest binary ops (compiled off the loop from the first
-        #: such op on; CuPy's path until they are loaded).
+        #: Raw NVRTC kernels of the commonest binary ops, the float unary ops, softmax and the
+        #: norms (loaded during initialize, else compiled off the loop from the first such op
+        #: on; CuPy's path until they are loaded).
         self.fast = ElementwiseProgram(backend)
         #: Raw launches' (grid, int64 count) per element count (:meth:`_raw_config`).
         self._raw_configs: dict[int, tuple[tuple[int], Any]] = {}
 
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
+        dt = out.dtype
+        if (
+            op in UNARY_OPS
+            and x.dtype is dt
+            and dt in _FLOATS
+            and out.size
+            and (fn := self.fast.function("u_" + op, dt)) is not None
+        ):
+            self._launch_ptrs(
+                fn,
+                op,
+                (x,),
+                (),
+                out,
+                grid_for(out.size),
+                _BLOCK,
+                (np.int64(out.size),),
+                lambda: ck.unary(op, storage(x), storage(out)),
+            )
+            return
         self.launch(lambda: ck.unary(op, storage(x), storage(out)), (x,), (out,), what=op)
+
+    def _row_kernel(self, op: str, x: Tensor, out: Tensor, *params: Tensor | None) -> Any:
+        """The loaded one-launch row kernel of ``op`` for ``x`` (rows over its last axis, into
+        ``out`` of its dtype and shape; ``params`` of its dtype and the row's length), or None:
+        CuPy's path then."""
+        dt = x.dtype
+        if dt not in _FLOATS or out.dtype is not dt or not x.ndim or not x.size:
+            return None
+        n = x.shape[-1]
+        if x.size // n > _MAX_ROWS or out.shape != x.shape:
+            return None
+        for p in params:
+            if p is not None and (p.dtype is not dt or p.shape != (n,)):
+                return None
+        return self.fast.function("row_" + op, dt)
+
+    def _launch_ptrs(
+        self, fn: Any, what: str, inputs: tuple[Tensor, ...], optional: tuple[Tensor | None, ...],
+        out: Tensor, grid: tuple[int], block: tuple[int], tail: tuple[Any, ...],
+        fallback: Any,
+    ) -> None:  # fmt: skip
+        """One raw kernel with the pointers of ``inputs``, then of ``optional`` (0 for None),
+        then of ``out``, then ``tail``; ``fallback`` (CuPy's path) where a block has no memory
+        (a failed allocation: CuPy's path raises its error at the await)."""
+        blocks = [buffer_of(t).handle for t in inputs]
+        extra = [None if t is None else buffer_of(t).handle for t in optional]
+        dest = buffer_of(out).handle
+        stream = self.current_stream
+
+        def run() -> None:
+            ptrs = [b.ptr for b in blocks]
+            opt = [0 if b is None else b.ptr for b in extra]
+            if all(ptrs) and dest.ptr and all(b.ptr for b in extra if b is not None):
+                args = (*(np.uintp(p) for p in ptrs), *(np.uintp(p) for p in opt),
+                        np.uintp(dest.ptr), *tail)  # fmt: skip
+                fn(grid, block, args, stream=stream.cp)
+            else:
+                fallback()
+
+        self.launch(run, (*inputs, *optional), (out,), what=what)
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         if type(a) is Tensor and type(b) is Tensor:
@@ -248,12 +318,48 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
                 return
             except UnsupportedOperationError:
                 pass  # the fused program is unavailable (no NVRTC): cuBLAS below
+        ct = DType.F64 if q.dtype is DType.F64 else DType.F32  # the scores' dtype
+        fn = self.fast.function("row_attn_softmax", ct) if q.dtype in _FLOATS else None
+        weights = None if fn is None else self._attention_weights(fn)
         self.launch(
-            lambda: ck.attention(storage(q), storage(k), storage(v), xa(mask), storage(out), scale, causal),
+            lambda: ck.attention(
+                storage(q), storage(k), storage(v), xa(mask), storage(out), scale, causal, weights
+            ),
             (q, k, v, mask), (out,), what="attention",
         )  # fmt: skip
 
+    def _attention_weights(self, fn: Any) -> Any:
+        """The composed attention's softmax as one launch of ``fn`` (``row_attn_softmax``) over
+        a chunk of scores (a new C-contiguous F32/F64 array, on the submission thread)."""
+        stream = self.current_stream
+
+        def weights(s: Any) -> Any:
+            n = s.shape[-1]
+            if not n or not s.size or not s.flags.c_contiguous:
+                return ck.softmax_rows(s)
+            res = cp.empty_like(s)
+            args = (np.uintp(s.data.ptr), np.uintp(res.data.ptr), np.int64(n))
+            fn((s.size // n,), row_block(n), args, stream=stream.cp)
+            return res
+
+        return weights
+
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
+        op = "log_softmax" if log else "softmax"
+        if axis in (-1, x.ndim - 1) and (fn := self._row_kernel(op, x, out)) is not None:
+            n = x.shape[-1]
+            self._launch_ptrs(
+                fn,
+                op,
+                (x,),
+                (),
+                out,
+                (x.size // n,),
+                row_block(n),
+                (np.int64(n),),
+                lambda: ck.softmax(storage(x), axis, storage(out), log),
+            )
+            return
         self.launch(
             lambda: ck.softmax(storage(x), axis, storage(out), log), (x,), (out,), what="softmax"
         )
@@ -261,12 +367,42 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
+        if (fn := self._row_kernel("layer_norm", x, out, weight, bias)) is not None:
+            n = x.shape[-1]
+            acc = np.float64(eps) if x.dtype is DType.F64 else np.float32(eps)
+            self._launch_ptrs(
+                fn,
+                "layer_norm",
+                (x,),
+                (weight, bias),
+                out,
+                (x.size // n,),
+                row_block(n),
+                (np.int64(n), acc),
+                lambda: ck.layer_norm(storage(x), xa(weight), xa(bias), eps, storage(out)),
+            )
+            return
         self.launch(
             lambda: ck.layer_norm(storage(x), xa(weight), xa(bias), eps, storage(out)),
             (x, weight, bias), (out,), what="layer_norm",
         )  # fmt: skip
 
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
+        if (fn := self._row_kernel("rms_norm", x, out, weight)) is not None:
+            n = x.shape[-1]
+            acc = np.float64(eps) if x.dtype is DType.F64 else np.float32(eps)
+            self._launch_ptrs(
+                fn,
+                "rms_norm",
+                (x,),
+                (weight,),
+                out,
+                (x.size // n,),
+                row_block(n),
+                (np.int64(n), acc),
+                lambda: ck.rms_norm(storage(x), xa(weight), eps, storage(out)),
+            )
+            return
         self.launch(
             lambda: ck.rms_norm(storage(x), xa(weight), eps, storage(out)), (x, weight), (out,),
             what="rms_norm",

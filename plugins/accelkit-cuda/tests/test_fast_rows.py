@@ -1,0 +1,262 @@
+"""The one-launch unary and row kernels of issue 29 (accelkit_cuda.fast_elementwise), run end to
+end over the stand-in CuPy: fake_cupy computes each raw kernel with a NumPy port of its CUDA code,
+so these tests check the backend's routing (which op takes one launch, which keeps CuPy's path)
+and the ports' numerics against float64 NumPy with tolerances from the dtype's eps, NaN/inf rows
+and rows longer than a block included. **Not run on a GPU**: the CUDA code itself is only
+compiled (test_fast_elementwise.py)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import fake_cupy
+import ml_dtypes
+import numpy as np
+import pytest
+from test_offloop import Plugin, _open, plugin  # noqa: F401
+
+from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+pytestmark = pytest.mark.anyio
+
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+REFERENCE: dict[str, Callable[[Any], Any]] = {
+    "gelu": lambda a: 0.5 * a * (1 + _ERF(a / math.sqrt(2))),
+    "gelu_tanh": lambda a: 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3))),
+    "silu": lambda a: a / (1 + np.exp(-a)),
+    "sigmoid": lambda a: 1 / (1 + np.exp(-a)),
+    "exp": np.exp, "tanh": np.tanh, "log": np.log, "sqrt": np.sqrt,
+    "rsqrt": lambda a: 1 / np.sqrt(a), "sin": np.sin, "cos": np.cos, "erf": _ERF,
+    "relu": lambda a: np.where(np.isnan(a), a, np.maximum(a, 0)), "abs": np.abs,
+    "neg": np.negative,
+}  # fmt: skip
+DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+_EPS = {"f32": 2.0**-23, "f64": 2.0**-52, "f16": 2.0**-10, "bf16": 2.0**-7}
+
+
+def _eps(name: str) -> float:
+    """The dtype's machine epsilon."""
+    return _EPS[name]
+
+
+async def _ready(backend: Any) -> None:
+    fast = backend.tensor_ops.kernels.fast
+    fast.start()
+    for _ in range(500):
+        if fast.ready or fast.error is not None:
+            break
+        await anyio.sleep(0.01)
+    assert fast.ready, fast.error
+
+
+def _launches(prefix: str) -> list[str]:
+    return [name for name, _ in fake_cupy.CALLS if name.startswith("launch " + prefix)]
+
+
+def _close(got: Any, want: Any, rtol: float, atol: float) -> None:
+    got = np.asarray(got, np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+async def test_float_unary_ops_are_one_launch(plugin: Plugin, dt: str) -> None:  # noqa: F811
+    backend = await _open(plugin)
+    rng = np.random.default_rng(1)
+    host = (rng.standard_normal(300) * 3).astype(DTYPES[dt])
+    host[:4] = [np.nan, np.inf, -np.inf, 0]
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(host)
+        fake_cupy.CALLS.clear()
+        outs = {op: ops.unary(op, x) for op in REFERENCE}
+        got = {op: await t.to_host() for op, t in outs.items()}
+        launched = _launches("eu_")
+    finally:
+        await backend.shutdown()
+    assert sorted(launched) == sorted(f"launch eu_{op}_{dt}" for op in REFERENCE)
+    eps = _eps(dt)
+    xr = host.astype(np.float64)
+    with np.errstate(all="ignore"):
+        for op, fn in REFERENCE.items():
+            want = fn(xr).astype(DTYPES[dt]).astype(np.float64)  # rounded to the dtype once
+            _close(got[op], want, rtol=8 * eps, atol=8 * eps)
+
+
+def _softmax_ref(x: Any, log: bool) -> Any:
+    """float64 softmax with docs/operations.md's rule: a row holding NaN or +inf, or only
+    -inf, is NaN."""
+    m = x.max(axis=-1, keepdims=True)
+    bad = ~np.isfinite(m)
+    with np.errstate(all="ignore"):
+        s = x - np.where(bad, 0, m)
+        lse = np.log(np.exp(s).sum(axis=-1, keepdims=True))
+        res = s - lse if log else np.exp(s - lse)
+    return np.where(bad, np.nan, res)
+
+
+def _rows(rng: np.random.Generator, shape: tuple[int, ...]) -> Any:
+    x = rng.standard_normal(shape) * 4
+    flat = x.reshape(-1, shape[-1])
+    flat[0, 1] = np.nan
+    flat[1, 2] = np.inf
+    flat[2, :] = -np.inf
+    flat[3, ::2] = -np.inf  # some -inf: still a distribution
+    return x
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("cols", [7, 1000])  # a warp's row, a row longer than a block
+async def test_softmax_rows_are_one_launch(plugin: Plugin, dt: str, cols: int) -> None:  # noqa: F811
+    backend = await _open(plugin)
+    host = _rows(np.random.default_rng(2), (2, 3, cols)).astype(DTYPES[dt])
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(host)
+        fake_cupy.CALLS.clear()
+        sm, lsm = ops.softmax(x, axis=-1), ops.log_softmax(x, axis=-1)
+        got, got_log = await sm.to_host(), await lsm.to_host()
+        launched = _launches("row_")
+        fake_cupy.CALLS.clear()
+        other = await ops.softmax(x, axis=1).to_host()  # another axis: CuPy's path
+        assert not _launches("row_")
+    finally:
+        await backend.shutdown()
+    assert launched == [f"launch row_softmax_{dt}", f"launch row_log_softmax_{dt}"]
+    xr = host.astype(np.float64)
+    eps = _eps(dt)
+    tol = 4 * eps + (0.0 if dt in ("f16", "bf16") else cols * _EPS["f32"] / 8)
+    if dt == "f64":
+        tol = 64 * eps
+    _close(got, _softmax_ref(xr, False), rtol=tol, atol=tol)
+    want_log = _softmax_ref(xr, True)
+    _close(
+        got_log,
+        want_log,
+        rtol=tol,
+        atol=tol * max(1.0, float(np.abs(want_log[np.isfinite(want_log)]).max())),
+    )
+    want_other = np.moveaxis(_softmax_ref(np.moveaxis(xr, 1, -1), False), -1, 1)
+    _close(other, want_other, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("cols", [5, 700])
+@pytest.mark.parametrize("affine", [True, False])
+async def test_norms_are_one_launch(plugin: Plugin, dt: str, cols: int, affine: bool) -> None:  # noqa: F811
+    backend = await _open(plugin)
+    rng = np.random.default_rng(3)
+    host = (rng.standard_normal((6, cols)) * 2 + 1).astype(DTYPES[dt])
+    host[1, 0] = np.nan
+    host[2, 1] = np.inf
+    g_h = rng.standard_normal(cols).astype(DTYPES[dt])
+    b_h = rng.standard_normal(cols).astype(DTYPES[dt])
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, g, b = f.from_host(host), f.from_host(g_h), f.from_host(b_h)
+        fake_cupy.CALLS.clear()
+        ln = ops.layer_norm(x, g if affine else None, b if affine else None, 1e-5)
+        rms = ops.rms_norm(x, g if affine else None, 1e-6)
+        got_ln, got_rms = await ln.to_host(), await rms.to_host()
+        launched = _launches("row_")
+    finally:
+        await backend.shutdown()
+    assert launched == [f"launch row_layer_norm_{dt}", f"launch row_rms_norm_{dt}"]
+    xr = host.astype(np.float64)
+    gr, br = g_h.astype(np.float64), b_h.astype(np.float64)
+    with np.errstate(all="ignore"):
+        d = xr - xr.mean(-1, keepdims=True)
+        want_ln = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+        want_rms = xr / np.sqrt((xr * xr).mean(-1, keepdims=True) + 1e-6)
+    if affine:
+        want_ln, want_rms = want_ln * gr + br, want_rms * gr
+    eps = _eps(dt)
+    tol = 8 * eps + (cols * 2e-8 if dt != "f64" else 0.0)
+    scale = 1 + float(np.abs(gr).max() + np.abs(br).max()) if affine else 1.0
+    _close(got_ln, want_ln, rtol=tol, atol=tol * scale)
+    _close(got_rms, want_rms, rtol=tol, atol=tol * scale)
+
+
+#: What the stand-in records for a kernel launch: a raw kernel, a ufunc (a reduction too), a
+#: copy, a cast, a fill, an indexed store.
+_KERNEL_CALLS = frozenset({"copyto", "ndarray.astype", "ndarray.fill", "ndarray.__setitem__"})
+
+
+def kernel_launches() -> list[str]:
+    """The kernel launches fake_cupy recorded since its CALLS were last cleared."""
+    return [
+        name
+        for name, _ in fake_cupy.CALLS
+        if name.startswith(("launch ", "ufunc ", "special.")) or name in _KERNEL_CALLS
+    ]
+
+
+async def test_a_transformer_block_takes_few_launches(plugin: Plugin) -> None:  # noqa: F811
+    """bench_core's block (issue 29): with the one-launch kernels loaded, the two layer norms,
+    the GELU and the residual adds are a launch each, attention one (the fused kernel), a
+    linear two (GEMM, bias added in place), each permute one copy: 20 in all, against 62 with
+    the norms and the GELU composed of CuPy ufuncs and the bias copied over (the count before issue 29 over
+    this stand-in, at any size)."""
+    backend = await _open(plugin)
+    cfg = BlockConfig(batch=2, seq=16, width=32, heads=4)
+    rng = np.random.default_rng(4)
+    try:
+        await _ready(backend)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(
+            rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
+        )
+        await transformer_block(backend, x, w, cfg).to_host()  # warm: the fused program loads
+        fake_cupy.CALLS.clear()
+        await transformer_block(backend, x, w, cfg).to_host()
+        launches = kernel_launches()
+    finally:
+        await backend.shutdown()
+    assert launches.count("launch row_layer_norm_f32") == 2
+    assert launches.count("launch eu_gelu_tanh_f32") == 1
+    assert launches.count("ufunc matmul") == 6
+    assert len(launches) <= 24, sorted(launches)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16"])
+async def test_masked_attention_takes_the_one_launch_softmax(plugin: Plugin, dt: str) -> None:  # noqa: F811
+    """With a mask the fused engines decline and attention stays composed on cuBLAS; its
+    softmax is the one-launch ``row_attn_softmax`` kernel, with attention's rule: a query that
+    sees no key gets zeros (the softmax op's rule would give NaN)."""
+    backend = await _open(plugin)
+    rng = np.random.default_rng(6)
+    b, h, sq, sk, d = 2, 3, 5, 300, 8  # rows longer than a block
+    q_h, k_h, v_h = (rng.standard_normal((b, h, n, d)).astype(DTYPES[dt]) for n in (sq, sk, sk))
+    mask_h = rng.random((b, h, sq, sk)) < 0.7
+    mask_h[0, 0, 1] = False  # sees no key
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        q, k, v, mask = (f.from_host(a) for a in (q_h, k_h, v_h, mask_h))
+        fake_cupy.CALLS.clear()
+        got = (await ops.attention(q, k, v, mask=mask).to_host()).astype(np.float64)
+        launches = kernel_launches()
+    finally:
+        await backend.shutdown()
+    ct = "f64" if dt == "f64" else "f32"
+    assert launches.count(f"launch row_attn_softmax_{ct}") == 1, launches
+    assert "ufunc exp" not in launches
+    qr, kr, vr = (a.astype(np.float64) for a in (q_h, k_h, v_h))
+    s = np.where(mask_h, qr @ kr.transpose(0, 1, 3, 2) / math.sqrt(d), -np.inf)
+    m = s.max(-1, keepdims=True)
+    with np.errstate(all="ignore"):
+        p = np.exp(s - np.where(np.isfinite(m), m, 0))
+        p = np.where(np.isfinite(m), p / p.sum(-1, keepdims=True), 0)
+    want = p @ vr
+    assert not want[0, 0, 1].any()
+    tol = {"f64": 64 * _eps(dt), "f32": 1e-5, "f16": 8 * _eps(dt)}[dt]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(got[0, 0, 1], 0)
