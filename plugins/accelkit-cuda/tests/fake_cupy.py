@@ -125,7 +125,8 @@ class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
         out = kwargs.get("out")
         if out is not None:
             kwargs["out"] = tuple(np.asarray(o) if isinstance(o, ndarray) else o for o in out)
-        result = getattr(ufunc, method)(*args, **kwargs)
+        with np.errstate(all="ignore"):  # CuPy's device ufuncs never warn
+            result = getattr(ufunc, method)(*args, **kwargs)
         if out is not None:
             return out[0] if len(out) == 1 else out
         if isinstance(result, np.ndarray):

@@ -105,7 +105,7 @@ async def test_the_benchmarks_completer_experiment_runs(
         line = await bench_cuda._completer_modes(ak_block)
     finally:
         await backend.shutdown()
-    assert stream_mod.COMPLETER == mode
+    assert stream_mod.COMPLETER == mode  # noqa: SIM300 (the mode put back)
     assert set(seen) == {"each", "newest"}
     assert line.startswith("block by completer mode: each position ")
     assert len(line) < 390
