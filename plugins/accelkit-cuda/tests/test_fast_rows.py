@@ -260,3 +260,48 @@ async def test_masked_attention_takes_the_one_launch_softmax(plugin: Plugin, dt:
     tol = {"f64": 64 * _eps(dt), "f32": 1e-5, "f16": 8 * _eps(dt)}[dt]
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     np.testing.assert_array_equal(got[0, 0, 1], 0)
+
+
+async def test_the_raw_kernels_and_philox_can_be_switched_off(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ACCELKIT_CUDA_RAW_KERNELS=0`` and ``ACCELKIT_CUDA_PHILOX=0`` (a way out should a GPU
+    disagree with these unverified kernels): no raw launch at all, CuPy's composed ops and
+    generator serve, and the answers are still NumPy's."""
+    monkeypatch.setenv("ACCELKIT_CUDA_RAW_KERNELS", "0")
+    monkeypatch.setenv("ACCELKIT_CUDA_PHILOX", "0")
+    backend = await _open(plugin)
+    rng = np.random.default_rng(5)
+    x_h = rng.standard_normal((3, 40)).astype(np.float32)
+    try:
+        assert backend.tensor_ops is not None
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(x_h)
+        fake_cupy.CALLS.clear()
+        got = [
+            await ops.add(x, x).to_host(),
+            await ops.gelu(x, approximate="tanh").to_host(),
+            await ops.softmax(x, axis=-1).to_host(),
+            await ops.layer_norm(x, None, None, 1e-5).to_host(),
+        ]
+        u = await f.uniform((1000,), seed=3).to_host()
+        launched = [name for name, _ in fake_cupy.CALLS if name.startswith("launch ")]
+        assert "ACCELKIT_CUDA_RAW_KERNELS=0" in str(backend.tensor_ops.kernels.fast.error)
+    finally:
+        await backend.shutdown()
+    assert launched == []
+    x64 = x_h.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    d = x64 - x64.mean(axis=1, keepdims=True)
+    want = [
+        2 * x64,
+        0.5 * x64 * (1 + np.tanh(0.7978845608028654 * (x64 + 0.044715 * x64**3))),
+        e / e.sum(axis=1, keepdims=True),
+        d / np.sqrt((d * d).mean(axis=1, keepdims=True) + 1e-5),
+    ]
+    eps = float(np.finfo(np.float32).eps)
+    for g, w in zip(got, want, strict=True):  # a few roundings of values of magnitude <= 10
+        np.testing.assert_allclose(g, w, rtol=64 * eps, atol=64 * eps)
+    assert u.min() >= 0.0
+    assert u.max() < 1.0

@@ -32,6 +32,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from accelkit.dtype import DType
+from accelkit.sdk import env_str
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -360,6 +361,9 @@ class ElementwiseProgram:
         from accelkit_cuda.nvrtc import compile_cached
 
         backend = self._backend
+        if env_str("ACCELKIT_CUDA_RAW_KERNELS") == "0":
+            self.error = RuntimeError("switched off (ACCELKIT_CUDA_RAW_KERNELS=0)")
+            return  # CuPy's path for every op
         try:
             compiled = compile_cached(SOURCE, backend._arch, (), "accelkit_elementwise.cu")
             backend.thread.submit(lambda: self._load(compiled.binary))

@@ -43,6 +43,8 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Any
 
+from accelkit.sdk import env_str
+
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
@@ -260,6 +262,9 @@ class PhiloxProgram:
         from accelkit_cuda.nvrtc import compile_cached
 
         backend = self._backend
+        if env_str("ACCELKIT_CUDA_PHILOX") == "0":
+            self.error = RuntimeError("switched off (ACCELKIT_CUDA_PHILOX=0)")
+            return  # CuPy's generator draws
         try:
             compiled = compile_cached(SOURCE, backend._arch, (), "accelkit_philox.cu")
             backend.thread.submit(lambda: self._load(compiled.binary))
