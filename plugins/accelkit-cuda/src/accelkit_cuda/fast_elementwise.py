@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
 __all__ = [
-    "BLOCK", "OPS", "ROW_OPS", "SOURCE", "UNARY_OPS", "ElementwiseProgram", "grid_for",
+    "BLOCK", "HALF_IO", "OPS", "ROW_OPS", "SOURCE", "UNARY_OPS", "ElementwiseProgram", "grid_for",
     "kernel_name", "row_block", "row_kernel_name", "unary_kernel_name",
 ]  # fmt: skip
 
@@ -85,9 +85,9 @@ UNARY_OPS: dict[str, str] = {
 ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "attn_softmax")
 _SUFFIX = {DType.F32: "f32", DType.F64: "f64", DType.F16: "f16", DType.BF16: "bf16"}
 
-_HEADER = r"""
-typedef long long i64;
-
+#: F16 and BF16 as their bits, and ``ld``/``st`` of every float type computed in float (double):
+#: the raw programs' common text (this one's, :mod:`accelkit_cuda.philox`'s). Needs ``i64``.
+HALF_IO = r"""
 // F16 and BF16 as their bits with explicit conversions (no cuda_fp16.h: NVRTC has no include
 // path on a bare machine), as in accelkit_fused.cu.
 struct f16 { unsigned short bits; };
@@ -113,6 +113,8 @@ __device__ __forceinline__ void st(bf16* p, i64 i, float v) {
     p[i].bits = h;
 }
 """
+
+_HEADER = "\ntypedef long long i64;\n\n" + HALF_IO
 
 _KERNEL = r"""
 extern "C" __global__ void ew_{op}_{sfx}(const {t}* x, const {t}* y, {t}* o, i64 n) {{

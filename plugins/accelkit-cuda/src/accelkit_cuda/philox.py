@@ -44,6 +44,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from accelkit.sdk import env_str
+from accelkit_cuda.fast_elementwise import HALF_IO
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -81,28 +82,10 @@ ACCS: dict[str, tuple[str, ...]] = {
 #: Every output dtype, by NumPy name.
 OUTS = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 
-_HEADER = r"""
-typedef long long i64;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-// F16 and BF16 as their bits with explicit conversions (no cuda_fp16.h: NVRTC has no include
-// path on a bare machine), as in accelkit_elementwise.cu.
-struct f16 { unsigned short bits; };
-struct bf16 { unsigned short bits; };
-__device__ __forceinline__ void st(float* p, i64 i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(double* p, i64 i, double v) { p[i] = v; }
-__device__ __forceinline__ void st(f16* p, i64 i, float v) {
-    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); p[i].bits = h;
-}
-__device__ __forceinline__ void st(bf16* p, i64 i, float v) {
-    unsigned int u = __float_as_uint(v);
-    unsigned short h;
-    if ((u & 0x7fffffffu) > 0x7f800000u) h = (unsigned short)((u >> 16) | 0x40u);  // quiet NaN
-    else h = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest even
-    p[i].bits = h;
-}
-"""
+_HEADER = (
+    "\ntypedef long long i64;\ntypedef unsigned int u32;\ntypedef unsigned long long u64;\n\n"
+    + HALF_IO
+)
 
 #: The generator and the transforms (device functions of plain C++ and CUDA's rounding
 #: intrinsics: the tests build this text for the host and compare it with the NumPy port).
