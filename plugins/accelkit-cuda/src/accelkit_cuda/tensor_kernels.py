@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
@@ -367,46 +368,32 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
-        if (fn := self._row_kernel("layer_norm", x, out, weight, bias)) is not None:
-            n = x.shape[-1]
-            acc = np.float64(eps) if x.dtype is DType.F64 else np.float32(eps)
-            self._launch_ptrs(
-                fn,
-                "layer_norm",
-                (x,),
-                (weight, bias),
-                out,
-                (x.size // n,),
-                row_block(n),
-                (np.int64(n), acc),
-                lambda: ck.layer_norm(storage(x), xa(weight), xa(bias), eps, storage(out)),
-            )
-            return
-        self.launch(
+        self._norm(
+            "layer_norm", x, (weight, bias), eps, out,
             lambda: ck.layer_norm(storage(x), xa(weight), xa(bias), eps, storage(out)),
-            (x, weight, bias), (out,), what="layer_norm",
         )  # fmt: skip
 
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
-        if (fn := self._row_kernel("rms_norm", x, out, weight)) is not None:
+        self._norm(
+            "rms_norm", x, (weight,), eps, out,
+            lambda: ck.rms_norm(storage(x), xa(weight), eps, storage(out)),
+        )  # fmt: skip
+
+    def _norm(
+        self, op: str, x: Tensor, params: tuple[Tensor | None, ...], eps: float, out: Tensor,
+        composed: Callable[[], None],
+    ) -> None:  # fmt: skip
+        """A norm over the last axis: the one-launch row kernel where it is loaded and serves
+        (``composed``, CuPy's path, where a block has no memory), else ``composed``."""
+        if (fn := self._row_kernel(op, x, out, *params)) is not None:
             n = x.shape[-1]
             acc = np.float64(eps) if x.dtype is DType.F64 else np.float32(eps)
             self._launch_ptrs(
-                fn,
-                "rms_norm",
-                (x,),
-                (weight,),
-                out,
-                (x.size // n,),
-                row_block(n),
-                (np.int64(n), acc),
-                lambda: ck.rms_norm(storage(x), xa(weight), eps, storage(out)),
-            )
+                fn, op, (x,), params, out, (x.size // n,), row_block(n), (np.int64(n), acc),
+                composed,
+            )  # fmt: skip
             return
-        self.launch(
-            lambda: ck.rms_norm(storage(x), xa(weight), eps, storage(out)), (x, weight), (out,),
-            what="rms_norm",
-        )  # fmt: skip
+        self.launch(composed, (x, *params), (out,), what=op)
 
     def cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
