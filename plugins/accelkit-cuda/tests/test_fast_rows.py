@@ -278,6 +278,8 @@ async def test_the_raw_kernels_and_philox_can_be_switched_off(
         assert backend.tensor_ops is not None
         f, ops = backend.tensor_factory, backend.tensor_ops
         x = f.from_host(x_h)
+        # initialize warmed CuPy's generator up, the draws' path now
+        assert any(name == "random.default_rng" for name, _ in fake_cupy.CALLS)
         fake_cupy.CALLS.clear()
         got = [
             await ops.add(x, x).to_host(),

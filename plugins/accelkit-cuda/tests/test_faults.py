@@ -164,7 +164,7 @@ async def backend(gpu: StandInGPU, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
 
     monkeypatch.setattr(backend_module, "_devices", lambda: [PROPS])
     monkeypatch.setattr(backend_module, "cupy_status", lambda: None)
-    monkeypatch.setattr(backend_module, "_warm_up", lambda: None)
+    monkeypatch.setattr(backend_module, "_warm_up", lambda draws=True: None)
     monkeypatch.setattr(nvrtc, "compile_cached", no_nvrtc)  # fused ops run as compositions
     b = CUDABackend()
     await b.initialize("cuda:0")

@@ -215,7 +215,7 @@ class CUDABackend(QueuedBackend[CUDAStream]):
                 "flash_decode": decode.describe(),
             }  # fmt: skip
             opened = replace(opened, capabilities=caps.model_copy(update={"extra": extra}))
-        await thread.call(_warm_up)
+        await thread.call(lambda: _warm_up(draws=not philox.ready))
         return opened
 
     def _build(self, device: Device, props: DeviceProps) -> Opened[CUDAStream]:
@@ -380,13 +380,14 @@ def _tf32_default() -> bool:
     return (env_str("ACCELKIT_CUDA_ALLOW_TF32") or "0").lower() in ("1", "true", "yes", "on")
 
 
-def _warm_up() -> None:
+def _warm_up(draws: bool) -> None:
     """The common CuPy kernels and cuBLAS's handle, made on the submission thread now rather than
-    at a first request (cupy_tensor.warm_up); a kernel that fails here is only logged: the op
-    that needs it reports its own error when called."""
+    at a first request (cupy_tensor.warm_up; ``draws``: CuPy's generator too, the fallback of the
+    Philox kernels); a kernel that fails here is only logged: the op that needs it reports its
+    own error when called."""
     from accelkit_cuda import cupy_tensor
 
     try:
-        cupy_tensor.warm_up()
+        cupy_tensor.warm_up(draws)
     except Exception as exc:
         _log.warning("warming up CuPy's kernels failed: %s", exc)

@@ -526,12 +526,13 @@ def argsort(x: Array, axis: int, descending: bool, out: Array) -> None:
     cp.copyto(out, (n - 1) - cp.flip(rev, axis))
 
 
-def warm_up() -> None:
+def warm_up(draws: bool = True) -> None:
     """Launch, once, on tiny arrays, the CuPy kernels and cuBLAS calls that common work needs:
     CuPy compiles (or loads from its disk cache) each kernel at its first launch and creates
     cuBLAS's handle at the first GEMM, holding the interpreter lock meanwhile (a stall of tens
     of milliseconds for the event loop, seen on an H100). Run on the submission thread during
-    ``initialize``, so that the first request of a service does not pay it."""
+    ``initialize``, so that the first request of a service does not pay it. ``draws``: CuPy's
+    generator too (only where the Philox kernels did not load: it is their fallback)."""
     for dtype in (cp.float32, cp.float16):
         x = cp.ones((4, 8), dtype)
         w = cp.ones((8, 8), dtype)
@@ -563,9 +564,9 @@ def warm_up() -> None:
         rms_norm(x, x[0], 1e-6, out)
         for op in ("sum", "mean", "max", "min"):
             reduce(op, x, (1,), True, cp.empty((2, 1), cp.float32))
-    # uniform and normal as factory_kernels.random draws them: a generator per draw (its
-    # state's init kernel), the draw, then the scale and the offset in place
-    for draw in ("random", "standard_normal"):
+    # uniform and normal as factory_kernels.device_draw's fallback draws them: a generator per
+    # draw (its state's init kernel), the draw, then the scale and the offset in place
+    for draw in ("random", "standard_normal") if draws else ():
         rng = cp.random.default_rng(0)
         x = getattr(rng, draw)(8, dtype=cp.float32)
         x *= 2.0
