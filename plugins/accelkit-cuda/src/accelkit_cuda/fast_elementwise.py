@@ -32,7 +32,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from accelkit.dtype import DType
-from accelkit.sdk import env_str
+from accelkit_cuda.nvrtc import RawProgram
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -308,24 +308,20 @@ def grid_for(n: int) -> tuple[int]:
     return (min((n + BLOCK - 1) // BLOCK, _MAX_BLOCKS),)
 
 
-class ElementwiseProgram:
+class ElementwiseProgram(RawProgram):
     """The kernels of :data:`SOURCE` for one backend: compiled on a thread of its own and
     loaded on the submission thread; :meth:`function` answers without waiting (None until
     they are loaded, and for good if compiling or loading failed)."""
 
+    SOURCE = SOURCE
+    FILENAME = "accelkit_elementwise.cu"
+    SWITCH = "ACCELKIT_CUDA_RAW_KERNELS"
+    FALLBACK = "CuPy's path serves every op"
+
     def __init__(self, backend: CUDABackend) -> None:
-        self._backend = backend
-        self._functions: dict[tuple[str, DType], Any] = {}
-        self._module: Any = None
-        #: Why the kernels are not used (compiling or loading failed), or None.
-        self.error: BaseException | None = None
+        super().__init__(backend)
         self._started = False
         self._lock = threading.Lock()
-
-    @property
-    def ready(self) -> bool:
-        """True once the kernels are loaded."""
-        return bool(self._functions)
 
     def function(self, op: str, dtype: DType) -> Any:
         """The loaded kernel of ``op`` on ``dtype``, or None (CuPy's path then): a binary op
@@ -359,40 +355,15 @@ class ElementwiseProgram:
         await anyio.to_thread.run_sync(self._compile)
         await self._backend.thread.call(lambda: None)  # after the load _compile queued
 
-    def _compile(self) -> None:
-        from accelkit_cuda.nvrtc import compile_cached
-
-        backend = self._backend
-        if env_str("ACCELKIT_CUDA_RAW_KERNELS") == "0":
-            self.error = RuntimeError("switched off (ACCELKIT_CUDA_RAW_KERNELS=0)")
-            return  # CuPy's path for every op
-        try:
-            compiled = compile_cached(SOURCE, backend._arch, (), "accelkit_elementwise.cu")
-            backend.thread.submit(lambda: self._load(compiled.binary))
-        except Exception as exc:  # no NVRTC, an unknown architecture, a backend shut down:
-            self.error = exc  # CuPy's path for good
-            _log.debug("the elementwise kernels are unavailable", exc_info=True)
-
-    def _load(self, binary: bytes) -> None:
-        """On the submission thread: load the module and look up every kernel."""
-        try:
-            import cupy
-
-            module = cupy.cuda.function.Module()
-            module.load(binary)
-            functions = {
-                (op, dtype): module.get_function(kernel_name(op, dtype))
-                for op in OPS
-                for dtype in _SUFFIX
-            }
-            for dtype in _SUFFIX:
-                for op in UNARY_OPS:
-                    functions["u_" + op, dtype] = module.get_function(unary_kernel_name(op, dtype))
-                for op in ROW_OPS:
-                    functions["row_" + op, dtype] = module.get_function(row_kernel_name(op, dtype))
-        except Exception as exc:
-            self.error = exc
-            _log.debug("the elementwise kernels could not be loaded", exc_info=True)
-            return
-        self._module = module  # the functions live as long as their module
-        self._functions = functions
+    def _lookup(self, module: Any) -> dict[Any, Any]:
+        functions = {
+            (op, dtype): module.get_function(kernel_name(op, dtype))
+            for op in OPS
+            for dtype in _SUFFIX
+        }
+        for dtype in _SUFFIX:
+            for op in UNARY_OPS:
+                functions["u_" + op, dtype] = module.get_function(unary_kernel_name(op, dtype))
+            for op in ROW_OPS:
+                functions["row_" + op, dtype] = module.get_function(row_kernel_name(op, dtype))
+        return functions

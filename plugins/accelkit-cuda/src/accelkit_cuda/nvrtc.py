@@ -17,12 +17,14 @@ import contextlib
 import ctypes
 import glob
 import hashlib
+import logging
 import os
 import sys
 import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from accelkit.errors import KernelCompileError
 from accelkit.sdk import env_str
@@ -30,11 +32,14 @@ from accelkit.sdk import env_str
 __all__ = [
     "Compiled",
     "NVRTCUnavailable",
+    "RawProgram",
     "cache_folder",
     "compile_cuda",
     "compile_cached",
     "nvrtc_version",
 ]
+
+_log = logging.getLogger("accelkit.cuda")
 
 _MAGIC = b"AKCUBIN1"
 
@@ -201,3 +206,59 @@ def compile_cached(
     _write(path, compiled.binary)
     hits["compiled"] += 1
     return compiled
+
+
+class RawProgram:
+    """A program of raw NVRTC kernels for one backend: :meth:`_compile` builds :attr:`SOURCE`
+    (from the disk cache when it holds it) on the calling thread, off the loop, and queues the
+    module's load for the submission thread, where :meth:`_lookup` names its functions. Until
+    then, and for good if compiling or loading failed (:attr:`error`), ``ready`` is false and
+    callers take their fallback. ``<SWITCH>=0`` in the environment switches it off."""
+
+    SOURCE: str = ""
+    FILENAME: str = ""
+    SWITCH: str = ""
+    #: What the fallback is, for the log line when the program is unavailable.
+    FALLBACK: str = ""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self._functions: dict[Any, Any] = {}
+        self._module: Any = None
+        #: Why the kernels are not used (switched off, compiling or loading failed), or None.
+        self.error: BaseException | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True once the kernels are loaded."""
+        return bool(self._functions)
+
+    def _lookup(self, module: Any) -> dict[Any, Any]:
+        raise NotImplementedError
+
+    def _compile(self) -> None:
+        if env_str(self.SWITCH) == "0":
+            self.error = RuntimeError(f"switched off ({self.SWITCH}=0)")
+            return
+        backend = self._backend
+        try:
+            compiled = compile_cached(self.SOURCE, backend._arch, (), self.FILENAME)
+            backend.thread.submit(lambda: self._load(compiled.binary))
+        except Exception as exc:  # no NVRTC, an unknown architecture, a backend shut down
+            self.error = exc
+            _log.info("%s is unavailable; %s", self.FILENAME, self.FALLBACK, exc_info=True)
+
+    def _load(self, binary: bytes) -> None:
+        """On the submission thread: load the module and look up its kernels."""
+        try:
+            import cupy
+
+            module = cupy.cuda.function.Module()
+            module.load(binary)
+            functions = self._lookup(module)
+        except Exception as exc:
+            self.error = exc
+            _log.info("%s could not be loaded; %s", self.FILENAME, self.FALLBACK, exc_info=True)
+            return
+        self._module = module  # the functions live as long as their module
+        self._functions = functions

@@ -43,11 +43,11 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from accelkit.sdk import env_str
 from accelkit_cuda.fast_elementwise import HALF_IO
+from accelkit_cuda.nvrtc import RawProgram
 
 if TYPE_CHECKING:
-    from accelkit_cuda.backend import CUDABackend
+    pass
 
 __all__ = [
     "ACCS",
@@ -210,24 +210,17 @@ def key_of(seed: int | None) -> tuple[int, int]:
     return value & 0xFFFFFFFF, value >> 32
 
 
-class PhiloxProgram:
+class PhiloxProgram(RawProgram):
     """The kernels of :data:`SOURCE` for one backend, compiled on a worker thread and loaded
     on the submission thread by :meth:`load` (which ``initialize`` awaits, so every draw of a
     backend takes one path: a seed's numbers never depend on when the compile finished).
     :meth:`function` answers without waiting: None when compiling or loading failed, and
     the draw takes CuPy's generator then."""
 
-    def __init__(self, backend: CUDABackend) -> None:
-        self._backend = backend
-        self._functions: dict[str, Any] = {}
-        self._module: Any = None
-        #: Why the kernels are not used (compiling or loading failed), or None.
-        self.error: BaseException | None = None
-
-    @property
-    def ready(self) -> bool:
-        """True once the kernels are loaded."""
-        return bool(self._functions)
+    SOURCE = SOURCE
+    FILENAME = "accelkit_philox.cu"
+    SWITCH = "ACCELKIT_CUDA_PHILOX"
+    FALLBACK = "CuPy's generator draws"
 
     def function(self, kind: str, acc: str, out: str) -> Any:
         """The loaded kernel of a ``kind`` draw in ``acc`` written as ``out``, or None."""
@@ -241,32 +234,5 @@ class PhiloxProgram:
         await anyio.to_thread.run_sync(self._compile)
         await self._backend.thread.call(lambda: None)  # after the load _compile queued
 
-    def _compile(self) -> None:
-        from accelkit_cuda.nvrtc import compile_cached
-
-        backend = self._backend
-        if env_str("ACCELKIT_CUDA_PHILOX") == "0":
-            self.error = RuntimeError("switched off (ACCELKIT_CUDA_PHILOX=0)")
-            return  # CuPy's generator draws
-        try:
-            compiled = compile_cached(SOURCE, backend._arch, (), "accelkit_philox.cu")
-            backend.thread.submit(lambda: self._load(compiled.binary))
-        except Exception as exc:  # no NVRTC, an unknown architecture, a backend shut down:
-            self.error = exc  # CuPy's generator for good
-            _log.info("the Philox kernels are unavailable; CuPy's generator draws", exc_info=True)
-
-    def _load(self, binary: bytes) -> None:
-        """On the submission thread: load the module and look up every kernel."""
-        try:
-            import cupy
-
-            module = cupy.cuda.function.Module()
-            module.load(binary)
-            functions = {name: module.get_function(name) for name in NAMES}
-        except Exception as exc:
-            self.error = exc
-            _log.info("the Philox kernels could not be loaded; CuPy's generator draws",
-                      exc_info=True)  # fmt: skip
-            return
-        self._module = module  # the functions live as long as their module
-        self._functions = functions
+    def _lookup(self, module: Any) -> dict[Any, Any]:
+        return {name: module.get_function(name) for name in NAMES}
