@@ -6,8 +6,9 @@ measured). It fits the GPU check's cap (tools/gpu-check/run.sh step ``bench``, 1
 with a summary of every figure. Figures (issue 29's targets in brackets):
 
 - GEMM 8192x8192x8192 in f16, bf16 and f32 (no TF32 on either side) vs ``torch.matmul``
-  [>= 0.97x], ten GEMMs a repeat, with the device time of one (CUDA events) on both sides; f16
-  and bf16 also on the workspace route (``ACCELKIT_CUDA_GEMM_WORKSPACE=1``);
+  [>= 0.97x], ten GEMMs a repeat, with the device time of one (CUDA events) on both sides; on
+  the default route (cuBLAS with a workspace) and, f16 and f32, on ``cupy.matmul``
+  (``ACCELKIT_CUDA_GEMM_WORKSPACE=0``);
 - causal f16 attention, batch 8, 16 heads, seq 4096, head_dim 128, vs
   ``torch.nn.functional.scaled_dot_product_attention``, for the fused flash kernel
   (KernelOps) and the cuBLAS route (TensorOps) (cuDNN's figures: their own script);
@@ -232,13 +233,18 @@ async def _gemm_figures(backend: ak.ComputeBackend, torch: Any, n: int, rng: Any
         # device's own time (CUDA events, no host in it) is printed beside; then the same on
         # the workspace route (blas.matmul_into, PyTorch's 32 MiB cuBLAS workspace), so that
         # one run says which route the eager default should be.
-        routes = [("cupy.matmul", None)]
-        if name != "f32":
-            routes.append(("cuBLAS+workspace", "1"))
+        # The default route (cuBLAS with a workspace, blas.eager_route) and cupy.matmul
+        # (ACCELKIT_CUDA_GEMM_WORKSPACE=0), except for BF16: CuPy 14 has no BF16 GEMM (its
+        # fallback, F32 copies and an F32 GEMM, ran at 0.06x PyTorch).
+        routes: list[tuple[str, str | None]] = [("cuBLAS+workspace", None)]
+        if name != "bf16":
+            routes.append(("cupy.matmul", "0"))
         for route, env in routes:
             saved = os.environ.get(_WS_ENV)
             if env is not None:
                 os.environ[_WS_ENV] = env
+            else:
+                os.environ.pop(_WS_ENV, None)
             try:
 
                 async def ak_gemm(a: Any = a) -> None:

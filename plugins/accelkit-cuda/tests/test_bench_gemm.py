@@ -86,14 +86,16 @@ async def test_the_gemm_figures_run_on_both_routes(
     assert "ACCELKIT_CUDA_GEMM_WORKSPACE" not in os.environ
     routes = [line.split(":")[0] for line in lines]
     assert routes == [
-        "GEMM 8 f16 (cupy.matmul)", "GEMM 8 f16 (cuBLAS+workspace)",
-        "GEMM 8 bf16 (cupy.matmul)", "GEMM 8 bf16 (cuBLAS+workspace)", "GEMM 8 f32 (cupy.matmul)",
+        "GEMM 8 f16 (cuBLAS+workspace)", "GEMM 8 f16 (cupy.matmul)",
+        "GEMM 8 bf16 (cuBLAS+workspace)", "GEMM 8 f32 (cuBLAS+workspace)",
+        "GEMM 8 f32 (cupy.matmul)",
     ]  # fmt: skip
     assert all("device time" in line and len(line) < 390 for line in lines)
-    assert all("target" in line for line in lines[:4])
-    assert "target" not in lines[4]
-    # The two workspace routes' GEMMs, and only theirs, went to cuBLAS through blas.py.
+    assert all("target" in line for line in lines[:3])
+    assert not any("target" in line for line in lines[3:])
+    # The workspace routes' GEMMs (the default), and only theirs, went to cuBLAS through
+    # blas.py.
     gemms = sum(name == "cublasGemmEx" for name, _ in fake_cupy.CALLS)
-    assert gemms == 2 * bench_cuda.GEMM_CALLS * (1 + 7 + 1)
+    assert gemms == 3 * bench_cuda.GEMM_CALLS * (1 + 7 + 1)
     # Warm-up, 7 rounds, the device-time calls: GEMM_CALLS each, on each of the 5 routes.
     assert len(calls) == 5 * bench_cuda.GEMM_CALLS * (1 + 7 + 1)

@@ -286,3 +286,60 @@ async def test_a_linear_with_a_bias_is_two_launches(plugin: Plugin, dtype: str) 
     assert np.all(np.abs(got - ref) <= tol)
     if dtype in ("float32", "float64"):
         assert launched == ["matmul", "add"], launched
+
+
+@pytest.mark.parametrize(
+    ("setting", "in_name", "wide", "to_cublas"),
+    [
+        (None, "bfloat16", False, True),  # CuPy 14 has no BF16 GEMM
+        (None, "float16", False, True),
+        (None, "float16", True, True),  # F16 into F32: no F32 copies
+        (None, "float32", False, True),  # no weight copy, no pointer arrays, no gufunc
+        (None, "float64", False, True),
+        ("0", "bfloat16", False, False),  # the way back: cupy.matmul
+        ("0", "float16", True, False),
+        ("0", "float32", False, False),
+        ("1", "float32", False, True),
+    ],
+)
+def test_the_eager_gemm_route(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, setting: str | None, in_name: str, wide: bool,
+    to_cublas: bool,
+) -> None:  # fmt: skip
+    """Which eager GEMMs go to cuBLAS through blas.py (all but with the switch at 0; the H100
+    run of 2026-11-27: BF16 through CuPy's F32 fallback at 0.06x PyTorch, through cuBLAS 0.98x
+    device time; the block's linears copied their weights through cupy.matmul), and that they
+    are right: ``a @ b`` against float64 NumPy, within the F32 accumulation of k products plus the
+    stored result's rounding."""
+    import fake_cupy
+    import ml_dtypes
+
+    mod = importlib.import_module("accelkit_cuda.blas")
+    ck = importlib.import_module("accelkit_cuda.cupy_tensor")
+    monkeypatch.setattr(mod, "_cublas", fake_cupy.Cublas())
+    if setting is None:
+        monkeypatch.delenv("ACCELKIT_CUDA_GEMM_WORKSPACE", raising=False)
+    else:
+        monkeypatch.setenv("ACCELKIT_CUDA_GEMM_WORKSPACE", setting)
+    dt = np.dtype(ml_dtypes.bfloat16 if in_name == "bfloat16" else in_name)
+    rng = np.random.default_rng(5)
+    k = 7
+    a_h = rng.uniform(-2, 2, (3, k)).astype(dt)
+    b_h = rng.uniform(-2, 2, (k, 4)).astype(dt)
+    a, b = a_h.view(fake_cupy.ndarray), b_h.view(fake_cupy.ndarray)
+    fake_cupy.CALLS.clear()
+    res = np.asarray(ck._mm(a, b, wide=wide))
+    assert (sum(name == "cublasGemmEx" for name, _ in fake_cupy.CALLS) == 1) is to_cublas
+    # CuPy's BF16 fallback gives the F32 product (its callers round it once, when stored).
+    f32_product = wide or (in_name == "bfloat16" and not to_cublas)
+    assert res.dtype == (np.float32 if f32_product else dt)
+    want = a_h.astype(np.float64) @ b_h.astype(np.float64)
+    stored = float(np.finfo(res.dtype).eps) if res.dtype != dt or in_name != "bfloat16" else 2.0**-7
+    acc = (
+        k
+        * float(np.finfo(np.float32).eps)
+        * (np.abs(a_h.astype(np.float64)) @ np.abs(b_h.astype(np.float64)))
+    )
+    np.testing.assert_array_less(
+        np.abs(res.astype(np.float64) - want), acc + stored * np.abs(want) + 1e-30
+    )

@@ -17,11 +17,17 @@ Where it serves (:func:`matmul`):
 - while the thread captures a CUDA graph (:mod:`accelkit_cuda.capturing`): every floating-point
   GEMM, other layouts made contiguous first (a copy kernel, captured too);
 - TF32 GEMMs (f32 operands, ``backend.allow_tf32``);
-- every GEMM it takes with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1``.
+- every other eager GEMM whose layout :func:`plan` takes (:func:`eager_route`), unless
+  ``ACCELKIT_CUDA_GEMM_WORKSPACE=0``.
 
-Measured on an H100 (2026-11-27, ``benchmarks/bench_cuda.py``), this path ran f16/bf16 GEMMs at
-8192 at 0.70-0.75x PyTorch against ``cupy.matmul``'s 0.93x, so eager GEMMs stay on
-``cupy.matmul`` by default.
+Why every eager GEMM (measured on an H100, 2026-11-27, ``benchmarks/bench_cuda.py`` and
+``benchmarks/profile_cuda_block.py``): CuPy 14 has no BF16 GEMM (its fallback, F32 copies and
+an F32 GEMM without tensor cores, ran at 0.06x PyTorch at 8192; here 0.98x device time);
+``cupy.matmul`` of the transformer block's ``[4, 256, 512] @ w.T`` copies the transposed weight
+and builds pointer arrays for a batched GEMM (16 extra kernels a block) and spends about 200 us
+of the submission thread's time a call in its gufunc machinery, where this path folds the batch
+into the rows and reads the weight transposed in place; F16 at 8192 ran at 0.98x device time
+here against 0.95x through ``cupy.matmul``.
 
 Types (:func:`compute_type`): f16 and bf16 operands with F32 accumulation
 (``CUBLAS_COMPUTE_32F``) into an output of their type or f32; f32 with F32 arithmetic, or on
@@ -269,6 +275,17 @@ def _is_device_array(x: Any) -> bool:
     return isinstance(x, cp.ndarray)
 
 
+def eager_route(in_type: int, tf32: bool, wide: bool) -> bool:
+    """Whether an eager GEMM (no capture) of operands of cudaDataType ``in_type`` goes through
+    :func:`matmul_into` (where its layout is one :func:`plan` takes): by default every one;
+    with ``ACCELKIT_CUDA_GEMM_WORKSPACE=0`` only TF32 ones (``cupy.matmul`` serves the rest;
+    a way back should a GPU run find this route slower somewhere). ``wide`` is the F32 result
+    of F16/BF16 operands (unused: every such GEMM goes here unless switched off)."""
+    if tf32 and in_type == _R_32F:
+        return True
+    return os.environ.get("ACCELKIT_CUDA_GEMM_WORKSPACE", "").strip() != "0"
+
+
 def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = False) -> Any:
     """``a @ b`` through :func:`matmul_into` (into ``out`` where it is C-contiguous and of the
     result's dtype and shape, else a new array), or None (nothing done: ``cupy.matmul``
@@ -280,11 +297,7 @@ def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = Fal
     if in_type is None or a.dtype != b.dtype:
         return None
     stream = capturing.active()
-    if not (
-        stream is not None
-        or (tf32 and in_type == _R_32F)
-        or os.environ.get("ACCELKIT_CUDA_GEMM_WORKSPACE", "").strip() == "1"
-    ):
+    if stream is None and not eager_route(in_type, tf32, wide):
         return None
     # Host arrays (tests that put NumPy in for CuPy) never reach cuBLAS.
     if not _is_device_array(a) or not _is_device_array(b) or _lib() is None:

@@ -1,0 +1,280 @@
+"""Where the CUDA transformer block's time goes, on a GPU: a diagnosis for issue 29, not a figure.
+
+``benchmarks/bench_cuda.py`` says *how* slow the eager block is against PyTorch (0.17x on an
+H100, 2026-11-27) and that its submission thread was busy for 2.8 ms of a 3.8 ms step while the
+GPU had 0.8 ms of work (the captured replay). This script says *where*:
+
+1. each op's closures on the submission thread, in the block's order: the median time the
+   thread spent in them (``us busy``), labelled with the TensorOps method that submitted them;
+2. cProfile inside those closures (enabled and disabled on the submission thread around each
+   one), the functions with the most own time and the most cumulative time a step;
+3. every kernel the device ran (PyTorch's profiler over CUPTI, which sees CuPy's, NVRTC's and
+   cuBLAS's kernels as well as its own): per step, for accelkit eager, accelkit's captured
+   graph and PyTorch eager, the kernels by device time, their count and sum;
+4. a BF16 and an F16 GEMM at 4096 against PyTorch, device time by CUDA events;
+5. the block's causal f32 attention on the flash kernel and on the cuBLAS route: device time,
+   how long 20 calls take to submit and to finish, the error against float64 NumPy.
+
+Run with ``python benchmarks/profile_cuda_block.py`` where accelkit-cuda, CuPy and PyTorch
+(CUDA) are installed (the GPU check's ``profile`` step); without them it says why and exits
+with status 2. About 40 s.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import math
+import pstats
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+
+import accelkit as ak
+from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+from bench_core import _torch_block  # isort: skip
+from bench_cuda import no_gpu  # isort: skip
+from bench_cuda_attention import device_ms, torch_device_ms  # isort: skip
+
+STEPS = 20
+TOP = 18
+
+
+def _label() -> str:
+    """The TensorOps method the block (accelkit.workloads) called that led to this submission,
+    with the block's line."""
+    f: Any = sys._getframe(2)
+    prev = None
+    while f is not None:
+        if f.f_code.co_filename.endswith("workloads.py"):
+            return f"{prev.f_code.co_name}@{f.f_lineno}" if prev is not None else "?"
+        prev, f = f, f.f_back
+    return "(outside the block)"
+
+
+class ClosureProbe:
+    """Wraps the submission thread's ``submit`` (as ``SubmissionThread.start_trace`` does):
+    each closure is labelled at submission and timed where it runs, optionally under cProfile."""
+
+    def __init__(self, thread: Any, profile: cProfile.Profile | None = None) -> None:
+        self.thread = thread
+        self.profile = profile
+        self.rows: list[tuple[str, float]] = []
+
+    def __enter__(self) -> ClosureProbe:
+        plain = type(self.thread).submit
+        rows, prof = self.rows, self.profile
+
+        def submit(fn: Callable[[], None]) -> None:
+            label = _label()
+
+            def timed() -> None:
+                t0 = time.perf_counter()
+                if prof is not None:
+                    prof.enable()
+                try:
+                    fn()
+                finally:
+                    if prof is not None:
+                        prof.disable()
+                    rows.append((label, time.perf_counter() - t0))
+
+            plain(self.thread, timed)
+
+        self.thread.__dict__["submit"] = submit
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.__dict__.pop("submit", None)
+
+
+def _kernel_table(prof: Any, steps: int) -> list[str]:
+    """The device's kernels in ``prof`` (a torch.profiler run over ``steps`` steps), per step."""
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        t = getattr(ev, "device_time", None)
+        if t is None:
+            t = getattr(ev, "cuda_time", 0.0)
+        if not t:
+            continue
+        per[ev.name][0] += t
+        per[ev.name][1] += 1
+    total = sum(r[0] for r in per.values()) / steps
+    count = sum(r[1] for r in per.values()) / steps
+    lines = [f"{count:.0f} kernels a step, {total:.0f} us of device time a step"]
+    for name, (t, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:TOP]:
+        lines.append(f"  {t / steps:8.1f} us {n / steps:5.1f}x  {name[:110]}")
+    return lines
+
+
+async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4096) -> list[str]:
+    """Parts 1-4 of the module docstring on an open CUDA ``backend``; prints each line and
+    returns them all. A part that fails says so and the next one runs."""
+    out: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        out.append(line)
+
+    f = backend.tensor_factory
+    cfg = BlockConfig()
+    x_h = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq, cfg.width))
+    x_h = x_h.astype(np.float32)
+    w_h = block_weights(cfg)
+    w = upload_weights(backend, w_h)
+    x = f.from_host(x_h)
+    for _ in range(3):
+        await transformer_block(backend, x, w, cfg).to_host()
+
+    say(f"[1/5] the submission thread's closures, median of {steps} steps")
+    try:
+        probe = ClosureProbe(backend.thread)
+        per_step: list[list[tuple[str, float]]] = []
+        for _ in range(steps):
+            probe.rows.clear()
+            t0 = time.perf_counter()
+            with probe:
+                y = transformer_block(backend, x, w, cfg)
+            await y.to_host()
+            per_step.append([*probe.rows, ("(step wall)", time.perf_counter() - t0)])
+        n = min(len(s) for s in per_step)
+        busy = 0.0
+        for i in range(n):
+            label = per_step[0][i][0]
+            us = statistics.median(s[i][1] for s in per_step) * 1e6
+            busy += us if label != "(step wall)" else 0.0
+            say(f"  {i:2d} {label:28s} {us:8.1f} us")
+        say(f"  closures: {n - 1}, busy {busy:.0f} us a step")
+    except Exception as exc:
+        say(f"  not measured ({type(exc).__name__}: {exc})")
+
+    # cProfile's times are wall times: a function the thread was in while another thread held
+    # the GIL is charged with the wait (where the submission thread loses the GIL shows here).
+    say("[2/5] cProfile inside the closures (all threads while one runs), us a step")
+    try:
+        prof = cProfile.Profile()
+        probe = ClosureProbe(backend.thread, prof)
+        for _ in range(steps):
+            with probe:
+                y = transformer_block(backend, x, w, cfg)
+            await y.to_host()
+        table: Any = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        for col, what in ((2, "own"), (3, "cumulative")):
+            say(f"  by {what} time:")
+            rows = sorted(table.items(), key=lambda kv: -kv[1][col])[:TOP]
+            for (file, line, name), (_cc, nc, tt, ct, _callers) in rows:
+                where = f"{file.rsplit('/', 2)[-1]}:{line}" if line else file
+                say(f"    own {tt / steps * 1e6:8.1f} cum {ct / steps * 1e6:8.1f}"
+                    f" calls {nc / steps:6.1f}  {name} ({where})")  # fmt: skip
+    except Exception as exc:
+        say(f"  not measured ({type(exc).__name__}: {exc})")
+
+    say("[3/5] the device's kernels (CUPTI through torch.profiler), per step")
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        tw = {k: torch.from_numpy(v).cuda() for k, v in w_h.items()}
+        tx = torch.from_numpy(x_h).cuda()
+        async with backend.capture() as graph:
+            y_cap = transformer_block(backend, x, w, cfg)
+        graph.replay()
+        await y_cap.to_host()
+
+        async def ak_eager() -> None:
+            transformer_block(backend, x, w, cfg)
+            await backend.synchronize()
+
+        async def ak_graph() -> None:
+            graph.replay()
+            await backend.synchronize()
+
+        async def th_eager() -> None:
+            with torch.inference_mode():
+                _torch_block(torch, tx, tw, cfg)
+            torch.cuda.synchronize()
+
+        for name, run in (("accelkit eager", ak_eager), ("accelkit graph", ak_graph),
+                          ("torch eager", th_eager)):  # fmt: skip
+            say(f"  {name}:")
+            await run()
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(10):
+                    await run()
+            for line in _kernel_table(p, 10):
+                say(f"    {line}")
+    except Exception as exc:
+        say(f"  not measured ({type(exc).__name__}: {exc})")
+
+    say(f"[4/5] GEMM {gemm_n}, device time a GEMM (CUDA events)")
+    ops = backend.tensor_ops
+    rng = np.random.default_rng(0)
+    a32 = (rng.standard_normal((gemm_n, gemm_n), dtype=np.float32) * 0.1).astype(np.float32)
+    for name, tdt in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+        try:
+            a = f.from_host(a32, dtype=name)
+            ta = torch.from_numpy(a32).cuda().to(tdt)
+            got = (await ops.matmul(a, a).to_host()).astype(np.float64)
+            want = a32.astype(np.float64) @ a32.astype(np.float64)
+            err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+            d_ak = d_th = math.inf
+            for _ in range(3):  # alternated, the best of each: clocks ramp on an idle GPU
+                d_ak = min(d_ak, await device_ms(backend, lambda a=a: ops.matmul(a, a), 10))
+                d_th = min(d_th, torch_device_ms(lambda ta=ta: torch.matmul(ta, ta), 10))
+            ratio = d_th / d_ak if d_ak else math.nan
+            say(f"  {name}: accelkit {d_ak:.3f} ms, torch {d_th:.3f} ms: {ratio:.2f}x"
+                f" torch; max error / max |a @ a| {err:.1e}")  # fmt: skip
+        except Exception as exc:
+            say(f"  {name}: not measured ({type(exc).__name__}: {exc})")
+
+    say("[5/5] causal f32 attention at the block's shapes: the flash kernel, the cuBLAS route")
+    b, h, sq, hd = cfg.batch, cfg.heads, cfg.seq, cfg.head_dim
+    qh = rng.standard_normal((b, h, sq, hd)).astype(np.float32)
+    q = f.from_host(qh)
+    scores = qh.astype(np.float64) @ np.swapaxes(qh, -1, -2) / math.sqrt(hd)
+    scores = np.where(np.tril(np.ones((sq, sq), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ qh
+    flash = backend._fused_kernels
+    for route in ("flash", "cuBLAS"):
+        try:
+            backend._fused_kernels = flash if route == "flash" else None
+            got = await ops.attention(q, q, q, causal=True).to_host()
+            err = float(np.max(np.abs(got - want)))
+            d = await device_ms(backend, lambda: ops.attention(q, q, q, causal=True), 10)
+            t0 = time.perf_counter()
+            for _ in range(20):
+                ops.attention(q, q, q, causal=True)
+            t1 = time.perf_counter()
+            await backend.synchronize()
+            t2 = time.perf_counter()
+            say(f"  {route}: device {d * 1e3:.1f} us a call; 20 calls submitted in"
+                f" {(t1 - t0) * 1e3:.2f} ms, done in {(t2 - t0) * 1e3:.2f} ms; max abs error"
+                f" {err:.1e}")  # fmt: skip
+        except Exception as exc:
+            say(f"  {route}: not measured ({type(exc).__name__}: {exc})")
+        finally:
+            backend._fused_kernels = flash
+    return out
+
+
+async def main() -> int:
+    reason = no_gpu()
+    if reason is not None:
+        print(f"profile_cuda_block: nothing measured: {reason}", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    async with ak.open_backend("cuda") as backend:
+        await diagnose(backend, torch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(anyio.run(main))

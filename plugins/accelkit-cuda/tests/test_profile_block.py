@@ -1,0 +1,62 @@
+"""benchmarks/profile_cuda_block.py (the GPU check's ``profile`` step) runs over the stand-in
+CuPy and a stand-in PyTorch: each of the block's closures is labelled with the TensorOps method
+that submitted it and timed, cProfile sees inside them, a part that cannot run (the kernel
+table needs torch.profiler) says so and the next runs. The figures themselves need a GPU."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+import test_offloop
+from test_bench_gemm import _fake_torch
+from test_offloop import Plugin, _open
+from test_timeline import BENCHMARKS
+
+pytestmark = pytest.mark.anyio
+
+plugin = test_offloop.plugin
+
+
+async def test_the_block_diagnosis_runs(plugin: Plugin, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("bench_core", "bench_cuda", "bench_host", "bench_cuda_attention",
+                 "profile_cuda_block"):  # fmt: skip
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    calls: list[tuple[int, ...]] = []
+    torch = _fake_torch(calls)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    script = importlib.import_module("profile_cuda_block")
+    backend = await _open(plugin)
+    try:
+        lines = await script.diagnose(backend, torch, steps=2, gemm_n=16)
+    finally:
+        await backend.shutdown()
+    text = "\n".join(lines)
+    part1 = text.split("[2/5]")[0]
+    for op in ("layer_norm", "linear", "permute", "attention", "add", "gelu"):
+        assert f" {op}@" in part1, text
+    assert "(outside the block)" not in part1
+    closures = [line for line in part1.splitlines()[1:] if " us" in line and "wall" not in line]
+    assert len(closures) >= 10
+    assert any("closures:" in line and "busy" in line for line in lines)
+    part2 = text.split("[2/5]")[1].split("[3/5]")[0]
+    assert "by own time" in part2
+    assert "by cumulative time" in part2
+    assert part2.count("calls") >= 10
+    # No torch.profiler in the stand-in: part 3 says so, part 4 still runs.
+    assert "not measured (ModuleNotFoundError" in text.split("[3/5]")[1]
+    gemms = [line for line in lines if line.startswith(("  bf16:", "  f16:"))]
+    assert len(gemms) == 2, gemms
+    assert all("x torch" in line for line in gemms), gemms
+    for line in gemms:  # the stand-in's GEMM is exact up to the dtype's rounding
+        err = float(line.rsplit(" ", 1)[1])
+        assert err < 2 * 2.0**-8 * np.sqrt(16), line
+    # Both attention routes ran; the cuBLAS route agrees with float64 NumPy (f32 scores and
+    # sums of 256 terms; the stand-in does not run the flash kernel: test_gpu.py checks it).
+    routes = [line for line in lines if line.startswith(("  flash:", "  cuBLAS:"))]
+    assert len(routes) == 2, routes
+    err = float(routes[1].rsplit(" ", 1)[1])
+    assert err < 256 * float(np.finfo(np.float32).eps) * 8, routes[1]
