@@ -13,11 +13,13 @@ GPU had 0.8 ms of work (the captured replay). This script says *where*:
    graph and PyTorch eager, the kernels by device time, their count and sum;
 4. a BF16 and an F16 GEMM at 4096 against PyTorch, device time by CUDA events;
 5. the block's causal f32 attention on the flash kernel and on the cuBLAS route: device time,
-   how long 20 calls take to submit and to finish, the error against float64 NumPy.
+   how long 20 calls take to submit and to finish, the error against float64 NumPy;
+6. a paged decode step (``bench_cuda_attention.py``'s: 16 sequences x 4096 tokens, 32/8 heads,
+   head dim 128, f16) and PyTorch's dense SDPA over the same keys: every kernel of each.
 
 Run with ``python benchmarks/profile_cuda_block.py`` where accelkit-cuda, CuPy and PyTorch
 (CUDA) are installed (the GPU check's ``profile`` step); without them it says why and exits
-with status 2. About 40 s.
+with status 2. About 45 s.
 """
 
 from __future__ import annotations
@@ -113,7 +115,10 @@ def _kernel_table(prof: Any, steps: int) -> list[str]:
     return lines
 
 
-async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4096) -> list[str]:
+async def diagnose(
+    backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4096,
+    decode_shape: tuple[int, int, int, int, int, int] = (16, 32, 8, 128, 4096, 16),
+) -> list[str]:  # fmt: skip
     """Parts 1-4 of the module docstring on an open CUDA ``backend``; prints each line and
     returns them all. A part that fails says so and the next one runs."""
     out: list[str] = []
@@ -132,7 +137,7 @@ async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4
     for _ in range(3):
         await transformer_block(backend, x, w, cfg).to_host()
 
-    say(f"[1/5] the submission thread's closures, median of {steps} steps")
+    say(f"[1/6] the submission thread's closures, median of {steps} steps")
     try:
         probe = ClosureProbe(backend.thread)
         per_step: list[list[tuple[str, float]]] = []
@@ -156,7 +161,7 @@ async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4
 
     # cProfile's times are wall times: a function the thread was in while another thread held
     # the GIL is charged with the wait (where the submission thread loses the GIL shows here).
-    say("[2/5] cProfile inside the closures (all threads while one runs), us a step")
+    say("[2/6] cProfile inside the closures (all threads while one runs), us a step")
     try:
         prof = cProfile.Profile()
         probe = ClosureProbe(backend.thread, prof)
@@ -175,7 +180,7 @@ async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
 
-    say("[3/5] the device's kernels (CUPTI through torch.profiler), per step")
+    say("[3/6] the device's kernels (CUPTI through torch.profiler), per step")
     try:
         from torch.profiler import ProfilerActivity, profile
 
@@ -211,7 +216,7 @@ async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
 
-    say(f"[4/5] GEMM {gemm_n}, device time a GEMM (CUDA events)")
+    say(f"[4/6] GEMM {gemm_n}, device time a GEMM (CUDA events)")
     ops = backend.tensor_ops
     rng = np.random.default_rng(0)
     a32 = (rng.standard_normal((gemm_n, gemm_n), dtype=np.float32) * 0.1).astype(np.float32)
@@ -232,7 +237,7 @@ async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4
         except Exception as exc:
             say(f"  {name}: not measured ({type(exc).__name__}: {exc})")
 
-    say("[5/5] causal f32 attention at the block's shapes: the flash kernel, the cuBLAS route")
+    say("[5/6] causal f32 attention at the block's shapes: the flash kernel, the cuBLAS route")
     b, h, sq, hd = cfg.batch, cfg.heads, cfg.seq, cfg.head_dim
     qh = rng.standard_normal((b, h, sq, hd)).astype(np.float32)
     q = f.from_host(qh)
@@ -260,6 +265,60 @@ async def diagnose(backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4
             say(f"  {route}: not measured ({type(exc).__name__}: {exc})")
         finally:
             backend._fused_kernels = flash
+
+    say(f"[6/6] a paged decode step ({decode_shape[0]} seqs x {decode_shape[4]} tokens,"
+        f" {decode_shape[1]}/{decode_shape[2]} heads, d {decode_shape[3]}, f16): its kernels")  # fmt: skip
+    try:
+        from accelkit_cuda.flash_decode import reference
+
+        b, h, hk, d, ctx, bs = decode_shape
+        per_seq = ctx // bs
+        kd = rng.standard_normal((b, hk, ctx, d)).astype(np.float16)
+        vd = rng.standard_normal((b, hk, ctx, d)).astype(np.float16)
+        qd = rng.standard_normal((b, h, d)).astype(np.float16)
+        table = rng.permutation(b * per_seq).astype(np.int32).reshape(b, per_seq)
+
+        def paged(x: Any) -> Any:  # [b, hk, ctx, d] -> the cache's [blocks, bs, hk, d]
+            cache = np.empty((b * per_seq, bs, hk, d), x.dtype)
+            cache[table.reshape(-1)] = (
+                x.reshape(b, hk, per_seq, bs, d).transpose(0, 2, 3, 1, 4).reshape(-1, bs, hk, d)
+            )
+            return cache
+
+        lens = np.full(b, ctx, np.int32)
+        host = [qd, paged(kd), paged(vd), table, lens]
+        args = [f.from_host(a) for a in host]
+        kops = backend.kernel_ops
+        got = await kops.paged_attention(*args).to_host()
+        small = (slice(0, 2),)  # the float64 reference of two sequences (seconds, not minutes)
+        want = reference(qd[small], host[1], host[2], table[small], lens[small], 1 / math.sqrt(d))
+        say(f"  max abs error (2 sequences, float64 reference):"
+            f" {float(np.max(np.abs(got[small] - want))):.1e};"
+            f" routes {dict(backend.attention_engines.routes.get('paged_attention', {}))}")  # fmt: skip
+        from torch.profiler import ProfilerActivity, profile
+
+        tq = torch.from_numpy(qd).cuda().reshape(b, h, 1, d)
+        tk, tv = torch.from_numpy(kd).cuda(), torch.from_numpy(vd).cuda()
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        async def ak_step() -> None:
+            kops.paged_attention(*args)
+            await backend.synchronize()
+
+        async def th_step() -> None:
+            sdpa(tq, tk, tv, enable_gqa=True)
+            torch.cuda.synchronize()
+
+        for name, run in (("accelkit", ak_step), ("torch dense SDPA", th_step)):
+            await run()
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(10):
+                    await run()
+            say(f"  {name}:")
+            for line in _kernel_table(p, 10):
+                say(f"    {line}")
+    except Exception as exc:
+        say(f"  not measured ({type(exc).__name__}: {exc})")
     return out
 
 
