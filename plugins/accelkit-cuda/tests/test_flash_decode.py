@@ -42,8 +42,31 @@ def test_the_source_and_python_agree() -> None:
     assert int(defines["NWARPS"]) * 32 == fd.THREADS
     assert int(defines["SLICES"]) * 128 == fd.MAX_HEAD_DIM  # 4 dims a lane a slice
     assert sorted(fd.kernel_names()) == sorted(
-        f"decode_{k}_{s}" for k in ("split", "combine") for s in ("f16", "bf16", "f32")
-    )
+        [f"decode_combine_{s}" for s in ("f16", "bf16", "f32")]
+        + [f"decode_split_g{g}s{sl}_{s}" for g in (1, 2, 4, 8) for sl in (1, 2)
+           for s in ("f16", "bf16", "f32")]
+    )  # fmt: skip
+    # Every split variant is instantiated, and the on-device check runs every one of them.
+    for g, sl in fd.SPLIT_VARIANTS:
+        assert f"SPLIT(K, S, {g}, {sl})" in fd.SOURCE
+    checked = {fd.split_kind(h, hk, d, dv) for _b, h, hk, d, dv, _bs, _n in fd.CHECK_SHAPES}
+    assert checked == {f"split_g{g}s{sl}" for g, sl in fd.SPLIT_VARIANTS}
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d", "dv", "kind"),
+    [
+        (32, 8, 128, 128, "split_g4s1"),  # the bench's decode step
+        (32, 32, 64, 64, "split_g1s1"),  # MHA
+        (18, 1, 64, 64, "split_g8s1"),  # MQA: blocks of GROUP heads
+        (12, 4, 128, 132, "split_g4s2"),  # a value head past 128: two slices
+        (6, 2, 256, 64, "split_g4s2"),  # three heads a block: registers for four
+    ],
+)
+def test_the_split_variant_holds_the_block_in_the_fewest_registers(
+    heads: int, kv_heads: int, d: int, dv: int, kind: str
+) -> None:
+    assert fd.split_kind(heads, kv_heads, d, dv) == kind
 
 
 def test_launch_args_follow_the_kernel_signatures() -> None:
@@ -54,7 +77,7 @@ def test_launch_args_follow_the_kernel_signatures() -> None:
         q, kc, vc, table, lens, po, pm, out, err, 0.125
     )  # fmt: skip
     chunks = math.ceil(40 * 16 / fd.CHUNK)
-    assert (k1, g1, b1) == ("split", (chunks, 2, 3), (fd.THREADS, 1, 1))
+    assert (k1, g1, b1) == ("split_g4s1", (chunks, 2, 3), (fd.THREADS, 1, 1))
     assert (k2, g2, b2) == ("combine", (24, 1, 1), (fd.THREADS, 1, 1))
     assert a1[:7] == (q, kc, vc, table, lens, po, pm)
     assert a1[-1] is err
@@ -64,8 +87,8 @@ def test_launch_args_follow_the_kernel_signatures() -> None:
     assert a1[14] == np.float32(0.125 * math.log2(math.e))
     assert a1[15] == chunks
     assert a2 == (po, pm, out, 32, chunks)
-    for name, args in (("split", a1), ("combine", a2)):
-        sig = re.search(rf"decode_{name}_##S\((.*?)\)", fd.SOURCE, re.S)
+    for name, args in (("split_g##GG##s##SL##_##S", a1), ("combine_##S", a2)):
+        sig = re.search(rf"decode_{name}\((.*?)\)", fd.SOURCE, re.S)
         assert sig is not None
         params = [p.split()[-1] for p in sig.group(1).replace("\\", " ").split(",")]
         assert len(params) == len(args), (name, params)
@@ -199,7 +222,7 @@ async def test_decode_runs_on_the_split_kernel_once_verified(
         assert route.engine == "flash_decode", route
         got = (await out.to_host()).astype(np.float64)
         names = [n for n, _ in launched if n.startswith("decode_")]
-        assert names == ["decode_split_f16", "decode_combine_f16"]
+        assert names == ["decode_split_g8s1_f16", "decode_combine_f16"]  # 9 heads a KV head
         ref = fd.reference(*host, table, lens, scale)
         bound = fd.tolerance(DType.F16, 300, 64) * float(np.abs(host[2]).max())
         np.testing.assert_array_less(np.abs(got - ref), bound)
@@ -260,7 +283,8 @@ def test_the_on_device_check_passes_the_model_and_fails_a_wrong_kernel(plugin: A
 
     good = {n: Kernel(n) for n in module.kernel_names()}
     assert module._check(good) is None
-    bad = dict(good, decode_split_f16=Kernel("decode_split_f16", wrong=True))
+    wrong = "decode_split_g4s1_f16"  # the first check shape's (4 heads a KV head, d 128)
+    bad = dict(good, **{wrong: Kernel(wrong, wrong=True)})
     failure = module._check(bad)
     assert failure is not None
     assert "decode_f16" in failure

@@ -34,6 +34,28 @@ def test_every_fused_kernel_compiles(arch: str) -> None:
     assert "warning" not in compiled.log.lower(), compiled.log
 
 
+def test_the_flash_kernels_geometry_matches_python() -> None:
+    """The warp-per-row flash kernel's rows a block and key tile (#define ROWS/TILE in SOURCE)
+    are the ones the launch (grid, threads) and flash_shared_bytes use."""
+    import re
+
+    from accelkit_cuda.cuda_fused import FLASH_ROWS, FLASH_TILE, flash_shared_bytes
+
+    assert re.search(rf"^#define ROWS {FLASH_ROWS}$", SOURCE, re.M)
+    assert re.search(rf"^#define TILE {FLASH_TILE}$", SOURCE, re.M)
+    assert 32 * FLASH_ROWS <= 1024  # threads a block
+    # The block's causal f32 attention (head dim 64) fits the default 48 KiB, as does 128.
+    assert flash_shared_bytes(128, 128, 4) <= 48 * 1024
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_flash_kernel_compiles_without_spills(arch: str) -> None:
+    compiled = nvrtc.compile_cuda(SOURCE, arch, ("-Xptxas=-v",), "accelkit_fused.cu")
+    for name in ("flash_attention_f32", "flash_attention_f16", "flash_attention_f64"):
+        part = compiled.log.split(f"Compiling entry function '{name}'")[1].split("Compile time")[0]
+        assert " 0 bytes spill stores" in part, part
+
+
 def test_ptx_for_a_virtual_architecture() -> None:
     compiled = nvrtc.compile_cuda(SAXPY, "compute_80")
     assert compiled.kind == "ptx"

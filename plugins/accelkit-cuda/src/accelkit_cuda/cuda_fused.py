@@ -20,7 +20,11 @@ from __future__ import annotations
 __all__ = ["DTYPE_SUFFIX", "FLASH_TILE", "SOURCE", "flash_shared_bytes", "kernel_names"]
 
 FLASH_TILE = 32
-FLASH_ROWS = 4  # query rows (warps) per block
+#: Query rows (warps) a block: each K/V tile a block loads serves this many rows. 4 on the H100
+#: run of 2026-11-27 (the block's causal f32 attention, [4, 8, 256, 64]: 200 us where PyTorch's
+#: memory-efficient kernel took 31): the tile loads, with an index division an element, were
+#: most of the kernel's instructions. Must match ``ROWS`` in SOURCE (a test checks).
+FLASH_ROWS = 16
 MAX_DV = 256  # head_dim of V the register accumulators hold
 
 DTYPE_SUFFIX = {"float32": "f32", "float16": "f16", "float64": "f64", "bfloat16": "bf16"}
@@ -247,7 +251,7 @@ template <typename T> __device__ void gelu_tanh_impl(const T* x, T* out, i64 n) 
 // q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out [B, H, Sq, Dv]; grid
 // (ceil(Sq / ROWS), B * H), block (32 * ROWS); dynamic shared memory flash_shared_bytes().
 #define TILE 32
-#define ROWS 4
+#define ROWS 16
 #define MAXC 8
 template <typename T> __device__ void flash_impl(
         const T* q, const T* k, const T* v, T* out, int H, int Hkv, i64 Sq, i64 Sk, int D,
@@ -274,13 +278,13 @@ template <typename T> __device__ void flash_impl(
     for (int c = 0; c < MAXC; ++c) acc[c] = 0;
     for (i64 t0 = 0; t0 < kend; t0 += TILE) {
         __syncthreads();
-        for (int e = threadIdx.x; e < TILE * D; e += blockDim.x) {
-            int j = e / D, d = e % D;
-            Ks[j * (D + 1) + d] = (t0 + j < Sk) ? A(ld(kb, (t0 + j) * D + d)) : A(0);
-        }
-        for (int e = threadIdx.x; e < TILE * Dv; e += blockDim.x) {
-            int j = e / Dv, d = e % Dv;
-            Vs[j * Dv + d] = (t0 + j < Sk) ? A(ld(vb, (t0 + j) * Dv + d)) : A(0);
+        // A warp a key row in turn, its lanes along the row: coalesced, no index division.
+        for (int j = warp; j < TILE; j += ROWS) {
+            bool in = t0 + j < Sk;
+            const T* kr = kb + (t0 + j) * D;
+            const T* vr = vb + (t0 + j) * Dv;
+            for (int d = lane; d < D; d += 32) Ks[j * (D + 1) + d] = in ? A(ld(kr, d)) : A(0);
+            for (int d = lane; d < Dv; d += 32) Vs[j * Dv + d] = in ? A(ld(vr, d)) : A(0);
         }
         __syncthreads();
         if (!live) continue;

@@ -10,12 +10,18 @@ alone, each query head reading its KV head again. The older warp-per-row kernel 
 (sequence, head): too few to keep an H100 busy on a memory-bound step. This kernel splits the
 keys, in two launches:
 
-- ``decode_split_<dtype>``: a block (128 threads, four warps) takes one (sequence, KV head,
+- ``decode_split_g<GG>s<SL>_<dtype>``: a block (128 threads, four warps) takes one (sequence, KV head,
   chunk of :data:`CHUNK` keys) and all the query heads of that KV head (up to :data:`GROUP`; more
   make more blocks), so each key and value row is read from the cache once a step, directly
   through the block table (no gather). Warps take keys in turn, lanes four head dims each
   (8- or 16-byte loads); the scores of the chunk sit in shared memory (log2 domain), their
-  maximum and sum and the unnormalised ``P V`` of the chunk go to float32 scratch.
+  maximum and sum and the unnormalised ``P V`` of the chunk go to float32 scratch. The variant
+  (:func:`split_kind`) holds registers for ``GG`` query heads (the power of two at or above the
+  block's, up to GROUP) and ``SL`` 128-dim slices of a head (1 for head dims up to 128): one
+  kernel for GROUP heads and 256 dims took 128 registers a thread (four blocks an SM), and the
+  H100 run of 2026-11-27 measured it at 312 us a step of the bench's decode (16 x 4096 keys,
+  32/8 heads, d 128, f16; 0.86 TB/s) against 90 us for PyTorch's dense SDPA (cuDNN);
+  ``split_g4s1`` takes 64 (eight blocks an SM). Its time on a GPU: unmeasured.
 - ``decode_combine_<dtype>``: one block per (sequence, query head) merges the chunks'
   partial results (rescaled by ``exp2(m_c - M)``) into the output; a sequence without keys gets
   zeros (the contract).
@@ -55,6 +61,7 @@ __all__ = [
     "GROUP",
     "MAX_HEAD_DIM",
     "SOURCE",
+    "SPLIT_VARIANTS",
     "THREADS",
     "FlashDecode",
     "geometry",
@@ -66,6 +73,7 @@ __all__ = [
     "refusal",
     "run",
     "scratch_shapes",
+    "split_kind",
     "split_model",
 ]
 
@@ -78,9 +86,26 @@ _SUFFIX = {DType.F16: "f16", DType.BF16: "bf16", DType.F32: "f32"}
 _GRID_YZ_MAX = 65535
 
 
+#: The split kernel's variants: (query heads a block holds registers for, 128-dim slices).
+SPLIT_VARIANTS = tuple((g, sl) for sl in (1, 2) for g in (1, 2, 4, 8))
+
+
+def split_kind(heads: int, kv_heads: int, d: int, dv: int) -> str:
+    """The split kernel variant of a call (``"split_g<GG>s<SL>"``): the fewest registers that
+    hold a block's query heads (at most GROUP) and its head dims."""
+    per_block = min(GROUP, max(1, heads // kv_heads))
+    gg = next(g for g in (1, 2, 4, 8) if g >= per_block)
+    sl = 1 if max(d, dv) <= 128 else 2
+    return f"split_g{gg}s{sl}"
+
+
 def kernel_names() -> list[str]:
-    """Both kernels of every dtype."""
-    return [f"decode_{k}_{s}" for s in _SUFFIX.values() for k in ("split", "combine")]
+    """Every variant of the split kernel and the combine kernel, of every dtype."""
+    names = []
+    for s in _SUFFIX.values():
+        names += [f"decode_split_g{g}s{sl}_{s}" for g, sl in SPLIT_VARIANTS]
+        names.append(f"decode_combine_{s}")
+    return names
 
 
 def geometry(
@@ -146,8 +171,8 @@ def launches(
     q: Any, kc: Any, vc: Any, table32: Any, lens32: Any, part_o: Any, part_ml: Any, out: Any,
     err: Any, scale: float,
 ) -> list[tuple[str, tuple[int, int, int], tuple[int, int, int], tuple[Any, ...]]]:  # fmt: skip
-    """The two launches of one call, ``(kind, grid, block, args)``, the arguments in the
-    kernels' parameter order (arrays as given: CuPy's on the device, NumPy's in :func:`model`)."""
+    """The two launches of one call, ``(kind, grid, block, args)`` (``kind``: the split
+    variant, :func:`split_kind`, then ``"combine"``), the arguments in the kernels' parameter order (arrays as given: CuPy's on the device, NumPy's in :func:`model`)."""
     b, h, d = q.shape
     nb, bs, hk = kc.shape[:3]
     dv = vc.shape[3]
@@ -159,7 +184,8 @@ def launches(
         np.int32(chunks), err,
     )  # fmt: skip
     combine = (part_o, part_ml, out, np.int32(dv), np.int32(chunks))
-    return [("split", grid, (THREADS, 1, 1), split), ("combine", grid2, (THREADS, 1, 1), combine)]
+    kind = split_kind(h, hk, d, dv)
+    return [(kind, grid, (THREADS, 1, 1), split), ("combine", grid2, (THREADS, 1, 1), combine)]
 
 
 def scratch_shapes(b: int, h: int, kv_heads: int, max_keys: int, dv: int) -> tuple[int, int]:
@@ -278,7 +304,7 @@ def model(
         scale,
     )  # fmt: skip
     for kind, grid, _block, args in plan:
-        (split_model if kind == "split" else combine_model)(grid, args)
+        (split_model if kind.startswith("split") else combine_model)(grid, args)
     return out, err.tolist()
 
 
@@ -286,9 +312,14 @@ def model(
 #: block_size, lengths). Lengths not a multiple of a block or a chunk, several chunks, an empty
 #: sequence, more query heads a KV head than GROUP, MQA, a narrow value head.
 CHECK_SHAPES: tuple[tuple[int, int, int, int, int, int, tuple[int, ...]], ...] = (
-    (3, 8, 2, 128, 128, 16, (700, 0, 257)),
-    (2, 18, 1, 64, 64, 16, (33, 530)),
-    (2, 4, 4, 256, 96, 8, (1, 300)),
+    (3, 8, 2, 128, 128, 16, (700, 0, 257)),  # split_g4s1
+    (2, 18, 1, 64, 64, 16, (33, 530)),  # split_g8s1, three head groups
+    (2, 4, 4, 256, 96, 8, (1, 300)),  # split_g1s2
+    (2, 2, 1, 128, 64, 16, (300, 17)),  # split_g2s1
+    (1, 3, 3, 32, 32, 16, (290,)),  # split_g1s1
+    (2, 6, 3, 160, 128, 16, (40, 270)),  # split_g2s2
+    (1, 12, 3, 192, 200, 8, (300,)),  # split_g4s2
+    (1, 8, 1, 128, 256, 16, (520,)),  # split_g8s2
 )
 
 
@@ -547,12 +578,15 @@ __device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
 
 // grid (chunks, Hkv * groups, B), THREADS threads. part_o [B*H*chunks, Dv], part_ml [.., 2]
 // (the chunk's max score, log2 domain, and its sum of exp2(s - max)).
-template <typename K> __device__ void split_impl(
+// GG: query heads a block holds registers for (a power of two >= its heads, <= GROUP); SL:
+// 128-dim slices a lane holds (1: head dims <= 128). Fewer make fewer registers (128 with
+// GROUP and two slices: four blocks an SM, latency-bound on an H100, 2026-11-27).
+template <typename K, int GG, int SL> __device__ void split_impl(
         const typename K::T* q, const typename K::T* kc, const typename K::T* vc,
         const int* table, const int* lens, float* part_o, float* part_ml, int H, int Hkv, int D,
         int Dv, i64 NB, int BS, int MB, float scale_log2, int chunks, i64* err) {
-    __shared__ float s[GROUP][CHUNK];
-    __shared__ float red[GROUP][2 * THREADS];
+    __shared__ float s[GG][CHUNK];
+    __shared__ float red[GG][128 * SL];
     __shared__ i64 roff[CHUNK];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int G = H / Hkv, groups = (G + GROUP - 1) / GROUP;
@@ -584,13 +618,13 @@ template <typename K> __device__ void split_impl(
             roff[j] = (blk * BS + t % BS) * Hkv + kvh;
         }
     }
-    for (int i = tid; i < GROUP * 2 * THREADS; i += THREADS) (&red[0][0])[i] = 0.0f;
+    for (int i = tid; i < GG * 128 * SL; i += THREADS) (&red[0][0])[i] = 0.0f;
     // This lane's slices of the group's queries (scaled into the log2 domain).
-    float qr[GROUP][SLICES][4];
+    float qr[GG][SL][4];
 #pragma unroll
-    for (int gi = 0; gi < GROUP; ++gi)
+    for (int gi = 0; gi < GG; ++gi)
 #pragma unroll
-        for (int it = 0; it < SLICES; ++it) {
+        for (int it = 0; it < SL; ++it) {
             int i0 = 4 * lane + 128 * it;
             float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (gi < gn && i0 < D) load4<K>(q, (b * H + (i64)kvh * G + g0 + gi) * D + i0, x);
@@ -600,36 +634,36 @@ template <typename K> __device__ void split_impl(
     __syncthreads();
     // Scores: warps take UNROLL keys in turn, lanes four dims of each slice.
     for (int j0 = warp * UNROLL; j0 < cnt; j0 += NWARPS * UNROLL) {
-        typename K::Raw r[UNROLL][SLICES];
+        typename K::Raw r[UNROLL][SL];
         i64 ro[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
 #pragma unroll
-            for (int it = 0; it < SLICES; ++it) {
+            for (int it = 0; it < SL; ++it) {
                 int i0 = 4 * lane + 128 * it;
                 if (ro[u] >= 0 && i0 < D) r[u][it] = raw4(kc, ro[u] * D + i0);
             }
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            float part[GROUP];
+            float part[GG];
 #pragma unroll
-            for (int gi = 0; gi < GROUP; ++gi) part[gi] = 0.0f;
+            for (int gi = 0; gi < GG; ++gi) part[gi] = 0.0f;
 #pragma unroll
-            for (int it = 0; it < SLICES; ++it) {
+            for (int it = 0; it < SL; ++it) {
                 int i0 = 4 * lane + 128 * it;
                 if (ro[u] >= 0 && i0 < D) {
                     float x[4];
                     widen(r[u][it], x, K());
 #pragma unroll
-                    for (int gi = 0; gi < GROUP; ++gi)
+                    for (int gi = 0; gi < GG; ++gi)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) part[gi] += qr[gi][it][e] * x[e];
                 }
             }
 #pragma unroll
-            for (int gi = 0; gi < GROUP; ++gi) {
+            for (int gi = 0; gi < GG; ++gi) {
                 if (gi < gn && j0 + u < cnt) {  // warp-uniform
                     float v = warp_sum(part[gi]);
                     if (lane == 0) s[gi][j0 + u] = ro[u] >= 0 ? v : -__int_as_float(0x7f800000);
@@ -661,21 +695,21 @@ template <typename K> __device__ void split_impl(
     }
     __syncthreads();
     // P V: warps take keys in turn, lanes four value dims of each slice.
-    float acc[GROUP][SLICES][4];
+    float acc[GG][SL][4];
 #pragma unroll
-    for (int gi = 0; gi < GROUP; ++gi)
+    for (int gi = 0; gi < GG; ++gi)
 #pragma unroll
-        for (int it = 0; it < SLICES; ++it)
+        for (int it = 0; it < SL; ++it)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[gi][it][e] = 0.0f;
     for (int j0 = warp * UNROLL; j0 < cnt; j0 += NWARPS * UNROLL) {
-        typename K::Raw r[UNROLL][SLICES];
+        typename K::Raw r[UNROLL][SL];
         i64 ro[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
 #pragma unroll
-            for (int it = 0; it < SLICES; ++it) {
+            for (int it = 0; it < SL; ++it) {
                 int i0 = 4 * lane + 128 * it;
                 if (ro[u] >= 0 && i0 < Dv) r[u][it] = raw4(vc, ro[u] * Dv + i0);
             }
@@ -684,13 +718,13 @@ template <typename K> __device__ void split_impl(
         for (int u = 0; u < UNROLL; ++u) {
             if (ro[u] < 0) continue;
 #pragma unroll
-            for (int it = 0; it < SLICES; ++it) {
+            for (int it = 0; it < SL; ++it) {
                 int i0 = 4 * lane + 128 * it;
                 if (i0 < Dv) {
                     float x[4];
                     widen(r[u][it], x, K());
 #pragma unroll
-                    for (int gi = 0; gi < GROUP; ++gi) {
+                    for (int gi = 0; gi < GG; ++gi) {
                         float p = gi < gn ? s[gi][j0 + u] : 0.0f;
 #pragma unroll
                         for (int e = 0; e < 4; ++e) acc[gi][it][e] += p * x[e];
@@ -700,9 +734,9 @@ template <typename K> __device__ void split_impl(
         }
     }
 #pragma unroll
-    for (int gi = 0; gi < GROUP; ++gi)
+    for (int gi = 0; gi < GG; ++gi)
 #pragma unroll
-        for (int it = 0; it < SLICES; ++it) {
+        for (int it = 0; it < SL; ++it) {
             int i0 = 4 * lane + 128 * it;
             if (gi < gn && i0 < Dv)
 #pragma unroll
@@ -733,13 +767,18 @@ template <typename K> __device__ void combine_impl(
     }
 }
 
-#define INSTANTIATE(K, S)                                                                         \
-extern "C" __global__ void __launch_bounds__(THREADS) decode_split_##S(                          \
+// (THREADS, 2): ptxas's register allocation without spills for every variant (with THREADS alone,
+// split_g8s1 spilled 12 bytes on sm_80 and sm_90).
+#define SPLIT(K, S, GG, SL)                                                                       \
+extern "C" __global__ void __launch_bounds__(THREADS, 2) decode_split_g##GG##s##SL##_##S(         \
         const K::T* q, const K::T* kc, const K::T* vc, const int* table, const int* lens,       \
         float* part_o, float* part_ml, int H, int Hkv, int D, int Dv, i64 NB, int BS, int MB,    \
         float scale_log2, int chunks, i64* err)                                                   \
-    { split_impl<K>(q, kc, vc, table, lens, part_o, part_ml, H, Hkv, D, Dv, NB, BS, MB,           \
-                    scale_log2, chunks, err); }                                                   \
+    { split_impl<K, GG, SL>(q, kc, vc, table, lens, part_o, part_ml, H, Hkv, D, Dv, NB, BS, MB,   \
+                            scale_log2, chunks, err); }
+#define INSTANTIATE(K, S)                                                                         \
+SPLIT(K, S, 1, 1) SPLIT(K, S, 2, 1) SPLIT(K, S, 4, 1) SPLIT(K, S, 8, 1)                          \
+SPLIT(K, S, 1, 2) SPLIT(K, S, 2, 2) SPLIT(K, S, 4, 2) SPLIT(K, S, 8, 2)                          \
 extern "C" __global__ void __launch_bounds__(THREADS) decode_combine_##S(                        \
         const float* part_o, const float* part_ml, K::T* out, int Dv, int chunks)                \
     { combine_impl<K>(part_o, part_ml, out, Dv, chunks); }
