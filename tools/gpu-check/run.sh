@@ -4,7 +4,7 @@
 # all, in the order below), each capped, the whole run stopped at BUDGET seconds. Writes
 # $OUT/summary.txt and $OUT/all.tgz (every step's full log). Run from the project's root.
 # In order of what a short budget should keep: correctness first, then timing.
-ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor bench profile attention_bench flash_bench webgpu_bench webgpu_conformance"
+ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor profile bench attention_bench flash_bench webgpu_bench webgpu_conformance"
 STEPS=${STEPS:-$ALL_STEPS}
 export PYTHONUNBUFFERED=1
 DEADLINE=$(( $(date +%s) + ${BUDGET:-500} ))
@@ -50,10 +50,10 @@ cd "$ROOT"
 TAILN=40 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_service.py -v -s -p no:cacheprovider -rfE
 TAILN=12 step demo 120 $PY -m accelkit demo
 step doctor 90 $PY -m accelkit doctor
-# its summary (about 24 lines: GEMMs, attention, host times, the block, its step timelines)
-TAILN=32 step bench 120 $PY benchmarks/bench_cuda.py
 # where the eager block's time goes: closures, cProfile inside them, every kernel (about 30 s)
 TAILN=120 step profile 90 $PY benchmarks/profile_cuda_block.py
+# its summary (about 24 lines: GEMMs, attention, host times, the block, its step timelines)
+TAILN=32 step bench 120 $PY benchmarks/bench_cuda.py
 TAILN=24 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
 # the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
 TAILN=10 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py
