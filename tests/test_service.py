@@ -88,7 +88,9 @@ def _on_host_cores(name: str) -> bool:
         return False
     from accelkit.registry import default_registry
 
-    found = default_registry.probe(name)
+    # An isolated backend's devices are its inner backend's (the registry knows no
+    # "isolated:" names: probing one raised BackendNotFoundError on the H100 run of 2026-11-27).
+    found = default_registry.probe(name.removeprefix("isolated:"))
     return bool(found) and all(
         _software(d)
         or "CPU" in str(getattr(getattr(d, "capabilities", None), "extra", {}).get("device_type"))
