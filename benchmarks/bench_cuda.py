@@ -78,18 +78,24 @@ def no_gpu() -> str | None:
     return None
 
 
-async def main() -> int:
+async def on_cuda(script: str, body: Callable[[ak.ComputeBackend], Any]) -> int:
+    """Run ``await body(backend)`` on an open cuda backend: 0, or 2 where nothing can be
+    measured (no GPU, no PyTorch, the backend did not open), said on stderr as ``script``'s."""
     reason = no_gpu()
     if reason is not None:
-        print(f"bench_cuda: nothing measured: {reason}", file=sys.stderr)
+        print(f"{script}: nothing measured: {reason}", file=sys.stderr)
         return 2
     try:
         async with ak.open_backend("cuda") as backend:
-            await measure(backend)
+            await body(backend)
     except AccelError as exc:
-        print(f"bench_cuda: the cuda backend did not open: {exc}", file=sys.stderr)
+        print(f"{script}: the cuda backend did not open: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+async def main() -> int:
+    return await on_cuda("bench_cuda", measure)
 
 
 async def _block_parts(

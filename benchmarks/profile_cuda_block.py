@@ -37,11 +37,10 @@ from typing import Any
 import anyio
 import numpy as np
 
-import accelkit as ak
 from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
 
 from bench_core import _torch_block  # isort: skip
-from bench_cuda import no_gpu  # isort: skip
+from bench_cuda import on_cuda  # isort: skip
 from bench_cuda_attention import device_ms, torch_device_ms  # isort: skip
 
 STEPS = 20
@@ -323,16 +322,13 @@ async def diagnose(
 
 
 async def main() -> int:
-    reason = no_gpu()
-    if reason is not None:
-        print(f"profile_cuda_block: nothing measured: {reason}", file=sys.stderr)
-        return 2
-    import torch
+    async def body(backend: Any) -> None:
+        import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    async with ak.open_backend("cuda") as backend:
+        torch.backends.cuda.matmul.allow_tf32 = False
         await diagnose(backend, torch)
-    return 0
+
+    return await on_cuda("profile_cuda_block", body)
 
 
 if __name__ == "__main__":
