@@ -78,6 +78,15 @@ def no_gpu() -> str | None:
     return None
 
 
+def block_inputs(backend: ak.ComputeBackend) -> tuple[BlockConfig, Any, Any, Any, Any]:
+    """The transformer block's config, host input and weights, and both on the device."""
+    cfg = BlockConfig()
+    x_h = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq, cfg.width))
+    x_h = x_h.astype(np.float32)
+    w_h = block_weights(cfg)
+    return cfg, x_h, w_h, backend.tensor_factory.from_host(x_h), upload_weights(backend, w_h)
+
+
 async def on_cuda(script: str, body: Callable[[ak.ComputeBackend], Any]) -> int:
     """Run ``await body(backend)`` on an open cuda backend: 0, or 2 where nothing can be
     measured (no GPU, no PyTorch, the backend did not open), said on stderr as ``script``'s."""
@@ -385,12 +394,7 @@ async def measure(backend: ak.ComputeBackend) -> None:
                            " bytecodes per op")  # fmt: skip
 
     print(f"[{step()}] transformer block (bench_core's) vs PyTorch CUDA eager ...", flush=True)
-    cfg = BlockConfig()
-    x_h = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq, cfg.width))
-    x_h = x_h.astype(np.float32)
-    w_h = block_weights(cfg)
-    w = upload_weights(backend, w_h)
-    x = f.from_host(x_h)
+    cfg, x_h, w_h, x, w = block_inputs(backend)
     tw = {k: torch.from_numpy(v).cuda() for k, v in w_h.items()}
     tx = torch.from_numpy(x_h).cuda()
 

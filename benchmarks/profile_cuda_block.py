@@ -37,10 +37,10 @@ from typing import Any
 import anyio
 import numpy as np
 
-from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+from accelkit.workloads import transformer_block
 
 from bench_core import _torch_block  # isort: skip
-from bench_cuda import on_cuda  # isort: skip
+from bench_cuda import block_inputs, on_cuda  # isort: skip
 from bench_cuda_attention import device_ms, torch_device_ms  # isort: skip
 
 STEPS = 20
@@ -127,12 +127,7 @@ async def diagnose(
         out.append(line)
 
     f = backend.tensor_factory
-    cfg = BlockConfig()
-    x_h = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq, cfg.width))
-    x_h = x_h.astype(np.float32)
-    w_h = block_weights(cfg)
-    w = upload_weights(backend, w_h)
-    x = f.from_host(x_h)
+    cfg, x_h, w_h, x, w = block_inputs(backend)
     for _ in range(3):
         await transformer_block(backend, x, w, cfg).to_host()
 
