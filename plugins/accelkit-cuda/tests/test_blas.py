@@ -343,3 +343,17 @@ def test_the_eager_gemm_route(
     np.testing.assert_array_less(
         np.abs(res.astype(np.float64) - want), acc + stored * np.abs(want) + 1e-30
     )
+
+
+def test_the_cublas_type_of_a_dtype() -> None:
+    """cudaDataType by dtype (looked up by the dtype object, not its Python-level name)."""
+    import ml_dtypes
+
+    cases = [
+        (np.dtype(np.float16), 2), (np.dtype(ml_dtypes.bfloat16), 14), (np.dtype(np.float32), 0),
+        (np.dtype(np.float64), 1), (np.dtype(np.int32), None), (np.dtype(np.complex64), None),
+    ]  # fmt: skip
+    for _ in range(2):  # the second time from the cache
+        for dtype, want in cases:
+            assert blas._type(dtype) == want, dtype
+    assert blas._type("float32") == 0  # a name still works
