@@ -6,6 +6,8 @@ GPU had 0.8 ms of work (the captured replay). This script says *where*:
 
 1. each op's closures on the submission thread, in the block's order: the median time the
    thread spent in them (``us busy``), labelled with the TensorOps method that submitted them;
+   then (1b) the same with the closures held behind a gate until the caller has submitted them
+   all: what a closure costs when the caller's Python is not competing for the GIL;
 2. cProfile inside those closures (enabled and disabled on the submission thread around each
    one), the functions with the most own time and the most cumulative time a step;
 3. every kernel the device ran (PyTorch's profiler over CUPTI, which sees CuPy's, NVRTC's and
@@ -150,6 +152,33 @@ async def diagnose(
             busy += us if label != "(step wall)" else 0.0
             say(f"  {i:2d} {label:28s} {us:8.1f} us")
         say(f"  closures: {n - 1}, busy {busy:.0f} us a step")
+    except Exception as exc:
+        say(f"  not measured ({type(exc).__name__}: {exc})")
+
+    say("[1b/6] the same, the closures run after the caller is done (held behind a gate)")
+    try:
+        import threading
+
+        probe = ClosureProbe(backend.thread)
+        gated: list[list[tuple[str, float]]] = []
+        for _ in range(steps):
+            gate = threading.Event()
+            backend.thread.submit(gate.wait)  # the thread waits here, the GIL released
+            probe.rows.clear()
+            with probe:
+                y = transformer_block(backend, x, w, cfg)
+            t0 = time.perf_counter()
+            gate.set()
+            await y.to_host()
+            gated.append([*probe.rows, ("(gate to result)", time.perf_counter() - t0)])
+        n = min(len(s) for s in gated)
+        busy = 0.0
+        for i in range(n):
+            label = gated[0][i][0]
+            us = statistics.median(s[i][1] for s in gated) * 1e6
+            busy += us if label != "(gate to result)" else 0.0
+            say(f"  {i:2d} {label:28s} {us:8.1f} us")
+        say(f"  closures: {n - 1}, busy {busy:.0f} us a step (the caller idle)")
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
 

@@ -32,7 +32,7 @@ async def test_the_block_diagnosis_runs(plugin: Plugin, monkeypatch: pytest.Monk
     backend = await _open(plugin)
     try:
         lines = await script.diagnose(
-            backend, torch, steps=2, gemm_n=16, decode_shape=(2, 4, 2, 8, 32, 16)
+            backend, torch, steps=1, gemm_n=16, decode_shape=(2, 4, 2, 8, 32, 16)
         )
     finally:
         await backend.shutdown()
@@ -44,6 +44,10 @@ async def test_the_block_diagnosis_runs(plugin: Plugin, monkeypatch: pytest.Monk
     closures = [line for line in part1.splitlines()[1:] if " us" in line and "wall" not in line]
     assert len(closures) >= 10
     assert any("closures:" in line and "busy" in line for line in lines)
+    gated = text.split("[1b/6]")[1].split("[2/6]")[0]
+    assert "(the caller idle)" in gated, gated
+    for op in ("layer_norm", "linear", "attention", "gelu"):
+        assert f" {op}@" in gated, gated
     part2 = text.split("[2/6]")[1].split("[3/6]")[0]
     assert "by own time" in part2
     assert "by cumulative time" in part2
