@@ -286,12 +286,11 @@ def _is_device_array(x: Any) -> bool:
     return isinstance(x, cp.ndarray)
 
 
-def eager_route(in_type: int, tf32: bool, wide: bool) -> bool:
+def eager_route(in_type: int, tf32: bool) -> bool:
     """Whether an eager GEMM (no capture) of operands of cudaDataType ``in_type`` goes through
     :func:`matmul_into` (where its layout is one :func:`plan` takes): by default every one;
     with ``ACCELKIT_CUDA_GEMM_WORKSPACE=0`` only TF32 ones (``cupy.matmul`` serves the rest;
-    a way back should a GPU run find this route slower somewhere). ``wide`` is the F32 result
-    of F16/BF16 operands (unused: every such GEMM goes here unless switched off)."""
+    a way back should a GPU run find this route slower somewhere)."""
     if tf32 and in_type == _R_32F:
         return True
     return os.environ.get("ACCELKIT_CUDA_GEMM_WORKSPACE", "").strip() != "0"
@@ -302,13 +301,13 @@ def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = Fal
     result's dtype and shape, else a new array), or None (nothing done: ``cupy.matmul``
     serves). The result is f32 for f16/bf16 operands with ``wide``, else of their dtype.
 
-    It serves while the thread captures a CUDA graph (any layout), for TF32 f32 GEMMs, and
-    with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1`` (see the module docstring)."""
+    It serves while the thread captures a CUDA graph (any layout), and outside a capture where
+    :func:`eager_route` says so and :func:`plan` takes the layout (see the module docstring)."""
     in_type = _type(a.dtype)
     if in_type is None or a.dtype != b.dtype:
         return None
     stream = capturing.active()
-    if stream is None and not eager_route(in_type, tf32, wide):
+    if stream is None and not eager_route(in_type, tf32):
         return None
     # Host arrays (tests that put NumPy in for CuPy) never reach cuBLAS.
     if not _is_device_array(a) or not _is_device_array(b) or _lib() is None:

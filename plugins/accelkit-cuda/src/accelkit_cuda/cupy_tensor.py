@@ -242,12 +242,13 @@ def _mm(
     a: Array, b: Array, out: Array | None = None, tf32: bool = False, wide: bool = False
 ) -> Array:
     """``a @ b`` on cuBLAS. :func:`accelkit_cuda.blas.matmul` serves where it applies (every
-    GEMM while a CUDA graph is captured, where CuPy refuses its cuBLAS calls; TF32 GEMMs;
-    everything with ``ACCELKIT_CUDA_GEMM_WORKSPACE=1``); else ``cupy.matmul``, with BF16
-    operands multiplied in F32 (CuPy 14 has no BF16 GEMM: its matmul takes BF16 for an integer
-    type and fails), so a BF16 product is rounded once, when stored. F16 stays on cuBLAS's F16
-    path (F32 accumulation). With ``wide``, F16/BF16 operands give an F32 result (not rounded
-    to their type first: :func:`gemm` adds to it)."""
+    GEMM whose layout its direct cuBLAS call takes, and every GEMM while a CUDA graph is
+    captured, where CuPy refuses its cuBLAS calls; ``ACCELKIT_CUDA_GEMM_WORKSPACE=0`` leaves
+    eager ones but TF32's to CuPy); else ``cupy.matmul``, with BF16 operands multiplied in F32
+    (CuPy 14 has no BF16 GEMM: its matmul takes BF16 for an integer type and fails), so a BF16
+    product is rounded once, when stored. F16 stays on cuBLAS's F16 path (F32 accumulation).
+    With ``wide``, F16/BF16 operands give an F32 result (not rounded to their type first:
+    :func:`gemm` adds to it)."""
     res = blas.matmul(a, b, out, tf32, wide)
     if res is not None:
         if out is not None and res is not out:
