@@ -27,6 +27,8 @@ argmin give the first index of the extreme (NaN counts as the extreme, as in Num
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from accelkit import Tensor
@@ -286,6 +288,10 @@ def _store_result(out: DType, value: str, e: str) -> str:
     return f"word = word | (st_bits({value}) << (j * {8 * out.itemsize}u));"
 
 
+# The WGSL sources are pure functions of their (hashable) arguments, built on the caller's
+# thread at every launch: 15-70 us each on a 2-core VM (2026-11-27). Cached, as the pipelines
+# built from them are.
+@functools.lru_cache(maxsize=1024)
 def reduce_source(op: str, x: DType, out: DType, nk: int, nr: int, column: bool) -> str:
     """One output word per workgroup (row) or per invocation (column). ``P[0]`` outputs,
     ``P[1]`` reduced elements, then kept dims, kept strides, reduced dims, reduced strides."""
@@ -381,6 +387,7 @@ def _from_bits(t: str, v: str) -> str:
     return v if t == "u32" else f"bitcast<{t}>({v})"
 
 
+@functools.lru_cache(maxsize=1024)
 def reduce_partial_source(op: str, x: DType, nk: int, nr: int) -> str:
     """Pass 1 of a split reduction: workgroup ``g`` reduces chunk ``g % S`` (``P[3]`` elements
     from ``(g % S) * P[3]``) of output ``g / S`` (``S = P[2]``) into accumulator ``g`` of
@@ -410,6 +417,7 @@ def reduce_partial_source(op: str, x: DType, nk: int, nr: int) -> str:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def reduce_final_source(op: str, x: DType, out: DType) -> str:
     """Pass 2 of a split reduction: one output word per workgroup, combining the ``P[2]``
     accumulators of each of its outputs from ``tmp``. ``P[0]`` outputs, ``P[1]`` reduced
@@ -488,6 +496,7 @@ def _row_max_sum() -> str:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def softmax_source(x: DType, out: DType, log: bool, column: bool, packed: bool) -> str:
     """Rows of ``P[1]`` elements ``P[2]`` apart (``P[0]`` rows); row ``g`` starts at
     ``(g / inner) * length * inner + g % inner``. A row whose maximum is NaN or infinite
@@ -539,6 +548,7 @@ def softmax_source(x: DType, out: DType, log: bool, column: bool, packed: bool) 
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def norm_source(kind: str, x: DType, out: DType, has_w: bool, has_b: bool, packed: bool) -> str:
     """``P[0]`` rows of ``P[1]`` contiguous elements, ``P[2]`` eps (f32 bits): ``kind`` is
     "layer" (mean, then the centred sum of squares) or "rms"."""
@@ -582,6 +592,7 @@ def norm_source(kind: str, x: DType, out: DType, has_w: bool, has_b: bool, packe
     return src + _MAIN_ROW + body + _store_row(value, epw, bits, packed) + "}\n"
 
 
+@functools.lru_cache(maxsize=1024)
 def cross_entropy_rows_source(x: DType, probs: DType, target: DType, packed: bool) -> str:
     """One workgroup per row of ``P[1]`` logits (``P[0]`` rows): the row's probabilities into
     ``probs`` and its loss (f32) into ``rows``. A target outside ``0..C-1`` gives a NaN loss
@@ -640,6 +651,7 @@ def cross_entropy_rows_source(x: DType, probs: DType, target: DType, packed: boo
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def cross_entropy_loss_source(out: DType, mean: bool) -> str:
     """One workgroup sums the ``P[0]`` row losses (f32) into the 0-d ``out`` (their mean with
     ``mean``: NaN for no rows)."""
