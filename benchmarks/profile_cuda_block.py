@@ -116,6 +116,21 @@ def _kernel_table(prof: Any, steps: int) -> list[str]:
     return lines
 
 
+def _closure_table(
+    steps: list[list[tuple[str, float]]], say: Callable[[str], None], note: str
+) -> None:
+    """Each closure's median time over the steps (the last row of each step is its wall time,
+    not a closure), and their sum."""
+    n = min(len(s) for s in steps)
+    busy = 0.0
+    for i in range(n):
+        label = steps[0][i][0]
+        us = statistics.median(s[i][1] for s in steps) * 1e6
+        busy += 0.0 if label.startswith("(") else us
+        say(f"  {i:2d} {label:28s} {us:8.1f} us")
+    say(f"  closures: {n - 1}, busy {busy:.0f} us a step{note}")
+
+
 async def diagnose(
     backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4096,
     decode_shape: tuple[int, int, int, int, int, int] = (16, 32, 8, 128, 4096, 16),
@@ -133,54 +148,38 @@ async def diagnose(
     for _ in range(3):
         await transformer_block(backend, x, w, cfg).to_host()
 
-    say(f"[1/6] the submission thread's closures, median of {steps} steps")
-    try:
-        probe = ClosureProbe(backend.thread)
-        per_step: list[list[tuple[str, float]]] = []
-        for _ in range(steps):
-            probe.rows.clear()
-            t0 = time.perf_counter()
-            with probe:
-                y = transformer_block(backend, x, w, cfg)
-            await y.to_host()
-            per_step.append([*probe.rows, ("(step wall)", time.perf_counter() - t0)])
-        n = min(len(s) for s in per_step)
-        busy = 0.0
-        for i in range(n):
-            label = per_step[0][i][0]
-            us = statistics.median(s[i][1] for s in per_step) * 1e6
-            busy += us if label != "(step wall)" else 0.0
-            say(f"  {i:2d} {label:28s} {us:8.1f} us")
-        say(f"  closures: {n - 1}, busy {busy:.0f} us a step")
-    except Exception as exc:
-        say(f"  not measured ({type(exc).__name__}: {exc})")
-
-    say("[1b/6] the same, the closures run after the caller is done (held behind a gate)")
-    try:
+    async def closures(gated: bool) -> list[tuple[str, float]]:
+        """One step's closures, labelled and timed; with ``gated``, held behind a gate on the
+        submission thread until the caller has submitted them all. The last row: the step's
+        wall time (from the gate's opening where gated)."""
         import threading
 
-        probe = ClosureProbe(backend.thread)
-        gated: list[list[tuple[str, float]]] = []
-        for _ in range(steps):
-            gate = threading.Event()
+        gate = threading.Event()
+        if gated:
             backend.thread.submit(gate.wait)  # the thread waits here, the GIL released
-            probe.rows.clear()
-            with probe:
-                y = transformer_block(backend, x, w, cfg)
+        probe = ClosureProbe(backend.thread)
+        t0 = time.perf_counter()
+        with probe:
+            y = transformer_block(backend, x, w, cfg)
+        if gated:
             t0 = time.perf_counter()
             gate.set()
-            await y.to_host()
-            gated.append([*probe.rows, ("(gate to result)", time.perf_counter() - t0)])
-        n = min(len(s) for s in gated)
-        busy = 0.0
-        for i in range(n):
-            label = gated[0][i][0]
-            us = statistics.median(s[i][1] for s in gated) * 1e6
-            busy += us if label != "(gate to result)" else 0.0
-            say(f"  {i:2d} {label:28s} {us:8.1f} us")
-        say(f"  closures: {n - 1}, busy {busy:.0f} us a step (the caller idle)")
-    except Exception as exc:
-        say(f"  not measured ({type(exc).__name__}: {exc})")
+        await y.to_host()
+        return [
+            *probe.rows,
+            ("(gate to result)" if gated else "(step wall)", time.perf_counter() - t0),
+        ]
+
+    for part, gated, title, note in (
+        ("1", False, f"the submission thread's closures, median of {steps} steps", ""),
+        ("1b", True, "the same, the closures run after the caller is done (held behind a gate)",
+         " (the caller idle)"),
+    ):  # fmt: skip
+        say(f"[{part}/6] {title}")
+        try:
+            _closure_table([await closures(gated) for _ in range(steps)], say, note)
+        except Exception as exc:
+            say(f"  not measured ({type(exc).__name__}: {exc})")
 
     # cProfile's times are wall times: a function the thread was in while another thread held
     # the GIL is charged with the wait (where the submission thread loses the GIL shows here).
