@@ -235,7 +235,7 @@ class OpenCLActivationKernels(_FusedComponent):
             self.skip([out])
             return
         dt = gate.dtype
-        operands = [Operand("a", dt, True), Operand("b", dt, True)]
+        operands = (Operand("a", dt, True), Operand("b", dt, True))
         source = elementwise_source(dt, dt, operands, silu_mul_expr(dt), 1)
         kernel = self.backend._kernel(source, "ew")
         args = [

@@ -111,7 +111,7 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
         source = elementwise_source(
             out.dtype,
             compute,
-            [SourceOperand(it.name, it.dtype, it.is_tensor) for it in items],
+            tuple(SourceOperand(it.name, it.dtype, it.is_tensor) for it in items),
             expr,
             nd,
         )
