@@ -245,11 +245,9 @@ async def _gemm_figures(backend: ak.ComputeBackend, torch: Any, n: int, rng: Any
         ta = torch.from_numpy(a32).cuda().to(tdt)
         # Issue 29's 0.93x was timed one GEMM and one synchronize a repeat: ~0.1 ms of a
         # 1.5 ms GEMM was the await, not cuBLAS. A repeat now queues GEMM_CALLS GEMMs, and the
-        # device's own time (CUDA events, no host in it) is printed beside; then the same on
-        # the workspace route (blas.matmul_into, PyTorch's 32 MiB cuBLAS workspace), so that
-        # one run says which route the eager default should be.
-        # The default route (cuBLAS with a workspace, blas.eager_route) and cupy.matmul
-        # (ACCELKIT_CUDA_GEMM_WORKSPACE=0), except for BF16: CuPy 14 has no BF16 GEMM (its
+        # device's own time (CUDA events, no host in it) is printed beside. Each on the default
+        # route (cuBLAS with PyTorch's workspace, blas.eager_route) and on cupy.matmul
+        # (ACCELKIT_CUDA_GEMM_WORKSPACE=0), except BF16: CuPy 14 has no BF16 GEMM (its
         # fallback, F32 copies and an F32 GEMM, ran at 0.06x PyTorch).
         routes: list[tuple[str, str | None]] = [("cuBLAS+workspace", None)]
         if name != "bf16":

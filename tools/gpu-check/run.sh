@@ -45,7 +45,11 @@ TAILN=20 step cuda_tests 200 $PY -m pytest ${CUDA_TESTS:-plugins/accelkit-cuda/t
 cd /tmp
 TAILN=20 step conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend cuda -v -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"
 # the fuzz properties run under one event loop each (one_loop): every property, once
-TAILN=20 step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 $PY -m pytest --pyargs accelkit.testing.test_fuzz --accelkit-backend cuda -x -q -p no:cacheprovider
+sanitize() {  # compute-sanitizer's TOOL over the fuzz properties on cuda
+  compute-sanitizer --tool "$1" --error-exitcode 3 $PY -m pytest --pyargs accelkit.testing.test_fuzz --accelkit-backend cuda -x -q -p no:cacheprovider
+}
+export -f sanitize
+TAILN=20 step sanitizer 150 bash -c 'sanitize memcheck'
 cd "$ROOT"
 TAILN=40 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_service.py -v -s -p no:cacheprovider -rfE
 TAILN=12 step demo 120 $PY -m accelkit demo
@@ -62,8 +66,8 @@ cd /tmp
 TAILN=8 step webgpu_conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend webgpu -q -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"
 # compute-sanitizer's shared-memory race and barrier checks over the fuzz properties (issue 27
 # asked for them beside memcheck; never run yet: last, so that a default budget keeps the rest)
-TAILN=12 step racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 3 $PY -m pytest --pyargs accelkit.testing.test_fuzz --accelkit-backend cuda -x -q -p no:cacheprovider
-TAILN=12 step synccheck 150 compute-sanitizer --tool synccheck --error-exitcode 3 $PY -m pytest --pyargs accelkit.testing.test_fuzz --accelkit-backend cuda -x -q -p no:cacheprovider
+TAILN=12 step racecheck 150 bash -c 'sanitize racecheck'
+TAILN=12 step synccheck 150 bash -c 'sanitize synccheck'
 echo "=== done" >>"$OUT/summary.txt"
 cd "$OUT" && tar -czf all.tgz logs && rm -rf logs
 cat "$OUT/summary.txt"

@@ -27,7 +27,6 @@ NVRTC is missing, every op takes CuPy's path. **Unmeasured on a GPU** when writt
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +41,6 @@ __all__ = [
     "kernel_name", "row_block", "row_kernel_name", "unary_kernel_name",
 ]  # fmt: skip
 
-_log = logging.getLogger("accelkit.cuda")
 
 #: Threads per block of the elementwise kernels.
 BLOCK = 256
@@ -346,14 +344,11 @@ class ElementwiseProgram(RawProgram):
         program, so the first request's compile (NVRTC, the disk cache's reads, the module
         load: milliseconds to seconds of a thread that competes for the interpreter lock)
         happens before the service serves. Nothing if :meth:`start` ran already."""
-        import anyio
-
         with self._lock:
             if self._started:
                 return
             self._started = True
-        await anyio.to_thread.run_sync(self._compile)
-        await self._backend.thread.call(lambda: None)  # after the load _compile queued
+        await super().load()
 
     def _lookup(self, module: Any) -> dict[Any, Any]:
         functions = {

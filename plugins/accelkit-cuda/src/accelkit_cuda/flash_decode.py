@@ -10,8 +10,8 @@ alone, each query head reading its KV head again. The older warp-per-row kernel 
 (sequence, head): too few to keep an H100 busy on a memory-bound step. This kernel splits the
 keys, in two launches:
 
-- ``decode_split_g<GG>s<SL>_<dtype>``: a block (128 threads, four warps) takes one (sequence, KV head,
-  chunk of :data:`CHUNK` keys) and all the query heads of that KV head (up to :data:`GROUP`; more
+- ``decode_split_g<GG>s<SL>_<dtype>``: a block (128 threads, four warps) takes one (sequence,
+  KV head, chunk of :data:`CHUNK` keys) and all the query heads of that KV head (up to :data:`GROUP`; more
   make more blocks), so each key and value row is read from the cache once a step, directly
   through the block table (no gather). Warps take keys in turn, lanes four head dims each
   (8- or 16-byte loads); the scores of the chunk sit in shared memory (log2 domain), their
@@ -94,7 +94,7 @@ def split_kind(heads: int, kv_heads: int, d: int, dv: int) -> str:
     """The split kernel variant of a call (``"split_g<GG>s<SL>"``): the fewest registers that
     hold a block's query heads (at most GROUP) and its head dims."""
     per_block = min(GROUP, max(1, heads // kv_heads))
-    gg = next(g for g in (1, 2, 4, 8) if g >= per_block)
+    gg = next(g for g, _sl in SPLIT_VARIANTS if g >= per_block)
     sl = 1 if max(d, dv) <= 128 else 2
     return f"split_g{gg}s{sl}"
 
@@ -172,7 +172,8 @@ def launches(
     err: Any, scale: float,
 ) -> list[tuple[str, tuple[int, int, int], tuple[int, int, int], tuple[Any, ...]]]:  # fmt: skip
     """The two launches of one call, ``(kind, grid, block, args)`` (``kind``: the split
-    variant, :func:`split_kind`, then ``"combine"``), the arguments in the kernels' parameter order (arrays as given: CuPy's on the device, NumPy's in :func:`model`)."""
+    variant, :func:`split_kind`, then ``"combine"``), the arguments in the kernels' parameter
+    order (arrays as given: CuPy's on the device, NumPy's in :func:`model`)."""
     b, h, d = q.shape
     nb, bs, hk = kc.shape[:3]
     dv = vc.shape[3]

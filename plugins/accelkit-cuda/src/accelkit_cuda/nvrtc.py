@@ -236,6 +236,14 @@ class RawProgram:
     def _lookup(self, module: Any) -> dict[Any, Any]:
         raise NotImplementedError
 
+    async def load(self) -> None:
+        """Compile (on a worker thread, from the disk cache when it holds it) and load (on the
+        submission thread); returns once the kernels are loaded or have failed."""
+        import anyio
+
+        await anyio.to_thread.run_sync(self._compile)
+        await self._backend.thread.call(lambda: None)  # after the load _compile queued
+
     def _compile(self) -> None:
         if env_str(self.SWITCH) == "0":
             self.error = RuntimeError(f"switched off ({self.SWITCH}=0)")

@@ -39,15 +39,11 @@ Random123's known-answer vectors) runs through the backend over the stand-in CuP
 
 from __future__ import annotations
 
-import logging
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accelkit_cuda.fast_elementwise import HALF_IO
 from accelkit_cuda.nvrtc import RawProgram
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ACCS",
@@ -64,7 +60,6 @@ __all__ = [
     "per_counter",
 ]
 
-_log = logging.getLogger("accelkit.cuda")
 
 #: Threads per block of the draw kernels.
 BLOCK = 256
@@ -225,14 +220,6 @@ class PhiloxProgram(RawProgram):
     def function(self, kind: str, acc: str, out: str) -> Any:
         """The loaded kernel of a ``kind`` draw in ``acc`` written as ``out``, or None."""
         return self._functions.get(kernel_name(kind, acc, out))
-
-    async def load(self) -> None:
-        """Compile (on a worker thread, from the disk cache when it holds them) and load (on
-        the submission thread); returns once they are loaded or have failed."""
-        import anyio
-
-        await anyio.to_thread.run_sync(self._compile)
-        await self._backend.thread.call(lambda: None)  # after the load _compile queued
 
     def _lookup(self, module: Any) -> dict[Any, Any]:
         return {name: module.get_function(name) for name in NAMES}

@@ -13,7 +13,6 @@ operands are ``a``, ``b`` (``c`` is where's condition).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from accelkit.dtype import DType
@@ -183,7 +182,7 @@ class Operand:
 # as the programs built from them are.
 @functools.lru_cache(maxsize=1024)
 def elementwise_source(
-    out: DType, compute: DType, operands: Sequence[Operand], expr: str, nd: int
+    out: DType, compute: DType, operands: tuple[Operand, ...], expr: str, nd: int
 ) -> str:
     """Kernel ``ew``: ``out[i] = expr`` over ``n`` elements of a rank-``nd`` index space.
 

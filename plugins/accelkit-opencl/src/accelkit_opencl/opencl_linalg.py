@@ -42,9 +42,8 @@ class GemmBlock:
         return f"{self.rows}x{self.cols}/{self.width} k{self.k_unroll} wg{self.local[0]}x{self.local[1]}"
 
 
-# The OpenCL C sources are pure functions of their (hashable) arguments, built on the caller's
-# thread at every launch (16 us an elementwise source on a 2-core VM, 2026-11-27); cached,
-# as the programs built from them are.
+# Cached: a pure function of its arguments, called at every GEMM launch (as opencl_elementwise's
+# builders are).
 @functools.lru_cache(maxsize=1024)
 def gemm_source(a: DType, b: DType, c: DType | None, out: DType, ts: int, wpt: int) -> str:
     """Kernel ``gemm``. Work-group (TS/WPT, TS/WPT, 1); global (ceil(N/TS)*TS/WPT,

@@ -45,9 +45,8 @@ def _index_code(prefix: str, nd: int, index: str, base: str) -> list[str]:
     return lines
 
 
-# The OpenCL C sources are pure functions of their (hashable) arguments, built on the caller's
-# thread at every launch (16 us an elementwise source on a 2-core VM, 2026-11-27); cached,
-# as the programs built from them are.
+# Cached: pure functions of their arguments, called at every launch (as opencl_elementwise's
+# builders are).
 @functools.lru_cache(maxsize=1024)
 def reduce_source(
     op: str, x: DType, out: DType, nd_keep: int, nd_red: int, wg: int, fp64: bool = False

@@ -197,9 +197,8 @@ def _vec_main(s: _GemmSpec, ct: str, store: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The WGSL sources are pure functions of their (hashable) arguments, built on the caller's
-# thread at every launch: 15-70 us each on a 2-core VM (2026-11-27). Cached, as the pipelines
-# built from them are.
+# Cached: a pure function of its arguments, called at every GEMM launch (as elementwise.py's
+# builders are).
 @functools.lru_cache(maxsize=1024)
 def _gemm_source(s: _GemmSpec) -> str:
     ct = compute_type(s.out)

@@ -288,9 +288,8 @@ def _store_result(out: DType, value: str, e: str) -> str:
     return f"word = word | (st_bits({value}) << (j * {8 * out.itemsize}u));"
 
 
-# The WGSL sources are pure functions of their (hashable) arguments, built on the caller's
-# thread at every launch: 15-70 us each on a 2-core VM (2026-11-27). Cached, as the pipelines
-# built from them are.
+# Cached: pure functions of their arguments, called at every launch (as elementwise.py's
+# builders are).
 @functools.lru_cache(maxsize=1024)
 def reduce_source(op: str, x: DType, out: DType, nk: int, nr: int, column: bool) -> str:
     """One output word per workgroup (row) or per invocation (column). ``P[0]`` outputs,
