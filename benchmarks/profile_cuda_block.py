@@ -74,7 +74,7 @@ class ClosureProbe:
         plain = type(self.thread).submit
         rows, prof = self.rows, self.profile
 
-        def submit(fn: Callable[[], None]) -> None:
+        def submit(fn: Callable[[], None], owner: object = None) -> None:
             label = _label()
 
             def timed() -> None:
@@ -88,7 +88,7 @@ class ClosureProbe:
                         prof.disable()
                     rows.append((label, time.perf_counter() - t0))
 
-            plain(self.thread, timed)
+            plain(self.thread, timed, owner)
 
         self.thread.__dict__["submit"] = submit
         return self

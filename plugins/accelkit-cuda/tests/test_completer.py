@@ -1,7 +1,13 @@
 """The CUDA stream's completer thread (accelkit_cuda.stream.COMPLETER) over the stand-in: with
-"newest" a backlog of positions completes in one wake-up, with "each" in one a position; in both
+"newest" a backlog of positions completes in one wake-up, with "each" in one an event; in both
 every result is right, every awaiter wakes, and each position's keepalive is dropped once done.
-Which is faster on a GPU is benchmarks/bench_cuda.py's to say (unmeasured when written)."""
+Which is faster on a GPU is benchmarks/bench_cuda.py's to say (unmeasured when written).
+
+A chain of positions shares one end event (``accelkit_cuda.stream.COVER_MAX``): where the
+submission thread's next closure is the same stream's work, none is recorded; the next one
+recorded covers them. Any other closure next (a ``call``, another stream's work) finds every
+earlier position's end recorded, and a fault that the shared event reports is raised by an
+await of any position it covers."""
 
 from __future__ import annotations
 
@@ -48,12 +54,12 @@ async def test_a_backlog_completes_in_one_round_with_newest(
 
         kept = Kept()
         gone = weakref.ref(kept)
+        before, events = stream.completer_rounds, stream.events_recorded  # all complete here
         stream.submit(lambda: None, keepalive=kept)
         del kept
         y = x
         for _ in range(20):
             y = ops.add(y, x)
-        before = stream.completer_rounds
         deadline = time.monotonic() + 30
         while len(stream._pending) < 21:  # the submission thread has recorded all 21
             assert time.monotonic() < deadline
@@ -61,12 +67,13 @@ async def test_a_backlog_completes_in_one_round_with_newest(
         gate.set()
         got = await y.to_host()
         rounds = stream.completer_rounds - before
+        events = stream.events_recorded - events
     finally:
         await backend.shutdown()
     np.testing.assert_array_equal(got, np.arange(16, dtype=np.float32) * 21)
     assert gone() is None
-    if mode == "each":
-        assert rounds >= 21
+    if mode == "each":  # a round an event (positions that shared one go with it)
+        assert rounds == events
     else:
         # the held first wait (the oldest position), then the rest in one round, then to_host's
         assert rounds <= 4
@@ -109,3 +116,123 @@ async def test_the_benchmarks_completer_experiment_runs(
     assert set(seen) == {"each", "newest"}
     assert line.startswith("block by completer mode: each position ")
     assert len(line) < 390
+
+
+def _gated(backend: object) -> threading.Event:
+    """Hold the submission thread until the returned event is set: what is submitted meanwhile
+    runs in one round, in order."""
+    gate = threading.Event()
+    backend.thread.submit(lambda: gate.wait(30))  # type: ignore[attr-defined]
+    return gate
+
+
+async def test_a_chain_of_positions_shares_one_event(plugin: Plugin) -> None:
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(np.arange(16, dtype=np.float32))
+        y = x
+        for _ in range(41):  # the pool's blocks, allocated now (a cudaMalloc is a closure
+            y = ops.add(y, x)  # of the thread's own, not the stream's: it ends a chain)
+        del y
+        await backend.synchronize()
+        stream = backend.default_stream
+        events, first = stream.events_recorded, stream.submitted
+        gate = _gated(backend)
+
+        class Kept:
+            pass
+
+        kept = Kept()
+        gone = weakref.ref(kept)
+        stream.submit(lambda: None, keepalive=kept)  # the chain's first position keeps it
+        del kept
+        y = x
+        for _ in range(40):
+            y = ops.add(y, x)
+        chain = stream.submitted - first
+        gate.set()
+        await backend.synchronize()
+        events = stream.events_recorded - events
+        assert gone() is None  # dropped once the event that covers it completed
+        got = await y.to_host()
+    finally:
+        await backend.shutdown()
+    np.testing.assert_array_equal(got, np.arange(16, dtype=np.float32) * 41)
+    assert chain == 41
+    # One event for every COVER_MAX + 1 positions in a row, and the chain's last one's.
+    assert events == chain // (stream_mod.COVER_MAX + 1) + 1
+
+
+async def test_another_closure_next_finds_every_earlier_end_recorded(plugin: Plugin) -> None:
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(np.arange(16, dtype=np.float32))
+        await backend.synchronize()
+        stream = backend.default_stream
+        gate = _gated(backend)
+        ops.add(x, x)
+        ops.add(x, x)
+        seen: list[tuple[int, int, bool]] = []
+
+        def probe() -> None:  # not the stream's work: both adds' ends are marked by now
+            last = stream._pending[-1]
+            seen.append((len(stream._covered), last[0], last[1] is not stream_mod.COVERED))
+
+        stream_mod = importlib.import_module("accelkit_cuda.stream")
+        backend.thread.submit(probe)
+        seq = stream.submitted
+        y = ops.add(x, x)
+        gate.set()
+        got = await y.to_host()
+    finally:
+        await backend.shutdown()
+    assert seen == [(0, seq, True)]
+    np.testing.assert_array_equal(got, np.arange(16, dtype=np.float32) * 2)
+
+
+async def test_a_fault_told_by_a_shared_event_is_raised_for_each_position_it_covers(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA cannot say which of the positions an event covers faulted: an await of the first
+    of them raises the error (not only an await of the one whose event reported it)."""
+    from accelkit.errors import AccelError
+
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(np.arange(16, dtype=np.float32))
+        await backend.synchronize()
+        stream = backend.default_stream
+        plain = fake_cupy.Event.synchronize
+        failing: list[object] = []
+
+        def synchronize(self: object) -> None:
+            if not failing:
+                failing.append(self)
+                raise fake_cupy.CUDARuntimeError(1)  # not sticky: the backend stays usable
+            plain(self)  # type: ignore[arg-type]
+
+        for _ in range(6):  # the pool's blocks, allocated now (see the test above)
+            ops.add(x, x)
+        await backend.synchronize()
+        gate = _gated(backend)
+        try:
+            ops.add(x, x)
+            first = stream.submitted
+            for _ in range(5):
+                ops.add(x, x)
+            assert all(owner is stream for _, owner in list(backend.thread._queue)[1:])
+            monkeypatch.setattr(fake_cupy.Event, "synchronize", synchronize)
+        finally:
+            gate.set()
+        with pytest.raises(AccelError, match="CUDA error 1"):
+            await stream.wait_for(first)
+        monkeypatch.setattr(fake_cupy.Event, "synchronize", plain)
+        assert len(failing) == 1
+        await backend.synchronize()  # raised once, to the first await that covered it
+        np.testing.assert_array_equal(await ops.add(x, x).to_host(), np.arange(16) * 2.0)
+    finally:
+        await backend.shutdown()

@@ -56,22 +56,22 @@ async def test_the_benchmarks_block_timeline_runs(
         assert m["completed_ms"] <= m["done_ms"]
         assert m["thread_busy_ms"] <= m["done_ms"]
         assert m["thread_max_wait_ms"] <= m["thread_waited_ms"]
-        # The block is many closures, each one position, each ending in a recorded event; the
-        # await's copy adds positions of its own. Warm, a step reuses the events the previous
-        # step's positions returned to the pool: it makes new ones only for positions still in
-        # flight when it starts (the previous step's frees, on a loaded machine), never one per
-        # position as without the pool. (Exactly 0 is not a given: it depends on how far the
-        # completer lags; test_a_warm_stream_makes_no_new_event_per_position bounds the total.)
+        # The block is many closures, each one position; the await's copy adds positions of
+        # its own. A position ends in a recorded event, or shares the next one's where the
+        # thread's next closure is the stream's too (test_completer.py); at least the step's
+        # last position records one. Warm, a step reuses the events the previous step's
+        # positions returned to the pool (test_a_warm_stream_makes_no_new_event_per_position
+        # bounds the total).
         assert m["closures"] >= 10
         assert m["positions"] >= m["closures"]
-        assert m["events_recorded"] == m["positions"]
-        assert m["events_created"] < m["events_recorded"] / 2
-        # A round a position ("each"), or fewer where positions were pending together.
+        assert 1 <= m["events_recorded"] <= m["positions"]
+        assert m["events_created"] <= m["events_recorded"]
+        # A round an event ("each"), or fewer where events were pending together.
         stream = importlib.import_module("accelkit_cuda.stream")
         if stream.COMPLETER == "each":
-            assert m["completer_rounds"] == m["positions"]
+            assert m["completer_rounds"] == m["events_recorded"]
         else:
-            assert 1 <= m["completer_rounds"] <= m["positions"]
+            assert 1 <= m["completer_rounds"] <= m["events_recorded"]
         assert 1 <= m["thread_rounds"] <= m["closures"] + 3
         lines = bench_core.describe_timeline(m, steps)
         assert len(lines) == 2
@@ -99,10 +99,14 @@ async def test_the_timeline_on_the_cpu_backend(monkeypatch: pytest.MonkeyPatch) 
     assert len(bench_core.describe_timeline(m, 3)) == 1
 
 
-async def test_a_warm_stream_makes_no_new_event_per_position(plugin: Plugin) -> None:
-    """Each position ends in a blocking-sync event; once the completer has seen one complete,
-    it is recorded again for a later position: rounds of 40 positions make at most 40 events
-    in all (as many as were ever outstanding), not one per position (200 before)."""
+async def test_a_warm_stream_makes_no_new_event_per_position(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an event for each position (no position sharing the next one's: ``COVER_MAX``
+    0), each ends in a blocking-sync event; once the completer has seen one complete, it is
+    recorded again for a later position: rounds of 40 positions make at most 40 events in all
+    (as many as were ever outstanding), not one per position (200 before)."""
+    monkeypatch.setattr(importlib.import_module("accelkit_cuda.stream"), "COVER_MAX", 0)
     backend = await _open(plugin)
     try:
         x = backend.tensor_factory.from_host(np.ones((8, 8), np.float32))

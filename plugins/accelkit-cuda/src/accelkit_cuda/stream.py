@@ -57,6 +57,20 @@ COMPLETER = (
     "newest" if os.environ.get("ACCELKIT_CUDA_COMPLETER", "").strip() == "newest" else "each"
 )
 
+#: How many positions in a row one end event may mark (see :meth:`CUDAStream._recorded`): what
+#: they keep alive waits for it, and so does an await of the first of them.
+COVER_MAX = 16
+
+
+class _Covered:
+    """The completer's entry for a position whose end the next recorded event marks."""
+
+    __repr__ = object.__repr__
+
+
+#: The event of a pending position that has none of its own: a later one's covers it.
+COVERED: Any = _Covered()
+
 OnError = Callable[[AccelError], AccelError]
 #: What other streams a submission waits for: ``(stream, position)`` of each pending writer of
 #: its inputs (:func:`accelkit.sdk.other_writers`).
@@ -155,6 +169,9 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.track = False
         #: (seq, event, objects kept alive until it completes), for the completer.
         self._pending: deque[tuple[int, Any, object]] = deque()
+        #: (seq, keepalive) of positions whose end the next event recorded will mark (the
+        #: submission thread's alone; see :meth:`_recorded`).
+        self._covered: list[tuple[int, object]] = []
         self._waiters = Waiters(self._lock)
         self._completer: threading.Thread | None = None
         self._closed = False
@@ -226,7 +243,7 @@ class CUDAStream(DeviceErrors, PositionStream):
                 self._fail(seq, as_accel_error(exc, what, self.on_error))
             self._recorded(seq, (keepalive, result))
 
-        self.thread.submit(work)
+        self.thread.submit(work, self)
         return seq
 
     def _fail(self, seq: int, error: AccelError) -> None:
@@ -235,14 +252,30 @@ class CUDAStream(DeviceErrors, PositionStream):
             self.checks.append((seq, _Failure(error)))
 
     def _recorded(self, seq: int, keep: object) -> None:
-        """On the submission thread: mark the end of position ``seq`` for the completer."""
+        """On the submission thread: mark the end of position ``seq`` for the completer.
+
+        Where the thread's next closure is this stream's work too (a chain of ops submitted
+        faster than they launch), no event is recorded now: the position waits in
+        :attr:`_covered` and the next event recorded marks its end as well (the stream runs in
+        order), at most :data:`COVER_MAX` positions to an event. A chain of N ops then costs
+        one ``cudaEventRecord`` and one completer round, not N of each (each a release of the
+        interpreter lock on the submission thread and a wake-up of the completer, which the
+        submission and loop threads then wait for)."""
+        covered = self._covered
         event: Any = None
         if not self._abandoned and self._usable():
+            if len(covered) < COVER_MAX and self.thread.follows(self):
+                covered.append((seq, keep))
+                return
             try:
                 event = self._end_event()
-            except BaseException as exc:
-                self._fail(seq, as_accel_error(exc, f"work on {self.name}", self.on_error))
+            except BaseException as exc:  # told to the first position it would have covered
+                first = covered[0][0] if covered else seq
+                self._fail(first, as_accel_error(exc, f"work on {self.name}", self.on_error))
         with self._lock:
+            if covered:
+                self._pending.extend([(s, COVERED, k) for s, k in covered])
+                covered.clear()
             self._pending.append((seq, event, keep))
             if self._completer is None:
                 self._completer = threading.Thread(
@@ -282,19 +315,29 @@ class CUDAStream(DeviceErrors, PositionStream):
                     self._work_bell.wait(self._lock)
                 if not self._pending:
                     return
+                pending = self._pending
+                # The first position that has an event of its own (or none: its end was not
+                # recorded) ends the round; positions covered by its event go with it.
                 last = 0
+                while pending[last][1] is COVERED:
+                    last += 1
                 if COMPLETER == "newest":
-                    for i in range(len(self._pending) - 1, 0, -1):
-                        if self._pending[i][1] is not None:
+                    for i in range(len(pending) - 1, last, -1):
+                        if pending[i][1] is not None and pending[i][1] is not COVERED:
                             last = i
                             break
-                seq, event = self._pending[last][:2]  # (not its keepalive: see below)
+                first = pending[0][0]
+                seq, event = pending[last][:2]  # (not its keepalive: see below)
             ok = False
             if event is not None and not self._abandoned and self._usable():
                 try:
                     event.synchronize()
                 except BaseException as exc:
-                    self._fail(seq, as_accel_error(exc, f"work on {self.name}", self.on_error))
+                    # Which of the round's positions faulted, CUDA does not say: the error is
+                    # raised by an await of any of them (checks report at their position and
+                    # to every later one), not only of the one whose event told it.
+                    error = as_accel_error(exc, f"work on {self.name}", self.on_error)
+                    self._fail(first, error)
                 else:
                     ok = True
             with self._lock:
@@ -304,7 +347,9 @@ class CUDAStream(DeviceErrors, PositionStream):
                 if ok:
                     spare = self._spare_events
                     spare.extend(
-                        [p[1] for p in done if p[1] is not None][: _SPARE_EVENTS - len(spare)]
+                        [p[1] for p in done if p[1] is not None and p[1] is not COVERED][
+                            : _SPARE_EVENTS - len(spare)
+                        ]
                     )
                 # Nothing here may keep a position's keepalive once it is done.
                 del done, event
@@ -400,6 +445,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         self._abandoned = True
         with self._lock:
             self.checks = []
+            self._covered = []
             self._closed = True
             self._work_bell.ring()
 

@@ -76,7 +76,9 @@ class SubmissionThread:
     def __init__(self, device_index: int, name: str) -> None:
         self.device_index = device_index
         self.name = name
-        self._queue: deque[Callable[[], None]] = deque()
+        self._queue: deque[tuple[Callable[[], None], object]] = deque()
+        #: The round being run (on the thread): what :meth:`follows` looks at first.
+        self._batch: deque[tuple[Callable[[], None], object]] = deque()
         # A plain lock (entered in C), and a bell the thread waits on when the queue is empty:
         # a submission rings it only then, in C calls (``Condition.notify`` is Python code,
         # run per small op on the caller's thread whenever the thread keeps up).
@@ -93,11 +95,22 @@ class SubmissionThread:
     def on_thread(self) -> bool:
         return threading.get_ident() == self.ident
 
-    def submit(self, fn: Callable[[], None]) -> None:
-        """Queue ``fn`` after everything submitted before it; returns at once."""
+    def follows(self, owner: object) -> bool:
+        """On the thread, from a closure: whether the next closure it will run was submitted
+        with ``owner`` (the rest of this round, else the first one queued since; a closure
+        queued is always run, :meth:`close` included)."""
+        nxt = self._batch or self._queue
+        try:
+            return nxt[0][1] is owner
+        except IndexError:
+            return False
+
+    def submit(self, fn: Callable[[], None], owner: object = None) -> None:
+        """Queue ``fn`` after everything submitted before it; returns at once. ``owner`` tags
+        it for :meth:`follows` (a stream tags its work)."""
         with self._lock:
             if not self._closed:
-                self._queue.append(fn)
+                self._queue.append((fn, owner))
                 if self._bell.idle:
                     self._bell.ring()
                 elif self._thread is None:
@@ -117,7 +130,7 @@ class SubmissionThread:
         trace: list[tuple[float, float, float]] = []
         plain = SubmissionThread.submit
 
-        def submit(fn: Callable[[], None]) -> None:
+        def submit(fn: Callable[[], None], owner: object = None) -> None:
             queued = time.perf_counter()
 
             def timed() -> None:
@@ -127,7 +140,7 @@ class SubmissionThread:
                 finally:
                     trace.append((queued, started, time.perf_counter()))
 
-            plain(self, timed)
+            plain(self, timed, owner)
 
         self.__dict__["submit"] = submit
         return trace
@@ -152,11 +165,15 @@ class SubmissionThread:
                     return
                 # All that is queued, in one round: one lock round trip per batch, not per
                 # closure (closures queued meanwhile wait for the next round, in order).
-                batch, self._queue = self._queue, deque()
+                batch = self._batch = self._queue
+                self._queue = deque()
                 self.rounds += 1
             while batch:
-                fn = batch.popleft()  # dropped once run: what it keeps alive goes with it
-                _guarded(fn)()
+                fn = batch.popleft()[0]  # dropped once run: what it keeps alive goes with it
+                try:
+                    fn()
+                except BaseException:  # a closure reports its own errors; this is a bug guard
+                    _log.exception("work on the CUDA submission thread failed")
                 del fn
 
     async def call(self, fn: Callable[[], T]) -> T:
