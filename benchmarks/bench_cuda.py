@@ -51,7 +51,7 @@ from accelkit.workloads import BlockConfig, block_weights, transformer_block, up
 # Beside this script: the small-op cases and their timing, and PyTorch's transformer block.
 from bench_core import _torch_block, block_timeline, describe_timeline  # isort: skip
 from bench_cuda_attention import device_ms, torch_device_ms  # isort: skip
-from bench_host import CASES, host_times, profile_lines, python_work  # isort: skip
+from bench_host import CASES, ThreadCPU, host_times, profile_lines, python_work  # isort: skip
 
 STEPS = 5
 GEMM_N = 8192
@@ -373,9 +373,14 @@ async def measure(backend: ak.ComputeBackend) -> None:
         }
         times = await host_times(sides, SMALL_CALLS, SMALL_ROUNDS)
         ratio = times["accelkit"] / times["torch"]
+        with ThreadCPU(backend) as probe:  # the submission thread's side of the same calls
+            for _ in range(SMALL_CALLS):
+                ak_call(ops, sa, sb)
+        await backend.synchronize()
         line = (
             f"host time per op, {label} 64x64 f32: accelkit {times['accelkit']:.1f} us,"
-            f" torch {times['torch']:.1f} us: {ratio:.2f}x torch's time (target <= 1.0)"
+            f" torch {times['torch']:.1f} us: {ratio:.2f}x torch's time (target <= 1.0);"
+            f" accelkit's submission thread {probe.ns / SMALL_CALLS / 1e3:.1f} us CPU a call"
         )
         print(f"      {line}", flush=True)
         summary.append(line)

@@ -61,7 +61,43 @@ CASES: list[Case] = [
      lambda a, b: np.maximum(a, np.float32(0))),
     ("sum rows", lambda o, a, b: o.sum(a, -1), lambda t, a, b: t.sum(a, -1),
      lambda a, b: np.sum(a, -1)),
+    ("linear", lambda o, a, b: o.linear(a, b), lambda t, a, b: t.nn.functional.linear(a, b),
+     lambda a, b: a @ b.T),
 ]  # fmt: skip
+
+
+class ThreadCPU:
+    """The CPU time a backend's submission thread (CUDA's: ``backend.thread``) spends in the
+    closures queued while it is on (``thread_time`` around each, on that thread): the other
+    half of an op's host cost, which the caller's clock does not see and which, on a GPU,
+    competes with the caller for the interpreter lock. ``per_call`` divides it by the calls."""
+
+    def __init__(self, backend: Any) -> None:
+        self.thread = getattr(backend, "thread", None)
+        self.ns = 0
+
+    def __enter__(self) -> ThreadCPU:
+        thread = self.thread
+        if thread is None:
+            return self
+        plain = type(thread).submit
+
+        def submit(fn: Callable[[], None], owner: object = None) -> None:
+            def timed() -> None:
+                t0 = time.thread_time_ns()
+                try:
+                    fn()
+                finally:
+                    self.ns += time.thread_time_ns() - t0
+
+            plain(thread, timed, owner)
+
+        thread.__dict__["submit"] = submit
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.thread is not None:
+            self.thread.__dict__.pop("submit", None)
 
 
 #: The clock of the timed blocks: wall time, or with ``--cpu-time`` the calling thread's CPU
@@ -284,7 +320,17 @@ async def run(
                 sides["torch"] = (lambda c=torch_call, x=ta, y=tb: c(torch, x, y), no_sync)
             sides["numpy"] = (lambda c=np_call: c(a_h, b_h), no_sync)
             times = await host_times(sides, calls, rounds)
-            report["rows"].append({"op": f"{label} 64x64 f32", **times})
+            row = {"op": f"{label} 64x64 f32", **times}
+            if getattr(backend, "thread", None) is not None:
+                samples = []
+                for _ in range(max(3, rounds // 3)):
+                    with ThreadCPU(backend) as probe:
+                        for _ in range(calls):
+                            sides["accelkit"][0]()
+                    await ak_sync()  # every closure has run: its time is in
+                    samples.append(probe.ns / calls / 1e3)
+                row["thread"] = statistics.median(samples)
+            report["rows"].append(row)
             if profile:
                 call = sides["accelkit"][0]
                 frames, codes = python_work(call, calls)
@@ -311,6 +357,16 @@ def show(r: dict[str, Any]) -> None:
             f"{'-' if t is None else format(t, '10.2f'):>10}{row['numpy']:>10.2f}"
             f"{'' if t is None else format(row['accelkit'] / t, '9.2f') + 'x':>10}"
             f"{row['accelkit'] / row['numpy']:>9.2f}x"
+        )
+    threaded = [row for row in r["rows"] if "thread" in row]
+    if threaded:
+        print(
+            "  the submission thread's CPU time a call, us (thread_time inside its closures,"
+            " median of blocks of the same calls):"
+        )
+        print(
+            "  "
+            + ", ".join(f"{row['op'].split(' 64x64')[0]} {row['thread']:.1f}" for row in threaded)
         )
     for label, lines in r["profiles"].items():
         print(f"\n  where accelkit's {label} goes (caller thread):")

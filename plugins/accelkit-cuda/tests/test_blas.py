@@ -357,3 +357,80 @@ def test_the_cublas_type_of_a_dtype() -> None:
         for dtype, want in cases:
             assert blas._type(dtype) == want, dtype
     assert blas._type("float32") == 0  # a name still works
+
+
+def test_the_setters_keep_the_interpreter_lock_and_the_gemms_release_it() -> None:
+    """:class:`blas.Cublas` takes the three setters from the ``PyDLL`` of the library (a call
+    keeps the interpreter lock: no hand-off to the loop's or the completer's thread for a few
+    host instructions) and the GEMMs from its ``CDLL`` (a call releases it)."""
+
+    class Fn:
+        def __init__(self, lib: str, name: str) -> None:
+            self.lib, self.name = lib, name
+            self.argtypes: list[Any] = []
+            self.restype: Any = None
+
+        def __call__(self, *args: Any) -> int:
+            seen.append((self.name, self.lib))
+            return 0
+
+    class Lib:
+        def __init__(self, kind: str) -> None:
+            self.kind = kind
+
+        def __getattr__(self, name: str) -> Fn:
+            return Fn(self.kind, name)
+
+    seen: list[tuple[str, str]] = []
+    lib = blas.Cublas(Lib("CDLL"), Lib("PyDLL"))
+    lib.set_stream(1, 2)
+    lib.set_workspace(1, 3, 4)
+    lib.set_pointer_mode(1, 0)
+    lib.gemm_ex(*range(19))
+    lib.gemm_strided_batched_ex(*range(23))
+    assert seen == [
+        ("cublasSetStream_v2", "PyDLL"), ("cublasSetWorkspace_v2", "PyDLL"),
+        ("cublasSetPointerMode_v2", "PyDLL"), ("cublasGemmEx", "CDLL"),
+        ("cublasGemmStridedBatchedEx", "CDLL"),
+    ]  # fmt: skip
+    seen.clear()
+    blas.Cublas(Lib("CDLL")).set_stream(1, 2)  # one library: everything through it
+    assert seen == [("cublasSetStream_v2", "CDLL")]
+
+
+def test_a_thread_asks_cupy_for_its_device_and_handle_once(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device, cuBLAS handle and workspace of a thread are looked up at its first GEMM, not
+    at each (``cudaGetDevice`` twice, a handle lookup and a lock a GEMM before); every GEMM
+    still sets the stream, the stream's workspace and the pointer mode (a CuPy cuBLAS call in
+    between resets the workspace), and a second thread gets its own."""
+    import threading
+
+    import fake_cupy
+
+    mod = importlib.import_module("accelkit_cuda.blas")
+    lib = fake_cupy.Cublas()
+    monkeypatch.setattr(mod, "_cublas", lib)
+    monkeypatch.setattr(mod, "_thread", mod._ThreadState())
+    a = np.ones((4, 3), np.float32).view(fake_cupy.ndarray)
+    w = np.ones((5, 3), np.float32).view(fake_cupy.ndarray)
+
+    def gemms() -> None:
+        for _ in range(10):
+            out = np.zeros((4, 5), np.float32).view(fake_cupy.ndarray)
+            assert mod.matmul(a, w.T, out) is out
+            np.testing.assert_array_equal(np.asarray(out), np.full((4, 5), 3.0, np.float32))
+
+    fake_cupy.CALLS.clear()
+    gemms()
+    thread = threading.Thread(target=gemms)
+    thread.start()
+    thread.join()
+    names = [name for name, _ in fake_cupy.CALLS]
+    assert names.count("get_cublas_handle") == 2  # once a thread
+    assert names.count("cublasGemmEx") == 20
+    for setter in ("cublasSetStream", "cublasSetWorkspace", "cublasSetPointerMode"):
+        assert names.count(setter) == 20
+    workspaces = {args[1] for name, args in lib.calls if name == "cublasSetWorkspace"}
+    assert len(workspaces) == 1  # one stream (the null stream), one workspace

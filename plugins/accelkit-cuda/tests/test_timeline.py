@@ -222,3 +222,35 @@ async def test_the_benchmarks_switch_interval_experiment_runs(
     assert len(lines) == 3
     assert lines[0].startswith("block at a 0.2 ms GIL switch interval")
     assert all(len(line) < 390 for line in lines)
+
+
+async def test_bench_hosts_thread_probe_times_the_submission_thread(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_host.ThreadCPU (bench_host's and bench_cuda's "submission thread" figure): the
+    closures run under it are timed on the thread, they keep their stream tag (a chain still
+    shares one end event), and the thread's ``submit`` is its own again afterwards."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delitem(sys.modules, "bench_host", raising=False)
+    bench_host = importlib.import_module("bench_host")
+    backend = await _open(plugin)
+    try:
+        ops = backend.tensor_ops
+        x = backend.tensor_factory.from_host(np.ones((8, 8), np.float32))
+        ys = [ops.add(x, x) for _ in range(10)]  # the pool's blocks, allocated now (a
+        del ys  # cudaMalloc is a closure of the thread's own: it ends a chain)
+        await backend.synchronize()
+        stream = backend.default_stream
+        gate = threading.Event()
+        backend.thread.submit(lambda: gate.wait(30))
+        events = stream.events_recorded
+        with bench_host.ThreadCPU(backend) as probe:
+            ys = [ops.add(x, x) for _ in range(10)]
+        gate.set()
+        await backend.synchronize()
+        assert "submit" not in vars(backend.thread)
+        assert probe.ns > 0
+        assert stream.events_recorded - events <= 2  # the ten shared one event (+ synchronize's)
+        np.testing.assert_array_equal(await ys[0].to_host(), np.full((8, 8), 2.0, np.float32))
+    finally:
+        await backend.shutdown()

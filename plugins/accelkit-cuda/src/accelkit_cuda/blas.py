@@ -126,6 +126,33 @@ def scalars(compute: int, alpha: float, beta: float) -> tuple[Any, Any]:
     return kind(alpha), kind(beta)
 
 
+#: (compute, alpha, beta) -> (alpha, beta, their addresses) for the pairs every GEMM uses
+#: (1, 0) and (1, 1): made once, never written (cuBLAS reads host scalars before it returns,
+#: and a graph capture reads them at capture), so shared by every thread.
+_CONSTANT_SCALARS: dict[tuple[int, float, float], tuple[Any, Any, int, int]] = {}
+
+
+def _scalar_args(compute: int, alpha: float, beta: float) -> tuple[Any, Any, int, int]:
+    key = (compute, alpha, beta)
+    found = _CONSTANT_SCALARS.get(key)
+    if found is None:
+        a, b = scalars(compute, alpha, beta)
+        found = (a, b, ctypes.addressof(a), ctypes.addressof(b))
+        if alpha == 1.0 and beta in (0.0, 1.0):
+            _CONSTANT_SCALARS[key] = found
+    return found
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    expect = itemsize
+    for i in range(len(shape) - 1, -1, -1):
+        d = shape[i]
+        if d != 1 and strides[i] != expect:
+            return False
+        expect *= d
+    return True
+
+
 def plan(
     a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...],
     b_strides: tuple[int, ...], itemsize: int,
@@ -143,21 +170,13 @@ def plan(
     if 0 in (m, n, k) or 0 in a_shape:
         return None
 
-    def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-        expect = itemsize
-        for d, s in zip(reversed(shape), reversed(strides), strict=True):
-            if d != 1 and s != expect:
-                return False
-            expect *= d
-        return True
-
-    if not c_contiguous(a_shape, a_strides):
+    if not _c_contiguous(a_shape, a_strides, itemsize):
         return None
     if len(b_shape) == 2:
         rows = 1
         for d in a_shape[:-1]:
             rows *= d
-        if c_contiguous(b_shape, b_strides):
+        if _c_contiguous(b_shape, b_strides, itemsize):
             trans_b, ldb = _OP_N, n
         elif b_strides == (itemsize, k * itemsize) or (n == 1 and b_strides[0] == itemsize):
             trans_b, ldb = _OP_T, k  # the transpose of a C-contiguous [n, k]
@@ -166,7 +185,7 @@ def plan(
         return (trans_b, _OP_N, n, rows, k, ldb, k, n, 0, 0, 0, 1)
     if len(a_shape) != 3 or len(b_shape) != 3 or a_shape[0] != b_shape[0]:
         return None
-    if not c_contiguous(b_shape, b_strides):
+    if not _c_contiguous(b_shape, b_strides, itemsize):
         return None
     batch = a_shape[0]
     return (_OP_N, _OP_N, n, m, k, n, k, n, k * n, m * k, m * n, batch)
@@ -177,7 +196,12 @@ class Cublas:
     library (``lib``): no CuPy wrapper, so nothing refuses a capturing stream. Each raises
     RuntimeError on a status other than CUBLAS_STATUS_SUCCESS."""
 
-    def __init__(self, lib: Any) -> None:
+    def __init__(self, lib: Any, held: Any = None) -> None:
+        """``lib``: the library through ``ctypes.CDLL`` (a call releases the interpreter lock);
+        ``held``: the same library through ``ctypes.PyDLL`` (a call keeps it), for the three
+        setters: each is a few host instructions, and releasing the lock for one lets the
+        loop's or the completer's thread take it, which the submission thread then waits
+        for (three hand-offs a GEMM). The GEMM itself releases it."""
         vp, i, ll, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
         sigs = {
             "cublasSetStream_v2": [vp, vp],
@@ -190,7 +214,7 @@ class Cublas:
         }  # fmt: skip
         self._fns: dict[str, Any] = {}
         for name, argtypes in sigs.items():
-            fn = getattr(lib, name)
+            fn = getattr(held if held is not None and "Gemm" not in name else lib, name)
             fn.argtypes = argtypes
             fn.restype = ctypes.c_int
             self._fns[name] = fn
@@ -235,7 +259,7 @@ def _lib() -> Any:
         for name in names:
             try:
                 # Already loaded by CuPy: dlopen finds that library by its soname.
-                found = Cublas(ctypes.CDLL(name))
+                found = Cublas(ctypes.CDLL(name), ctypes.PyDLL(name))
                 break
             except (OSError, AttributeError):
                 continue
@@ -252,6 +276,42 @@ def _workspace(device: int, stream: int, size: int) -> Any:
         if memory is None:
             memory = _workspaces[key] = cp.cuda.alloc(size)
         return memory
+
+
+class _ThreadState(threading.local):
+    """What :func:`matmul_into` asks CuPy for once per thread, not per GEMM: the thread's
+    current device (``cudaGetDevice``), CuPy's cuBLAS handle for it, the workspace size, and
+    the workspace pointer of each stream used. A submission thread serves one device for its
+    life, so these do not change (a thread that switched devices would need them anew: none
+    does)."""
+
+    device: int = -1
+    handle: int = 0
+    size: int = 0
+    workspaces: dict[int, int] | None = None
+
+
+_thread = _ThreadState()
+
+
+def _state(cp: Any) -> _ThreadState:
+    state = _thread
+    if state.workspaces is None:
+        dev = cp.cuda.Device()
+        state.device = dev.id
+        state.handle = cp.cuda.device.get_cublas_handle()
+        state.size = workspace_bytes(_compute_capability(dev))
+        state.workspaces = {}
+    return state
+
+
+def _workspace_ptr(state: _ThreadState, stream: int) -> int:
+    workspaces = state.workspaces
+    assert workspaces is not None
+    ptr = workspaces.get(stream)
+    if ptr is None:
+        ptr = workspaces[stream] = _workspace(state.device, stream, state.size).ptr
+    return ptr
 
 
 _capabilities: dict[int, tuple[int, int]] = {}
@@ -274,16 +334,8 @@ def prepare(stream: int) -> bool:
 
     if _lib() is None:
         return False
-    dev = cp.cuda.Device()
-    cp.cuda.device.get_cublas_handle()
-    _workspace(dev.id, stream, workspace_bytes(_compute_capability(dev)))
+    _workspace_ptr(_state(cp), stream)
     return True
-
-
-def _is_device_array(x: Any) -> bool:
-    import cupy as cp
-
-    return isinstance(x, cp.ndarray)
 
 
 def eager_route(in_type: int, tf32: bool) -> bool:
@@ -309,10 +361,11 @@ def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = Fal
     stream = capturing.active()
     if stream is None and not eager_route(in_type, tf32):
         return None
-    # Host arrays (tests that put NumPy in for CuPy) never reach cuBLAS.
-    if not _is_device_array(a) or not _is_device_array(b) or _lib() is None:
-        return None
     import cupy as cp
+
+    # Host arrays (tests that put NumPy in for CuPy) never reach cuBLAS.
+    if not isinstance(a, cp.ndarray) or not isinstance(b, cp.ndarray) or _lib() is None:
+        return None
 
     out_dtype = cp.float32 if wide and in_type in (_R_16F, _R_16BF) else a.dtype
     squeeze: list[int] = []
@@ -324,19 +377,26 @@ def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = Fal
     if a.ndim < 2 or b.ndim < 2:
         return None
     result_shape = None
-    if plan(a.shape, a.strides, b.shape, b.strides, a.itemsize) is None:
+    p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
+    if p is None:
         if stream is None:
             return None
         # A capture has no cupy.matmul to fall back on: copy the operands into a layout taken.
         a, b, result_shape = _contiguous_batch(cp, a, b)
+        p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
     shape = (*a.shape[:-1], b.shape[-1])
     direct = not squeeze and result_shape is None and out is not None
     if direct and out.dtype == out_dtype and out.shape == shape and out.flags.c_contiguous:
         res = out
     else:
         res = cp.empty(shape, out_dtype)
-    if not matmul_into(a, b, res, tf32):
+    out_type = _type(res.dtype)
+    if p is None or out_type is None:
         return None
+    compute = compute_type(in_type, out_type, tf32)
+    if compute is None:
+        return None
+    _launch(cp, a, b, res, p, in_type, out_type, compute, 1.0, 0.0)
     if result_shape is not None:
         res = res.reshape(result_shape)
     for axis in sorted(squeeze):
@@ -376,26 +436,32 @@ def matmul_into(
     if compute is None:
         return False
     p = plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
-    if p is None:
-        return False
-    lib = _lib()
-    if lib is None:
+    if p is None or _lib() is None:
         return False
     import cupy as cp
 
+    _launch(cp, a, b, out, p, in_type, out_type, compute, alpha, beta)
+    return True
+
+
+def _launch(
+    cp: Any, a: Any, b: Any, out: Any, p: tuple[Any, ...], in_type: int, out_type: int,
+    compute: int, alpha: float, beta: float,
+) -> None:  # fmt: skip
+    """:func:`matmul_into` once checked: ``p`` is :func:`plan`'s for ``a`` and ``b``."""
+    lib = _cublas
     trans_a, trans_b, m, n, k, lda, ldb, ldc, sa, sb, sc, batch = p
     stream = capturing.active()
     if stream is None:
         stream = cp.cuda.get_current_stream().ptr
-    dev = cp.cuda.Device()
-    handle = cp.cuda.device.get_cublas_handle()
-    size = workspace_bytes(_compute_capability(dev))
-    ws = _workspace(dev.id, stream, size)
+    state = _state(cp)
+    handle, size = state.handle, state.size
+    ws = _workspace_ptr(state, stream)
     lib.set_stream(handle, stream)
-    lib.set_workspace(handle, ws.ptr, size)  # after every cublasSetStream (which resets it)
+    lib.set_workspace(handle, ws, size)  # after every cublasSetStream (which resets it)
     lib.set_pointer_mode(handle, _POINTER_MODE_HOST)
-    alpha_c, beta_c = scalars(compute, alpha, beta)  # alive until cuBLAS has read them
-    pa, pb = ctypes.addressof(alpha_c), ctypes.addressof(beta_c)
+    # alive until cuBLAS has read them (the constant pairs, for good)
+    alpha_c, beta_c, pa, pb = _scalar_args(compute, alpha, beta)
     # C^T = B^T A^T in column-major: cuBLAS's first operand is b.
     if batch == 1:
         lib.gemm_ex(
@@ -408,4 +474,4 @@ def matmul_into(
             in_type, ldb, sb, pb, out.data.ptr, out_type, ldc, sc, batch, compute,
             _GEMM_DEFAULT,
         )  # fmt: skip
-    return True
+    del alpha_c, beta_c
