@@ -283,6 +283,22 @@ class Function:
             _unary(self.name, args)
         elif self.name.startswith("row_"):
             _rows(self.name, grid, args)
+        elif self.name.startswith("perm"):
+            _permute(self.name, args)
+
+
+def _permute(name: str, args: Any) -> None:
+    """What fast_elementwise's ``perm<bits>_<index>`` copies: output element ``i`` (C order
+    over ``d0..d3``) from input offset ``i0*s0 + i1*s1 + i2*s2 + i3*s3``, as a strided view."""
+    bits = int(name[4:].split("_")[0])
+    dtype = np.dtype(f"u{bits // 8}")
+    px, py, n, d1, d2, d3, *steps = (int(v) for v in args)
+    d0 = n // (d1 * d2 * d3)
+    span = 1 + sum((d - 1) * st for d, st in zip((d0, d1, d2, d3), steps, strict=True))
+    src = np.lib.stride_tricks.as_strided(
+        _view(px, span, dtype), (d0, d1, d2, d3), [st * dtype.itemsize for st in steps]
+    )
+    _view(py, n, dtype)[...] = src.reshape(-1)
 
 
 _EW_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum,

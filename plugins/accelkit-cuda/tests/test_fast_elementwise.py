@@ -14,6 +14,7 @@ from accelkit_cuda.fast_elementwise import (
     UNARY_OPS,
     grid_for,
     kernel_name,
+    permute_kernel_name,
     row_block,
     row_kernel_name,
     unary_kernel_name,
@@ -53,11 +54,12 @@ def test_the_grid_covers_the_elements(n: int, blocks: int) -> None:
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_unary_and_row_kernel_compiles_without_spills(arch: str) -> None:
-    """Issue 29's one-launch kernels: every unary op and row op on every float dtype is in the
-    cubin, with no warning and no spill (ptxas's report of every kernel of the source)."""
+    """Issue 29's one-launch kernels: every unary op and row op on every float dtype, and the
+    permute kernels (test_fast_permute.py), are in the cubin, with no warning and no spill (ptxas's report of every kernel of the source)."""
     names = [kernel_name(op, dt) for op in OPS for dt in DTYPES]
     names += [unary_kernel_name(op, dt) for op in UNARY_OPS for dt in DTYPES]
     names += [row_kernel_name(op, dt) for op in ROW_OPS for dt in DTYPES]
+    names += [permute_kernel_name(w, wide) for w in (1, 2, 4, 8) for wide in (False, True)]
     # F64 sin, cos and tan call CUDA's (not inlined) argument reduction for large arguments:
     # ptxas reports it as a function of its own, once for each of them
     names += ["__internal_trig_reduction_slowpathd"] * 3

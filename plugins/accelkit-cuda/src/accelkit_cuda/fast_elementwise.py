@@ -19,6 +19,10 @@ log_softmax, layer_norm, rms_norm; one block per row, F32 accumulation, F64 for 
 special values of ``cupy_tensor.softmax_rows`` and the composed norms), where CuPy composed up
 to a dozen launches.
 
+And ``permute`` of up to four dims, any dtype of 1, 2, 4 or 8 bytes, as one copy kernel
+(:data:`PERMUTE_SOURCE`), where ``cupy.copyto`` of a transposed view cost the submission thread
+60-100 us a call on an H100 host.
+
 The program compiles on a thread of its own from the first such op on (from the disk cache:
 milliseconds; cold: about a second) and loads on the submission thread; until then, or if
 NVRTC is missing, every op takes CuPy's path. **Unmeasured on a GPU** when written
@@ -37,8 +41,9 @@ if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
 __all__ = [
-    "BLOCK", "HALF_IO", "OPS", "ROW_OPS", "SOURCE", "UNARY_OPS", "ElementwiseProgram", "grid_for",
-    "kernel_name", "row_block", "row_kernel_name", "unary_kernel_name",
+    "BLOCK", "HALF_IO", "OPS", "PERMUTE_CORE", "PERMUTE_RANK", "PERMUTE_SOURCE", "ROW_OPS", "SOURCE", "UNARY_OPS",
+    "ElementwiseProgram", "grid_for", "kernel_name", "permute_args", "permute_kernel_name",
+    "row_block", "row_kernel_name", "unary_kernel_name",
 ]  # fmt: skip
 
 
@@ -263,6 +268,76 @@ extern "C" __global__ void row_rms_norm_{sfx}(
 _TYPES = {"f32": ("float", "float"), "f64": ("double", "double"), "f16": ("f16", "float"),
           "bf16": ("bf16", "float")}  # fmt: skip
 
+#: ``permute`` as a copy: output element ``i`` (C order over the output's dims ``d0..d3``)
+#: from input offset ``i0*s0 + i1*s1 + i2*s2 + i3*s3`` (the input's strides, in elements, in
+#: the output's axis order). Any dtype, by its width (a copy moves bits); index arithmetic in
+#: ``I``: 32-bit where every index and offset fits (three divisions an element, not the
+#: emulated 64-bit ones), else 64-bit. Written so that it also builds for the host
+#: (tests/test_fast_permute.py runs this text there against NumPy's transpose).
+PERMUTE_CORE = r"""
+template <typename T, typename I>
+__device__ __forceinline__ void permute4(
+    const T* __restrict__ x, T* __restrict__ y, I n, I d1, I d2, I d3, I s0, I s1, I s2, I s3) {
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < n;
+         i += (I)gridDim.x * (I)blockDim.x) {
+        I r = i / d3, i3 = i - r * d3;
+        I q = r / d2, i2 = r - q * d2;
+        I i0 = q / d1, i1 = q - i0 * d1;
+        y[i] = x[i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3];
+    }
+}
+"""
+
+_PERMUTE_KERNEL = r"""
+extern "C" __global__ void perm{bits}_{index}(
+    const {t}* x, {t}* y, i64 n, i64 d1, i64 d2, i64 d3, i64 s0, i64 s1, i64 s2, i64 s3) {{
+    permute4<{t}, {i}>(x, y, ({i})n, ({i})d1, ({i})d2, ({i})d3, ({i})s0, ({i})s1, ({i})s2,
+                       ({i})s3);
+}}
+"""
+#: Element width in bits -> the C type a permute copies it as.
+_WIDTHS = {8: "unsigned char", 16: "unsigned short", 32: "unsigned int", 64: "unsigned long long"}
+#: The index widths of the permute kernels: name -> C type.
+_INDEX = {"i32": "unsigned int", "i64": "i64"}
+#: The permute kernels' text: :data:`PERMUTE_CORE` and an entry point per element width and
+#: index width (``perm32_i32``), part of :data:`SOURCE`.
+PERMUTE_SOURCE = PERMUTE_CORE + "".join(
+    _PERMUTE_KERNEL.format(bits=bits, index=index, t=t, i=i)
+    for bits, t in _WIDTHS.items()
+    for index, i in _INDEX.items()
+)
+#: Dims a permute kernel takes (fewer are padded with leading 1s).
+PERMUTE_RANK = 4
+_I32_LIMIT = 1 << 31
+
+
+def permute_kernel_name(itemsize: int, wide: bool) -> str:
+    """The permute kernel for elements of ``itemsize`` bytes, 64-bit indices if ``wide``."""
+    return f"perm{itemsize * 8}_{'i64' if wide else 'i32'}"
+
+
+def permute_args(
+    shape: tuple[int, ...], axes: tuple[int, ...]
+) -> tuple[bool, tuple[int, ...]] | None:
+    """For ``permute(x, axes)`` of a C-contiguous ``x`` of ``shape``: whether 64-bit indices
+    are needed, and the kernel's ``(n, d1, d2, d3, s0, s1, s2, s3)``; None where ``x`` has more
+    than :data:`PERMUTE_RANK` dims or no element."""
+    rank = len(shape)
+    if rank > PERMUTE_RANK or 0 in shape:
+        return None
+    strides = [1] * rank
+    for k in range(rank - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    pad = PERMUTE_RANK - rank
+    dims = [1] * pad + [shape[a] for a in axes]
+    steps = [0] * pad + [strides[a] for a in axes]
+    n = 1
+    for d in shape:
+        n *= d
+    last = sum((d - 1) * st for d, st in zip(dims, steps, strict=True))
+    wide = n >= _I32_LIMIT or last >= _I32_LIMIT
+    return wide, (n, dims[1], dims[2], dims[3], *steps)
+
 
 def kernel_name(op: str, dtype: DType) -> str:
     """The entry point of ``op`` on ``dtype`` (``ew_add_f32``)."""
@@ -286,7 +361,7 @@ def row_block(n: int) -> tuple[int]:
 
 
 def _source() -> str:
-    parts = [_HEADER, _ROW_COMMON]
+    parts = [_HEADER, _ROW_COMMON, PERMUTE_SOURCE]
     for sfx, (t, acc) in _TYPES.items():
         f = "f" if acc == "float" else ""
         for op, expr in OPS.items():
@@ -329,6 +404,14 @@ class ElementwiseProgram(RawProgram):
             self.start()
         return fn
 
+    def permute_function(self, itemsize: int, wide: bool) -> Any:
+        """The loaded permute kernel for elements of ``itemsize`` bytes (64-bit indices if
+        ``wide``), or None (CuPy's path then), as :meth:`function`."""
+        fn = self._functions.get(("perm", itemsize, wide))
+        if fn is None and not self._started:
+            self.start()
+        return fn
+
     def start(self) -> None:
         """Compile (from the disk cache when it holds them) on a thread of its own, then
         queue the load for the submission thread. Once only."""
@@ -351,11 +434,15 @@ class ElementwiseProgram(RawProgram):
         await super().load()
 
     def _lookup(self, module: Any) -> dict[Any, Any]:
-        functions = {
+        functions: dict[Any, Any] = {
             (op, dtype): module.get_function(kernel_name(op, dtype))
             for op in OPS
             for dtype in _SUFFIX
         }
+        for bits in _WIDTHS:
+            for wide in (False, True):
+                name = permute_kernel_name(bits // 8, wide)
+                functions["perm", bits // 8, wide] = module.get_function(name)
         for dtype in _SUFFIX:
             for op in UNARY_OPS:
                 functions["u_" + op, dtype] = module.get_function(unary_kernel_name(op, dtype))

@@ -18,6 +18,7 @@ from accelkit_cuda.fast_elementwise import (
     UNARY_OPS,
     ElementwiseProgram,
     grid_for,
+    permute_args,
     row_block,
 )
 from accelkit_cuda.submit import CUDAComponent, block_error, storage, xa
@@ -215,10 +216,23 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
 
     # -- shape ------------------------------------------------------------------------------------
     def permute(self, x: Tensor, axes: tuple[int, ...], out: Tensor) -> None:
-        self.launch(
-            lambda: cp.copyto(storage(out), cp.transpose(storage(x), axes)), (x,), (out,),
-            what="permute",
-        )  # fmt: skip
+        """One raw copy kernel (:data:`~accelkit_cuda.fast_elementwise.PERMUTE_CORE`) for up
+        to four dims: ``cupy.copyto`` of a transposed view cost the submission thread 60-100 us
+        a call on an H100 host (2026-11-27, the block's four permutes), a raw launch a few;
+        CuPy's path for more dims, until the kernels are loaded, and for 16-byte elements."""
+
+        def fallback() -> None:
+            cp.copyto(storage(out), cp.transpose(storage(x), axes))
+
+        found = permute_args(x.shape, axes)
+        if found is not None and x.dtype.itemsize in (1, 2, 4, 8):
+            wide, (n, *rest) = found
+            fn = self.fast.permute_function(x.dtype.itemsize, wide)
+            if fn is not None:
+                tail = (np.int64(n), *(np.int64(v) for v in rest))
+                self._launch_ptrs(fn, "permute", (x,), (), out, grid_for(n), _BLOCK, tail, fallback)
+                return
+        self.launch(fallback, (x,), (out,), what="permute")
 
     def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
         self.launch(
