@@ -19,6 +19,11 @@ time), ``--cases add,mul`` picks cases. For example::
 
     python benchmarks/bench_host.py --backend cuda --standin --cpu-time --cases add --profile
 
+``--block`` times a tiny transformer block instead (:func:`block_host`: wall and process CPU a
+block, every thread's; on CUDA the end events and completer rounds a block)::
+
+    python benchmarks/bench_host.py --backend cuda --standin --block
+
 ``benchmarks/bench_cuda.py`` runs the same cases on the CUDA backend against PyTorch CUDA
 (:func:`host_times` with ``sync``): there the figure is the host time to submit, the device
 work being awaited once per round outside the timed block.
@@ -225,6 +230,20 @@ def install_cuda_standin() -> None:
         driver.Attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 227 * 1024,
     }  # fmt: skip
     props = driver.DeviceProps(0, "Stand-in GPU", 1 << 30, attrs, 12040)
+
+    class Calls(fake_cupy.Cublas):
+        """The stand-in's cuBLAS, its GEMMs computing nothing: the host path alone is timed."""
+
+        def _note(self, name: str, args: tuple[Any, ...]) -> None:
+            return None
+
+        @staticmethod
+        def _gemm(*args: Any) -> None:
+            return None
+
+    from accelkit_cuda import blas
+
+    blas._cublas = Calls()
     backend._devices = lambda: [props]  # type: ignore[attr-defined]
 
     class Driver:
@@ -263,6 +282,51 @@ async def open_bench_backend(name: str) -> AsyncIterator[Any]:
 
 #: Run after each timed block of accelkit's side (the stand-in's call records are dropped).
 STANDIN_SYNC: list[Callable[[], None]] = []
+
+
+async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> list[str]:
+    """The host's cost of bench_core's transformer block at a tiny size (1 x 8 x 32, 2 heads:
+    the device's work is negligible, the host path is what is timed): wall time and the
+    process's CPU time (every thread: the caller, a submission thread, a completer) a block,
+    each block awaited, median of ``rounds`` rounds of ``blocks``; on CUDA also the stream's
+    end-of-position events and completer rounds a block. ``--standin`` runs it over the
+    stand-ins for CuPy and cuBLAS (whose GEMMs then compute nothing: only the calls)."""
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    cfg = BlockConfig(batch=1, seq=8, width=32, heads=2)
+    rng = np.random.default_rng(3)
+    x_h = rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
+    walls, cpus, counts = [], [], []
+    async with open_bench_backend(backend_name) as backend:
+        fast = getattr(getattr(backend.tensor_ops, "kernels", None), "fast", None)
+        if fast is not None:
+            await fast.load()
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(x_h)
+        for _ in range(10):
+            await transformer_block(backend, x, w, cfg).to_host()
+        stream = getattr(backend, "default_stream", None)
+        for _ in range(rounds):
+            before = (getattr(stream, "events_recorded", 0), getattr(stream, "completer_rounds", 0))
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(blocks):
+                await transformer_block(backend, x, w, cfg).to_host()
+            walls.append((time.perf_counter() - t0) / blocks * 1e6)
+            cpus.append((time.process_time() - c0) / blocks * 1e6)
+            after = (getattr(stream, "events_recorded", 0), getattr(stream, "completer_rounds", 0))
+            counts.append(((after[0] - before[0]) / blocks, (after[1] - before[1]) / blocks))
+            for clear in STANDIN_SYNC:
+                clear()
+        device = str(backend.device) + (" (stand-ins for CuPy and cuBLAS)" if STANDIN_SYNC else "")
+    line = (
+        f"transformer block 1x8x32 on {backend_name} ({device}): wall"
+        f" {statistics.median(walls):.0f} us, process CPU {statistics.median(cpus):.0f} us a block"
+        f" (median of {rounds} rounds of {blocks})"
+    )
+    if stream is not None and hasattr(stream, "events_recorded"):
+        events, completions = (statistics.median(c[i] for c in counts) for i in (0, 1))
+        line += f"; {events:.1f} end events, {completions:.1f} completer rounds a block"
+    return [line]
 
 
 async def run(
@@ -389,6 +453,11 @@ if __name__ == "__main__":
     )
     parser.add_argument("--cases", help="comma-separated case labels (default: all)")
     parser.add_argument(
+        "--block",
+        action="store_true",
+        help="instead: the host's cost of a tiny transformer block (wall, process CPU)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="also profile accelkit's calls of each case"
     )
     parser.add_argument(
@@ -401,6 +470,10 @@ if __name__ == "__main__":
         CLOCK[0] = time.thread_time_ns
     if args.standin:
         install_cuda_standin()
+    if args.block:
+        for line in anyio.run(block_host, args.backend, 20, args.rounds):
+            print(line)
+        sys.exit(0)
     cases = None if args.cases is None else [c.strip() for c in args.cases.split(",")]
     result = anyio.run(run, args.backend, args.calls, args.rounds, cases, args.profile)
     show(result)

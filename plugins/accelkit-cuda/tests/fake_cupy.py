@@ -285,6 +285,16 @@ class Function:
             _rows(self.name, grid, args)
         elif self.name.startswith("perm"):
             _permute(self.name, args)
+        elif self.name.startswith("eb_add_"):
+            _bias_add(self.name, args)
+
+
+def _bias_add(name: str, args: Any) -> None:
+    """What fast_elementwise's ``eb_add_<sfx>`` does: ``o[i] += b[i % cols]`` in o's dtype."""
+    dtype = _dtype_of(name.rsplit("_", 1)[1])
+    pb, po, n, cols = (int(v) for v in args)
+    out = _view(po, n, dtype).reshape(-1, cols)
+    out += _view(pb, cols, dtype)
 
 
 def _permute(name: str, args: Any) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 from accelkit_cuda import nvrtc
 from accelkit_cuda.fast_elementwise import (
+    BIAS_DTYPES,
     BLOCK,
     OPS,
     ROW_OPS,
     SOURCE,
     UNARY_OPS,
+    bias_kernel_name,
     grid_for,
     kernel_name,
     permute_kernel_name,
@@ -60,6 +62,7 @@ def test_every_unary_and_row_kernel_compiles_without_spills(arch: str) -> None:
     names += [unary_kernel_name(op, dt) for op in UNARY_OPS for dt in DTYPES]
     names += [row_kernel_name(op, dt) for op in ROW_OPS for dt in DTYPES]
     names += [permute_kernel_name(w, wide) for w in (1, 2, 4, 8) for wide in (False, True)]
+    names += [bias_kernel_name(dt) for dt in BIAS_DTYPES]
     # F64 sin, cos and tan call CUDA's (not inlined) argument reduction for large arguments:
     # ptxas reports it as a function of its own, once for each of them
     names += ["__internal_trig_reduction_slowpathd"] * 3

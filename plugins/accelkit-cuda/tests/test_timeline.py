@@ -254,3 +254,28 @@ async def test_bench_hosts_thread_probe_times_the_submission_thread(
         np.testing.assert_array_equal(await ys[0].to_host(), np.full((8, 8), 2.0, np.float32))
     finally:
         await backend.shutdown()
+
+
+async def test_bench_hosts_block_figure_runs(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench_host.py --backend cuda --standin --block`` (the host's cost of a tiny block):
+    one line, its figures finite, the end events and completer rounds a block counted (one
+    a block at least, the block's 16 closures and the read's at most)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delitem(sys.modules, "bench_host", raising=False)
+    bench_host = importlib.import_module("bench_host")
+    monkeypatch.setattr(
+        importlib.import_module("accelkit_cuda.blas"), "_cublas", fake_cupy.Cublas()
+    )
+    monkeypatch.setattr(bench_host, "STANDIN_SYNC", [fake_cupy.CALLS.clear])
+    (line,) = await bench_host.block_host("cuda", blocks=2, rounds=3)
+    assert line.startswith("transformer block 1x8x32 on cuda (cuda:0 (stand-ins"), line
+    wall = float(line.split("wall ")[1].split(" us")[0])
+    cpu = float(line.split("process CPU ")[1].split(" us")[0])
+    events = float(line.split("; ")[1].split(" end events")[0])
+    rounds = float(line.split("end events, ")[1].split(" completer")[0])
+    assert wall > 0
+    assert cpu > 0
+    assert 1 <= events <= 17
+    assert 1 <= rounds <= events

@@ -53,8 +53,8 @@ from typing import Any
 from accelkit_cuda import capturing
 
 __all__ = [
-    "WORKSPACE_BYTES", "Cublas", "compute_type", "matmul", "matmul_into", "plan", "prepare",
-    "scalars", "workspace_bytes",
+    "WORKSPACE_BYTES", "Cublas", "compute_type", "gemm_ptrs", "linear_plan", "matmul",
+    "matmul_into", "plan", "prepare", "ready", "scalars", "type_of", "workspace_bytes",
 ]  # fmt: skip
 
 #: PyTorch's cuBLAS workspace on compute capability 9.0 and newer (CUBLAS_WORKSPACE_CONFIG
@@ -104,6 +104,11 @@ def _type(dtype: Any) -> int | None:
         return found
     except TypeError:  # not hashable: not a NumPy dtype
         return _TYPES.get(getattr(dtype, "name", str(dtype)))
+
+
+def type_of(dtype: Any) -> int | None:
+    """The cudaDataType of a NumPy dtype (f16, bf16, f32, f64), or None."""
+    return _type(dtype)
 
 
 def compute_type(in_type: int, out_type: int, tf32: bool = False) -> int | None:
@@ -449,6 +454,31 @@ def _launch(
     compute: int, alpha: float, beta: float,
 ) -> None:  # fmt: skip
     """:func:`matmul_into` once checked: ``p`` is :func:`plan`'s for ``a`` and ``b``."""
+    gemm_ptrs(cp, p, a.data.ptr, b.data.ptr, out.data.ptr, in_type, out_type, compute, alpha,
+              beta)  # fmt: skip
+
+
+def ready() -> bool:
+    """Whether :func:`gemm_ptrs` may be called: cuBLAS was found (by a GEMM on the submission
+    thread, which loads it; False until then, and where it is missing)."""
+    return bool(_cublas)
+
+
+def linear_plan(rows: int, n: int, k: int) -> tuple[Any, ...]:
+    """:func:`plan` of ``x @ w.T`` for a C-contiguous ``x`` of ``rows`` x ``k`` and ``w`` of
+    ``n`` x ``k`` (a linear's operands, its batch folded into the rows)."""
+    p = plan((rows, k), (k, 1), (k, n), (1, k), 1)
+    assert p is not None
+    return p
+
+
+def gemm_ptrs(
+    cp: Any, p: tuple[Any, ...], a_ptr: int, b_ptr: int, out_ptr: int, in_type: int,
+    out_type: int, compute: int, alpha: float = 1.0, beta: float = 0.0,
+) -> None:  # fmt: skip
+    """``out = alpha * (a @ b) + beta * out`` over device pointers, ``p`` being :func:`plan`'s
+    for the operands, their types checked by :func:`compute_type` (on the submission thread,
+    after :func:`ready`): the cuBLAS calls alone, no CuPy array."""
     lib = _cublas
     trans_a, trans_b, m, n, k, lda, ldb, ldc, sa, sb, sc, batch = p
     stream = capturing.active()
@@ -465,13 +495,12 @@ def _launch(
     # C^T = B^T A^T in column-major: cuBLAS's first operand is b.
     if batch == 1:
         lib.gemm_ex(
-            handle, trans_a, trans_b, m, n, k, pa, b.data.ptr, in_type, lda, a.data.ptr,
-            in_type, ldb, pb, out.data.ptr, out_type, ldc, compute, _GEMM_DEFAULT,
+            handle, trans_a, trans_b, m, n, k, pa, b_ptr, in_type, lda, a_ptr, in_type, ldb, pb,
+            out_ptr, out_type, ldc, compute, _GEMM_DEFAULT,
         )  # fmt: skip
     else:
         lib.gemm_strided_batched_ex(
-            handle, trans_a, trans_b, m, n, k, pa, b.data.ptr, in_type, lda, sa, a.data.ptr,
-            in_type, ldb, sb, pb, out.data.ptr, out_type, ldc, sc, batch, compute,
-            _GEMM_DEFAULT,
+            handle, trans_a, trans_b, m, n, k, pa, b_ptr, in_type, lda, sa, a_ptr, in_type, ldb,
+            sb, pb, out_ptr, out_type, ldc, sc, batch, compute, _GEMM_DEFAULT,
         )  # fmt: skip
     del alpha_c, beta_c

@@ -41,9 +41,10 @@ if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
 __all__ = [
-    "BLOCK", "HALF_IO", "OPS", "PERMUTE_CORE", "PERMUTE_RANK", "PERMUTE_SOURCE", "ROW_OPS", "SOURCE", "UNARY_OPS",
-    "ElementwiseProgram", "grid_for", "kernel_name", "permute_args", "permute_kernel_name",
-    "row_block", "row_kernel_name", "unary_kernel_name",
+    "BIAS_DTYPES", "BLOCK", "HALF_IO", "OPS", "PERMUTE_CORE", "PERMUTE_RANK", "PERMUTE_SOURCE",
+    "ROW_OPS", "SOURCE", "UNARY_OPS", "ElementwiseProgram", "bias_kernel_name", "grid_for",
+    "kernel_name", "permute_args", "permute_kernel_name", "row_block", "row_kernel_name",
+    "unary_kernel_name",
 ]  # fmt: skip
 
 
@@ -128,6 +129,20 @@ extern "C" __global__ void ew_{op}_{sfx}(const {t}* x, const {t}* y, {t}* o, i64
     }}
 }}
 """
+
+# A linear's bias added in place to its GEMM's output (F32, F64: the output's rounding, as
+# ``cupy.add(out, bias, out=out)``): element ``i`` of a C-contiguous [rows, cols] gets
+# ``b[i % cols]``.
+_BIAS_KERNEL = r"""
+extern "C" __global__ void eb_add_{sfx}(const {t}* b, {t}* o, i64 n, i64 cols) {{
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x) {{
+        o[i] = o[i] + b[i % cols];
+    }}
+}}
+"""
+#: The dtypes of the bias kernels.
+BIAS_DTYPES = (DType.F32, DType.F64)
 
 _UNARY_KERNEL = r"""
 extern "C" __global__ void eu_{op}_{sfx}(const {t}* x, {t}* o, i64 n) {{
@@ -349,6 +364,11 @@ def unary_kernel_name(op: str, dtype: DType) -> str:
     return f"eu_{op}_{_SUFFIX[dtype]}"
 
 
+def bias_kernel_name(dtype: DType) -> str:
+    """The entry point of the in-place bias add on ``dtype`` (``eb_add_f32``)."""
+    return f"eb_add_{_SUFFIX[dtype]}"
+
+
 def row_kernel_name(op: str, dtype: DType) -> str:
     """The entry point of the row ``op`` on ``dtype`` (``row_softmax_f32``)."""
     return f"row_{op}_{_SUFFIX[dtype]}"
@@ -362,6 +382,9 @@ def row_block(n: int) -> tuple[int]:
 
 def _source() -> str:
     parts = [_HEADER, _ROW_COMMON, PERMUTE_SOURCE]
+    for dtype in BIAS_DTYPES:
+        sfx = _SUFFIX[dtype]
+        parts.append(_BIAS_KERNEL.format(sfx=sfx, t=_TYPES[sfx][0]))
     for sfx, (t, acc) in _TYPES.items():
         f = "f" if acc == "float" else ""
         for op, expr in OPS.items():
@@ -398,7 +421,8 @@ class ElementwiseProgram(RawProgram):
 
     def function(self, op: str, dtype: DType) -> Any:
         """The loaded kernel of ``op`` on ``dtype``, or None (CuPy's path then): a binary op
-        by its name, a unary op as ``u_<op>``, a row op as ``row_<op>``."""
+        by its name, a unary op as ``u_<op>``, a row op as ``row_<op>``, the bias add as
+        ``bias_add``."""
         fn = self._functions.get((op, dtype))
         if fn is None and not self._started:
             self.start()
@@ -439,6 +463,8 @@ class ElementwiseProgram(RawProgram):
             for op in OPS
             for dtype in _SUFFIX
         }
+        for dtype in BIAS_DTYPES:
+            functions["bias_add", dtype] = module.get_function(bias_kernel_name(dtype))
         for bits in _WIDTHS:
             for wide in (False, True):
                 name = permute_kernel_name(bits // 8, wide)

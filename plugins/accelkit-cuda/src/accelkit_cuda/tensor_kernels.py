@@ -12,6 +12,7 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.sdk import Operand, TensorKernels, buffer_of
 from accelkit.tensor import Tensor
+from accelkit_cuda import blas
 from accelkit_cuda import cupy_tensor as ck
 from accelkit_cuda.fast_elementwise import (
     BLOCK,
@@ -21,7 +22,7 @@ from accelkit_cuda.fast_elementwise import (
     permute_args,
     row_block,
 )
-from accelkit_cuda.submit import CUDAComponent, block_error, storage, xa
+from accelkit_cuda.submit import CUDAComponent, block_error, numpy_dtype, storage, xa
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -52,6 +53,13 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self.fast = ElementwiseProgram(backend)
         #: Raw launches' (grid, int64 count) per element count (:meth:`_raw_config`).
         self._raw_configs: dict[int, tuple[tuple[int], Any]] = {}
+        #: :meth:`_raw_linear`'s cuBLAS plan, grid, element count and row length per
+        #: (rows, n, k), and its (cudaDataType, compute type) per (dtype, tf32).
+        self._linear_configs: dict[tuple[int, int, int], tuple[Any, ...]] = {}
+        self._linear_types: dict[tuple[DType, bool], tuple[int, int | None]] = {}
+        #: Whether eager GEMMs take cuBLAS's workspace route (``ACCELKIT_CUDA_GEMM_WORKSPACE``,
+        #: read once here: :meth:`_raw_linear` reads it per call otherwise).
+        self._gemm_route = blas.eager_route(-1, False)
 
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
@@ -200,11 +208,77 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
 
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor) -> None:
         tf32 = self.backend.allow_tf32
+        if self._raw_linear(x, weight, bias, out, tf32):
+            return
         self.launch(
             lambda: ck.linear(storage(x), storage(weight), xa(bias), storage(out), tf32),
             (x, weight, bias),
             (out,), what="linear",
         )  # fmt: skip
+
+    def _raw_linear(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, tf32: bool
+    ) -> bool:
+        """``x @ weight.T (+ bias)`` as cuBLAS's GEMM on the blocks' pointers (the batch folded
+        into the rows), then the bias added in place by one raw kernel: the submission thread
+        makes no CuPy array, no view and no ufunc dispatch for it (``cupy_tensor.linear``'s
+        path, 190-310 us of that thread a call on an H100 host, 2026-11-27). The same
+        arithmetic as that path: the GEMM into the output with F32 (F64) accumulation, an
+        F32/F64 bias added in the output's dtype. False (nothing queued: that path serves)
+        where cuBLAS has not been found yet (the first GEMM, on the submission thread, finds
+        it), for an F16/BF16 bias (added to the F32 product there), mixed dtypes, an empty
+        operand, ``ACCELKIT_CUDA_GEMM_WORKSPACE=0``, or the bias kernel not loaded yet."""
+        dt = out.dtype
+        if not blas.ready() or x.dtype is not dt or weight.dtype is not dt or not out.size:
+            return False
+        if x.ndim == 0 or weight.ndim != 2 or not self._gemm_route:
+            return False
+        types = self._linear_types.get((dt, tf32))
+        if types is None:
+            in_type = blas.type_of(numpy_dtype(dt))
+            compute = None if in_type is None else blas.compute_type(in_type, in_type, tf32)
+            types = self._linear_types[dt, tf32] = (in_type or 0, compute)
+        in_type, compute = types
+        if compute is None:
+            return False
+        k, n = x.shape[-1], weight.shape[0]
+        if not k or weight.shape[1] != k:
+            return False
+        rows = x.size // k
+        fn = None
+        if bias is not None:
+            if bias.dtype is not dt or bias.shape != (n,):
+                return False
+            fn = self.fast.function("bias_add", dt)
+            if fn is None:
+                return False
+        key = (rows, n, k)
+        config = self._linear_configs.get(key)
+        if config is None:
+            if len(self._linear_configs) >= _RAW_CONFIGS:
+                self._linear_configs.clear()
+            config = self._linear_configs[key] = (
+                blas.linear_plan(rows, n, k),
+                grid_for(rows * n),
+                np.int64(rows * n),
+                np.int64(n),
+            )
+        p, grid, count, cols = config
+        bx, bw, bo = buffer_of(x).handle, buffer_of(weight).handle, buffer_of(out).handle
+        bb = None if bias is None else buffer_of(bias).handle
+        stream = self.current_stream
+
+        def run() -> None:
+            px, pw, po = bx.ptr, bw.ptr, bo.ptr
+            pb = 1 if bb is None else bb.ptr
+            if not (px and pw and po and pb):
+                raise block_error(next(b for b in (bx, bw, bo, bb) if b is not None and not b.ptr))
+            blas.gemm_ptrs(cp, p, px, pw, po, in_type, in_type, compute)
+            if fn is not None:
+                fn(grid, _BLOCK, (_uintp(pb), _uintp(po), count, cols), stream=stream.cp)
+
+        self.launch(run, (x, weight, bias), (out,), what="linear")
+        return True
 
     # -- reductions -------------------------------------------------------------------------------
     def reduce(
