@@ -174,3 +174,38 @@ async def test_a_chain_of_raw_linears_and_permutes_is_numpys(
     assert block.count("cublasGemmEx") == 6
     assert block.count("launch eb_add_f32") == 6
     assert block.count("launch perm32_i32") == 4
+
+
+async def test_a_fused_launch_passes_pointers_not_arrays(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused kernels' launches (here the f32 flash attention kernel) get each tensor as
+    its block's device pointer, as CuPy passes an array's, without a CuPy array made for it."""
+    from accelkit.sdk import buffer_of
+
+    seen: list[tuple[str, tuple[Any, ...], list[str]]] = []
+    plain = fake_cupy.Function.__call__
+
+    def call(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        seen.append((self.name, tuple(args), _names()))
+        plain(self, grid, block, args, **kwargs)
+
+    monkeypatch.setattr(fake_cupy.Function, "__call__", call)
+    rng = np.random.default_rng(7)
+    q_h, k_h, v_h = (rng.standard_normal((1, 2, 5, 8)).astype(np.float32) for _ in range(3))
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        q, k, v = f.from_host(q_h), f.from_host(k_h), f.from_host(v_h)
+        await backend.synchronize()
+        fake_cupy.CALLS.clear()
+        out = ops.attention(q, k, v, causal=True)
+        await backend.synchronize()
+        ptrs = [buffer_of(t).handle.ptr for t in (q, k, v, out)]
+    finally:
+        await backend.shutdown()
+    ((name, args, before),) = [s for s in seen if s[0].startswith("flash_attention")]
+    assert name == "flash_attention_f32"
+    assert [int(a) for a in args[:4]] == ptrs
+    assert all(type(a) is np.uintp for a in args[:4])
+    assert not [n for n in before if n.startswith("ndarray")], before

@@ -27,6 +27,7 @@ from accelkit.sdk import (
     GeluApproximation,
     RandomDraw,
     SamplingParams,
+    buffer_of,
     rotary_inv_freq,
 )
 from accelkit.tensor import Tensor
@@ -39,7 +40,7 @@ from accelkit_cuda.cuda_fused import (
 )
 from accelkit_cuda.factory_kernels import device_draw, random_dtype
 from accelkit_cuda.flash_attention import geometry, launch_args
-from accelkit_cuda.submit import CUDAComponent, storage
+from accelkit_cuda.submit import CUDAComponent, block_error, storage
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -56,8 +57,20 @@ def _ptr(t: Tensor | None) -> Any:
 
 
 def _resolve(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Kernel arguments with tensors replaced by their CuPy arrays (submission thread)."""
-    return tuple(storage(a) if type(a) is Tensor else a for a in args)
+    """Kernel arguments with tensors replaced by their device pointers (submission thread):
+    what CuPy passes a raw kernel for an array, without making one (an ``UnownedMemory``, a
+    ``MemoryPointer`` and an ``ndarray`` a tensor, each launch: the attention launch passes
+    four). A non-empty tensor whose block has no memory raises its allocation's error, as
+    making its array did."""
+    return tuple(_pointer(a) if type(a) is Tensor else a for a in args)
+
+
+def _pointer(t: Tensor) -> Any:
+    block = buffer_of(t).handle
+    ptr = block.ptr
+    if ptr or not t.size:  # an empty tensor's array has a null pointer too
+        return np.uintp(ptr)
+    raise block_error(block)
 
 
 class FusedProgram:
