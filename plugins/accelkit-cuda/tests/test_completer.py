@@ -15,6 +15,7 @@ import importlib
 import threading
 import time
 import weakref
+from typing import Any
 
 import anyio
 import fake_cupy
@@ -28,18 +29,23 @@ pytestmark = pytest.mark.anyio
 plugin = test_offloop.plugin
 
 
+async def _open_with_x(plugin: Plugin) -> tuple[Any, Any, Any, Any]:
+    """An open backend over the stand-in, its TensorOps, ``x`` (0..15, f32, on the device)
+    and its default stream, everything queued so far complete."""
+    backend = await _open(plugin)
+    x = backend.tensor_factory.from_host(np.arange(16, dtype=np.float32))
+    await backend.synchronize()
+    return backend, backend.tensor_ops, x, backend.default_stream
+
+
 @pytest.mark.parametrize("mode", ["each", "newest"])
 async def test_a_backlog_completes_in_one_round_with_newest(
     plugin: Plugin, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     stream_mod = importlib.import_module("accelkit_cuda.stream")
     monkeypatch.setattr(stream_mod, "COMPLETER", mode)
-    backend = await _open(plugin)
+    backend, ops, x, stream = await _open_with_x(plugin)
     try:
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x = f.from_host(np.arange(16, dtype=np.float32))
-        await backend.synchronize()
-        stream = backend.default_stream
         gate = threading.Event()
         real = fake_cupy.Event.synchronize
 
@@ -128,16 +134,13 @@ def _gated(backend: object) -> threading.Event:
 
 async def test_a_chain_of_positions_shares_one_event(plugin: Plugin) -> None:
     stream_mod = importlib.import_module("accelkit_cuda.stream")
-    backend = await _open(plugin)
+    backend, ops, x, stream = await _open_with_x(plugin)
     try:
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x = f.from_host(np.arange(16, dtype=np.float32))
         y = x
         for _ in range(41):  # the pool's blocks, allocated now (a cudaMalloc is a closure
             y = ops.add(y, x)  # of the thread's own, not the stream's: it ends a chain)
         del y
         await backend.synchronize()
-        stream = backend.default_stream
         events, first = stream.events_recorded, stream.submitted
         gate = _gated(backend)
 
@@ -166,12 +169,8 @@ async def test_a_chain_of_positions_shares_one_event(plugin: Plugin) -> None:
 
 
 async def test_another_closure_next_finds_every_earlier_end_recorded(plugin: Plugin) -> None:
-    backend = await _open(plugin)
+    backend, ops, x, stream = await _open_with_x(plugin)
     try:
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x = f.from_host(np.arange(16, dtype=np.float32))
-        await backend.synchronize()
-        stream = backend.default_stream
         gate = _gated(backend)
         ops.add(x, x)
         ops.add(x, x)
@@ -200,12 +199,8 @@ async def test_a_fault_told_by_a_shared_event_is_raised_for_each_position_it_cov
     of them raises the error (not only an await of the one whose event reported it)."""
     from accelkit.errors import AccelError
 
-    backend = await _open(plugin)
+    backend, ops, x, stream = await _open_with_x(plugin)
     try:
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x = f.from_host(np.arange(16, dtype=np.float32))
-        await backend.synchronize()
-        stream = backend.default_stream
         plain = fake_cupy.Event.synchronize
         failing: list[object] = []
 
