@@ -57,7 +57,7 @@ step doctor 90 $PY -m accelkit doctor
 # where the eager block's time goes: closures, cProfile inside them, every kernel (about 30 s)
 TAILN=120 step profile 90 $PY benchmarks/profile_cuda_block.py
 # its summary (about 24 lines: GEMMs, attention, host times, the block, its step timelines)
-TAILN=32 step bench 120 $PY benchmarks/bench_cuda.py
+TAILN=36 step bench 120 $PY benchmarks/bench_cuda.py
 TAILN=24 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
 # the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
 TAILN=10 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py

@@ -4,6 +4,7 @@ and lines the GPU check keeps whole. The figures themselves need a GPU."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -99,3 +100,89 @@ async def test_the_gemm_figures_run_on_both_routes(
     assert gemms == 3 * bench_cuda.GEMM_CALLS * (1 + 7 + 1)
     # Warm-up, 7 rounds, the device-time calls: GEMM_CALLS each, on each of the 5 routes.
     assert len(calls) == 5 * bench_cuda.GEMM_CALLS * (1 + 7 + 1)
+
+
+class _BlockTensor(_TorchTensor):
+    """What bench_core._torch_block asks of a PyTorch tensor, on NumPy (float64)."""
+
+    def __add__(self, other: _BlockTensor) -> _BlockTensor:
+        return _BlockTensor(self.a + other.a)
+
+    def __getitem__(self, i: int) -> _BlockTensor:
+        return _BlockTensor(self.a[i])
+
+    def cuda(self) -> _BlockTensor:
+        return _BlockTensor(self.a.astype(np.float64))
+
+    def cpu(self) -> _BlockTensor:
+        return self
+
+    def view(self, *shape: int) -> _BlockTensor:
+        return _BlockTensor(self.a.reshape(shape))
+
+    reshape = view
+
+    def permute(self, *axes: int) -> _BlockTensor:
+        return _BlockTensor(self.a.transpose(axes))
+
+    def transpose(self, i: int, j: int) -> _BlockTensor:
+        return _BlockTensor(np.swapaxes(self.a, i, j))
+
+
+def _block_torch(calls: list[str]) -> types.ModuleType:
+    """A stand-in PyTorch for ``_torch_block``: the functions it calls, in NumPy."""
+    torch = types.ModuleType("torch")
+    torch.from_numpy = _BlockTensor  # type: ignore[attr-defined]
+    torch.inference_mode = lambda: contextlib.nullcontext()  # type: ignore[attr-defined]
+
+    def layer_norm(x: Any, shape: Any, g: Any, b: Any, eps: float) -> _BlockTensor:
+        calls.append("layer_norm")
+        mu = x.a.mean(-1, keepdims=True)
+        var = ((x.a - mu) ** 2).mean(-1, keepdims=True)
+        return _BlockTensor((x.a - mu) / np.sqrt(var + eps) * g.a + b.a)
+
+    def linear(x: Any, w: Any, b: Any) -> _BlockTensor:
+        calls.append("linear")
+        return _BlockTensor(x.a @ w.a.T + b.a)
+
+    def sdpa(q: Any, k: Any, v: Any, is_causal: bool) -> _BlockTensor:
+        calls.append("sdpa")
+        s = q.a @ np.swapaxes(k.a, -1, -2) / np.sqrt(q.a.shape[-1])
+        n = s.shape[-1]
+        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return _BlockTensor(p / p.sum(-1, keepdims=True) @ v.a)
+
+    def gelu(x: Any, approximate: str) -> _BlockTensor:
+        a = x.a
+        return _BlockTensor(0.5 * a * (1 + np.tanh(0.7978845608028654 * (a + 0.044715 * a**3))))
+
+    torch.nn = types.SimpleNamespace(  # type: ignore[attr-defined]
+        functional=types.SimpleNamespace(
+            layer_norm=layer_norm, linear=linear, scaled_dot_product_attention=sdpa, gelu=gelu
+        )
+    )
+    return torch
+
+
+async def test_the_tiny_block_figure_runs(plugin: Plugin, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_cuda's host-bound figure (bench_core's block at 1 x 8 x 32 against PyTorch eager):
+    both sides run the block each round and the line says the ratio."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("bench_core", "bench_cuda", "bench_host", "bench_cuda_attention"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    calls: list[str] = []
+    torch = _block_torch(calls)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    bench_cuda = importlib.import_module("bench_cuda")
+    monkeypatch.setattr(bench_cuda, "BLOCK_ROUNDS", 3)
+    backend = await _open(plugin)
+    try:
+        line = await bench_cuda._tiny_block(backend, torch)
+    finally:
+        await backend.shutdown()
+    assert line.startswith("tiny transformer block [1,8,32] f32, each awaited"), line
+    assert line.endswith("x torch"), line
+    assert len(line) < 390
+    assert calls.count("sdpa") >= 3  # PyTorch's side ran every round
+    assert calls.count("linear") == 4 * calls.count("sdpa")
