@@ -68,6 +68,8 @@ CASES: list[Case] = [
      lambda a, b: np.sum(a, -1)),
     ("linear", lambda o, a, b: o.linear(a, b), lambda t, a, b: t.nn.functional.linear(a, b),
      lambda a, b: a @ b.T),
+    ("permute", lambda o, a, b: o.permute(a, (1, 0)),
+     lambda t, a, b: t.permute(a, (1, 0)).contiguous(), lambda a, b: np.ascontiguousarray(a.T)),
 ]  # fmt: skip
 
 
@@ -95,7 +97,10 @@ class ThreadCPU:
                 finally:
                     self.ns += time.thread_time_ns() - t0
 
-            plain(thread, timed, owner)
+            if owner is None:  # (a tree before the stream tag, for a comparison, too)
+                plain(thread, timed)
+            else:
+                plain(thread, timed, owner)
 
         thread.__dict__["submit"] = submit
         return self
@@ -232,14 +237,20 @@ def install_cuda_standin() -> None:
     props = driver.DeviceProps(0, "Stand-in GPU", 1 << 30, attrs, 12040)
 
     class Calls(fake_cupy.Cublas):
-        """The stand-in's cuBLAS, its GEMMs computing nothing: the host path alone is timed."""
+        """The stand-in's cuBLAS, its calls not recorded, its GEMMs computed (NumPy, float64)
+        while :data:`STANDIN_GEMMS` says so: :func:`block_host` turns that off while it times
+        (the host path alone), the small ops' answers are checked with it on."""
 
         def _note(self, name: str, args: tuple[Any, ...]) -> None:
             return None
 
-        @staticmethod
-        def _gemm(*args: Any) -> None:
-            return None
+        def gemm_ex(self, *args: Any) -> None:
+            if STANDIN_GEMMS[0]:
+                super().gemm_ex(*args)
+
+        def gemm_strided_batched_ex(self, *args: Any) -> None:
+            if STANDIN_GEMMS[0]:
+                super().gemm_strided_batched_ex(*args)
 
     from accelkit_cuda import blas
 
@@ -282,6 +293,8 @@ async def open_bench_backend(name: str) -> AsyncIterator[Any]:
 
 #: Run after each timed block of accelkit's side (the stand-in's call records are dropped).
 STANDIN_SYNC: list[Callable[[], None]] = []
+#: Whether the stand-in's cuBLAS computes its GEMMs (:func:`install_cuda_standin`).
+STANDIN_GEMMS = [True]
 
 
 async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> list[str]:
@@ -290,7 +303,8 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
     process's CPU time (every thread: the caller, a submission thread, a completer) a block,
     each block awaited, median of ``rounds`` rounds of ``blocks``; on CUDA also the stream's
     end-of-position events and completer rounds a block. ``--standin`` runs it over the
-    stand-ins for CuPy and cuBLAS (whose GEMMs then compute nothing: only the calls)."""
+    stand-ins for CuPy and cuBLAS (whose GEMMs compute nothing while it times: only the
+    calls)."""
     from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
 
     cfg = BlockConfig(batch=1, seq=8, width=32, heads=2)
@@ -306,17 +320,27 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
         for _ in range(10):
             await transformer_block(backend, x, w, cfg).to_host()
         stream = getattr(backend, "default_stream", None)
-        for _ in range(rounds):
-            before = (getattr(stream, "events_recorded", 0), getattr(stream, "completer_rounds", 0))
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(blocks):
-                await transformer_block(backend, x, w, cfg).to_host()
-            walls.append((time.perf_counter() - t0) / blocks * 1e6)
-            cpus.append((time.process_time() - c0) / blocks * 1e6)
-            after = (getattr(stream, "events_recorded", 0), getattr(stream, "completer_rounds", 0))
-            counts.append(((after[0] - before[0]) / blocks, (after[1] - before[1]) / blocks))
-            for clear in STANDIN_SYNC:
-                clear()
+        STANDIN_GEMMS[0] = False  # (the stand-in's: its GEMMs' NumPy is not the host path)
+        try:
+            for _ in range(rounds):
+                before = (
+                    getattr(stream, "events_recorded", 0),
+                    getattr(stream, "completer_rounds", 0),
+                )
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(blocks):
+                    await transformer_block(backend, x, w, cfg).to_host()
+                walls.append((time.perf_counter() - t0) / blocks * 1e6)
+                cpus.append((time.process_time() - c0) / blocks * 1e6)
+                after = (
+                    getattr(stream, "events_recorded", 0),
+                    getattr(stream, "completer_rounds", 0),
+                )
+                counts.append(((after[0] - before[0]) / blocks, (after[1] - before[1]) / blocks))
+                for clear in STANDIN_SYNC:
+                    clear()
+        finally:
+            STANDIN_GEMMS[0] = True
         device = str(backend.device) + (" (stand-ins for CuPy and cuBLAS)" if STANDIN_SYNC else "")
     line = (
         f"transformer block 1x8x32 on {backend_name} ({device}): wall"

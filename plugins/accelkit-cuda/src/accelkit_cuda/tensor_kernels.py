@@ -35,6 +35,7 @@ _uintp = np.uintp
 _RAW_CONFIGS = 256
 _FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
 _MAX_ROWS = (1 << 31) - 1  # grid.x of a row kernel
+_UNKNOWN: Any = object()  # a key not in a table yet
 
 
 def range_error(op: str, what: str, low: int, high: int) -> Any:
@@ -53,6 +54,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self.fast = ElementwiseProgram(backend)
         #: Raw launches' (grid, int64 count) per element count (:meth:`_raw_config`).
         self._raw_configs: dict[int, tuple[tuple[int], Any]] = {}
+        #: :meth:`permute`'s kernel arguments per (shape, axes, dtype) (:meth:`_permute_config`).
+        self._permute_configs: dict[Any, tuple[bool, tuple[int], tuple[Any, ...]] | None] = {}
         #: :meth:`_raw_linear`'s cuBLAS plan, grid, element count and row length per
         #: (rows, n, k), and its (cudaDataType, compute type) per (dtype, tf32).
         self._linear_configs: dict[tuple[int, int, int], tuple[Any, ...]] = {}
@@ -298,15 +301,45 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         def fallback() -> None:
             cp.copyto(storage(out), cp.transpose(storage(x), axes))
 
-        found = permute_args(x.shape, axes)
-        if found is not None and x.dtype.itemsize in (1, 2, 4, 8):
-            wide, (n, *rest) = found
+        key = (x.shape, axes, x.dtype)
+        config = self._permute_configs.get(key, _UNKNOWN)
+        if config is _UNKNOWN:
+            config = self._permute_config(key)
+        if config is not None:
+            wide, grid, tail = config
             fn = self.fast.permute_function(x.dtype.itemsize, wide)
-            if fn is not None:
-                tail = (np.int64(n), *(np.int64(v) for v in rest))
-                self._launch_ptrs(fn, "permute", (x,), (), out, grid_for(n), _BLOCK, tail, fallback)
+            if fn is not None:  # (_launch_ptrs's closure, for one input: a few us less)
+                bx, bo = buffer_of(x).handle, buffer_of(out).handle
+                stream = self.current_stream
+
+                def run() -> None:
+                    px, po = bx.ptr, bo.ptr
+                    if px and po:
+                        fn(grid, _BLOCK, (_uintp(px), _uintp(po), *tail), stream=stream.cp)
+                    else:
+                        fallback()
+
+                self.launch(run, (x,), (out,), what="permute")
                 return
         self.launch(fallback, (x,), (out,), what="permute")
+
+    def _permute_config(
+        self, key: tuple[tuple[int, ...], tuple[int, ...], DType]
+    ) -> tuple[bool, tuple[int], tuple[Any, ...]] | None:
+        """:meth:`permute`'s kernel arguments for (shape, axes, dtype), kept (at most
+        :data:`_RAW_CONFIGS`; the table starts over when full): the index width, the grid and
+        the int64 arguments, or None (CuPy's path: more than four dims, no element, 16-byte
+        elements). Computed on the caller's thread once per shape, not per call."""
+        shape, axes, dtype = key
+        found = permute_args(shape, axes) if dtype.itemsize in (1, 2, 4, 8) else None
+        config = None
+        if found is not None:
+            wide, args = found
+            config = (wide, grid_for(args[0]), tuple(np.int64(v) for v in args))
+        if len(self._permute_configs) >= _RAW_CONFIGS:
+            self._permute_configs.clear()
+        self._permute_configs[key] = config
+        return config
 
     def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
         self.launch(
