@@ -149,9 +149,10 @@ SHARES: dict[str, float] = {
     "conformance[isolated:opencl]": 300,
     "conformance[example]": 120,
     "plugin accelkit-webgpu": 90,
-    # 108 s in a whole `.ci/run` on 2 cores (2026-11-27): the NVRTC compile checks of the
-    # split-KV kernel's 24 variants and the block diagnosis over the stand-in
-    "plugin accelkit-cuda": 180,
+    # 170 s in a whole `.ci/run` on 2 cores (2026-11-27, two parts at a time): the NVRTC
+    # compile checks (the split-KV kernel's 24 variants, the permute kernels, built for the
+    # host too) and the block diagnosis over the stand-in
+    "plugin accelkit-cuda": 240,
     "lint": 60,
     # measured 2026-11-26 alone on a 2-core machine: 14 s (mkdocs build --strict 13 s, the check 1 s)
     "docs": 60,

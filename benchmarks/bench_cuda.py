@@ -51,7 +51,9 @@ from accelkit.workloads import BlockConfig, block_weights, transformer_block, up
 # Beside this script: the small-op cases and their timing, and PyTorch's transformer block.
 from bench_core import _torch_block, block_timeline, describe_timeline  # isort: skip
 from bench_cuda_attention import device_ms, torch_device_ms  # isort: skip
-from bench_host import CASES, ThreadCPU, host_times, profile_lines, python_work  # isort: skip
+from bench_host import (  # isort: skip
+    CASES, TINY_BLOCK, ThreadCPU, host_times, profile_lines, python_work,
+)  # fmt: skip
 
 STEPS = 5
 GEMM_N = 8192
@@ -112,9 +114,10 @@ async def _tiny_block(backend: ak.ComputeBackend, torch: Any) -> str:
     eager: both sides' device work is a few microseconds, so the ratio is the host paths'
     (the caller's, the submission thread's and the completer's against PyTorch's one
     thread); ``bench_host.py --block`` times accelkit's side without a GPU."""
-    cfg = BlockConfig(batch=1, seq=8, width=32, heads=2)
+    cfg = BlockConfig(**TINY_BLOCK)
     w_h = block_weights(cfg)
-    x_h = np.random.default_rng(3).standard_normal((1, 8, 32)).astype(np.float32)
+    x_h = np.random.default_rng(3).standard_normal((cfg.batch, cfg.seq, cfg.width))
+    x_h = x_h.astype(np.float32)
     w = upload_weights(backend, w_h)
     x = backend.tensor_factory.from_host(x_h)
     tw = {k: torch.from_numpy(v).cuda() for k, v in w_h.items()}

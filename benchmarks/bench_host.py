@@ -75,39 +75,28 @@ CASES: list[Case] = [
 
 class ThreadCPU:
     """The CPU time a backend's submission thread (CUDA's: ``backend.thread``) spends in the
-    closures queued while it is on (``thread_time`` around each, on that thread): the other
-    half of an op's host cost, which the caller's clock does not see and which, on a GPU,
-    competes with the caller for the interpreter lock. ``per_call`` divides it by the calls."""
+    closures queued while it is on (:meth:`SubmissionThread.start_trace` with
+    ``time.thread_time``): the other half of an op's host cost, which the caller's clock does
+    not see and which, on a GPU, competes with the caller for the interpreter lock. Read
+    :attr:`ns` once the closures have run (after a synchronize); nothing on a backend without
+    a submission thread."""
 
     def __init__(self, backend: Any) -> None:
         self.thread = getattr(backend, "thread", None)
-        self.ns = 0
+        self._trace: list[tuple[float, float, float]] = []
+
+    @property
+    def ns(self) -> float:
+        return sum(end - start for _, start, end in self._trace) * 1e9
 
     def __enter__(self) -> ThreadCPU:
-        thread = self.thread
-        if thread is None:
-            return self
-        plain = type(thread).submit
-
-        def submit(fn: Callable[[], None], owner: object = None) -> None:
-            def timed() -> None:
-                t0 = time.thread_time_ns()
-                try:
-                    fn()
-                finally:
-                    self.ns += time.thread_time_ns() - t0
-
-            if owner is None:  # (a tree before the stream tag, for a comparison, too)
-                plain(thread, timed)
-            else:
-                plain(thread, timed, owner)
-
-        thread.__dict__["submit"] = submit
+        if self.thread is not None:
+            self._trace = self.thread.start_trace(time.thread_time)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.thread is not None:
-            self.thread.__dict__.pop("submit", None)
+            self.thread.stop_trace()
 
 
 #: The clock of the timed blocks: wall time, or with ``--cpu-time`` the calling thread's CPU
@@ -297,6 +286,11 @@ STANDIN_SYNC: list[Callable[[], None]] = []
 STANDIN_GEMMS = [True]
 
 
+#: bench_core's block at a size whose device work is negligible: what the host paths cost
+#: (:func:`block_host`; bench_cuda.py's tiny block against PyTorch).
+TINY_BLOCK = {"batch": 1, "seq": 8, "width": 32, "heads": 2}
+
+
 async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> list[str]:
     """The host's cost of bench_core's transformer block at a tiny size (1 x 8 x 32, 2 heads:
     the device's work is negligible, the host path is what is timed): wall time and the
@@ -307,7 +301,7 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
     calls)."""
     from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
 
-    cfg = BlockConfig(batch=1, seq=8, width=32, heads=2)
+    cfg = BlockConfig(**TINY_BLOCK)
     rng = np.random.default_rng(3)
     x_h = rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
     walls, cpus, counts = [], [], []

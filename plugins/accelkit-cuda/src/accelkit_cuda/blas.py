@@ -55,6 +55,7 @@ from accelkit_cuda import capturing
 __all__ = [
     "WORKSPACE_BYTES", "Cublas", "compute_type", "gemm_ptrs", "linear_plan", "matmul",
     "matmul_into", "plan", "prepare", "ready", "scalars", "type_of", "workspace_bytes",
+    "workspace_route",
 ]  # fmt: skip
 
 #: PyTorch's cuBLAS workspace on compute capability 9.0 and newer (CUBLAS_WORKSPACE_CONFIG
@@ -348,8 +349,11 @@ def eager_route(in_type: int, tf32: bool) -> bool:
     :func:`matmul_into` (where its layout is one :func:`plan` takes): by default every one;
     with ``ACCELKIT_CUDA_GEMM_WORKSPACE=0`` only TF32 ones (``cupy.matmul`` serves the rest;
     a way back should a GPU run find this route slower somewhere)."""
-    if tf32 and in_type == _R_32F:
-        return True
+    return (tf32 and in_type == _R_32F) or workspace_route()
+
+
+def workspace_route() -> bool:
+    """False where ``ACCELKIT_CUDA_GEMM_WORKSPACE=0`` turns the eager workspace route off."""
     return os.environ.get("ACCELKIT_CUDA_GEMM_WORKSPACE", "").strip() != "0"
 
 
@@ -401,7 +405,7 @@ def matmul(a: Any, b: Any, out: Any = None, tf32: bool = False, wide: bool = Fal
     compute = compute_type(in_type, out_type, tf32)
     if compute is None:
         return None
-    _launch(cp, a, b, res, p, in_type, out_type, compute, 1.0, 0.0)
+    gemm_ptrs(cp, p, a.data.ptr, b.data.ptr, res.data.ptr, in_type, out_type, compute)
     if result_shape is not None:
         res = res.reshape(result_shape)
     for axis in sorted(squeeze):
@@ -445,17 +449,9 @@ def matmul_into(
         return False
     import cupy as cp
 
-    _launch(cp, a, b, out, p, in_type, out_type, compute, alpha, beta)
-    return True
-
-
-def _launch(
-    cp: Any, a: Any, b: Any, out: Any, p: tuple[Any, ...], in_type: int, out_type: int,
-    compute: int, alpha: float, beta: float,
-) -> None:  # fmt: skip
-    """:func:`matmul_into` once checked: ``p`` is :func:`plan`'s for ``a`` and ``b``."""
     gemm_ptrs(cp, p, a.data.ptr, b.data.ptr, out.data.ptr, in_type, out_type, compute, alpha,
               beta)  # fmt: skip
+    return True
 
 
 def ready() -> bool:

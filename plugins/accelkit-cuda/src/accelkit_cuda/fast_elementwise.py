@@ -423,15 +423,15 @@ class ElementwiseProgram(RawProgram):
         """The loaded kernel of ``op`` on ``dtype``, or None (CuPy's path then): a binary op
         by its name, a unary op as ``u_<op>``, a row op as ``row_<op>``, the bias add as
         ``bias_add``."""
-        fn = self._functions.get((op, dtype))
-        if fn is None and not self._started:
-            self.start()
-        return fn
+        return self._get((op, dtype))
 
     def permute_function(self, itemsize: int, wide: bool) -> Any:
         """The loaded permute kernel for elements of ``itemsize`` bytes (64-bit indices if
-        ``wide``), or None (CuPy's path then), as :meth:`function`."""
-        fn = self._functions.get(("perm", itemsize, wide))
+        ``wide``), or None (CuPy's path then)."""
+        return self._get(("perm", itemsize, wide))
+
+    def _get(self, key: tuple[Any, ...]) -> Any:
+        fn = self._functions.get(key)
         if fn is None and not self._started:
             self.start()
         return fn

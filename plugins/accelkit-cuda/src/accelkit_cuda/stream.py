@@ -62,14 +62,9 @@ COMPLETER = (
 COVER_MAX = 16
 
 
-class _Covered:
-    """The completer's entry for a position whose end the next recorded event marks."""
-
-    __repr__ = object.__repr__
-
-
-#: The event of a pending position that has none of its own: a later one's covers it.
-COVERED: Any = _Covered()
+#: The event of a pending position that has none of its own: the next recorded one marks its
+#: end (see :meth:`CUDAStream._recorded`).
+COVERED: Any = object()
 
 OnError = Callable[[AccelError], AccelError]
 #: What other streams a submission waits for: ``(stream, position)`` of each pending writer of

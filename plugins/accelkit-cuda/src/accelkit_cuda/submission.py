@@ -121,24 +121,29 @@ class SubmissionThread:
                 return
         threading.Thread(target=_guarded(fn), name="accelkit-cuda-late", daemon=True).start()
 
-    def start_trace(self) -> list[tuple[float, float, float]]:
+    def start_trace(
+        self, clock: Callable[[], float] = time.perf_counter
+    ) -> list[tuple[float, float, float]]:
         """Until :meth:`stop_trace`, time each closure queued: the list returned gets one
-        ``(queued, started, ended)`` of ``time.perf_counter`` per closure, in the order they
-        run (appended as they end). For the step timeline (``accelkit_cuda.timeline``): the
-        wrapped ``submit`` is an attribute of this instance, so nothing costs anything while
-        no trace runs; while one does, each closure costs three clock reads and a wrapper."""
+        ``(queued, started, ended)`` of ``clock`` per closure, in the order they run (appended
+        as they end; ``queued`` is read on the submitting thread, the others on this one: with
+        a per-thread clock such as ``time.thread_time``, ``ended - started`` is this thread's
+        CPU time in the closure). For the step timeline (``accelkit_cuda.timeline``) and the
+        benchmarks' submission-thread figure: the wrapped ``submit`` is an attribute of this
+        instance, so nothing costs anything while no trace runs; while one does, each closure
+        costs three clock reads and a wrapper."""
         trace: list[tuple[float, float, float]] = []
         plain = SubmissionThread.submit
 
         def submit(fn: Callable[[], None], owner: object = None) -> None:
-            queued = time.perf_counter()
+            queued = clock()
 
             def timed() -> None:
-                started = time.perf_counter()
+                started = clock()
                 try:
                     fn()
                 finally:
-                    trace.append((queued, started, time.perf_counter()))
+                    trace.append((queued, started, clock()))
 
             plain(self, timed, owner)
 

@@ -31,6 +31,7 @@ __all__ = ["CUDATensorKernels", "range_error"]
 
 _BLOCK = (BLOCK,)
 _uintp = np.uintp
+_NULL = np.uintp(0)
 #: How many element counts :meth:`CUDATensorKernels._raw_config` keeps launch configurations for.
 _RAW_CONFIGS = 256
 _FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
@@ -62,7 +63,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self._linear_types: dict[tuple[DType, bool], tuple[int, int | None]] = {}
         #: Whether eager GEMMs take cuBLAS's workspace route (``ACCELKIT_CUDA_GEMM_WORKSPACE``,
         #: read once here: :meth:`_raw_linear` reads it per call otherwise).
-        self._gemm_route = blas.eager_route(-1, False)
+        self._gemm_route = blas.workspace_route()
 
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
@@ -111,20 +112,22 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         """One raw kernel with the pointers of ``inputs``, then of ``optional`` (0 for None),
         then of ``out``, then ``tail``; ``fallback`` (CuPy's path) where a block has no memory
         (a failed allocation: CuPy's path raises its error at the await)."""
-        blocks = [buffer_of(t).handle for t in inputs]
-        extra = [None if t is None else buffer_of(t).handle for t in optional]
-        dest = buffer_of(out).handle
+        # Every block in argument order (None for an absent optional): one pass on each side.
+        blocks = [None if t is None else buffer_of(t).handle for t in (*inputs, *optional, out)]
         stream = self.current_stream
 
         def run() -> None:
-            ptrs = [b.ptr for b in blocks]
-            opt = [0 if b is None else b.ptr for b in extra]
-            if all(ptrs) and dest.ptr and all(b.ptr for b in extra if b is not None):
-                args = (*(np.uintp(p) for p in ptrs), *(np.uintp(p) for p in opt),
-                        np.uintp(dest.ptr), *tail)  # fmt: skip
-                fn(grid, block, args, stream=stream.cp)
-            else:
-                fallback()
+            args = []
+            for b in blocks:
+                if b is None:
+                    args.append(_NULL)
+                    continue
+                ptr = b.ptr
+                if not ptr:
+                    fallback()
+                    return
+                args.append(_uintp(ptr))
+            fn(grid, block, (*args, *tail), stream=stream.cp)
 
         self.launch(run, (*inputs, *optional), (out,), what=what)
 
@@ -308,18 +311,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         if config is not None:
             wide, grid, tail = config
             fn = self.fast.permute_function(x.dtype.itemsize, wide)
-            if fn is not None:  # (_launch_ptrs's closure, for one input: a few us less)
-                bx, bo = buffer_of(x).handle, buffer_of(out).handle
-                stream = self.current_stream
-
-                def run() -> None:
-                    px, po = bx.ptr, bo.ptr
-                    if px and po:
-                        fn(grid, _BLOCK, (_uintp(px), _uintp(po), *tail), stream=stream.cp)
-                    else:
-                        fallback()
-
-                self.launch(run, (x,), (out,), what="permute")
+            if fn is not None:
+                self._launch_ptrs(fn, "permute", (x,), (), out, grid, _BLOCK, tail, fallback)
                 return
         self.launch(fallback, (x,), (out,), what="permute")
 
