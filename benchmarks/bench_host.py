@@ -295,7 +295,10 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
     """The host's cost of bench_core's transformer block at a tiny size (1 x 8 x 32, 2 heads:
     the device's work is negligible, the host path is what is timed): wall time and the
     process's CPU time (every thread: the caller, a submission thread, a completer) a block,
-    each block awaited, median of ``rounds`` rounds of ``blocks``; on CUDA also the stream's
+    each block awaited, median of ``rounds`` rounds of ``blocks``; of it, the caller thread's
+    CPU time submitting a block (the ops' Python: validation, allocation, closures queued),
+    and the Python function calls and bytecodes that submission runs (:func:`python_work`:
+    exact, where a few microseconds move by half between runs); on CUDA also the stream's
     end-of-position events and completer rounds a block. ``--standin`` runs it over the
     stand-ins for CuPy and cuBLAS (whose GEMMs compute nothing while it times: only the
     calls)."""
@@ -304,7 +307,7 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
     cfg = BlockConfig(**TINY_BLOCK)
     rng = np.random.default_rng(3)
     x_h = rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
-    walls, cpus, counts = [], [], []
+    walls, cpus, callers, counts = [], [], [], []
     async with open_bench_backend(backend_name) as backend:
         fast = getattr(getattr(backend.tensor_ops, "kernels", None), "fast", None)
         if fast is not None:
@@ -321,11 +324,16 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
                     getattr(stream, "events_recorded", 0),
                     getattr(stream, "completer_rounds", 0),
                 )
+                caller = 0.0
                 t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(blocks):
-                    await transformer_block(backend, x, w, cfg).to_host()
+                    t = time.thread_time()
+                    y = transformer_block(backend, x, w, cfg)
+                    caller += time.thread_time() - t
+                    await y.to_host()
                 walls.append((time.perf_counter() - t0) / blocks * 1e6)
                 cpus.append((time.process_time() - c0) / blocks * 1e6)
+                callers.append(caller / blocks * 1e6)
                 after = (
                     getattr(stream, "events_recorded", 0),
                     getattr(stream, "completer_rounds", 0),
@@ -333,13 +341,21 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
                 counts.append(((after[0] - before[0]) / blocks, (after[1] - before[1]) / blocks))
                 for clear in STANDIN_SYNC:
                     clear()
+            # Counted in steady state: each block's submission finds the last one's
+            # intermediates released (as in the rounds above, where each block is awaited).
+            work = [0.0, 0.0]
+            for _ in range(3):
+                work = list(python_work(lambda: transformer_block(backend, x, w, cfg), 1))
+                await backend.synchronize()
         finally:
             STANDIN_GEMMS[0] = True
         device = str(backend.device) + (" (stand-ins for CuPy and cuBLAS)" if STANDIN_SYNC else "")
     line = (
         f"transformer block 1x8x32 on {backend_name} ({device}): wall"
         f" {statistics.median(walls):.0f} us, process CPU {statistics.median(cpus):.0f} us a block"
-        f" (median of {rounds} rounds of {blocks})"
+        f" (median of {rounds} rounds of {blocks}); the caller submitting it:"
+        f" {statistics.median(callers):.0f} us CPU, {work[0]:.0f} Python calls,"
+        f" {work[1]:.0f} bytecodes"
     )
     if stream is not None and hasattr(stream, "events_recorded"):
         events, completions = (statistics.median(c[i] for c in counts) for i in (0, 1))

@@ -141,3 +141,54 @@ async def test_the_threads_wake_for_work_after_they_idled(plugin: Plugin) -> Non
         np.testing.assert_array_equal(await x.to_host(), x_h * 32)
     finally:
         await backend.shutdown()
+
+
+async def test_allocation_prunes_only_what_needs_it(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An allocation prunes the streams (five calls) only for a poisoned backend or frees
+    # deferred until other streams pass a point: 20 adds on one stream prune nothing, and a
+    # tensor freed with two streams is still taken back by the next allocation once its
+    # events completed (its block reused: no new cudaMalloc).
+    backend = await test_offloop._open(plugin)
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    await ops.kernels.fast.load()
+    prunes = [0]
+    prune = type(backend).prune_streams
+
+    def counted(self: Any) -> None:
+        prunes[0] += 1
+        prune(self)
+
+    monkeypatch.setattr(type(backend), "prune_streams", counted)
+    a_h = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    try:
+        a, b = f.from_host(a_h), f.from_host(a_h * 2)
+        await backend.synchronize()
+        prunes[0] = 0
+        for _ in range(20):
+            out = ops.add(a, b)
+        np.testing.assert_array_equal(await out.to_host(), a_h * 3)
+        assert prunes[0] == 0
+
+        backend.create_stream()  # two streams: a free waits for both to pass its point
+        big = f.from_host(np.ones((1024, 1024), np.float32))
+        await backend.synchronize()
+        mm.free(big)
+        assert backend._deferred  # the block waits for the streams' events
+        await backend.synchronize()  # (its events complete; synchronize prunes, too)
+        big = f.from_host(np.ones((1024, 1024), np.float32))
+        mm.free(big)
+        assert backend._deferred
+        await backend.default_stream.synchronize()  # completes, without pruning
+        for stream in backend.streams:
+            await stream.synchronize()
+        mallocs = sum(name == "runtime.malloc" for name, _ in fake_cupy.CALLS)
+        prunes[0] = 0
+        again = f.empty((1024, 1024))  # prunes: the deferred free returns, its block reused
+        assert prunes[0] == 1
+        assert not backend._deferred
+        assert sum(name == "runtime.malloc" for name, _ in fake_cupy.CALLS) == mallocs
+        del again
+    finally:
+        await backend.shutdown()

@@ -260,8 +260,10 @@ async def test_bench_hosts_block_figure_runs(
     plugin: Plugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``bench_host.py --backend cuda --standin --block`` (the host's cost of a tiny block):
-    one line, its figures finite, the end events and completer rounds a block counted (one
-    a block at least, the block's 16 closures and the read's at most)."""
+    one line, its figures finite, the caller's share of a block (its CPU time at most the
+    process's; its Python calls and bytecodes, a few per op at least), the end events and
+    completer rounds a block counted (one a block at least, the block's 16 closures and the
+    read's at most)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     monkeypatch.delitem(sys.modules, "bench_host", raising=False)
     bench_host = importlib.import_module("bench_host")
@@ -273,9 +275,15 @@ async def test_bench_hosts_block_figure_runs(
     assert line.startswith("transformer block 1x8x32 on cuda (cuda:0 (stand-ins"), line
     wall = float(line.split("wall ")[1].split(" us")[0])
     cpu = float(line.split("process CPU ")[1].split(" us")[0])
-    events = float(line.split("; ")[1].split(" end events")[0])
+    events = float(line.split("; ")[-1].split(" end events")[0])
     rounds = float(line.split("end events, ")[1].split(" completer")[0])
+    caller = float(line.split("submitting it: ")[1].split(" us CPU")[0])
+    calls = float(line.split("us CPU, ")[1].split(" Python calls")[0])
+    bytecodes = float(line.split("Python calls, ")[1].split(" bytecodes")[0])
     assert wall > 0
     assert cpu > 0
+    assert 0 < caller <= cpu
+    # 21 ops (16 launches, 5 views): each at least a call into TensorOps and its checks.
+    assert 21 * 2 <= calls <= bytecodes
     assert 1 <= events <= 17
     assert 1 <= rounds <= events

@@ -146,7 +146,10 @@ class KernelBase(Generic[S]):
         stream: Any = backend._stream_var.get() or backend._default
         inputs = tuple(inputs)
         outputs = tuple(outputs)
-        seq = self.submit(stream, fn, other_writers(stream, inputs), (inputs, outputs), **options)
+        # With one stream every input's writer is this stream (streams are only added, and a
+        # tensor of an earlier session is refused as stale before it gets here): no deps.
+        deps = [] if len(backend._streams) == 1 else other_writers(stream, inputs)
+        seq = self.submit(stream, fn, deps, (inputs, outputs), **options)
         write = (stream, seq)
         for o in outputs:
             o._stream = stream

@@ -172,6 +172,14 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
         ("(0, 0, 1)", "permutation"),
     ),
     "permute_len": (IAE, lambda o, f, t: o.permute(t.a234, (0, 1)), ("3 axes", "(2, 3, 4)")),
+    # Tuples of ints take a shorter check (the common case): what it must not let through.
+    "permute_bool_axes": (
+        IAE,
+        lambda o, f, t: o.permute(t.a234, (False, True, 2)),
+        ("dims", "bool"),
+    ),
+    "reshape_bool_dim": (IAE, lambda o, f, t: o.reshape(t.a23, (True, 6)), ("shape[0]", "bool")),
+    "reshape_negative": (IAE, lambda o, f, t: o.reshape(t.a23, (-2, -3)), ("shape[0]", ">= -1")),
     "transpose_1d": (IAE, lambda o, f, t: o.transpose(t.v3), ("2 dimensions", "(3,)")),
     "concat_shapes": (IAE, lambda o, f, t: o.concat([t.a23, t.a24], axis=0), ("(2, 4)", "(2, 3)")),
     "concat_empty": (IAE, lambda o, f, t: o.concat([]), ("at least one",)),
@@ -441,6 +449,8 @@ async def test_freed_tensors_raise_stale_handle(backend: ComputeBackend) -> None
     assert "freed" in repr(t)
     refuses(backend, StaleHandleError, lambda: ops.relu(t), "freed")
     refuses(backend, StaleHandleError, lambda: ops.add(live22, view), "b", "freed")
+    refuses(backend, StaleHandleError, lambda: ops.reshape(t, (4, 1)), "freed")
+    refuses(backend, StaleHandleError, lambda: ops.permute(view, (1, 0)), "freed")
     refuses(backend, StaleHandleError, lambda: mm.free(t))
     refuses(backend, StaleHandleError, lambda: mm.copy_dtod(t, live4))
     refuses(backend, StaleHandleError, lambda: mm.copy_dtod(live4, t))
