@@ -20,6 +20,7 @@ device events returns completed ones to the pool there).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from math import prod
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from accelkit.dtype import DType
@@ -114,9 +115,7 @@ class KernelBase(Generic[S]):
         if self._prepares:
             self.before_allocation()
         backend = self.backend
-        size = 1
-        for d in shape:
-            size *= d
+        size = prod(shape)
         pool = backend._pool
         if pool is None:
             pool = backend.pool  # raises NotInitializedError, saying why
