@@ -175,11 +175,11 @@ async def test_allocation_prunes_only_what_needs_it(
         big = f.from_host(np.ones((1024, 1024), np.float32))
         await backend.synchronize()
         mm.free(big)
-        assert backend._deferred  # the block waits for the streams' events
+        assert backend.deferred_pending  # the block waits for the streams' events
         await backend.synchronize()  # (its events complete; synchronize prunes, too)
         big = f.from_host(np.ones((1024, 1024), np.float32))
         mm.free(big)
-        assert backend._deferred
+        assert backend.deferred_pending
         await backend.default_stream.synchronize()  # completes, without pruning
         for stream in backend.streams:
             await stream.synchronize()
@@ -187,7 +187,7 @@ async def test_allocation_prunes_only_what_needs_it(
         prunes[0] = 0
         again = f.empty((1024, 1024))  # prunes: the deferred free returns, its block reused
         assert prunes[0] == 1
-        assert not backend._deferred
+        assert not backend.deferred_pending
         assert sum(name == "runtime.malloc" for name, _ in fake_cupy.CALLS) == mallocs
         del again
     finally:

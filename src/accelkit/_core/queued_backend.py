@@ -40,6 +40,12 @@ class QueuedBackend(StreamBackend[S], Generic[S]):
         with self._deferred_lock:
             self._deferred.append((events, fn))
 
+    @property
+    def deferred_pending(self) -> bool:
+        """Whether work given to :meth:`after_events` still waits for its events (run by the
+        next :meth:`prune_streams` that finds them completed)."""
+        return bool(self._deferred)
+
     async def _synchronize(self) -> None:
         await super()._synchronize()
         self.prune_streams()

@@ -141,7 +141,7 @@ class CUDAComponent(KernelBase[CUDAStream]):
         # neither, pruning has nothing to do (a CUDA stream releases its work's references
         # on its completer, not here: _STREAMS_PRUNE), and five calls are saved an op.
         backend = self.backend
-        if backend._poisoned is not None or backend._deferred or _STREAMS_PRUNE:
+        if backend._poisoned is not None or backend.deferred_pending or _STREAMS_PRUNE:
             backend.prune_streams()
 
     def submit(
