@@ -167,7 +167,8 @@ def _block_torch(calls: list[str]) -> types.ModuleType:
 
 async def test_the_tiny_block_figure_runs(plugin: Plugin, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench_cuda's host-bound figure (bench_core's block at 1 x 8 x 32 against PyTorch eager):
-    both sides run the block each round and the line says the ratio."""
+    both sides run the block each round and the line says the ratio, and the CPU time a block
+    of accelkit's caller and submission thread and of PyTorch's thread."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     for name in ("bench_core", "bench_cuda", "bench_host", "bench_cuda_attention"):
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -176,6 +177,7 @@ async def test_the_tiny_block_figure_runs(plugin: Plugin, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "torch", torch)
     bench_cuda = importlib.import_module("bench_cuda")
     monkeypatch.setattr(bench_cuda, "BLOCK_ROUNDS", 3)
+    monkeypatch.setattr(bench_cuda, "SPLIT_BLOCKS", 4)
     backend = await _open(plugin)
     try:
         line = await bench_cuda._tiny_block(backend, torch)
@@ -184,5 +186,9 @@ async def test_the_tiny_block_figure_runs(plugin: Plugin, monkeypatch: pytest.Mo
     assert line.startswith("tiny transformer block [1,8,32] f32, each awaited"), line
     assert line.endswith("x torch"), line
     assert len(line) < 390
-    assert calls.count("sdpa") >= 3  # PyTorch's side ran every round
+    caller = float(line.split("caller ")[1].split(" us")[0])
+    thread = float(line.split("submission thread ")[1].split(" us")[0])
+    theirs = float(line.split("its thread ")[1].split(" us")[0])
+    assert caller > 0 and thread > 0 and theirs >= 0  # (the stand-in for PyTorch: NumPy)
+    assert calls.count("sdpa") >= 3 + 4  # PyTorch's side ran every round, and 4 blocks more
     assert calls.count("linear") == 4 * calls.count("sdpa")
