@@ -151,8 +151,9 @@ SHARES: dict[str, float] = {
     "plugin accelkit-webgpu": 90,
     # 170 s in a whole `.ci/run` on 2 cores (2026-11-27, two parts at a time): the NVRTC
     # compile checks (the split-KV kernel's 24 variants, the permute kernels, built for the
-    # host too) and the block diagnosis over the stand-in
-    "plugin accelkit-cuda": 240,
+    # host too) and the block diagnosis over the stand-in; 211 s on 2026-11-27 (stop 38),
+    # then the f32 tiled attention kernel's text run on the host (about 40 s more)
+    "plugin accelkit-cuda": 300,
     "lint": 60,
     # measured 2026-11-26 alone on a 2-core machine: 14 s (mkdocs build --strict 13 s, the check 1 s)
     "docs": 60,

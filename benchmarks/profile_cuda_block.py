@@ -14,8 +14,9 @@ GPU had 0.8 ms of work (the captured replay). This script says *where*:
    cuBLAS's kernels as well as its own): per step, for accelkit eager, accelkit's captured
    graph and PyTorch eager, the kernels by device time, their count and sum;
 4. a BF16 and an F16 GEMM at 4096 against PyTorch, device time by CUDA events;
-5. the block's causal f32 attention on the flash kernel and on the cuBLAS route: device time,
-   how long 20 calls take to submit and to finish, the error against float64 NumPy;
+5. the block's causal f32 attention on the register-tiled kernel, the warp-per-row kernel and
+   the cuBLAS route: device time, how long 20 calls take to submit and to finish, the error
+   against float64 NumPy (and the engine each ran on);
 6. a paged decode step (``bench_cuda_attention.py``'s: 16 sequences x 4096 tokens, 32/8 heads,
    head dim 128, f16) and PyTorch's dense SDPA over the same keys: every kernel of each.
 
@@ -259,7 +260,8 @@ async def diagnose(
         except Exception as exc:
             say(f"  {name}: not measured ({type(exc).__name__}: {exc})")
 
-    say("[5/6] causal f32 attention at the block's shapes: the flash kernel, the cuBLAS route")
+    say("[5/6] causal f32 attention at the block's shapes: the tiled kernel, the warp-per-row"
+        " kernel, the cuBLAS route")  # fmt: skip
     b, h, sq, hd = cfg.batch, cfg.heads, cfg.seq, cfg.head_dim
     qh = rng.standard_normal((b, h, sq, hd)).astype(np.float32)
     q = f.from_host(qh)
@@ -268,9 +270,13 @@ async def diagnose(
     p = np.exp(scores - scores.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True)) @ qh
     flash = backend._fused_kernels
-    for route in ("flash", "cuBLAS"):
+    simt = backend.flash_simt
+    say(f"  (the tiled kernel: {simt.describe() if simt is not None else 'absent'})")
+    for route in ("tiled", "warp-per-row", "cuBLAS"):
         try:
-            backend._fused_kernels = flash if route == "flash" else None
+            backend._fused_kernels = None if route == "cuBLAS" else flash
+            if simt is not None:
+                simt.enabled = route == "tiled"
             got = await ops.attention(q, q, q, causal=True).to_host()
             err = float(np.max(np.abs(got - want)))
             d = await device_ms(backend, lambda: ops.attention(q, q, q, causal=True), 10)
@@ -280,6 +286,8 @@ async def diagnose(
             t1 = time.perf_counter()
             await backend.synchronize()
             t2 = time.perf_counter()
+            engine = backend.attention_engines.last_route
+            route = f"{route} ({engine.engine if engine and route != 'cuBLAS' else 'composed'})"
             say(f"  {route}: device {d * 1e3:.1f} us a call; 20 calls submitted in"
                 f" {(t1 - t0) * 1e3:.2f} ms, done in {(t2 - t0) * 1e3:.2f} ms; max abs error"
                 f" {err:.1e}")  # fmt: skip
@@ -287,6 +295,8 @@ async def diagnose(
             say(f"  {route}: not measured ({type(exc).__name__}: {exc})")
         finally:
             backend._fused_kernels = flash
+            if simt is not None:
+                simt.enabled = True
 
     say(f"[6/6] a paged decode step ({decode_shape[0]} seqs x {decode_shape[4]} tokens,"
         f" {decode_shape[1]}/{decode_shape[2]} heads, d {decode_shape[3]}, f16): its kernels")  # fmt: skip

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import test_offloop
 from accelkit_cuda import flash_attention as fa
+from accelkit_cuda import flash_simt as fs
 from accelkit_cuda.driver import Attr, DeviceProps
 from nvrtc_checks import assert_compiles_without_spills
 
@@ -500,10 +501,16 @@ async def test_the_verdict_decides_the_attention_route(
             assert note is not None
             assert "max error 3" in note
         q32 = f.from_host(np.zeros((1, 2, 5, 64), np.float32))
-        await backend.kernel_ops.attention(q32, q32, q32).to_host()  # f32: the old kernel
-        assert launches[-1][0] == "flash_attention_f32"
+        await backend.kernel_ops.attention(q32, q32, q32).to_host()  # f32: the tiled kernel
+        # (its verdict comes from the same child: accelkit_cuda.flash_simt's check)
+        assert backend.flash_simt.state == ("verified" if passed else "failed")
+        assert backend.capabilities.extra["flash_simt_attention"] == backend.flash_simt.describe()
+        if passed:
+            assert launches[-1] == ("simt_attention_f32_d64", (1, 2), (256,), fs.shared_bytes(64))
+        else:
+            assert launches[-1][0] == "flash_attention_f32"
         counts = backend.attention_engines.routes["attention"]
-        assert counts == ({"flash2": 1, "warp": 1} if passed else {"warp": 2})
+        assert counts == ({"flash2": 1, "simt": 1} if passed else {"warp": 2})
     finally:
         await backend.shutdown()
 

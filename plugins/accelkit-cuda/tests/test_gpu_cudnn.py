@@ -218,3 +218,30 @@ async def test_gemms_on_the_workspace_path_match_numpy(backend: Any, dtype: str)
         # TF32 rounds the inputs to 10-bit mantissas.
         tol = 4 * 2.0**-10 * np.sqrt(96)
         np.testing.assert_allclose(got, want, atol=tol * np.abs(want).max(), rtol=tol)
+
+
+@pytest.mark.parametrize("d", [32, 64, 128])
+async def test_f32_tiled_attention_matches_numpy(backend: Any, d: int) -> None:
+    """The register-tiled f32 kernel (accelkit_cuda.flash_simt) through attention: it must pass
+    its on-device check on a GPU and serve f32; partial tiles, grouped heads, causal with rows
+    that see no key, the transformer block's shape; against float64 NumPy within the kernel's
+    own bound (the magnitudes of its sums)."""
+    from accelkit_cuda.flash_simt import compare
+
+    simt = backend.flash_simt
+    if simt.state == "unavailable":
+        pytest.skip(f"the f32 tiled kernel is unavailable: {simt.reason}")
+    assert simt.verified, simt.describe()
+    f, kops, engines = backend.tensor_factory, backend.kernel_ops, backend.attention_engines
+    rng = np.random.default_rng(d)
+    for b, h, hk, sq, sk, causal in ((2, 4, 2, 70, 133, False), (1, 2, 1, 97, 45, True),
+                                     (4, 8, 8, 256, 256, True)):  # fmt: skip
+        q, k, v = (
+            rng.standard_normal((b, n, s, d)).astype(np.float32)
+            for n, s in ((h, sq), (hk, sk), (hk, sk))
+        )
+        out = kops.attention(f.from_host(q), f.from_host(k), f.from_host(v), causal=causal)
+        assert engines.last_route is not None
+        assert engines.last_route.engine == "simt", engines.last_route
+        got = await out.to_host()
+        assert compare(got, q, k, v, 1.0 / np.sqrt(d), causal) is None

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from accelkit_cuda.executor import CUDAKernelExecutor
     from accelkit_cuda.flash_attention import Flash2Attention
     from accelkit_cuda.flash_decode import FlashDecode
+    from accelkit_cuda.flash_simt import SimtAttention
     from accelkit_cuda.fused_kernels import CUDAFusedKernels, FusedProgram
     from accelkit_cuda.memory import CUDAMemoryKernels
     from accelkit_cuda.philox import PhiloxProgram
@@ -94,6 +95,8 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._flash2: Flash2Attention | None = None
         #: The split-KV decode kernel for paged_attention and its verdict (made at initialize).
         self._flash_decode: FlashDecode | None = None
+        #: The register-tiled f32 attention kernel and its verdict (made at initialize).
+        self._flash_simt: SimtAttention | None = None
 
     def _device_count(self) -> int:
         return len(_devices())
@@ -153,6 +156,13 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         ``flash_decode.state`` says whether it passed its on-device check and serves decode."""
         return self._flash_decode
 
+    @property
+    def flash_simt(self) -> SimtAttention | None:
+        """The register-tiled f32 attention kernel (None before initialize);
+        ``flash_simt.state`` says whether it passed its on-device check and serves f32
+        attention."""
+        return self._flash_simt
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def _initialize(self, device: Device) -> Opened[CUDAStream]:
         missing = cupy_status()
@@ -194,9 +204,11 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         opened = self._build(device, props)
         from accelkit_cuda.flash_attention import Flash2Attention
         from accelkit_cuda.flash_decode import FlashDecode
+        from accelkit_cuda.flash_simt import SimtAttention
 
         flash2 = self._flash2 = Flash2Attention(self, props)
         decode = self._flash_decode = FlashDecode(self, props)
+        simt = self._flash_simt = SimtAttention(self, props)
         fast = getattr(opened.tensor, "fast", None)  # the raw elementwise kernels
         from accelkit_cuda.philox import PhiloxProgram
 
@@ -206,13 +218,14 @@ class CUDABackend(QueuedBackend[CUDAStream]):
             tg.start_soon(philox.load)  # before serving: a seed's numbers take one path
             tg.start_soon(flash2.load)  # compiled, checked on the device (a child), loaded
             tg.start_soon(decode.load)  # the same
+            tg.start_soon(simt.load)  # the same
             if fast is not None:  # not at the first add of a request (docs/backends/cuda.md)
                 tg.start_soon(fast.load)
         if opened.capabilities is not None:  # which kernel serves f16/bf16 attention, and why
             caps = opened.capabilities
             extra = {
                 **caps.extra, "flash2_attention": flash2.describe(),
-                "flash_decode": decode.describe(),
+                "flash_decode": decode.describe(), "flash_simt_attention": simt.describe(),
             }  # fmt: skip
             opened = replace(opened, capabilities=caps.model_copy(update={"extra": extra}))
         await thread.call(lambda: _warm_up(draws=not philox.ready))

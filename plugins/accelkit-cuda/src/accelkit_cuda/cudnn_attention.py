@@ -101,7 +101,8 @@ _MASKED = {DType.F16: -65504.0, DType.BF16: -3.3895313892515355e38}
 class EngineRoute:
     """Which engine served one fused attention call, and why: ``engine`` is ``"cudnn"`` (cuDNN's
     SDPA graph), ``"flash2"`` (the backend's tensor-core NVRTC kernel,
-    :mod:`accelkit_cuda.flash_attention`) or ``"warp"`` (its warp-per-row NVRTC kernel);
+    :mod:`accelkit_cuda.flash_attention`), ``"simt"`` (its register-tiled f32 kernel,
+    :mod:`accelkit_cuda.flash_simt`) or ``"warp"`` (its warp-per-row NVRTC kernel);
     ``reason`` says why cuDNN (and the tensor-core kernel) did not serve it where they did not."""
 
     op: str

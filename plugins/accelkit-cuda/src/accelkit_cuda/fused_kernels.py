@@ -40,6 +40,8 @@ from accelkit_cuda.cuda_fused import (
 )
 from accelkit_cuda.factory_kernels import device_draw, random_dtype
 from accelkit_cuda.flash_attention import geometry, launch_args
+from accelkit_cuda.flash_simt import geometry as simt_geometry
+from accelkit_cuda.flash_simt import launch_args as simt_args
 from accelkit_cuda.submit import CUDAComponent, block_error, storage
 
 if TYPE_CHECKING:
@@ -250,6 +252,18 @@ class CUDAAttentionKernels(_Fused):
                 "attention", "flash2", f"the tensor-core kernel (verified here); {declined}"
             )
             return
+        simt, which = self.backend.flash_simt, "tensor-core kernel"
+        if q.dtype is DType.F32:
+            which = "f32 tiled kernel"
+            why = "no f32 tiled kernel" if simt is None else simt.refusal(q, k, v)
+            if simt is not None and why is None:
+                grid3, block3, smem3 = simt_geometry(b, h, sq, d)
+                args3 = simt_args(q, k, v, out, h, hk, sq, sk, scale, causal)
+                self._run(simt.function(d), grid3, block3[0], args3, (q, k, v), (out,), smem3)
+                engines.record(
+                    "attention", "simt", f"the f32 tiled kernel (verified here); {declined}"
+                )
+                return
         item = 8 if q.dtype is DType.F64 else 4
         fn = self._fn("flash_attention", q.dtype)
         args = (
@@ -260,7 +274,7 @@ class CUDAAttentionKernels(_Fused):
         self._run(
             fn, grid, 32 * FLASH_ROWS, args, (q, k, v), (out,), flash_shared_bytes(d, dv, item)
         )
-        engines.record("attention", "warp", f"{declined}; tensor-core kernel: {why}")
+        engines.record("attention", "warp", f"{declined}; {which}: {why}")
 
     def paged_attention(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
