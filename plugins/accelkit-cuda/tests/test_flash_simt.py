@@ -56,7 +56,7 @@ static float* host_shared;
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define DYNAMIC_SHARED(T, name) T* name = (T*)host_shared
 static void __syncthreads() { block_barrier->arrive_and_wait(); }
 template <class T> static T __shfl_xor_sync(unsigned, T value, int offset) {

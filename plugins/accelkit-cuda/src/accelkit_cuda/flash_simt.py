@@ -326,7 +326,9 @@ template <int D> __device__ __forceinline__ void simt_attention(
     const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
     const long long bh = blockIdx.y;
     const long long b = bh / H, h = bh % H, hk = h / (H / Hkv);
-    const long long m0 = (long long)blockIdx.x * SM;
+    // The last rows first: under a causal mask they see the most keys (the longest blocks
+    // start first, the short ones fill in behind them).
+    const long long m0 = (long long)(gridDim.x - 1 - blockIdx.x) * SM;
     const float* qb = q + bh * Sq * D;
     const float* kb = k + (b * Hkv + hk) * Sk * D;
     const float* vb = v + (b * Hkv + hk) * Sk * D;
@@ -423,15 +425,17 @@ template <int D> __device__ __forceinline__ void simt_attention(
     }
 }
 
-#define SIMT_ATTENTION(DIM)                                                                   \
-extern "C" __global__ void __launch_bounds__(256) simt_attention_f32_d##DIM(                  \
+// BLOCKS: the blocks an SM should hold (ptxas keeps the registers to 65536 / (256 BLOCKS)):
+// two at head dims 32 and 64 (three spill on sm_80), one at 128 (its shared memory allows one).
+#define SIMT_ATTENTION(DIM, BLOCKS)                                                           \
+extern "C" __global__ void __launch_bounds__(256, BLOCKS) simt_attention_f32_d##DIM(          \
         const float* q, const float* k, const float* v, float* out, int H, int Hkv,           \
         long long Sq, long long Sk, float scale, int causal)                                  \
     { simt_attention<DIM>(q, k, v, out, H, Hkv, Sq, Sk, scale, causal); }
 
-SIMT_ATTENTION(32)
-SIMT_ATTENTION(64)
-SIMT_ATTENTION(128)
+SIMT_ATTENTION(32, 2)
+SIMT_ATTENTION(64, 2)
+SIMT_ATTENTION(128, 1)
 """
 
 
