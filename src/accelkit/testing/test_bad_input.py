@@ -451,6 +451,8 @@ async def test_freed_tensors_raise_stale_handle(backend: ComputeBackend) -> None
     refuses(backend, StaleHandleError, lambda: ops.add(live22, view), "b", "freed")
     refuses(backend, StaleHandleError, lambda: ops.reshape(t, (4, 1)), "freed")
     refuses(backend, StaleHandleError, lambda: ops.permute(view, (1, 0)), "freed")
+    refuses(backend, StaleHandleError, lambda: ops.linear(live22, view), "weight", "freed")
+    refuses(backend, StaleHandleError, lambda: ops.linear(live22, live22, t), "bias", "freed")
     refuses(backend, StaleHandleError, lambda: mm.free(t))
     refuses(backend, StaleHandleError, lambda: mm.copy_dtod(t, live4))
     refuses(backend, StaleHandleError, lambda: mm.copy_dtod(live4, t))

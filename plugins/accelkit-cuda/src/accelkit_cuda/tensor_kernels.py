@@ -59,8 +59,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self._permute_configs: dict[Any, tuple[bool, tuple[int], tuple[Any, ...]] | None] = {}
         #: :meth:`_raw_linear`'s cuBLAS plan, grid, element count and row length per
         #: (rows, n, k), and its (cudaDataType, compute type) per (dtype, tf32).
-        self._linear_configs: dict[tuple[int, int, int], tuple[Any, ...]] = {}
-        self._linear_types: dict[tuple[DType, bool], tuple[int, int | None]] = {}
+        self._linear_configs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         #: Whether eager GEMMs take cuBLAS's workspace route (``ACCELKIT_CUDA_GEMM_WORKSPACE``,
         #: read once here: :meth:`_raw_linear` reads it per call otherwise).
         self._gemm_route = blas.workspace_route()
@@ -234,42 +233,26 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         where cuBLAS has not been found yet (the first GEMM, on the submission thread, finds
         it), for an F16/BF16 bias (added to the F32 product there), mixed dtypes, an empty
         operand, ``ACCELKIT_CUDA_GEMM_WORKSPACE=0``, or the bias kernel not loaded yet."""
-        dt = out.dtype
-        if not blas.ready() or x.dtype is not dt or weight.dtype is not dt or not out.size:
-            return False
-        if x.ndim == 0 or weight.ndim != 2 or not self._gemm_route:
-            return False
-        types = self._linear_types.get((dt, tf32))
-        if types is None:
-            in_type = blas.type_of(numpy_dtype(dt))
-            compute = None if in_type is None else blas.compute_type(in_type, in_type, tf32)
-            types = self._linear_types[dt, tf32] = (in_type or 0, compute)
-        in_type, compute = types
-        if compute is None:
-            return False
-        k, n = x.shape[-1], weight.shape[0]
-        if not k or weight.shape[1] != k:
-            return False
-        rows = x.size // k
-        fn = None
-        if bias is not None:
-            if bias.dtype is not dt or bias.shape != (n,):
-                return False
-            fn = self.fast.function("bias_add", dt)
-            if fn is None:
-                return False
-        key = (rows, n, k)
+        # One lookup for a signature seen before (the commonest case: a model's layers repeat
+        # their shapes); what makes a call eligible is worked out once per signature
+        # (:meth:`_linear_config`) and only eligible signatures are kept.
+        key = (
+            x.shape,
+            weight.shape,
+            x.dtype,
+            weight.dtype,
+            None if bias is None else bias.dtype,
+            tf32,
+        )
         config = self._linear_configs.get(key)
         if config is None:
+            config = self._linear_config(x, weight, bias, out, tf32)
+            if config is None:
+                return False
             if len(self._linear_configs) >= _RAW_CONFIGS:
                 self._linear_configs.clear()
-            config = self._linear_configs[key] = (
-                blas.linear_plan(rows, n, k),
-                grid_for(rows * n),
-                np.int64(rows * n),
-                np.int64(n),
-            )
-        p, grid, count, cols = config
+            self._linear_configs[key] = config
+        p, grid, count, cols, in_type, compute, fn = config
         bx, bw, bo = buffer_of(x).handle, buffer_of(weight).handle, buffer_of(out).handle
         bb = None if bias is None else buffer_of(bias).handle
         stream = self.current_stream
@@ -285,6 +268,36 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
 
         self.launch(run, (x, weight, bias), (out,), what="linear")
         return True
+
+    def _linear_config(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, tf32: bool
+    ) -> tuple[Any, ...] | None:
+        """What :meth:`_raw_linear` launches for a signature (GEMM plan, bias grid and counts,
+        cuBLAS types, bias kernel), or None where it cannot (see there)."""
+        dt = out.dtype
+        if not blas.ready() or x.dtype is not dt or weight.dtype is not dt or not out.size:
+            return None
+        if x.ndim == 0 or weight.ndim != 2 or not self._gemm_route:
+            return None
+        in_type = blas.type_of(numpy_dtype(dt))
+        compute = None if in_type is None else blas.compute_type(in_type, in_type, tf32)
+        if in_type is None or compute is None:
+            return None
+        k, n = x.shape[-1], weight.shape[0]
+        if not k or weight.shape[1] != k:
+            return None
+        rows = x.size // k
+        fn = None
+        if bias is not None:
+            if bias.dtype is not dt or bias.shape != (n,):
+                return None
+            fn = self.fast.function("bias_add", dt)
+            if fn is None:
+                return None
+        return (
+            blas.linear_plan(rows, n, k), grid_for(rows * n), np.int64(rows * n), np.int64(n),
+            in_type, compute, fn,
+        )  # fmt: skip
 
     # -- reductions -------------------------------------------------------------------------------
     def reduce(

@@ -18,6 +18,17 @@ _SEEN_MATMUL: dict[tuple[object, ...], tuple[tuple[int, ...], DType]] = {}
 _SEEN_MAX = 4096
 
 
+_FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
+
+
+def _live(t: Tensor) -> bool:
+    """Whether ``t``'s buffer is in its pool's current generation (check_tensor's test of a
+    tensor already known to be of this backend)."""
+    buf = t._buffer
+    pool = buf._pool
+    return pool is not None and pool.generation == buf._gen
+
+
 def _numeric(x: Tensor, op: str, name: str) -> None:
     if x._dtype is DType.BOOL:
         raise InvalidArgumentError(f"{op}: {name} is bool; cast it to a numeric dtype first")
@@ -131,6 +142,34 @@ class LinalgOps(OpsBase[TensorKernels]):
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """``x @ weight.T + bias``: ``x`` [..., in], ``weight`` [out, in], ``bias`` [out]."""
         backend = self.backend
+        if type(x) is Tensor and type(weight) is Tensor and (bias is None or type(bias) is Tensor):
+            # The common case, checked in one frame: live tensors of this backend of one float
+            # dtype, weight [out, in] matching x's last dim, bias [out]; the result has that
+            # dtype (the general path below agrees, only slower).
+            dt, xs, ws = x._dtype, x._shape, weight._shape
+            if (
+                dt in _FLOATS
+                and weight._dtype is dt
+                and x._backend is backend
+                and weight._backend is backend
+                and len(ws) == 2
+                and xs
+                and xs[-1] == ws[1]
+                and _live(x)
+                and _live(weight)
+                and (
+                    bias is None
+                    or (
+                        bias._dtype is dt
+                        and bias._backend is backend
+                        and bias._shape == (ws[0],)
+                        and _live(bias)
+                    )
+                )
+            ):
+                out = self._empty((*xs[:-1], ws[0]), dt)
+                self.kernels.linear(x, weight, bias, out)
+                return out
         check_tensor(backend, x, "x")
         check_tensor(backend, weight, "weight")
         _numeric(x, "linear", "x")
