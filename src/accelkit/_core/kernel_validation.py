@@ -39,11 +39,31 @@ __all__ = [
 
 GeluApproximation = Literal["none", "tanh"]
 
+_FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
+
 
 def check_norm(
     backend: ComputeBackend, op: str, x: Tensor, eps: object, **params: Tensor | None
 ) -> float:
     """``x`` floating with >= 1 dimension; each param ``[x.shape[-1]]`` of x's dtype -> eps."""
+    if type(x) is Tensor and type(eps) is float and eps > 0.0 and x._backend is backend:
+        # The common case in one frame: live tensors of this backend, one float dtype, the
+        # params of x's last axis, a positive float eps (the checks below agree).
+        dt, shape = x._dtype, x._shape
+        buf = x._buffer
+        pool = buf._pool
+        if dt in _FLOATS and shape and pool is not None and pool.generation == buf._gen:
+            last = (shape[-1],)
+            for p in params.values():
+                if p is None:
+                    continue
+                if type(p) is not Tensor or p._backend is not backend or p._dtype is not dt:
+                    break
+                pb = p._buffer
+                if p._shape != last or pb._pool is None or pb._pool.generation != pb._gen:
+                    break
+            else:
+                return eps
     check_tensor(backend, x)
     check_float(x, op)
     if x.ndim < 1:

@@ -453,6 +453,8 @@ async def test_freed_tensors_raise_stale_handle(backend: ComputeBackend) -> None
     refuses(backend, StaleHandleError, lambda: ops.permute(view, (1, 0)), "freed")
     refuses(backend, StaleHandleError, lambda: ops.linear(live22, view), "weight", "freed")
     refuses(backend, StaleHandleError, lambda: ops.linear(live22, live22, t), "bias", "freed")
+    refuses(backend, StaleHandleError, lambda: ops.layer_norm(live4, t), "weight", "freed")
+    refuses(backend, StaleHandleError, lambda: ops.rms_norm(t, live4), "freed")
     refuses(backend, StaleHandleError, lambda: mm.free(t))
     refuses(backend, StaleHandleError, lambda: mm.copy_dtod(t, live4))
     refuses(backend, StaleHandleError, lambda: mm.copy_dtod(live4, t))
