@@ -194,7 +194,8 @@ CHECK_SHAPES: tuple[tuple[int, int, int, int, int, bool], ...] = (
 
 class GatedKernel:
     """A kernel used only once it passed its on-device check (a child process, the verdict
-    stored): the state the tensor-core kernel and the split-KV decode kernel share."""
+    stored): the state and the steps the tensor-core kernel, the split-KV decode kernel and
+    the tiled f32 kernel share."""
 
     def __init__(self, backend: Any, props: DeviceProps) -> None:
         self._backend = backend
@@ -216,6 +217,60 @@ class GatedKernel:
         """One line for notes and capabilities."""
         return "verified" if self.verified else f"{self.state}: {self.reason}"
 
+    def lacks_shared_memory(self, need: int) -> bool:
+        """Whether a block of ``need`` bytes of shared memory is more than the device allows
+        (the kernel is then unavailable, and :attr:`reason` says so)."""
+        optin = self._props.attr(Attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        if optin >= need:
+            return False
+        self.state = "unavailable"
+        self.reason = f"a block needs {need} bytes of shared memory; the device allows {optin}"
+        return True
+
+    def gate_refusal(self, what: str) -> str | None:
+        """Why no call can take the kernel now (``what`` names it), or None."""
+        if self.state != "verified":
+            return f"the {what} is {self.describe()}"
+        if not self.enabled:
+            return f"the {what} is switched off for this backend (enabled = False)"
+        return None
+
+    async def compile_check_load(
+        self, source: str, filename: str, module: str, prefix: str, recheck: bool,
+        load: Callable[[bytes], dict[str, Any]],
+    ) -> None:  # fmt: skip
+        """The gate's steps once a kernel's own preconditions hold: compile ``source`` (a
+        worker thread; cached on disk), check it on the device in a child running ``python -m
+        module`` (a worker thread waits for it; the verdict stored under ``prefix``, reused
+        unless ``recheck``: :func:`verdict`), then ``load`` it on the submission thread. Never
+        raises: a failure sets :attr:`state` and :attr:`reason`."""
+        import anyio
+
+        try:
+            from accelkit_cuda.nvrtc import compile_cached
+
+            arch: str = self._backend._arch
+            compiled = await anyio.to_thread.run_sync(compile_cached, source, arch, (), filename)
+        except Exception as exc:
+            self.state, self.reason = "unavailable", f"compiling failed: {exc}"
+            return
+
+        def check() -> str | None:
+            return verdict(
+                compiled.binary, self._props, module=module, prefix=prefix, recheck=recheck
+            )
+
+        failure = await anyio.to_thread.run_sync(check)
+        if failure is not None:
+            self.state, self.reason = "failed", f"the on-device check failed: {failure}"
+            return
+        try:
+            self._functions = await self._backend.thread.call(lambda: load(compiled.binary))
+        except Exception as exc:
+            self.state, self.reason = "unavailable", f"loading failed: {exc}"
+            return
+        self.state, self.reason = "verified", ""
+
 
 class Flash2Attention(GatedKernel):
     """The tensor-core kernel of one backend: compiled, checked on the device and loaded by
@@ -228,9 +283,7 @@ class Flash2Attention(GatedKernel):
         limit on the submission thread. Never raises: a failure leaves the old kernel in use
         and says why. The check runs in a child so that a kernel that faults on this device
         cannot poison this process's CUDA context."""
-        import anyio
-
-        backend, props = self._backend, self._props
+        backend = self._backend
         arch: str = backend._arch
         if env_str("ACCELKIT_CUDA_FLASH2") in ("0", "off", "false", "no"):
             self.state, self.reason = "unavailable", "switched off (ACCELKIT_CUDA_FLASH2=0)"
@@ -239,38 +292,18 @@ class Flash2Attention(GatedKernel):
             self.state = "unavailable"
             self.reason = f"{arch} lacks mma.sync bf16, cp.async and ldmatrix (sm_80 or newer)"
             return
-        optin = props.attr(Attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        need = shared_bytes(max(HEAD_DIMS))
-        if optin < need:
-            self.state = "unavailable"
-            self.reason = f"a block needs {need} bytes of shared memory; the device allows {optin}"
+        if self.lacks_shared_memory(shared_bytes(max(HEAD_DIMS))):
             return
-        try:
-            from accelkit_cuda.nvrtc import compile_cached
-
-            compiled = await anyio.to_thread.run_sync(
-                compile_cached, SOURCE, arch, (), "accelkit_flash2.cu"
-            )
-        except Exception as exc:
-            self.state, self.reason = "unavailable", f"compiling failed: {exc}"
-            return
-        failure = await anyio.to_thread.run_sync(verdict, compiled.binary, props)
-        if failure is not None:
-            self.state, self.reason = "failed", f"the on-device check failed: {failure}"
-            return
-        try:
-            self._functions = await backend.thread.call(lambda: _load(compiled.binary))
-        except Exception as exc:
-            self.state, self.reason = "unavailable", f"loading failed: {exc}"
-            return
-        self.state, self.reason = "verified", ""
+        await self.compile_check_load(
+            SOURCE, "accelkit_flash2.cu", "accelkit_cuda.flash_attention", "flash2",
+            env_str("ACCELKIT_CUDA_FLASH2") == "recheck", _load,
+        )  # fmt: skip
 
     def refusal(self, q: Tensor, k: Tensor, v: Tensor) -> str | None:
         """None when the kernel takes ``attention(q, k, v)`` without a mask, else why not."""
-        if self.state != "verified":
-            return f"the tensor-core kernel is {self.describe()}"
-        if not self.enabled:
-            return "the tensor-core kernel is switched off for this backend (enabled = False)"
+        gate = self.gate_refusal("tensor-core kernel")
+        if gate is not None:
+            return gate
         dt = q.dtype
         if dt not in _SUFFIX:
             return f"the tensor-core kernel takes f16/bf16, not {dt.value}"

@@ -358,50 +358,22 @@ class FlashDecode(GatedKernel):
     async def load(self) -> None:
         """Compile (a worker thread; cached on disk), check in a child, load on the submission
         thread. Never raises: a failure leaves the other routes and says why."""
-        import anyio
-
-        from accelkit_cuda.flash_attention import verdict
-
         switch = env_str("ACCELKIT_CUDA_FLASH_DECODE")
         if switch in ("0", "off", "false", "no"):
             self.state, self.reason = "unavailable", "switched off (ACCELKIT_CUDA_FLASH_DECODE=0)"
             return
-        try:
-            from accelkit_cuda.nvrtc import compile_cached
-
-            arch: str = self._backend._arch
-            compiled = await anyio.to_thread.run_sync(
-                compile_cached, SOURCE, arch, (), "accelkit_flash_decode.cu"
-            )
-        except Exception as exc:
-            self.state, self.reason = "unavailable", f"compiling failed: {exc}"
-            return
-
-        def check() -> str | None:
-            return verdict(
-                compiled.binary, self._props, module="accelkit_cuda.flash_decode",
-                prefix="flash-decode", recheck=switch == "recheck",
-            )  # fmt: skip
-
-        failure = await anyio.to_thread.run_sync(check)
-        if failure is not None:
-            self.state, self.reason = "failed", f"the on-device check failed: {failure}"
-            return
-        try:
-            self._functions = await self._backend.thread.call(lambda: _load(compiled.binary))
-        except Exception as exc:
-            self.state, self.reason = "unavailable", f"loading failed: {exc}"
-            return
-        self.state, self.reason = "verified", ""
+        await self.compile_check_load(
+            SOURCE, "accelkit_flash_decode.cu", "accelkit_cuda.flash_decode", "flash-decode",
+            switch == "recheck", _load,
+        )  # fmt: skip
 
     def refusal(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor
     ) -> str | None:
         """None when the kernel takes this ``paged_attention`` call, else why not."""
-        if self.state != "verified":
-            return f"the split-KV decode kernel is {self.describe()}"
-        if not self.enabled:
-            return "the split-KV decode kernel is switched off for this backend (enabled = False)"
+        gate = self.gate_refusal("split-KV decode kernel")
+        if gate is not None:
+            return gate
         return refusal(q.dtype, q.shape, k_cache.shape, v_cache.shape, block_table.shape)
 
     def function(self, kind: str, dtype: DType) -> Any:

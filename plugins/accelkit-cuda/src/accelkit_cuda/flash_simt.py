@@ -145,54 +145,23 @@ class SimtAttention(GatedKernel):
         """Compile (a worker thread; cached on disk), check in a child, load on the submission
         thread (raising each variant's shared-memory limit). Never raises: a failure leaves the
         warp-per-row kernel in use and says why."""
-        import anyio
-
-        from accelkit_cuda.flash_attention import verdict
-
         switch = env_str("ACCELKIT_CUDA_FLASH_SIMT")
         if switch in ("0", "off", "false", "no"):
             self.state, self.reason = "unavailable", "switched off (ACCELKIT_CUDA_FLASH_SIMT=0)"
             return
+        if self.lacks_shared_memory(shared_bytes(min(HEAD_DIMS))):
+            return
         optin = self._props.attr(Attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        need = shared_bytes(min(HEAD_DIMS))
-        if optin < need:
-            self.state = "unavailable"
-            self.reason = f"a block needs {need} bytes of shared memory; the device allows {optin}"
-            return
-        try:
-            from accelkit_cuda.nvrtc import compile_cached
-
-            arch: str = self._backend._arch
-            compiled = await anyio.to_thread.run_sync(
-                compile_cached, SOURCE, arch, (), "accelkit_flash_simt.cu"
-            )
-        except Exception as exc:
-            self.state, self.reason = "unavailable", f"compiling failed: {exc}"
-            return
-
-        def check() -> str | None:
-            return verdict(
-                compiled.binary, self._props, module="accelkit_cuda.flash_simt",
-                prefix="flash-simt", recheck=switch == "recheck",
-            )  # fmt: skip
-
-        failure = await anyio.to_thread.run_sync(check)
-        if failure is not None:
-            self.state, self.reason = "failed", f"the on-device check failed: {failure}"
-            return
-        try:
-            self._functions = await self._backend.thread.call(lambda: _load(compiled.binary, optin))
-        except Exception as exc:
-            self.state, self.reason = "unavailable", f"loading failed: {exc}"
-            return
-        self.state, self.reason = "verified", ""
+        await self.compile_check_load(
+            SOURCE, "accelkit_flash_simt.cu", "accelkit_cuda.flash_simt", "flash-simt",
+            switch == "recheck", lambda binary: _load(binary, optin),
+        )  # fmt: skip
 
     def refusal(self, q: Tensor, k: Tensor, v: Tensor) -> str | None:
         """None when the kernel takes ``attention(q, k, v)`` without a mask, else why not."""
-        if self.state != "verified":
-            return f"the f32 tiled kernel is {self.describe()}"
-        if not self.enabled:
-            return "the f32 tiled kernel is switched off for this backend (enabled = False)"
+        gate = self.gate_refusal("f32 tiled kernel")
+        if gate is not None:
+            return gate
         return refusal(q.dtype, q.shape, k.shape, v.shape, set(self._functions))
 
     def function(self, head_dim: int) -> Any:
