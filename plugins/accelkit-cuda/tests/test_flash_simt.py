@@ -277,3 +277,11 @@ async def test_the_backend_routes_f32_attention_to_it_once_verified(
         assert len(launches) == 1
     finally:
         await backend.shutdown()
+
+
+def test_the_check_fails_where_no_variant_was_loaded() -> None:
+    # A device whose shared memory holds no variant (or a shared-memory limit read as 0)
+    # must not pass the on-device check by checking nothing.
+    from accelkit_cuda.flash_simt import _check
+
+    assert _check({"": object()}) == "no variant fits the device's shared memory"
