@@ -450,6 +450,21 @@ async def test_prepare_says_which_kernel_serves_attention(monkeypatch: pytest.Mo
     assert lines == ["tensor-core attention kernel: failed: a reason"]
     b._flash2 = _gate("verified")
     assert await b.prepare() is None
+    # The tiled f32 kernel's state is told as well, beside the tensor-core kernel's.
+    b._flash_simt = _gate("failed")
+    lines.clear()
+    note = await b.prepare(lines.append)
+    assert note == "attention: the warp-per-row kernel serves f32 (failed: a reason)"
+    assert lines == [
+        "tensor-core attention kernel: verified",
+        "f32 tiled attention kernel: failed: a reason",
+    ]
+    b._flash2 = _gate("failed")
+    note = await b.prepare()
+    assert note is not None
+    assert note.count("warp-per-row") == 2
+    b._flash2 = b._flash_simt = _gate("verified")
+    assert await b.prepare() is None
 
 
 # -- the backend over the stand-in for CuPy (no GPU): the gate's outcome decides the route -------

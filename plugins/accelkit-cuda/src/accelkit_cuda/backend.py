@@ -265,15 +265,23 @@ class CUDABackend(QueuedBackend[CUDAStream]):
 
     async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
         """The one-time device work is done at initialize (the fused program's compile, the
-        on-device check of the tensor-core attention kernel); returns None when attention runs
-        the tensor-core kernel, else a note saying why the older kernel serves it."""
+        on-device checks of the tensor-core and the tiled f32 attention kernels); returns None
+        when attention runs them, else a note saying why the older kernel serves it."""
         self.check_ready()
-        flash2 = self._flash2
-        if progress is not None and flash2 is not None:
-            progress(f"tensor-core attention kernel: {flash2.describe()}")
-        if flash2 is None or flash2.verified:
-            return None
-        return f"attention: the warp-per-row kernel serves f16/bf16 ({flash2.describe()})"
+        notes = []
+        for kernel, what, dtypes in (
+            (self._flash2, "tensor-core attention kernel", "f16/bf16"),
+            (self._flash_simt, "f32 tiled attention kernel", "f32"),
+        ):
+            if kernel is None:
+                continue
+            if progress is not None:
+                progress(f"{what}: {kernel.describe()}")
+            if not kernel.verified:
+                notes.append(
+                    f"attention: the warp-per-row kernel serves {dtypes} ({kernel.describe()})"
+                )
+        return "; ".join(notes) or None
 
     def _release_blocks(self) -> None:
         """Queue the frees of the blocks tensors still hold (stale now: the pool was released);
