@@ -242,9 +242,9 @@ class CUDAAttentionKernels(_Fused):
         b, h, sq, d = q.shape
         hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
         flash2 = self.backend.flash2
-        if q.dtype is DType.F32:  # (no refusal to format a call: the tiled kernel's below)
-            why = "the tensor-core kernel takes f16/bf16"
-        else:
+        # (f32: no refusal formatted a call; the tiled kernel's below is the one told)
+        why: str | None = "the tensor-core kernel takes f16/bf16"
+        if q.dtype is not DType.F32:
             why = "no tensor-core kernel" if flash2 is None else flash2.refusal(q, k, v)
         if flash2 is not None and why is None:
             grid2, block2, smem2 = geometry(b, h, sq, d)
