@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from accelkit._core.validation import (
+    FLOAT_DTYPES,
     check_float,
     check_float_param,
     check_index,
     check_int,
     check_same_dtype,
     check_tensor,
+    is_live_tensor,
 )
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
@@ -39,30 +41,21 @@ __all__ = [
 
 GeluApproximation = Literal["none", "tanh"]
 
-_FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
-
 
 def check_norm(
     backend: ComputeBackend, op: str, x: Tensor, eps: object, **params: Tensor | None
 ) -> float:
     """``x`` floating with >= 1 dimension; each param ``[x.shape[-1]]`` of x's dtype -> eps."""
-    if type(x) is Tensor and type(eps) is float and eps > 0.0 and x._backend is backend:
+    if type(eps) is float and eps > 0.0 and is_live_tensor(backend, x):
         # The common case in one frame: live tensors of this backend, one float dtype, the
         # params of x's last axis, a positive float eps (the checks below agree).
         dt, shape = x._dtype, x._shape
-        buf = x._buffer
-        pool = buf._pool
-        if dt in _FLOATS and shape and pool is not None and pool.generation == buf._gen:
+        if dt in FLOAT_DTYPES and shape:
             last = (shape[-1],)
-            for p in params.values():
-                if p is None:
-                    continue
-                if type(p) is not Tensor or p._backend is not backend or p._dtype is not dt:
-                    break
-                pb = p._buffer
-                if p._shape != last or pb._pool is None or pb._pool.generation != pb._gen:
-                    break
-            else:
+            if all(
+                p is None or (is_live_tensor(backend, p) and p._dtype is dt and p._shape == last)
+                for p in params.values()
+            ):
                 return eps
     check_tensor(backend, x)
     check_float(x, op)

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 from accelkit.errors import InvalidArgumentError
 
 __all__ = ["broadcast_shapes", "matmul_shape", "conv2d_output_hw", "reduced_shape", "prod"]
 
 
 def prod(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    """The number of elements of ``shape`` (1 for ``()``)."""
+    return math.prod(shape)
 
 
 def broadcast_shapes(

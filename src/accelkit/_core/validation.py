@@ -36,9 +36,23 @@ __all__ = [
     "check_tensor",
     "check_tensors",
     "check_scalar",
+    "FLOAT_DTYPES",
+    "is_live_tensor",
 ]
 
 MAX_ELEMENTS = 1 << 48
+#: The floating dtypes: what the ops' common-case checks accept in one set lookup.
+FLOAT_DTYPES = frozenset(d for d in DType if d.is_floating)
+
+
+def is_live_tensor(backend: ComputeBackend, x: object) -> bool:
+    """Whether ``x`` is a live tensor of ``backend``: :func:`check_tensor`'s test without its
+    errors, for an op's common-case check (the op's full checks raise the reason otherwise)."""
+    if type(x) is not Tensor or x._backend is not backend:
+        return False
+    buf = x._buffer
+    pool = buf._pool
+    return pool is not None and pool.generation == buf._gen
 
 
 def check_tensor(backend: ComputeBackend, x: object, name: str = "x") -> Tensor:

@@ -241,23 +241,10 @@ class CUDAAttentionKernels(_Fused):
             )
         b, h, sq, d = q.shape
         hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
-        flash2 = self.backend.flash2
-        # (f32: no refusal formatted a call; the tiled kernel's below is the one told)
-        why: str | None = "the tensor-core kernel takes f16/bf16"
-        if q.dtype is not DType.F32:
-            why = "no tensor-core kernel" if flash2 is None else flash2.refusal(q, k, v)
-        if flash2 is not None and why is None:
-            grid2, block2, smem2 = geometry(b, h, sq, d)
-            args2 = launch_args(q, k, v, out, h, hk, sq, sk, scale, causal)
-            fn2 = flash2.function(q.dtype, d)
-            self._run(fn2, grid2, block2[0], args2, (q, k, v), (out,), smem2)
-            engines.record(
-                "attention", "flash2", f"the tensor-core kernel (verified here); {declined}"
-            )
-            return
-        simt, which = self.backend.flash_simt, "tensor-core kernel"
+        # The engine for the dtype (the tensor-core kernel takes f16/bf16, the tiled one f32),
+        # else the warp-per-row kernel below, told why.
         if q.dtype is DType.F32:
-            which = "f32 tiled kernel"
+            which, simt = "f32 tiled kernel", self.backend.flash_simt
             why = "no f32 tiled kernel" if simt is None else simt.refusal(q, k, v)
             if simt is not None and why is None:
                 grid3, block3, smem3 = simt_geometry(b, h, sq, d)
@@ -265,6 +252,18 @@ class CUDAAttentionKernels(_Fused):
                 self._run(simt.function(d), grid3, block3[0], args3, (q, k, v), (out,), smem3)
                 engines.record(
                     "attention", "simt", f"the f32 tiled kernel (verified here); {declined}"
+                )
+                return
+        else:
+            which, flash2 = "tensor-core kernel", self.backend.flash2
+            why = "no tensor-core kernel" if flash2 is None else flash2.refusal(q, k, v)
+            if flash2 is not None and why is None:
+                grid2, block2, smem2 = geometry(b, h, sq, d)
+                args2 = launch_args(q, k, v, out, h, hk, sq, sk, scale, causal)
+                fn2 = flash2.function(q.dtype, d)
+                self._run(fn2, grid2, block2[0], args2, (q, k, v), (out,), smem2)
+                engines.record(
+                    "attention", "flash2", f"the tensor-core kernel (verified here); {declined}"
                 )
                 return
         item = 8 if q.dtype is DType.F64 else 4

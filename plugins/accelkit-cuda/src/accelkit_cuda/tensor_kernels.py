@@ -57,8 +57,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self._raw_configs: dict[int, tuple[tuple[int], Any]] = {}
         #: :meth:`permute`'s kernel arguments per (shape, axes, dtype) (:meth:`_permute_config`).
         self._permute_configs: dict[Any, tuple[bool, tuple[int], tuple[Any, ...]] | None] = {}
-        #: :meth:`_raw_linear`'s cuBLAS plan, grid, element count and row length per
-        #: (rows, n, k), and its (cudaDataType, compute type) per (dtype, tf32).
+        #: :meth:`_raw_linear`'s launch per call signature (:meth:`_linear_config`: cuBLAS
+        #: plan, bias grid, element count, row length, cudaDataType, compute type, bias kernel).
         self._linear_configs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         #: Whether eager GEMMs take cuBLAS's workspace route (``ACCELKIT_CUDA_GEMM_WORKSPACE``,
         #: read once here: :meth:`_raw_linear` reads it per call otherwise).

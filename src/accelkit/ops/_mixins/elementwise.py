@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from accelkit._core.op_names import BINARY_OPS, UNARY_OPS
 from accelkit._core.shapes import broadcast_shapes
-from accelkit._core.validation import check_dtype, check_scalar, check_tensor
+from accelkit._core.validation import FLOAT_DTYPES, check_dtype, check_scalar, check_tensor
 from accelkit.dtype import DType, result_type, scalar_result_type
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.ops._mixins.base import OpsBase
@@ -45,7 +45,6 @@ def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:
 
 #: Binary ops whose result keeps a float input's dtype (and shape, for equal shapes).
 _FAST_OPS = frozenset(op for op, kind in BINARY_OPS.items() if kind in ("arith", "div"))
-_FAST_DTYPES = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
 
 
 class ElementwiseOps(OpsBase[TensorKernels]):
@@ -93,7 +92,7 @@ class ElementwiseOps(OpsBase[TensorKernels]):
             dt = a._dtype
             if (
                 dt is b._dtype
-                and dt in _FAST_DTYPES
+                and dt in FLOAT_DTYPES
                 and a._backend is backend
                 and b._backend is backend
                 and a._shape == b._shape
@@ -113,7 +112,7 @@ class ElementwiseOps(OpsBase[TensorKernels]):
             # A live float tensor of this backend and a Python number: the number is weak
             # (NEP 50), so the result has the tensor's shape and dtype (as below, only faster).
             dt = a._dtype
-            if dt in _FAST_DTYPES and a._backend is self.backend:
+            if dt in FLOAT_DTYPES and a._backend is self.backend:
                 ba = a._buffer
                 pool = ba._pool
                 if pool is not None and pool.generation == ba._gen:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from accelkit._core.shapes import broadcast_shapes, matmul_shape
-from accelkit._core.validation import check_float_param, check_tensor
+from accelkit._core.validation import (
+    FLOAT_DTYPES,
+    check_float_param,
+    check_tensor,
+    is_live_tensor,
+)
 from accelkit.dtype import DType, result_type
 from accelkit.errors import InvalidArgumentError
 from accelkit.ops._mixins.base import OpsBase
@@ -16,17 +21,6 @@ __all__ = ["LinalgOps"]
 #: passed validation: a loop's products validate once. Bounded: cleared when full.
 _SEEN_MATMUL: dict[tuple[object, ...], tuple[tuple[int, ...], DType]] = {}
 _SEEN_MAX = 4096
-
-
-_FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
-
-
-def _live(t: Tensor) -> bool:
-    """Whether ``t``'s buffer is in its pool's current generation (check_tensor's test of a
-    tensor already known to be of this backend)."""
-    buf = t._buffer
-    pool = buf._pool
-    return pool is not None and pool.generation == buf._gen
 
 
 def _numeric(x: Tensor, op: str, name: str) -> None:
@@ -142,28 +136,23 @@ class LinalgOps(OpsBase[TensorKernels]):
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """``x @ weight.T + bias``: ``x`` [..., in], ``weight`` [out, in], ``bias`` [out]."""
         backend = self.backend
-        if type(x) is Tensor and type(weight) is Tensor and (bias is None or type(bias) is Tensor):
+        if is_live_tensor(backend, x) and is_live_tensor(backend, weight):
             # The common case, checked in one frame: live tensors of this backend of one float
             # dtype, weight [out, in] matching x's last dim, bias [out]; the result has that
             # dtype (the general path below agrees, only slower).
             dt, xs, ws = x._dtype, x._shape, weight._shape
             if (
-                dt in _FLOATS
+                dt in FLOAT_DTYPES
                 and weight._dtype is dt
-                and x._backend is backend
-                and weight._backend is backend
                 and len(ws) == 2
                 and xs
                 and xs[-1] == ws[1]
-                and _live(x)
-                and _live(weight)
                 and (
                     bias is None
                     or (
-                        bias._dtype is dt
-                        and bias._backend is backend
+                        is_live_tensor(backend, bias)
+                        and bias._dtype is dt
                         and bias._shape == (ws[0],)
-                        and _live(bias)
                     )
                 )
             ):

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from math import prod as _prod
 
 from accelkit._core.shapes import prod
 from accelkit._core.validation import (
@@ -16,6 +15,7 @@ from accelkit._core.validation import (
     check_scalar,
     check_tensor,
     check_tensors,
+    is_live_tensor,
 )
 from accelkit.dtype import scalar_result_type
 from accelkit.errors import InvalidArgumentError
@@ -34,19 +34,17 @@ _RANGES = [list(range(n)) for n in range(9)]
 class ShapeOps(OpsBase[TensorKernels]):
     def reshape(self, x: Tensor, shape: Sequence[int] | int) -> Tensor:
         """Same elements, new shape (one dimension may be -1); shares ``x``'s buffer."""
-        if type(shape) is tuple and type(x) is Tensor and shape and x._backend is self.backend:
+        if (
+            type(shape) is tuple
+            and shape
+            and is_live_tensor(self.backend, x)
+            and {*map(type, shape)} == _INT
+            and min(shape) >= 0
+            and prod(shape) == x._size
+        ):
             # The common case in C calls: a live tensor of this backend and a tuple of
             # non-negative ints (no -1) with its element count; the path below agrees.
-            buf = x._buffer
-            pool = buf._pool
-            if (
-                pool is not None
-                and pool.generation == buf._gen
-                and {*map(type, shape)} == _INT
-                and min(shape) >= 0
-                and _prod(shape) == x._size
-            ):
-                return self._view(x, shape)
+            return self._view(x, shape)
         check_tensor(self.backend, x)
         if isinstance(shape, int) and not isinstance(shape, bool):
             dims = [shape]
@@ -75,17 +73,13 @@ class ShapeOps(OpsBase[TensorKernels]):
 
     def permute(self, x: Tensor, dims: Sequence[int]) -> Tensor:
         """Reorder the axes: output axis i is input axis ``dims[i]``."""
-        if type(dims) is tuple and type(x) is Tensor and x._backend is self.backend:
+        if type(dims) is tuple and is_live_tensor(self.backend, x):
             # The common case in C calls: a live tensor of this backend and a tuple of its
             # axes, each once, as non-negative ints; the path below agrees.
-            buf = x._buffer
-            pool = buf._pool
             shape = x._shape
             n = len(shape)
             if (
-                pool is not None
-                and pool.generation == buf._gen
-                and 0 < n == len(dims)
+                0 < n == len(dims)
                 and n < len(_RANGES)
                 and sorted(dims) == _RANGES[n]
                 and {*map(type, dims)} == _INT
