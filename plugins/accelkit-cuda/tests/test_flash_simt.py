@@ -13,6 +13,7 @@ to it once it is verified, and not before.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import math
 import shutil
 import subprocess
@@ -227,8 +228,6 @@ async def test_the_backend_routes_f32_attention_to_it_once_verified(
     # the backend loads the kernel and f32 attention launches it; the launch runs this text on
     # the host over the stand-in's memory, so the answer checks the arguments the backend
     # passes (pointers, heads, lengths, scale, mask) and the grid and shared memory it asks for.
-    import importlib
-
     import fake_cupy
 
     monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path))
@@ -285,3 +284,39 @@ def test_the_check_fails_where_no_variant_was_loaded() -> None:
     from accelkit_cuda.flash_simt import _check
 
     assert _check({"": object()}) == "no variant fits the device's shared memory"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("optin", [40 * 1024, 100 * 1024])
+async def test_a_device_with_little_shared_memory(plugin: Any, optin: int) -> None:
+    # What the device reports decides what is loaded, never trusted blind: below the smallest
+    # variant's 42 KiB the kernel is unavailable (nothing compiled, the warp-per-row kernel
+    # serves); at 100 KiB the head-dim-128 variant (115 KiB) is refused per call while the
+    # others serve.
+    from types import SimpleNamespace
+
+    from accelkit_cuda.driver import Attr, DeviceProps
+    from accelkit_cuda.flash_simt import SimtAttention
+
+    props = DeviceProps(0, "small", 1 << 30, {Attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: optin}, 12040)
+    simt = SimtAttention(SimpleNamespace(_arch="sm_90"), props)
+    if optin < shared_bytes(min(HEAD_DIMS)):
+        await simt.load()  # (no compile: it stops at the precondition)
+        assert simt.state == "unavailable"
+        assert f"the device allows {optin}" in simt.reason
+        assert "unavailable" in (refusal_of(simt) or "")
+        return
+    # (the stand-in for CuPy's module: the variants looked up are what the device can hold)
+    fs = importlib.import_module("accelkit_cuda.flash_simt")
+    loaded = set(fs._load(b"\0cubin", optin)) - {""}
+    assert loaded == {kernel_name(32), kernel_name(64)}
+    big = (1, 2, 10, 128)
+    assert "shared memory is too small" in (refusal(DType.F32, big, big, big, loaded) or "")
+    small = (1, 2, 10, 64)
+    assert refusal(DType.F32, small, small, small, loaded) is None
+
+
+def refusal_of(simt: Any) -> str | None:
+    shape = (1, 2, 10, 64)
+    q = type("T", (), {"dtype": DType.F32, "shape": shape})()
+    return simt.refusal(q, q, q)  # type: ignore[no-any-return]
