@@ -64,6 +64,7 @@ _TENSOR_WORK = (
     "concat", "narrow", "gather", "scatter", "conv2d", "attention", "softmax", "layer_norm",
     "rms_norm", "cross_entropy", "embedding", "adam_update", "depthwise", "separable_filter",
     "sobel_magnitude", "grayscale", "take", "cumulative", "argsort", "scatter_reduce",
+    "attention_bshd",
 )  # fmt: skip
 _FACTORY_WORK = ("fill", "from_host", "random", "generate")
 _FUSED_WORK = KERNEL_OPS_IN_ORDER

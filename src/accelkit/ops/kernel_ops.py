@@ -52,6 +52,7 @@ from accelkit._core.op_names import KERNEL_OPS, KERNEL_OPS_IN_ORDER
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.ops import composite
+from accelkit.ops._mixins.attention_options import check_attention_layout
 from accelkit.ops._mixins.base import OpsBase
 from accelkit.ops._mixins.linalg import LinalgOps
 from accelkit.ops._mixins.nn import NNOps
@@ -74,6 +75,10 @@ __all__ = [
 
 logger = logging.getLogger("accelkit.kernel_ops")
 _T = TypeVar("_T")
+
+#: The permutation between sequence-major [B, S, H, D] and head-major [B, H, S, D] (its own
+#: inverse).
+_HEADS = (0, 2, 1, 3)
 
 
 class KernelOps(OpsBase[FusedKernels]):
@@ -241,12 +246,15 @@ class KernelOps(OpsBase[FusedKernels]):
         window: int | None = None,
         key_lengths: Tensor | None = None,
         softcap: float | None = None,
+        layout: str = "bhsd",
     ) -> Tensor:
         """Scaled dot-product attention with TensorOps.attention's contract (grouped KV heads,
         ``causal`` aligned to the last key unless ``causal_alignment="top_left"``, bool or
         additive ``mask``, a sliding ``window``, ``key_lengths`` for a padded batch, logit
-        ``softcap``). The options have no fused kernel yet: a call using them runs the
-        composition, and its route record says so."""
+        ``softcap``, ``layout="bshd"`` for sequence-major q, k, v and output). The options
+        have no fused kernel yet: a call using them runs the composition, and its route record
+        says so. The fused kernels read head-major tensors: with ``layout="bshd"`` they run
+        between permutes."""
         options = {
             "causal_alignment": causal_alignment, "window": window, "key_lengths": key_lengths,
             "softcap": softcap,
@@ -261,25 +269,27 @@ class KernelOps(OpsBase[FusedKernels]):
             # One place for the checks: NNOps.attention's body needs only ``backend``,
             # ``_empty`` and ``kernels.attention``, which FusedKernels declares with
             # TensorKernels's signature.
-            return NNOps.attention(self, q, k, v, scale=scale, causal=causal, mask=mask)  # type: ignore[call-overload,no-any-return]
+            return NNOps.attention(  # type: ignore[call-overload,no-any-return]
+                self, q, k, v, scale=scale, causal=causal, mask=mask, layout=layout
+            )
 
-        return self._run(
-            "attention",
-            fused,
-            lambda: composite.attention(
-                self.backend,
-                q,
-                k,
-                v,
-                scale=scale,
-                causal=causal,
-                mask=mask,
-                causal_alignment=causal_alignment,
-                window=window,
-                key_lengths=key_lengths,
+        def composed() -> Tensor:
+            bshd = check_attention_layout(layout)
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                if bshd and t.ndim != 4:
+                    raise InvalidArgumentError(
+                        f"attention: {name} must be [batch, seq, heads, head_dim]; got {t.shape}"
+                    )
+            permute = self.backend.tensor_ops.permute
+            qh, kh, vh = (permute(t, _HEADS) for t in (q, k, v)) if bshd else (q, k, v)
+            out = composite.attention(
+                self.backend, qh, kh, vh, scale=scale, causal=causal, mask=mask,
+                causal_alignment=causal_alignment, window=window, key_lengths=key_lengths,
                 softcap=softcap,
-            ),
-        )
+            )  # fmt: skip
+            return permute(out, _HEADS) if bshd else out
+
+        return self._run("attention", fused, composed)
 
     def paged_attention(
         self,

@@ -277,10 +277,30 @@ class TensorKernels(_Allocating):
         error raised when awaited. Without an override the core composes it."""
         raise NotImplementedError
 
+    def attention_bshd(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        """Optional: :meth:`attention` on sequence-major tensors, read and written in place:
+        ``q`` [B, Sq, H, D], ``k`` [B, Skv, Hkv, D], ``v`` [B, Skv, Hkv, Dv], ``out``
+        [B, Sq, H, Dv]; ``mask`` (or None) broadcasts to the scores' [B, H, Sq, Skv] as in
+        :meth:`attention`. ``attention(..., layout="bshd")`` runs it. It may decline one call
+        by raising :class:`~accelkit.errors.UnsupportedOperationError` before enqueuing
+        anything (a mask, a dtype its kernel lacks); without an override, or on a decline, the
+        core permutes q, k and v to head-major, runs :meth:`attention` and permutes back."""
+        raise NotImplementedError
+
     def overrides(self, name: str) -> bool:
         """Whether this kernel object overrides the optional kernel ``name`` (one of
         ``"depthwise"``, ``"separable_filter"``, ``"sobel_magnitude"``, ``"grayscale"``,
-        ``"take"``, ``"cumulative"``, ``"argsort"``, ``"scatter_reduce"``)."""
+        ``"take"``, ``"cumulative"``, ``"argsort"``, ``"scatter_reduce"``,
+        ``"attention_bshd"``)."""
         if name not in _OPTIONAL_KERNELS:
             raise ValueError(f"{name!r} is not an optional kernel; they are {_OPTIONAL_KERNELS}")
         return getattr(type(self), name) is not getattr(TensorKernels, name)
@@ -293,7 +313,7 @@ class TensorKernels(_Allocating):
 
 _OPTIONAL_KERNELS = (
     "depthwise", "separable_filter", "sobel_magnitude", "grayscale", "take", "cumulative",
-    "argsort", "scatter_reduce",
+    "argsort", "scatter_reduce", "attention_bshd",
 )  # fmt: skip
 
 

@@ -93,6 +93,72 @@ async def test_attention_options(backend: ComputeBackend, dtype: DType, case: in
     assert route.route == "composed"
 
 
+BSHD_CASES: list[dict[str, Any]] = [
+    {},
+    {"causal": True},
+    {"causal": True, "grouped": True},
+    {"causal": True, "sq": 3},  # fewer queries than keys: bottom-right alignment
+    {"mask": True},
+    {"causal": True, "return_weights": True},
+    {"causal": True, "window": 2},
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
+@pytest.mark.parametrize("case", range(len(BSHD_CASES)))
+async def test_sequence_major_layout(backend: ComputeBackend, dtype: DType, case: int) -> None:
+    """``layout="bshd"``: q [B, Sq, H, D], k/v [B, Skv, Hkv, D], output [B, Sq, H, Dv], the
+    same numbers as the head-major call on the transposed tensors (the backend's in-place
+    kernel where it has one, else the core's permutes), through TensorOps and KernelOps."""
+    require_op(backend, "attention")
+    require_dtype(backend, dtype)
+    opts = dict(BSHD_CASES[case])
+    sq, hk = opts.pop("sq", 6), 2 if opts.pop("grouped", False) else 4
+    with_mask = opts.pop("mask", False)
+    # Sequence-major on the host; the reference reads them transposed to head-major.
+    q_h = sample((2, sq, 4, 8), dtype, seed=81)
+    k_h = sample((2, 6, hk, 8), dtype, seed=82)
+    v_h = sample((2, 6, hk, 5), dtype, seed=83)
+    heads = (0, 2, 1, 3)
+    f = backend.tensor_factory
+    q, k, v = f.from_host(q_h), f.from_host(k_h), f.from_host(v_h)
+    want, weights = _attention(
+        q_h.transpose(heads), k_h.transpose(heads), v_h.transpose(heads),
+        causal=opts.get("causal", False), window=opts.get("window"),
+    )  # fmt: skip
+    if with_mask:  # keys 0 and 3 hidden from every query of head 1 (a bool mask [1, H, 1, Skv])
+        keep = np.ones((1, 4, 1, 6), bool)
+        keep[0, 1, 0, [0, 3]] = False
+        opts["mask"] = f.from_host(keep)
+        want = np.stack(
+            [_masked(q_h.transpose(heads)[b], k_h.transpose(heads)[b], v_h.transpose(heads)[b],
+                     keep[0, :, 0]) for b in range(2)]
+        )  # fmt: skip
+    res = backend.tensor_ops.attention(q, k, v, layout="bshd", **opts)
+    out = res[0] if isinstance(res, tuple) else res
+    assert out.shape == (2, sq, 4, 5)
+    assert_close(await fetch(out, dtype), want.transpose(heads), dtype, scale=4.0)
+    if isinstance(res, tuple):
+        assert res[1].shape == (2, 4, sq, 6)  # the weights keep the scores' layout
+        assert_close(await fetch(res[1], dtype), weights, dtype, scale=4.0)
+    opts.pop("return_weights", None)
+    fused = backend.kernel_ops.attention(q, k, v, layout="bshd", **opts)
+    assert_close(await fetch(fused, dtype), want.transpose(heads), dtype, scale=4.0)
+
+
+def _masked(q: Array, k: Array, v: Array, keep: Array) -> Array:
+    """One batch element of attention with ``keep`` [H, Skv] (True: the key is seen)."""
+    h, hk = q.shape[0], k.shape[0]
+    out = np.zeros((h, q.shape[1], v.shape[2]))
+    for hi in range(h):
+        kv = hi // (h // hk)
+        s = q[hi].astype(np.float64) @ k[kv].astype(np.float64).T / np.sqrt(q.shape[2])
+        s = np.where(keep[hi][None, :], s, -np.inf)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        out[hi] = (e / e.sum(-1, keepdims=True)) @ v[kv].astype(np.float64)
+    return out
+
+
 async def test_default_alignment_is_bottom_right(backend: ComputeBackend) -> None:
     """With no option the backend's kernel runs; it must agree with the composition's
     bottom-right rule, and top-left must differ when Sq < Skv."""
@@ -176,6 +242,10 @@ BAD_CALLS: list[tuple[str, Any, str]] = [
     ("attention", lambda o, t: o.attention(t["q"], t["q"], t["q"], key_lengths=t["len3"]), r"must be \[2\]"),
     ("attention", lambda o, t: o.attention(t["q"], t["q"], t["q"], key_lengths=t["c"]), "integer"),
     ("attention", lambda o, t: o.attention(t["q"], t["q"], t["q"], softcap=0.0), "softcap"),
+    ("attention", lambda o, t: o.attention(t["q"], t["q"], t["q"], layout="bsdh"), "layout must be"),
+    ("attention", lambda o, t: o.attention(t["c"], t["c"], t["c"], layout="bshd"), r"\[batch, seq, heads"),
+    # [B, S, H, D]: q has 3 heads, k 2 (read head-major, both would have one)
+    ("attention", lambda o, t: o.attention(t["q"], t["k2"], t["k2"], layout="bshd"), "not a multiple"),
     ("apply_rotary", lambda o, t: o.apply_rotary(t["q"], t["c"], t["c"], rotary_dim=3), "even"),
     ("apply_rotary", lambda o, t: o.apply_rotary(t["q"], t["c"], t["c"]), "broadcast"),
     ("apply_rotary", lambda o, t: o.apply_rotary(t["q"], t["c2"], t["c"], rotary_dim=4), "one shape"),
@@ -192,7 +262,7 @@ async def test_bad_arguments_are_refused_before_allocating(
     f = backend.tensor_factory
     inputs = {
         "q": f.ones((2, 1, 3, 8)), "len3": f.ones((3,), "i32"), "c": f.ones((3, 3)),
-        "c2": f.ones((3, 2)),
+        "c2": f.ones((3, 2)), "k2": f.ones((2, 1, 2, 8)),
     }  # fmt: skip
     await backend.synchronize()
     used = backend.memory_manager.memory_info().used

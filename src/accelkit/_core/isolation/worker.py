@@ -33,12 +33,6 @@ __all__ = ["main", "ref_buffer", "ref_tensor"]
 _HEAD = struct.Struct("!i")
 _HEAD8 = struct.Struct("!Q")
 
-#: The optional TensorKernels methods whose overriding the worker reports.
-_OPTIONAL = (
-    "depthwise", "separable_filter", "sobel_magnitude", "grayscale", "take", "cumulative",
-    "argsort", "scatter_reduce",
-)  # fmt: skip
-
 
 def main() -> None:
     """The worker's entry point: ``python -c "...; main()" FD PARENT_PID SYS_PATH_JSON``, started
@@ -588,6 +582,7 @@ class _Worker:
 
     async def open(self, spec: str, device: str | None, pool_config: Any) -> dict[str, Any]:
         from accelkit.registry import _import_path, default_registry
+        from accelkit.sdk.kernels import _OPTIONAL_KERNELS as OPTIONAL_KERNELS
         from accelkit.sdk.kernels import FactoryKernels, FusedKernels, TensorKernels
 
         if ":" in spec and "." in spec.partition(":")[0]:
@@ -612,7 +607,9 @@ class _Worker:
             "capabilities": b.capabilities,
             "dtypes": b.supported_dtypes,
             "overrides": sorted(
-                n for n in _OPTIONAL if isinstance(tensor, TensorKernels) and tensor.overrides(n)
+                n
+                for n in OPTIONAL_KERNELS
+                if isinstance(tensor, TensorKernels) and tensor.overrides(n)
             ),
             "fused_ops": sorted(fused.fused_ops) if isinstance(fused, FusedKernels) else [],
             "device_random": isinstance(factory, FactoryKernels) and factory.device_random,

@@ -35,15 +35,30 @@ if TYPE_CHECKING:
     from accelkit.ops.tensor_ops import TensorOps
 
 __all__ = [
+    "ATTENTION_LAYOUTS",
     "CAUSAL_ALIGNMENTS",
     "AttentionOptions",
     "AttentionOptionsOps",
+    "check_attention_layout",
     "check_attention_options",
 ]
 
 #: ``bottom_right``: the last query sees the last key (query i sees keys ``j <= i + Skv - Sq``,
 #: what a KV cache needs; the default). ``top_left``: query i sees keys ``j <= i``.
 CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
+
+#: ``bhsd``: q [B, H, Sq, D] (head-major; the default). ``bshd``: q [B, Sq, H, D]
+#: (sequence-major: a projection's output reshaped to heads).
+ATTENTION_LAYOUTS = ("bhsd", "bshd")
+
+
+def check_attention_layout(layout: object) -> bool:
+    """Whether ``layout`` is ``"bshd"`` (``"bhsd"`` gives False; anything else is refused)."""
+    if isinstance(layout, str) and layout in ATTENTION_LAYOUTS:
+        return layout == "bshd"
+    raise InvalidArgumentError(
+        f"attention: layout must be one of {', '.join(ATTENTION_LAYOUTS)}; got {layout!r}"
+    )
 
 
 @dataclass(frozen=True)

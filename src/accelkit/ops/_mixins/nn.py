@@ -18,8 +18,11 @@ from accelkit._core.validation import (
     pair,
 )
 from accelkit.dtype import DType
-from accelkit.errors import InvalidArgumentError
-from accelkit.ops._mixins.attention_options import check_attention_options
+from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
+from accelkit.ops._mixins.attention_options import (
+    check_attention_layout,
+    check_attention_options,
+)
 from accelkit.ops._mixins.base import OpsBase
 from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
@@ -115,6 +118,7 @@ class NNOps(OpsBase[TensorKernels]):
         window: int | None = ...,
         key_lengths: Tensor | None = ...,
         softcap: float | None = ...,
+        layout: str = ...,
         return_weights: Literal[False] = ...,
     ) -> Tensor: ...
 
@@ -132,6 +136,7 @@ class NNOps(OpsBase[TensorKernels]):
         window: int | None = ...,
         key_lengths: Tensor | None = ...,
         softcap: float | None = ...,
+        layout: str = ...,
         return_weights: Literal[True],
     ) -> tuple[Tensor, Tensor]: ...
 
@@ -148,6 +153,7 @@ class NNOps(OpsBase[TensorKernels]):
         window: int | None = None,
         key_lengths: Tensor | None = None,
         softcap: float | None = None,
+        layout: str = "bhsd",
         return_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``.
@@ -166,19 +172,32 @@ class NNOps(OpsBase[TensorKernels]):
         position ``key_lengths[b]`` on in a padded batch; ``softcap`` bounds the scores to
         ``softcap * tanh(scores / softcap)`` before masking (Gemma 2); ``return_weights`` returns
         ``(out, weights)`` with the softmax weights [B, H, Sq, Skv].
+
+        ``layout="bshd"`` takes and returns sequence-major tensors instead: ``q`` [B, Sq, H, D],
+        ``k`` [B, Skv, Hkv, D], ``v`` [B, Skv, Hkv, Dv], output [B, Sq, H, Dv] (JAX's and
+        FlashAttention's order; ``mask`` and the weights keep the scores' [B, H, Sq, Skv]).
+        It is what a projection's output reshaped to heads already is, so a transformer block
+        needs no permute before or after attention: a backend whose kernels read that layout
+        in place (:meth:`~accelkit.sdk.TensorKernels.attention_bshd`) runs no copy at all;
+        elsewhere the core permutes around the head-major kernel (the same result).
         """
         b = self.backend
+        bshd = check_attention_layout(layout)
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_tensor(b, t, name)
             if t.ndim != 4:
-                raise InvalidArgumentError(
-                    f"attention: {name} must be [batch, heads, seq, head_dim]; got {t._shape}"
-                )
+                axes = "batch, seq, heads, head_dim" if bshd else "batch, heads, seq, head_dim"
+                raise InvalidArgumentError(f"attention: {name} must be [{axes}]; got {t._shape}")
         check_float(q, "attention", "q")
         dt = check_same_dtype("attention", q=q, k=k, v=v)
-        bq, h, sq, dq = q._shape
-        bk, hk, sk, dk = k._shape
-        bv, hv, sv, dv = v._shape
+        if bshd:
+            bq, sq, h, dq = q._shape
+            bk, sk, hk, dk = k._shape
+            bv, sv, hv, dv = v._shape
+        else:
+            bq, h, sq, dq = q._shape
+            bk, hk, sk, dk = k._shape
+            bv, hv, sv, dv = v._shape
         if not (bq == bk == bv):
             raise InvalidArgumentError(f"attention: batch sizes differ: q {bq}, k {bk}, v {bv}")
         if dq != dk:
@@ -210,6 +229,31 @@ class NNOps(OpsBase[TensorKernels]):
         opts = check_attention_options(
             b, bq, causal, causal_alignment, window, key_lengths, softcap, return_weights
         )
+        if bshd:
+            kernels = self.kernels
+            if (
+                opts.default
+                and isinstance(kernels, TensorKernels)
+                and kernels.overrides("attention_bshd")
+            ):
+                out = self._empty((bq, sq, h, dv), dt)
+                try:
+                    kernels.attention_bshd(q, k, v, mask, out, sc, causal)
+                    return out
+                except UnsupportedOperationError:
+                    pass  # declined before enqueuing anything: the permutes below
+            # The head-major kernel between permutes (the result is the same; three copies
+            # in, one out). ``NNOps.attention`` by name: KernelOps runs this body too.
+            to_heads, permute = (0, 2, 1, 3), b.tensor_ops.permute
+            res = NNOps.attention(  # type: ignore[call-overload,misc]
+                self, permute(q, to_heads), permute(k, to_heads), permute(v, to_heads),
+                scale=sc, causal=causal, mask=mask, causal_alignment=causal_alignment,
+                window=window, key_lengths=key_lengths, softcap=softcap,
+                return_weights=return_weights,
+            )  # fmt: skip
+            if isinstance(res, tuple):
+                return permute(res[0], to_heads), res[1]
+            return permute(res, to_heads)
         if not opts.default:
             return self._attention_composed(q, k, v, sc, causal, mask, opts)  # type: ignore[attr-defined,no-any-return]
         out = self._empty((bq, h, sq, dv), dt)

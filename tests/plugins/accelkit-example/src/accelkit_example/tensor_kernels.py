@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from accelkit import Tensor
+from accelkit.errors import UnsupportedOperationError
 from accelkit.sdk import Operand, TensorKernels
 from accelkit.sdk import host as h
 from accelkit_example.submit import ExampleComponent, array
@@ -129,6 +130,32 @@ class ExampleTensorKernels(ExampleComponent, TensorKernels):
             h.attention(array(q), array(k), array(v), array(mask), array(out), scale, causal)
 
         self.launch(run, (q, k, v, mask), (out,))
+
+    def attention_bshd(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        """The optional sequence-major attention (q [B, Sq, H, D], out [B, Sq, H, Dv]): the
+        host body on transposed views. A masked call is declined before anything is queued,
+        to show the contract: the core then permutes and runs :meth:`attention`."""
+        if mask is not None:
+            raise UnsupportedOperationError("the example's sequence-major attention takes no mask")
+
+        def run() -> None:
+            heads = (0, 2, 1, 3)
+            o = array(out)
+            res = np.empty(o.transpose(heads).shape, o.dtype)
+            qa, ka, va = (array(t).transpose(heads) for t in (q, k, v))
+            h.attention(qa, ka, va, None, res, scale, causal)
+            o[...] = res.transpose(heads)
+
+        self.launch(run, (q, k, v), (out,))
 
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         self.launch(lambda: h.softmax(array(x), axis, array(out), log), (x,), (out,))
