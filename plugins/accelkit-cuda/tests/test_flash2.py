@@ -78,14 +78,18 @@ def test_launch_args_follow_the_kernel_signature() -> None:
     args = fa.launch_args(q, k, v, o, 16, 4, 4096, 4100, 0.125, True)
     assert args[:4] == (q, k, v, o)
     kinds = [type(a) for a in args[4:]]
-    assert kinds == [np.int32, np.int32, np.int64, np.int64, np.float32, np.int32]
+    assert kinds == [np.int32, np.int32, np.int64, np.int64, np.float32, np.int32, np.int32]
     assert args[4:8] == (16, 4, 4096, 4100)
     assert args[8] == np.float32(0.125 * math.log2(math.e))  # the log2 domain of exp2
     assert args[9] == 1
+    assert args[10] == 0  # head-major unless told
+    assert fa.launch_args(q, k, v, o, 16, 4, 1, 1, 1.0, False, True)[10] == 1
     sig = re.search(r"fa2_##S##_d##D\((.*?)\)", fa.SOURCE, re.S)
     assert sig is not None
     params = [p.split()[0] for p in sig.group(1).replace("\\", " ").split(",")]
-    assert params == ["const", "const", "const", "u16*", "int", "int", "i64", "i64", "float", "int"]
+    assert params == [
+        "const", "const", "const", "u16*", "int", "int", "i64", "i64", "float", "int", "int"
+    ]  # fmt: skip
 
 
 # -- conversions, reference and tolerance ----------------------------------------------------------
@@ -365,7 +369,12 @@ MODELLED = (
     "pf[nt >> 1][(nt & 1) * 2 + 1] = Mma<T>::pack(p2, p3);",
     "if (key >= Sk || (causal && key > row + offset)) x = NEG_INF;",
     "i64 key = n0 + nt * 8 + 2 * t + (e & 1);",
-    "*(u32*)(ob + r0 * D + col) = Mma<T>::pack(o[dt][0] * inv0, o[dt][1] * inv0);",
+    "*(u32*)(ob + r0 * qrs + col) = Mma<T>::pack(o[dt][0] * inv0, o[dt][1] * inv0);",
+    # where a (batch, head)'s rows start and how far apart they lie, in either layout
+    "const i64 qrs = seq_major ? (i64)H * D : D, krs = seq_major ? (i64)Hkv * D : D;",
+    "const i64 qoff = seq_major ? (b * Sq * H + h) * D : bh * Sq * D;",
+    "const i64 koff = seq_major ? (b * Sk * Hkv + hk) * D : (b * Hkv + hk) * Sk * D;",
+    "const u16* s = src + (ok ? (row0 + r) * rs + col : 0);",
 )
 
 
@@ -373,6 +382,22 @@ def test_the_model_copies_the_kernel() -> None:
     source = " ".join(fa.SOURCE.split())
     for expr in MODELLED:
         assert " ".join(expr.split()) in source, expr
+
+
+@pytest.mark.parametrize("seq_major", [False, True], ids=["bhsd", "bshd"])
+def test_the_row_addressing_finds_every_element(seq_major: bool) -> None:
+    # The kernel's (modelled) offsets, row strides and row loads: element (b, h, row, c) of
+    # the head-major q and out, and (b, hk, key, c) of k and v, at ``off + row * rs + c``.
+    bsz, d = 2, 16
+    for heads, seq in ((6, 5), (3, 7)):  # q/out: H, Sq; k/v: Hkv, Sk
+        logical = np.arange(bsz * heads * seq * d).reshape(bsz, heads, seq, d)
+        flat = fa.stored(logical, seq_major).ravel()  # the buffer as the kernel sees it
+        rs = heads * d if seq_major else d
+        for b in range(bsz):
+            for h in range(heads):
+                off = (b * seq * heads + h) * d if seq_major else (b * heads + h) * seq * d
+                rows = [flat[off + r * rs : off + r * rs + d] for r in range(seq)]
+                np.testing.assert_array_equal(np.stack(rows), logical[b, h])
 
 
 @pytest.mark.parametrize(("sq", "sk", "causal"), [(70, 93, False), (70, 93, True), (80, 20, True)])

@@ -40,6 +40,9 @@ from accelkit.dtype import DType
 #: The stand-in's plugin, imported over ``fake_cupy`` (test_offloop's fixture).
 plugin = test_offloop.plugin
 
+#: [B, H, S, D] <-> [B, S, H, D]
+SWAP = (0, 2, 1, 3)
+
 _HOST_SHIMS = r"""
 #include <barrier>
 #include <cmath>
@@ -74,7 +77,7 @@ static float __int_as_float(int bits) { float f; std::memcpy(&f, &bits, 4); retu
 _DRIVER = r"""
 extern "C" void host_d{d}(const float* q, const float* k, const float* v, float* out, int H,
                           int Hkv, long long Sq, long long Sk, float scale, int causal,
-                          unsigned int gx, unsigned int gy, long long smem) {{
+                          int seq_major, unsigned int gx, unsigned int gy, long long smem) {{
     std::vector<float> shared(smem / 4);
     host_shared = shared.data();
     gridDim = {{gx, gy, 1}};
@@ -91,7 +94,7 @@ extern "C" void host_d{d}(const float* q, const float* k, const float* v, float*
             for (unsigned int t = 0; t < 256; ++t)
                 threads.emplace_back([=] {{
                     threadIdx = {{t, 0, 0}};
-                    simt_attention_f32_d{d}(q, k, v, out, H, Hkv, Sq, Sk, scale, causal);
+                    simt_attention_f32_d{d}(q, k, v, out, H, Hkv, Sq, Sk, scale, causal, seq_major);
                 }});
             for (auto& t : threads) t.join();
             for (int w = 0; w < 8; ++w) delete warp_barrier[w];
@@ -120,18 +123,25 @@ def host_kernel(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _run(
     lib: Any, q: np.ndarray[Any, Any], k: np.ndarray[Any, Any], v: np.ndarray[Any, Any],
-    scale: float, causal: bool,
+    scale: float, causal: bool, seq_major: bool = False,
 ) -> np.ndarray[Any, Any]:  # fmt: skip
+    """The kernel on head-major ``q``, ``k``, ``v``; with ``seq_major`` it is given them
+    stored [B, S, H, D] (copies) and writes such an output, returned head-major."""
     b, h, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
-    out = np.full((b, h, sq, d), np.nan, np.float32)  # every element must be written
+    if seq_major:
+        q, k, v = (np.ascontiguousarray(a.transpose(SWAP)) for a in (q, k, v))
+        out = np.full((b, sq, h, d), np.nan, np.float32)  # every element must be written
+    else:
+        out = np.full((b, h, sq, d), np.nan, np.float32)
     (gx, gy), _, smem = geometry(b, h, sq, d)
     getattr(lib, f"host_d{d}")(
         *(ctypes.c_void_p(a.ctypes.data) for a in (q, k, v, out)), ctypes.c_int(h),
         ctypes.c_int(hk), ctypes.c_longlong(sq), ctypes.c_longlong(sk), ctypes.c_float(scale),
-        ctypes.c_int(causal), ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_longlong(smem),
+        ctypes.c_int(causal), ctypes.c_int(seq_major), ctypes.c_uint(gx), ctypes.c_uint(gy),
+        ctypes.c_longlong(smem),
     )  # fmt: skip
-    return out
+    return out.transpose(SWAP) if seq_major else out
 
 
 def _inputs(
@@ -144,19 +154,21 @@ def _inputs(
     )
 
 
+@pytest.mark.parametrize("seq_major", [False, True], ids=["bhsd", "bshd"])
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize(
     "shape", CHECK_SHAPES, ids=lambda s: "B{}H{}/{}Sq{}Sk{}{}".format(*s[:5], "c" * s[5])
 )
 def test_the_kernels_text_matches_the_reference(
-    host_kernel: Any, d: int, shape: tuple[int, int, int, int, int, bool]
+    host_kernel: Any, d: int, shape: tuple[int, int, int, int, int, bool], seq_major: bool
 ) -> None:
     # The shapes of the on-device check: partial tiles, several tiles, grouped heads, causal
-    # rows that see no key (Sq > Sk), a single row.
+    # rows that see no key (Sq > Sk), a single row; head-major and sequence-major storage
+    # (``attention_bshd``: rows H * D apart, grouped KV heads Hkv * D apart).
     b, h, hk, sq, sk, causal = shape
     q, k, v = _inputs(d + sq, b, h, hk, sq, sk, d)
     scale = 1.0 / math.sqrt(d)
-    got = _run(host_kernel, q, k, v, scale, causal)
+    got = _run(host_kernel, q, k, v, scale, causal, seq_major)
     assert compare(got, q, k, v, scale, causal) is None
     if causal and sq > sk:  # the rows that see no key are zero
         assert not got[:, :, : sq - sk].any()
@@ -234,10 +246,12 @@ async def test_the_backend_routes_f32_attention_to_it_once_verified(
     fa = importlib.import_module("accelkit_cuda.flash_attention")
     monkeypatch.setattr(fa, "_run_child", lambda *a: (None, True))
     launches: list[tuple[Any, ...]] = []
+    others: list[str] = []
     call = fake_cupy.Function.__call__
 
     def launch(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
         if not self.name.startswith("simt_attention_f32_d"):
+            others.append(self.name)
             call(self, grid, block, args, **kwargs)
             return
         launches.append((self.name, grid, block, kwargs.get("shared_mem")))
@@ -246,8 +260,8 @@ async def test_the_backend_routes_f32_attention_to_it_once_verified(
             *(ctypes.c_void_p(int(p)) for p in ptrs), ctypes.c_int(int(rest[0])),
             ctypes.c_int(int(rest[1])), ctypes.c_longlong(int(rest[2])),
             ctypes.c_longlong(int(rest[3])), ctypes.c_float(float(rest[4])),
-            ctypes.c_int(int(rest[5])), ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]),
-            ctypes.c_longlong(kwargs["shared_mem"]),
+            ctypes.c_int(int(rest[5])), ctypes.c_int(int(rest[6])), ctypes.c_uint(grid[0]),
+            ctypes.c_uint(grid[1]), ctypes.c_longlong(kwargs["shared_mem"]),
         )  # fmt: skip
 
     monkeypatch.setattr(fake_cupy.Function, "__call__", launch)
@@ -265,6 +279,22 @@ async def test_the_backend_routes_f32_attention_to_it_once_verified(
         assert route.engine == "simt", route
         assert launches == [("simt_attention_f32_d64", (2, 8), (256,), shared_bytes(64))]
         assert compare(got, q, k, v, 1.0 / 8.0, True) is None
+        # Sequence-major (a projection's output reshaped to heads): the same kernel reads and
+        # writes it in place, and nothing else is launched (no permute before or after).
+        qs, ks, vs = (f.from_host(np.ascontiguousarray(a.transpose(SWAP))) for a in (q, k, v))
+        await backend.synchronize()
+        others.clear()
+        res = backend.tensor_ops.attention(qs, ks, vs, causal=True, layout="bshd")
+        assert res.shape == (2, 70, 4, 64)
+        got = (await res.to_host()).transpose(SWAP)
+        assert others == []
+        route = backend.attention_engines.last_route
+        assert route is not None
+        assert route.engine == "simt", route
+        assert "sequence-major in place" in route.reason
+        assert launches[1:] == [("simt_attention_f32_d64", (2, 8), (256,), shared_bytes(64))]
+        assert compare(got, q, k, v, 1.0 / 8.0, True) is None
+        del launches[1:]
         backend.flash_simt.enabled = False  # the warp-per-row kernel again
         kops.attention(f.from_host(q), f.from_host(k), f.from_host(v), causal=True)
         await backend.synchronize()
@@ -274,6 +304,16 @@ async def test_the_backend_routes_f32_attention_to_it_once_verified(
         assert "f32 tiled kernel: " in route.reason
         assert "switched off" in route.reason
         assert len(launches) == 1
+        # Sequence-major with no kernel that reads it in place: declined, so the core permutes
+        # around the warp-per-row kernel (four permute copies; the stand-in does not run the
+        # warp-per-row kernel, whose answers the GPU tests check).
+        others.clear()
+        res = backend.tensor_ops.attention(qs, ks, vs, causal=True, layout="bshd")
+        await res.to_host()
+        assert res.shape == (2, 70, 4, 64)
+        assert backend.attention_engines.last_route.engine == "warp"  # type: ignore[union-attr]
+        assert len(launches) == 1
+        assert others == ["perm32_i32"] * 3 + ["flash_attention_f32", "perm32_i32"]
     finally:
         await backend.shutdown()
 

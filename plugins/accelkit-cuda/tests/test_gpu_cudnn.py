@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
@@ -245,3 +246,40 @@ async def test_f32_tiled_attention_matches_numpy(backend: Any, d: int) -> None:
         assert engines.last_route.engine == "simt", engines.last_route
         got = await out.to_host()
         assert compare(got, q, k, v, 1.0 / np.sqrt(d), causal) is None
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+async def test_sequence_major_attention_is_read_in_place(backend: Any, dtype: str) -> None:
+    """``attention(..., layout="bshd")`` on q [B, S, H, D] and grouped k/v [B, S, Hkv, D] (a
+    projection's output reshaped to heads): cuDNN (through the strides), the tensor-core or
+    the tiled f32 kernel reads and writes them in place wherever one of them serves the dtype,
+    and the answer is the head-major reference's, within the kernels' own bounds."""
+    from accelkit_cuda import flash_attention as fa
+    from accelkit_cuda.flash_simt import compare
+
+    f, ops, engines = backend.tensor_factory, backend.tensor_ops, backend.attention_engines
+    rng = np.random.default_rng(5)
+    b, h, hk, sq, sk, d = 2, 8, 2, 130, 197, 64
+    heads = (0, 2, 1, 3)
+    host = [
+        rng.standard_normal((b, s, n, d)).astype(np.float32)
+        for n, s in ((h, sq), (hk, sk), (hk, sk))
+    ]
+    q, k, v = (f.from_host(a, dtype=dtype) for a in host)
+    qr, kr, vr = [(await t.to_host()).astype(np.float64).transpose(heads) for t in (q, k, v)]
+    out = ops.attention(q, k, v, causal=True, layout="bshd")
+    assert out.shape == (b, sq, h, d)
+    route = engines.last_route
+    assert route is not None
+    got = (await out.to_host()).astype(np.float64).transpose(heads)
+    kernel = backend.flash_simt if dtype == "f32" else backend.flash2
+    in_place = kernel is not None and kernel.verified
+    if route.engine == "cudnn" or in_place:
+        assert route.engine in ("cudnn", "flash2", "simt"), route
+        assert "sequence-major" in route.reason, route
+    if dtype == "f32":
+        assert compare(got.astype(np.float32), qr, kr, vr, 1.0 / 8.0, True) is None
+    else:
+        want = fa.reference(qr, kr, vr, 1.0 / 8.0, True)
+        bound = fa.tolerance(DType(dtype), sk, d) * np.abs(vr).max()
+        np.testing.assert_array_less(np.abs(got - want), bound)

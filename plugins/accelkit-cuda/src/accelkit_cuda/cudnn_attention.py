@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from accelkit.dtype import DType
 from accelkit.sdk import env_str
+from accelkit_cuda.flash_attention import stored_shape
 
 if TYPE_CHECKING:
     from accelkit.tensor import Tensor
@@ -112,10 +113,13 @@ class EngineRoute:
 
 @dataclass(frozen=True, slots=True)
 class GraphKey:
-    """What one cuDNN graph is built for. Tensors are contiguous, so shapes are the layout.
+    """What one cuDNN graph is built for. Tensors are contiguous, so shapes (and ``seq_major``)
+    are the layout.
 
-    ``attention``: q, k, v as given ([B, H, Sq, D], [B, Hk, Sk, D], [B, Hk, Sk, Dv]); ``bias`` the
-    extent of the materialised mask ([1|B, 1|H, Sq, Sk]) or None. ``paged_attention``: q [B, H, D],
+    ``attention``: q, k, v head-major ([B, H, Sq, D], [B, Hk, Sk, D], [B, Hk, Sk, Dv]), stored so
+    or, with ``seq_major``, as [B, Sq, H, D] etc. (``attention_bshd``: cuDNN reads them in
+    place through the strides); ``bias`` the extent of the materialised mask ([1|B, 1|H, Sq, Sk])
+    or None. ``paged_attention``: q [B, H, D],
     k and v the caches [blocks, block_size, Hk, D], ``table`` the block table's [B, max_blocks].
     """
 
@@ -128,6 +132,7 @@ class GraphKey:
     scale: float
     bias: tuple[int, ...] | None = None
     table: tuple[int, ...] | None = None
+    seq_major: bool = False
 
 
 def _pad4(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -136,9 +141,10 @@ def _pad4(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def attention_key(
     q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], dtype: DType,
-    mask: tuple[int, ...] | None, causal: bool, scale: float,
+    mask: tuple[int, ...] | None, causal: bool, scale: float, seq_major: bool = False,
 ) -> GraphKey:  # fmt: skip
-    """The key of a dense attention call; ``mask`` is a BOOL mask's shape (or None)."""
+    """The key of a dense attention call (head-major shapes, whatever ``seq_major`` says of
+    the storage); ``mask`` is a BOOL mask's shape (or None)."""
     bias = None
     if mask is not None:
         m = _pad4(mask)
@@ -147,7 +153,10 @@ def attention_key(
         ("bool+causal" if causal else "bool") if mask is not None else
         ("causal" if causal else "none")
     )  # fmt: skip
-    return GraphKey("attention", dtype, tuple(q), tuple(k), tuple(v), kind, float(scale), bias)
+    return GraphKey(
+        "attention", dtype, tuple(q), tuple(k), tuple(v), kind, float(scale), bias,
+        seq_major=seq_major,
+    )  # fmt: skip
 
 
 def paged_key(
@@ -197,7 +206,12 @@ def causal_in_graph(key: GraphKey) -> bool:
     return key.bias is None or key.q[2] == key.k[2]
 
 
-def _strides(shape: tuple[int, ...]) -> list[int]:
+def _strides(shape: tuple[int, ...], seq_major: bool = False) -> list[int]:
+    """Strides of a contiguous ``shape``; with ``seq_major``, of a head-major [B, H, S, D]
+    stored [B, S, H, D]."""
+    if seq_major:
+        _, h, s, d = shape
+        return [s * h * d, d, h * d, 1]
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)
@@ -223,11 +237,12 @@ def describe(cudnn: Any, key: GraphKey, handle: Any = None) -> Any:
     if key.op == "attention":
         b, h, sq, _ = key.q
         sk = key.k[2]
-        q = tensor("q", UID_Q, key.q, _strides(key.q))
-        k = tensor("k", UID_K, key.k, _strides(key.k))
-        v = tensor("v", UID_V, key.v, _strides(key.v))
+        major = key.seq_major
+        q = tensor("q", UID_Q, key.q, _strides(key.q, major))
+        k = tensor("k", UID_K, key.k, _strides(key.k, major))
+        v = tensor("v", UID_V, key.v, _strides(key.v, major))
         out_dim = (b, h, sq, key.v[3])
-        out_stride = _strides(out_dim)
+        out_stride = _strides(out_dim, major)
         if key.bias is not None:
             options["bias"] = tensor("bias", UID_BIAS, key.bias, _strides(key.bias))
         if causal_in_graph(key):
@@ -455,23 +470,27 @@ class CudnnAttention:
     # -- the ops ----------------------------------------------------------------------------------
     def attention(
         self, kernels: CUDAAttentionKernels, q: Tensor, k: Tensor, v: Tensor,
-        mask: Tensor | None, out: Tensor, scale: float, causal: bool,
+        mask: Tensor | None, out: Tensor, scale: float, causal: bool, seq_major: bool = False,
     ) -> str | None:  # fmt: skip
         """Submit the call on cuDNN and return None, or return why cuDNN does not serve it
-        (nothing submitted). Records the engine when it serves."""
+        (nothing submitted). Records the engine when it serves. ``seq_major``: q, k, v and
+        out are stored [B, S, H, D] (``attention_bshd``), read in place."""
         if mask is not None and mask.dtype is not DType.BOOL:
             return "cuDNN is given BOOL masks only (a float mask runs elsewhere)"
+        qs, ks, vs = (stored_shape(t.shape, seq_major) for t in (q, k, v))
         key = attention_key(
-            q.shape, k.shape, v.shape, q.dtype, None if mask is None else mask.shape, causal,
-            scale,
-        )  # fmt: skip
+            qs, ks, vs, q.dtype, None if mask is None else mask.shape, causal, scale, seq_major
+        )
         found = self.lookup(key)
         if isinstance(found, str):
             return found
         stream = kernels.current_stream  # its CuPy stream is read on the thread
         launch = _dense_launch(self, found, key, q, k, v, mask, out, stream)
         kernels.launch(launch, (q, k, v, mask), (out,), what="cuDNN attention")
-        self.record("attention", "cudnn", f"cuDNN SDPA graph ({key.dtype.value}, {key.mask})")
+        layout = ", sequence-major" if seq_major else ""
+        self.record(
+            "attention", "cudnn", f"cuDNN SDPA graph ({key.dtype.value}, {key.mask}{layout})"
+        )
         return None
 
     def paged_attention(

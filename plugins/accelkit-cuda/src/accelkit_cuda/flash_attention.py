@@ -123,13 +123,14 @@ def geometry(
 
 def launch_args(
     q: Any, k: Any, v: Any, out: Any, heads: int, kv_heads: int, seq_q: int, seq_k: int,
-    scale: float, causal: bool,
+    scale: float, causal: bool, seq_major: bool = False,
 ) -> tuple[Any, ...]:  # fmt: skip
     """The kernel's arguments in its parameter order (pointers as given; the scale folded into
-    the log2 domain the kernel's softmax works in)."""
+    the log2 domain the kernel's softmax works in); ``seq_major``: q, k, v and out are stored
+    [B, S, H, D] (``attention_bshd``)."""
     return (
         q, k, v, out, np.int32(heads), np.int32(kv_heads), np.int64(seq_q), np.int64(seq_k),
-        np.float32(scale * _LOG2E), np.int32(bool(causal)),
+        np.float32(scale * _LOG2E), np.int32(bool(causal)), np.int32(bool(seq_major)),
     )  # fmt: skip
 
 
@@ -299,22 +300,24 @@ class Flash2Attention(GatedKernel):
             env_str("ACCELKIT_CUDA_FLASH2") == "recheck", _load,
         )  # fmt: skip
 
-    def refusal(self, q: Tensor, k: Tensor, v: Tensor) -> str | None:
-        """None when the kernel takes ``attention(q, k, v)`` without a mask, else why not."""
+    def refusal(self, q: Tensor, k: Tensor, v: Tensor, seq_major: bool = False) -> str | None:
+        """None when the kernel takes ``attention(q, k, v)`` without a mask (stored
+        [B, S, H, D] with ``seq_major``), else why not."""
         gate = self.gate_refusal("tensor-core kernel")
         if gate is not None:
             return gate
         dt = q.dtype
         if dt not in _SUFFIX:
             return f"the tensor-core kernel takes f16/bf16, not {dt.value}"
-        d, dv = q.shape[3], v.shape[3]
+        qs, ks = stored_shape(q.shape, seq_major), stored_shape(k.shape, seq_major)
+        d, dv = qs[3], v.shape[3]
         if d != dv or d not in HEAD_DIMS:
             return (
                 f"the tensor-core kernel takes head_dim == head_dim_v in {HEAD_DIMS}; got {d}/{dv}"
             )
-        if q.size == 0 or k.shape[2] == 0:
+        if q.size == 0 or ks[2] == 0:
             return "empty attention"
-        if q.shape[0] * q.shape[1] > _GRID_Y_MAX:
+        if qs[0] * qs[1] > _GRID_Y_MAX:
             return f"batch * heads > {_GRID_Y_MAX}"
         return None
 
@@ -435,6 +438,30 @@ def _load(binary: bytes) -> dict[str, Any]:
     return functions
 
 
+def stored(x: np.ndarray[Any, Any], seq_major: bool) -> np.ndarray[Any, Any]:
+    """A head-major [B, H, S, D] array as a kernel stores it: itself, or with ``seq_major`` a
+    contiguous [B, S, H, D] copy (the same call turns a stored one back to head-major)."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if seq_major else x
+
+
+def stored_shape(shape: tuple[int, ...], seq_major: bool) -> tuple[int, ...]:
+    """The shape a head-major [B, H, S, D] is stored in: itself, or with ``seq_major``
+    [B, S, H, D]. Axes 1 and 2 swapped is its own inverse: it also gives a stored tensor's
+    head-major shape."""
+    if not seq_major:
+        return shape
+    b, h, s, d = shape
+    return b, s, h, d
+
+
+def check_cases(
+    shapes: tuple[tuple[int, int, int, int, int, bool], ...],
+) -> list[tuple[tuple[int, int, int, int, int, bool], bool]]:
+    """An on-device check's cases: every shape head-major and sequence-major
+    (``attention_bshd``'s strides), as ``(shape, seq_major)``."""
+    return [(shape, major) for major in (False, True) for shape in shapes]
+
+
 def _check(functions: dict[str, Any]) -> str | None:
     """On the submission thread: every variant on :data:`CHECK_SHAPES` against :func:`reference`
     (a private stream, synchronized). Returns None, or the first failure."""
@@ -445,18 +472,19 @@ def _check(functions: dict[str, Any]) -> str | None:
     with stream:
         for dtype in _SUFFIX:
             for d in HEAD_DIMS:
-                for b, h, hk, sq, sk, causal in CHECK_SHAPES:
+                for (b, h, hk, sq, sk, causal), major in check_cases(CHECK_SHAPES):
                     host = [
                         to_bits(rng.standard_normal((b, n, s, d)), dtype)
                         for n, s in ((h, sq), (hk, sk), (hk, sk))
                     ]
-                    dq, dk, dv = (cp.asarray(x) for x in host)
-                    out = cp.full((b, h, sq, d), 0xFFFF, cp.uint16)  # NaN: all must be written
+                    dq, dk, dv = (cp.asarray(stored(x, major)) for x in host)
+                    # NaN: all must be written
+                    out = cp.full(stored_shape((b, h, sq, d), major), 0xFFFF, cp.uint16)
                     scale = 1.0 / math.sqrt(d)
                     grid, block, smem = geometry(b, h, sq, d)
-                    args = launch_args(dq, dk, dv, out, h, hk, sq, sk, scale, causal)
+                    args = launch_args(dq, dk, dv, out, h, hk, sq, sk, scale, causal, major)
                     functions[kernel_name(dtype, d)](grid, block, args, shared_mem=smem)
-                    got = from_bits(out.get(), dtype)
+                    got = from_bits(stored(out.get(), major), dtype)
                     vq, vk, vv = (from_bits(x, dtype) for x in host)
                     ref = reference(vq, vk, vv, scale, causal)
                     bound = tolerance(dtype, sk, d) * float(np.max(np.abs(vv)))
@@ -465,7 +493,8 @@ def _check(functions: dict[str, Any]) -> str | None:
                         worst = float(np.nanmax(err)) if np.isfinite(err).any() else math.nan
                         return (
                             f"{kernel_name(dtype, d)} on B{b} H{h}/{hk} Sq{sq} Sk{sk}"
-                            f" causal={causal}: max error {worst:.3g} > {bound:.3g}"
+                            f" causal={causal}{' seq-major' * major}: max error {worst:.3g} >"
+                            f" {bound:.3g}"
                         )
     stream.synchronize()
     return None
@@ -474,7 +503,8 @@ def _check(functions: dict[str, Any]) -> str | None:
 SOURCE = r"""
 // FlashAttention-2 forward on the tensor cores (see accelkit_cuda/flash_attention.py).
 // q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, D], out [B, H, Sq, D], contiguous, 16-bit
-// storage (f16 or bf16 bits); grid (ceil(Sq / BM), B * H), block 128, dynamic shared memory
+// storage (f16 or bf16 bits); with seq_major stored [B, Sq, H, D] and [B, Sk, Hkv, D] instead
+// (rows H D or Hkv D apart), read and written in place; grid (ceil(Sq / BM), B * H), block 128, dynamic shared memory
 // (BM + 4 BN) (D + PAD) 2 bytes. scale_log2 = scale * log2(e).
 typedef long long i64;
 typedef unsigned int u32;
@@ -539,23 +569,25 @@ template <> struct Mma<BF16> {
     }
 };
 
-// rows [row0, row0 + ROWS) of a [nrows, D] matrix into shared memory (row stride D + PAD);
-// rows at or past nrows are zero-filled (their source address stays in bounds).
+// rows [row0, row0 + ROWS) of a [nrows, D] matrix whose rows lie rs elements apart (a
+// multiple of 8: 16-byte chunks stay aligned) into shared memory (row stride D + PAD); rows
+// at or past nrows are zero-filled (their source address stays in bounds).
 template <int ROWS, int D> __device__ __forceinline__ void load_tile(
-        u16* dst, const u16* src, i64 row0, i64 nrows, int tid) {
+        u16* dst, const u16* src, i64 row0, i64 nrows, i64 rs, int tid) {
     constexpr int CH = D / 8;  // 16-byte chunks per row
     #pragma unroll
     for (int c = tid; c < ROWS * CH; c += NWARPS * 32) {
         int r = c / CH, col = (c % CH) * 8;
         bool ok = row0 + r < nrows;
-        const u16* s = src + (ok ? (row0 + r) * D + col : 0);
+        const u16* s = src + (ok ? (row0 + r) * rs + col : 0);
         cp_async16(smem_u32(dst + r * (D + PAD) + col), s, ok ? 16 : 0);
     }
 }
 
 template <typename T, int D> __device__ __forceinline__ void fa2_impl(
         const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
-        u16* __restrict__ out, int H, int Hkv, i64 Sq, i64 Sk, float scale_log2, int causal) {
+        u16* __restrict__ out, int H, int Hkv, i64 Sq, i64 Sk, float scale_log2, int causal,
+        int seq_major) {
     constexpr int LD = D + PAD;
     constexpr int KT = D / 16;   // k-steps of Q K^T
     constexpr int DT = D / 8;    // n-tiles of the output
@@ -572,10 +604,15 @@ template <typename T, int D> __device__ __forceinline__ void fa2_impl(
     i64 m0 = (i64)(gridDim.x - 1 - blockIdx.x) * BM;  // the longest causal blocks first
     i64 bh = blockIdx.y, b = bh / H;
     int h = (int)(bh % H), hk = h / (H / Hkv);
-    const u16* qb = q + bh * Sq * D;
-    const u16* kb = k + (b * Hkv + hk) * Sk * D;
-    const u16* vb = v + (b * Hkv + hk) * Sk * D;
-    u16* ob = out + bh * Sq * D;
+    // A row's start and the stride between rows: D apart head-major, a token's heads apart
+    // sequence-major.
+    const i64 qrs = seq_major ? (i64)H * D : D, krs = seq_major ? (i64)Hkv * D : D;
+    const i64 qoff = seq_major ? (b * Sq * H + h) * D : bh * Sq * D;
+    const i64 koff = seq_major ? (b * Sk * Hkv + hk) * D : (b * Hkv + hk) * Sk * D;
+    const u16* qb = q + qoff;
+    const u16* kb = k + koff;
+    const u16* vb = v + koff;
+    u16* ob = out + qoff;
     i64 offset = Sk - Sq;  // causal: row i sees keys j <= i + offset
 
     i64 last = min(Sq - 1, m0 + BM - 1);
@@ -586,15 +623,15 @@ template <typename T, int D> __device__ __forceinline__ void fa2_impl(
         #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
             int col = dt * 8 + 2 * t;
-            if (r0 < Sq) *(u32*)(ob + r0 * D + col) = 0u;
-            if (r1 < Sq) *(u32*)(ob + r1 * D + col) = 0u;
+            if (r0 < Sq) *(u32*)(ob + r0 * qrs + col) = 0u;
+            if (r1 < Sq) *(u32*)(ob + r1 * qrs + col) = 0u;
         }
         return;
     }
 
-    load_tile<BM, D>(Qs, qb, m0, Sq, tid);
-    load_tile<BN, D>(Ks, kb, 0, Sk, tid);
-    load_tile<BN, D>(Vs, vb, 0, Sk, tid);
+    load_tile<BM, D>(Qs, qb, m0, Sq, qrs, tid);
+    load_tile<BN, D>(Ks, kb, 0, Sk, krs, tid);
+    load_tile<BN, D>(Vs, vb, 0, Sk, krs, tid);
     cp_commit();
 
     u32 qf[KT][4];
@@ -606,8 +643,8 @@ template <typename T, int D> __device__ __forceinline__ void fa2_impl(
     for (int j = 0; j < ntiles; ++j) {
         int buf = j & 1;
         if (j + 1 < ntiles) {  // the next tile, into the other buffer, while this one computes
-            load_tile<BN, D>(Ks + (buf ^ 1) * BN * LD, kb, (i64)(j + 1) * BN, Sk, tid);
-            load_tile<BN, D>(Vs + (buf ^ 1) * BN * LD, vb, (i64)(j + 1) * BN, Sk, tid);
+            load_tile<BN, D>(Ks + (buf ^ 1) * BN * LD, kb, (i64)(j + 1) * BN, Sk, krs, tid);
+            load_tile<BN, D>(Vs + (buf ^ 1) * BN * LD, vb, (i64)(j + 1) * BN, Sk, krs, tid);
         }
         cp_commit();   // (an empty group on the last tile: the wait below stays uniform)
         cp_wait<1>();  // everything but the newest group has landed: this tile (and Q)
@@ -715,16 +752,16 @@ template <typename T, int D> __device__ __forceinline__ void fa2_impl(
     #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
         int col = dt * 8 + 2 * t;
-        if (r0 < Sq) *(u32*)(ob + r0 * D + col) = Mma<T>::pack(o[dt][0] * inv0, o[dt][1] * inv0);
-        if (r1 < Sq) *(u32*)(ob + r1 * D + col) = Mma<T>::pack(o[dt][2] * inv1, o[dt][3] * inv1);
+        if (r0 < Sq) *(u32*)(ob + r0 * qrs + col) = Mma<T>::pack(o[dt][0] * inv0, o[dt][1] * inv0);
+        if (r1 < Sq) *(u32*)(ob + r1 * qrs + col) = Mma<T>::pack(o[dt][2] * inv1, o[dt][3] * inv1);
     }
 }
 
 #define FA2_ENTRY(T, S, D)                                                                       \
 extern "C" __global__ void __launch_bounds__(NWARPS * 32) fa2_##S##_d##D(                      \
         const u16* q, const u16* k, const u16* v, u16* out, int H, int Hkv, i64 Sq, i64 Sk,     \
-        float scale_log2, int causal)                                                           \
-    { fa2_impl<T, D>(q, k, v, out, H, Hkv, Sq, Sk, scale_log2, causal); }
+        float scale_log2, int causal, int seq_major)                                            \
+    { fa2_impl<T, D>(q, k, v, out, H, Hkv, Sq, Sk, scale_log2, causal, seq_major); }
 
 FA2_ENTRY(F16, f16, 64)
 FA2_ENTRY(F16, f16, 128)

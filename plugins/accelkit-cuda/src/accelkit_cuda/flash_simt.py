@@ -48,7 +48,14 @@ import numpy as np
 from accelkit.dtype import DType
 from accelkit.sdk import env_str
 from accelkit_cuda.driver import Attr
-from accelkit_cuda.flash_attention import GatedKernel, check_child, reference
+from accelkit_cuda.flash_attention import (
+    GatedKernel,
+    check_cases,
+    check_child,
+    reference,
+    stored,
+    stored_shape,
+)
 
 if TYPE_CHECKING:
     from accelkit.tensor import Tensor
@@ -110,12 +117,13 @@ def geometry(
 
 def launch_args(
     q: Any, k: Any, v: Any, out: Any, heads: int, kv_heads: int, seq_q: int, seq_k: int,
-    scale: float, causal: bool,
+    scale: float, causal: bool, seq_major: bool = False,
 ) -> tuple[Any, ...]:  # fmt: skip
-    """The kernel's arguments in its parameter order (pointers or tensors as given)."""
+    """The kernel's arguments in its parameter order (pointers or tensors as given);
+    ``seq_major``: q, k, v and out are stored [B, S, H, D] (``attention_bshd``)."""
     return (
         q, k, v, out, np.int32(heads), np.int32(kv_heads), np.int64(seq_q), np.int64(seq_k),
-        np.float32(scale), np.int32(bool(causal)),
+        np.float32(scale), np.int32(bool(causal)), np.int32(bool(seq_major)),
     )  # fmt: skip
 
 
@@ -157,12 +165,14 @@ class SimtAttention(GatedKernel):
             switch == "recheck", lambda binary: _load(binary, optin),
         )  # fmt: skip
 
-    def refusal(self, q: Tensor, k: Tensor, v: Tensor) -> str | None:
-        """None when the kernel takes ``attention(q, k, v)`` without a mask, else why not."""
+    def refusal(self, q: Tensor, k: Tensor, v: Tensor, seq_major: bool = False) -> str | None:
+        """None when the kernel takes ``attention(q, k, v)`` without a mask (stored
+        [B, S, H, D] with ``seq_major``), else why not."""
         gate = self.gate_refusal("f32 tiled kernel")
         if gate is not None:
             return gate
-        return refusal(q.dtype, q.shape, k.shape, v.shape, set(self._functions))
+        qs, ks, vs = (stored_shape(t.shape, seq_major) for t in (q, k, v))
+        return refusal(q.dtype, qs, ks, vs, set(self._functions))
 
     def function(self, head_dim: int) -> Any:
         """The loaded variant (a dict lookup)."""
@@ -238,21 +248,25 @@ def _check(functions: dict[str, Any]) -> str | None:
         for d in HEAD_DIMS:
             if kernel_name(d) not in functions:
                 continue
-            for b, h, hk, sq, sk, causal in CHECK_SHAPES:
+            for (b, h, hk, sq, sk, causal), major in check_cases(CHECK_SHAPES):
                 q, k, v = (
                     rng.standard_normal((b, n, s, d)).astype(np.float32)
                     for n, s in ((h, sq), (hk, sk), (hk, sk))
                 )
-                out = cp.full((b, h, sq, d), np.nan, cp.float32)  # all must be written
+                # all must be written
+                out = cp.full(stored_shape((b, h, sq, d), major), np.nan, cp.float32)
                 scale = 1.0 / math.sqrt(d)
                 grid, block, smem = geometry(b, h, sq, d)
-                args = launch_args(
-                    cp.asarray(q), cp.asarray(k), cp.asarray(v), out, h, hk, sq, sk, scale, causal
-                )
+                dq, dk, dv = (cp.asarray(stored(x, major)) for x in (q, k, v))
+                args = launch_args(dq, dk, dv, out, h, hk, sq, sk, scale, causal, major)
                 functions[kernel_name(d)](grid, block, args, shared_mem=smem)
-                failure = compare(out.get(), q, k, v, scale, causal)
+                failure = compare(stored(out.get(), major), q, k, v, scale, causal)
                 if failure is not None:
-                    return f"{kernel_name(d)} on B{b} H{h}/{hk} Sq{sq} Sk{sk} causal={causal}: {failure}"
+                    layout = " seq-major" if major else ""
+                    return (
+                        f"{kernel_name(d)} on B{b} H{h}/{hk} Sq{sq} Sk{sk} causal={causal}"
+                        f"{layout}: {failure}"
+                    )
     stream.synchronize()
     return None
 
@@ -273,8 +287,10 @@ def compare(
 
 SOURCE = r"""
 // Register-tiled f32 attention (see accelkit_cuda/flash_simt.py). q [B, H, Sq, D],
-// k and v [B, Hkv, Sk, D], out [B, H, Sq, D], contiguous f32; grid (ceil(Sq / SM), B * H),
-// block 256, dynamic shared memory (2 SM (D + 1) + SN D + SM (SN + 1)) 4 bytes.
+// k and v [B, Hkv, Sk, D], out [B, H, Sq, D], contiguous f32 (head-major); with seq_major
+// the same tensors are stored [B, Sq, H, D] and [B, Sk, Hkv, D] (a projection's output
+// reshaped to heads), read and written in place. Grid (ceil(Sq / SM), B * H), block 256,
+// dynamic shared memory (2 SM (D + 1) + SN D + SM (SN + 1)) 4 bytes.
 #ifndef DYNAMIC_SHARED
 #define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
 #endif
@@ -286,7 +302,7 @@ SOURCE = r"""
 template <int D> __device__ __forceinline__ void simt_attention(
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
         float* __restrict__ out, int H, int Hkv, long long Sq, long long Sk, float scale,
-        int causal) {
+        int causal, int seq_major) {
     const int NJ = D / 16;  // output dims a thread
     const int QP = D + 1;   // padded row of Q's and K's tiles
     DYNAMIC_SHARED(float, smem);
@@ -300,13 +316,19 @@ template <int D> __device__ __forceinline__ void simt_attention(
     // The last rows first: under a causal mask they see the most keys (the longest blocks
     // start first, the short ones fill in behind them).
     const long long m0 = (long long)(gridDim.x - 1 - blockIdx.x) * SM;
-    const float* qb = q + bh * Sq * D;
-    const float* kb = k + (b * Hkv + hk) * Sk * D;
-    const float* vb = v + (b * Hkv + hk) * Sk * D;
+    // A row's start and the stride between rows: D apart head-major, a whole token's heads
+    // apart sequence-major.
+    const long long qrs = seq_major ? (long long)H * D : D;
+    const long long krs = seq_major ? (long long)Hkv * D : D;
+    const long long qoff = seq_major ? (b * Sq * H + h) * D : bh * Sq * D;
+    const long long koff = seq_major ? (b * Sk * Hkv + hk) * D : (b * Hkv + hk) * Sk * D;
+    const float* qb = q + qoff;
+    const float* kb = k + koff;
+    const float* vb = v + koff;
     for (int i = tid; i < SM * D; i += 256) {
         int r = i / D, c = i % D;
         long long row = m0 + r;
-        Qs[r * QP + c] = row < Sq ? qb[row * D + c] * scale : 0.0f;
+        Qs[r * QP + c] = row < Sq ? qb[row * qrs + c] * scale : 0.0f;
     }
     const long long offset = Sk - Sq;
     const long long last = (Sq - 1 < m0 + SM - 1) ? Sq - 1 : m0 + SM - 1;
@@ -326,8 +348,8 @@ template <int D> __device__ __forceinline__ void simt_attention(
             int n = i / D, c = i % D;
             long long key = t0 + n;
             bool in = key < Sk;
-            Ks[n * QP + c] = in ? kb[key * D + c] : 0.0f;
-            Vs[n * D + c] = in ? vb[key * D + c] : 0.0f;
+            Ks[n * QP + c] = in ? kb[key * krs + c] : 0.0f;
+            Vs[n * D + c] = in ? vb[key * krs + c] : 0.0f;
         }
         __syncthreads();
         float s[4][4];
@@ -389,7 +411,7 @@ template <int D> __device__ __forceinline__ void simt_attention(
     for (int i = 0; i < 4; ++i) {
         const long long row = m0 + ty * 4 + i;
         if (row >= Sq) continue;
-        float* o = out + (bh * Sq + row) * D;
+        float* o = out + qoff + row * qrs;
         for (int j = 0; j < NJ; ++j)
             o[tx + 16 * j] = nan_row[i] ? __int_as_float(0x7fffffff)
                                         : (l[i] > 0.0f ? acc[i][j] / l[i] : 0.0f);
@@ -401,8 +423,8 @@ template <int D> __device__ __forceinline__ void simt_attention(
 #define SIMT_ATTENTION(DIM, BLOCKS)                                                           \
 extern "C" __global__ void __launch_bounds__(256, BLOCKS) simt_attention_f32_d##DIM(          \
         const float* q, const float* k, const float* v, float* out, int H, int Hkv,           \
-        long long Sq, long long Sk, float scale, int causal)                                  \
-    { simt_attention<DIM>(q, k, v, out, H, Hkv, Sq, Sk, scale, causal); }
+        long long Sq, long long Sk, float scale, int causal, int seq_major)                   \
+    { simt_attention<DIM>(q, k, v, out, H, Hkv, Sq, Sk, scale, causal, seq_major); }
 
 SIMT_ATTENTION(32, 2)
 SIMT_ATTENTION(64, 2)

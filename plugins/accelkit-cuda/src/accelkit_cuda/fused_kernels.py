@@ -39,7 +39,7 @@ from accelkit_cuda.cuda_fused import (
     kernel_names,
 )
 from accelkit_cuda.factory_kernels import device_draw, random_dtype
-from accelkit_cuda.flash_attention import geometry, launch_args
+from accelkit_cuda.flash_attention import geometry, launch_args, stored_shape
 from accelkit_cuda.flash_simt import geometry as simt_geometry
 from accelkit_cuda.flash_simt import launch_args as simt_args
 from accelkit_cuda.submit import CUDAComponent, block_error, storage
@@ -52,6 +52,8 @@ __all__ = ["CUDAFusedKernels", "FusedProgram"]
 _SUFFIX = {DType.F32: "f32", DType.F16: "f16", DType.F64: "f64", DType.BF16: "bf16"}
 _THREADS = 256
 _SMEM_DEFAULT = 48 * 1024
+#: How a route's reason names the layout it read (``attention_bshd``: sequence-major).
+_LAYOUT = {False: "", True: ", sequence-major in place"}
 
 
 def _ptr(t: Tensor | None) -> Any:
@@ -239,33 +241,11 @@ class CUDAAttentionKernels(_Fused):
                 f"the flash kernel needs f16/bf16/f32/f64, head_dim_v <= {MAX_DV}, and its tiles in"
                 f" {_SMEM_DEFAULT // 1024} KiB of shared memory (cuDNN: {declined})"
             )
+        why = self._tiled(q, k, v, out, scale, causal, False, declined)
+        if why is None:
+            return
         b, h, sq, d = q.shape
         hk, sk, dv = k.shape[1], k.shape[2], v.shape[3]
-        # The engine for the dtype (the tensor-core kernel takes f16/bf16, the tiled one f32),
-        # else the warp-per-row kernel below, told why.
-        if q.dtype is DType.F32:
-            which, simt = "f32 tiled kernel", self.backend.flash_simt
-            why = "no f32 tiled kernel" if simt is None else simt.refusal(q, k, v)
-            if simt is not None and why is None:
-                grid3, block3, smem3 = simt_geometry(b, h, sq, d)
-                args3 = simt_args(q, k, v, out, h, hk, sq, sk, scale, causal)
-                self._run(simt.function(d), grid3, block3[0], args3, (q, k, v), (out,), smem3)
-                engines.record(
-                    "attention", "simt", f"the f32 tiled kernel (verified here); {declined}"
-                )
-                return
-        else:
-            which, flash2 = "tensor-core kernel", self.backend.flash2
-            why = "no tensor-core kernel" if flash2 is None else flash2.refusal(q, k, v)
-            if flash2 is not None and why is None:
-                grid2, block2, smem2 = geometry(b, h, sq, d)
-                args2 = launch_args(q, k, v, out, h, hk, sq, sk, scale, causal)
-                fn2 = flash2.function(q.dtype, d)
-                self._run(fn2, grid2, block2[0], args2, (q, k, v), (out,), smem2)
-                engines.record(
-                    "attention", "flash2", f"the tensor-core kernel (verified here); {declined}"
-                )
-                return
         item = 8 if q.dtype is DType.F64 else 4
         fn = self._fn("flash_attention", q.dtype)
         args = (
@@ -276,7 +256,63 @@ class CUDAAttentionKernels(_Fused):
         self._run(
             fn, grid, 32 * FLASH_ROWS, args, (q, k, v), (out,), flash_shared_bytes(d, dv, item)
         )
-        engines.record("attention", "warp", f"{declined}; {which}: {why}")
+        engines.record("attention", "warp", f"{declined}; {why}")
+
+    def attention_bshd(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
+        causal: bool,
+    ) -> None:  # fmt: skip
+        """:meth:`attention` on sequence-major q [B, Sq, H, D], k and v [B, Sk, Hkv, D] and out
+        [B, Sq, H, Dv], read and written in place (no permute): cuDNN through the strides, or
+        the tiled f32 or tensor-core kernel. Declined (UnsupportedOperationError, nothing
+        queued) where neither serves: the core then permutes around :meth:`attention`."""
+        engines = self.backend.attention_engines
+        declined = engines.attention(self, q, k, v, mask, out, scale, causal, seq_major=True)
+        if declined is None:
+            return
+        if mask is not None:
+            raise UnsupportedOperationError(f"the flash kernels take no mask (cuDNN: {declined})")
+        why = self._tiled(q, k, v, out, scale, causal, True, declined)
+        if why is not None:
+            raise UnsupportedOperationError(f"sequence-major attention: {why} (cuDNN: {declined})")
+
+    def _tiled(
+        self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float, causal: bool,
+        seq_major: bool, declined: str,
+    ) -> str | None:  # fmt: skip
+        """Launch the gated kernel for the dtype (the tiled f32 one, or the tensor-core one for
+        f16/bf16) and record it, returning None; or return why it does not serve the call
+        (nothing queued). ``seq_major``: the tensors are stored [B, S, H, D]."""
+        b, h, sq, d = stored_shape(q.shape, seq_major)
+        hk, sk = stored_shape(k.shape, seq_major)[1:3]
+        if q.dtype is DType.F32:
+            which, simt = "f32 tiled kernel", self.backend.flash_simt
+            why = "no f32 tiled kernel" if simt is None else simt.refusal(q, k, v, seq_major)
+            if simt is not None and why is None:
+                grid3, block3, smem3 = simt_geometry(b, h, sq, d)
+                args3 = simt_args(q, k, v, out, h, hk, sq, sk, scale, causal, seq_major)
+                self._run(simt.function(d), grid3, block3[0], args3, (q, k, v), (out,), smem3)
+                self.backend.attention_engines.record(
+                    "attention",
+                    "simt",
+                    f"the f32 tiled kernel (verified here){_LAYOUT[seq_major]}; {declined}",
+                )
+                return None
+        else:
+            which, flash2 = "tensor-core kernel", self.backend.flash2
+            why = "no tensor-core kernel" if flash2 is None else flash2.refusal(q, k, v, seq_major)
+            if flash2 is not None and why is None:
+                grid2, block2, smem2 = geometry(b, h, sq, d)
+                args2 = launch_args(q, k, v, out, h, hk, sq, sk, scale, causal, seq_major)
+                fn2 = flash2.function(q.dtype, d)
+                self._run(fn2, grid2, block2[0], args2, (q, k, v), (out,), smem2)
+                self.backend.attention_engines.record(
+                    "attention",
+                    "flash2",
+                    f"the tensor-core kernel (verified here){_LAYOUT[seq_major]}; {declined}",
+                )
+                return None
+        return f"{which}: {why}"
 
     def paged_attention(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,

@@ -456,6 +456,18 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             (q, k, v, mask), (out,), what="attention",
         )  # fmt: skip
 
+    def attention_bshd(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, out: Tensor, scale: float,
+        causal: bool,
+    ) -> None:  # fmt: skip
+        """Sequence-major attention read and written in place (a transformer block's q, k and
+        v straight from their projections: no permute before or after) on cuDNN or the gated
+        flash kernels; declined where neither serves, and the core permutes."""
+        flash = self.backend._fused_kernels
+        if flash is None:
+            raise UnsupportedOperationError("no fused kernels (NVRTC) for sequence-major attention")
+        flash.attention_bshd(q, k, v, mask, out, scale, causal)
+
     def _attention_weights(self, fn: Any) -> Any:
         """The composed attention's softmax as one launch of ``fn`` (``row_attn_softmax``) over
         a chunk of scores (a new C-contiguous F32/F64 array, on the submission thread)."""
