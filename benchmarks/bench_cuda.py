@@ -179,11 +179,13 @@ async def _block_parts(
         ops.permute(ops.reshape(ops.linear(y, w[f"w_{n}"], w[f"b_{n}"]), (b, s, h, hd)), (0, 2, 1, 3))
         for n in "qkv"
     ]  # fmt: skip
+    seq_major = [ops.reshape(ops.linear(y, w[f"w_{n}"], w[f"b_{n}"]), (b, s, h, hd)) for n in "qkv"]
     m = ops.linear(y, w["w_1"], w["b_1"])
     with torch.inference_mode():
         ty = F.layer_norm(tx, (d,), tw["ln1_g"], tw["ln1_b"], cfg.eps)
         tl = F.linear(ty, tw["w_qkv"][:d], tw["b_qkv"][:d])
         tq = tl.reshape(b, s, h, hd).permute(0, 2, 1, 3).contiguous()
+        tv = tl.reshape(b, s, h, hd).transpose(1, 2)  # a strided view, as the block passes it
         tm = F.linear(ty, tw["w_1"], tw["b_1"])
     cases: list[tuple[str, Any, Any]] = [
         ("layer_norm", lambda: ops.layer_norm(x, w["ln1_g"], w["ln1_b"], cfg.eps),
@@ -194,6 +196,9 @@ async def _block_parts(
          lambda: tl.reshape(b, s, h, hd).permute(0, 2, 1, 3).contiguous()),
         ("attention f32 causal", lambda: ops.attention(*heads, causal=True),
          lambda: F.scaled_dot_product_attention(tq, tq, tq, is_causal=True)),
+        # The block's own call: [B, S, H, D] read in place where a kernel can (no permutes).
+        ("attention f32 causal bshd", lambda: ops.attention(*seq_major, causal=True, layout="bshd"),
+         lambda: F.scaled_dot_product_attention(tv, tv, tv, is_causal=True).transpose(1, 2)),
         ("tanh-GELU", lambda: ops.gelu(m, approximate="tanh"),
          lambda: F.gelu(tm, approximate="tanh")),
         ("add", lambda: ops.add(x, y), lambda: tx + ty),

@@ -85,15 +85,11 @@ def transformer_block(
     b, s, d, h, hd = cfg.batch, cfg.seq, cfg.width, cfg.heads, cfg.head_dim
     y = ops.layer_norm(x, w["ln1_g"], w["ln1_b"], cfg.eps)
     # Three projections rather than one fused QKV and a split: the same arithmetic, one copy
-    # fewer. Each head-major [B, H, S, hd] layout comes from one permute.
-    q, k, v = (
-        ops.permute(
-            ops.reshape(ops.linear(y, w[f"w_{n}"], w[f"b_{n}"]), (b, s, h, hd)), (0, 2, 1, 3)
-        )
-        for n in "qkv"
-    )
-    att = ops.attention(q, k, v, causal=True)  # [B, H, S, hd]
-    att = ops.reshape(ops.permute(att, (0, 2, 1, 3)), (b, s, d))
+    # fewer. Each is [B, S, H, hd] once reshaped (a view), which attention takes as it is
+    # (layout="bshd": no permute before or after where the backend reads it in place).
+    q, k, v = (ops.reshape(ops.linear(y, w[f"w_{n}"], w[f"b_{n}"]), (b, s, h, hd)) for n in "qkv")
+    att = ops.attention(q, k, v, causal=True, layout="bshd")  # [B, S, H, hd]
+    att = ops.reshape(att, (b, s, d))
     x = ops.add(x, ops.linear(att, w["w_o"], w["b_o"]))
     y = ops.layer_norm(x, w["ln2_g"], w["ln2_b"], cfg.eps)
     m = ops.gelu(ops.linear(y, w["w_1"], w["b_1"]), approximate="tanh")
