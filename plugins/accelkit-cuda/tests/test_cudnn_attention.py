@@ -29,6 +29,19 @@ __all__ = ["plugin"]
 
 
 # -- keys, refusals, the cache ------------------------------------------------------------------
+def test_sequence_major_strides() -> None:
+    # [B, H, S, D] stored [B, S, H, D]: a head's rows are H * D apart, its heads D apart.
+    assert ca._strides((2, 4, 8, 64), True) == [8 * 4 * 64, 64, 4 * 64, 1]
+    assert ca._strides((2, 4, 8, 64)) == [4 * 8 * 64, 8 * 64, 64, 1]
+    key = ca.attention_key(
+        (2, 4, 8, 64), (2, 2, 16, 64), (2, 2, 16, 64), DType.F16, None, True, 1, True
+    )
+    assert key.seq_major
+    assert key != ca.attention_key(
+        (2, 4, 8, 64), (2, 2, 16, 64), (2, 2, 16, 64), DType.F16, None, True, 1
+    )
+
+
 def test_keys_say_the_mask_kind_and_the_bias_extent() -> None:
     q, k = (2, 4, 8, 64), (2, 2, 16, 64)
     assert ca.attention_key(q, k, k, DType.F16, None, False, 0.1).mask == "none"
@@ -233,6 +246,19 @@ def test_the_real_frontend_describes_the_graphs() -> None:
     (node,) = ca.describe(cudnn, square).nodes
     assert node.params["diagonal_alignment"] == cudnn.diagonal_alignment.TOP_LEFT
     assert set(node.inputs) == {"q", "k", "v"}
+    # Sequence-major storage ([B, S, H, D]): the same dims, the layout's strides.
+    major = ca.attention_key(
+        (2, 4, 8, 64), (2, 2, 16, 64), (2, 2, 16, 32), DType.F16, None, True, 0.125, True
+    )
+    (node,) = ca.describe(cudnn, major).nodes
+    got = {n: (list(t.dim), list(t.stride)) for n, t in node.inputs.items()}
+    assert got == {
+        "q": ([2, 4, 8, 64], [2048, 64, 256, 1]),
+        "k": ([2, 2, 16, 64], [2048, 64, 128, 1]),
+        "v": ([2, 2, 16, 32], [1024, 32, 64, 1]),
+    }
+    out = node.outputs["O"]
+    assert (list(out.dim), list(out.stride)) == ([2, 4, 8, 32], [1024, 32, 128, 1])
     plain = ca.attention_key((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), DType.F16, None, False, 1)
     assert "diagonal_band_right_bound" not in ca.describe(cudnn, plain).nodes[0].params
     # Paged: the caches [blocks, block_size, Hk, D] read in place as [blocks, Hk, block_size, D].
