@@ -67,7 +67,7 @@ _TENSOR_WORK = (
     "attention_bshd",
 )  # fmt: skip
 _FACTORY_WORK = ("fill", "from_host", "random", "generate")
-_FUSED_WORK = KERNEL_OPS_IN_ORDER
+_FUSED_WORK = (*KERNEL_OPS_IN_ORDER, "attention_bshd")
 _EXECUTOR_WORK = ("execute_kernel", "dispatch_compute")
 #: Memory kernels: ``copy`` (copy_dtod) is a submission and is recorded; the host transfers and
 #: frees are refused inside a capture (the memory manager says so before calling them).

@@ -294,6 +294,14 @@ async def test_the_backend_routes_f32_attention_to_it_once_verified(
         assert "sequence-major in place" in route.reason
         assert launches[1:] == [("simt_attention_f32_d64", (2, 8), (256,), shared_bytes(64))]
         assert compare(got, q, k, v, 1.0 / 8.0, True) is None
+        got = (await kops.attention(qs, ks, vs, causal=True, layout="bshd").to_host()).transpose(
+            SWAP
+        )
+        assert kops.last_route is not None
+        assert kops.last_route.route == "fused"  # KernelOps: the same kernel, in place
+        assert others == []
+        assert len(launches) == 3
+        assert compare(got, q, k, v, 1.0 / 8.0, True) is None
         del launches[1:]
         backend.flash_simt.enabled = False  # the warp-per-row kernel again
         kops.attention(f.from_host(q), f.from_host(k), f.from_host(v), causal=True)

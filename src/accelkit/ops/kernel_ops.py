@@ -253,8 +253,9 @@ class KernelOps(OpsBase[FusedKernels]):
         additive ``mask``, a sliding ``window``, ``key_lengths`` for a padded batch, logit
         ``softcap``, ``layout="bshd"`` for sequence-major q, k, v and output). The options
         have no fused kernel yet: a call using them runs the composition, and its route record
-        says so. The fused kernels read head-major tensors: with ``layout="bshd"`` they run
-        between permutes."""
+        says so. With ``layout="bshd"`` a fused kernel that reads the layout in place
+        (``FusedKernels.attention_bshd``: CUDA's) runs alone; elsewhere the head-major one
+        runs between permutes."""
         options = {
             "causal_alignment": causal_alignment, "window": window, "key_lengths": key_lengths,
             "softcap": softcap,

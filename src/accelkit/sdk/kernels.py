@@ -438,6 +438,27 @@ class FusedKernels(_Allocating):
     ) -> None:
         self._none("attention")
 
+    def attention_bshd(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        out: Tensor,
+        scale: float,
+        causal: bool,
+    ) -> None:
+        """Optional: :meth:`attention` on sequence-major tensors read in place, with
+        :meth:`TensorKernels.attention_bshd`'s contract (and its decline), for
+        ``KernelOps.attention(..., layout="bshd")``; without it the core permutes around
+        :meth:`attention`."""
+        self._none("attention_bshd")
+
+    @property
+    def has_attention_bshd(self) -> bool:
+        """Whether this kernel object's class overrides :meth:`attention_bshd`."""
+        return type(self).attention_bshd is not FusedKernels.attention_bshd
+
     def paged_attention(
         self,
         q: Tensor,

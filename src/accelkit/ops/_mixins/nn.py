@@ -24,7 +24,7 @@ from accelkit.ops._mixins.attention_options import (
     check_attention_options,
 )
 from accelkit.ops._mixins.base import OpsBase
-from accelkit.sdk.kernels import TensorKernels
+from accelkit.sdk.kernels import FusedKernels, TensorKernels
 from accelkit.tensor import Tensor
 
 __all__ = ["NNOps", "padding_sides"]
@@ -230,11 +230,11 @@ class NNOps(OpsBase[TensorKernels]):
             b, bq, causal, causal_alignment, window, key_lengths, softcap, return_weights
         )
         if bshd:
-            kernels = self.kernels
-            if (
-                opts.default
-                and isinstance(kernels, TensorKernels)
-                and kernels.overrides("attention_bshd")
+            kernels: TensorKernels | FusedKernels = self.kernels  # KernelOps runs this body too
+            if opts.default and (
+                kernels.overrides("attention_bshd")
+                if isinstance(kernels, TensorKernels)
+                else kernels.has_attention_bshd
             ):
                 out = self._empty((bq, sq, h, dv), dt)
                 try:
