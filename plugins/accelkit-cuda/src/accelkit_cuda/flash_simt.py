@@ -23,7 +23,7 @@ SIMT GEMM does, FlashAttention-style (the scores never leave the chip):
 Semantics are the warp-per-row kernel's: ``q`` scaled before the products, causal aligned to
 the last key (row ``i`` sees keys ``j <= i + Sk - Sq``), grouped KV heads (query head ``h``
 reads KV head ``h // (H / Hkv)``), a row that sees no key is zero, a NaN score makes its row
-NaN. It covers float32 with ``head_dim == head_dim_v`` of 32, 64 or 128 (:data:`HEAD_DIMS`);
+NaN. It covers float32 with ``head_dim == head_dim_v`` of 16, 32, 64 or 128 (:data:`HEAD_DIMS`);
 a block's shared memory (:func:`shared_bytes`) is 64-115 KiB, above the default 48 KiB, so a
 variant runs only where the device allows its size (the limit is raised when it is loaded).
 
@@ -79,7 +79,7 @@ __all__ = [
 BLOCK_M = 64  # query rows a block (must match SM in SOURCE)
 BLOCK_N = 64  # keys a tile (SN)
 THREADS = 256
-HEAD_DIMS = (32, 64, 128)
+HEAD_DIMS = (16, 32, 64, 128)
 _GRID_Y_MAX = 65535
 #: (batch, heads, kv_heads, seq_q, seq_k, causal) of the on-device check: lengths that are no
 #: multiple of a tile, several tiles, grouped heads, more queries than keys under the causal
@@ -419,13 +419,15 @@ template <int D> __device__ __forceinline__ void simt_attention(
 }
 
 // BLOCKS: the blocks an SM should hold (ptxas keeps the registers to 65536 / (256 BLOCKS)):
-// two at head dims 32 and 64 (three spill on sm_80), one at 128 (its shared memory allows one).
+// two at head dims 16, 32 and 64 (three spill: sm_80 at 32, sm_90 at 16), one at 128 (its
+// shared memory allows one).
 #define SIMT_ATTENTION(DIM, BLOCKS)                                                           \
 extern "C" __global__ void __launch_bounds__(256, BLOCKS) simt_attention_f32_d##DIM(          \
         const float* q, const float* k, const float* v, float* out, int H, int Hkv,           \
         long long Sq, long long Sk, float scale, int causal, int seq_major)                   \
     { simt_attention<DIM>(q, k, v, out, H, Hkv, Sq, Sk, scale, causal, seq_major); }
 
+SIMT_ATTENTION(16, 2)
 SIMT_ATTENTION(32, 2)
 SIMT_ATTENTION(64, 2)
 SIMT_ATTENTION(128, 1)
