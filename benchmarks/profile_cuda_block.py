@@ -14,7 +14,8 @@ GPU had 0.8 ms of work (the captured replay). This script says *where*:
    cuBLAS's kernels as well as its own): per step, for accelkit eager, accelkit's captured
    graph and PyTorch eager, the kernels by device time, their count and sum;
 4. a BF16 and an F16 GEMM at 4096 against PyTorch, device time by CUDA events;
-5. the block's causal f32 attention on the register-tiled kernel, the warp-per-row kernel and
+5. the block's causal f32 attention on the register-tiled kernel (head-major, and
+   sequence-major as the block now calls it), the warp-per-row kernel and
    the cuBLAS route: device time, how long 20 calls take to submit and to finish, the error
    against float64 NumPy (and the engine each ran on);
 6. a paged decode step (``bench_cuda_attention.py``'s: 16 sequences x 4096 tokens, 32/8 heads,
@@ -40,6 +41,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from accelkit import Tensor
 from accelkit.workloads import transformer_block
 
 from bench_core import _torch_block  # isort: skip
@@ -272,17 +274,27 @@ async def diagnose(
     flash = backend._fused_kernels
     simt = backend.flash_simt
     say(f"  (the tiled kernel: {simt.describe() if simt is not None else 'absent'})")
-    for route in ("tiled", "warp-per-row", "cuBLAS"):
+    # The block's own call: [B, S, H, D] read in place (layout="bshd"), no permutes.
+    qs = f.from_host(np.ascontiguousarray(qh.transpose(0, 2, 1, 3)))
+    calls: dict[str, Callable[[], Tensor]] = {
+        "tiled": lambda: ops.attention(q, q, q, causal=True),
+        "tiled, sequence-major": lambda: ops.attention(qs, qs, qs, causal=True, layout="bshd"),
+        "warp-per-row": lambda: ops.attention(q, q, q, causal=True),
+        "cuBLAS": lambda: ops.attention(q, q, q, causal=True),
+    }
+    for route, call in calls.items():
         try:
             backend._fused_kernels = None if route == "cuBLAS" else flash
             if simt is not None:
-                simt.enabled = route == "tiled"
-            got = await ops.attention(q, q, q, causal=True).to_host()
+                simt.enabled = route.startswith("tiled")
+            got = await call().to_host()
+            if "sequence-major" in route:
+                got = got.transpose(0, 2, 1, 3)
             err = float(np.max(np.abs(got - want)))
-            d = await device_ms(backend, lambda: ops.attention(q, q, q, causal=True), 10)
+            d = await device_ms(backend, call, 10)
             t0 = time.perf_counter()
             for _ in range(20):
-                ops.attention(q, q, q, causal=True)
+                call()
             t1 = time.perf_counter()
             await backend.synchronize()
             t2 = time.perf_counter()

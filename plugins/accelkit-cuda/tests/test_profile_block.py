@@ -61,17 +61,19 @@ async def test_the_block_diagnosis_runs(plugin: Plugin, monkeypatch: pytest.Monk
     for line in gemms:  # the stand-in's GEMM is exact up to the dtype's rounding
         err = float(line.rsplit(" ", 1)[1])
         assert err < 2 * 2.0**-8 * np.sqrt(16), line
-    # The three attention routes ran (the tiled kernel is not verified over the stand-in: the
-    # warp-per-row kernel served both of the first two, as the engines say); the cuBLAS route
-    # agrees with float64 NumPy (f32 scores and sums of 256 terms; the stand-in does not run
-    # the NVRTC kernels: test_gpu.py and test_gpu_cudnn.py check them).
+    # The four attention routes ran (the tiled kernel is not verified over the stand-in: the
+    # warp-per-row kernel served the first three, the sequence-major call declined to the core's
+    # permutes, as the engines say); the cuBLAS route agrees with float64 NumPy (f32 scores and
+    # sums of 256 terms; the stand-in does not run the NVRTC kernels: test_gpu.py and
+    # test_gpu_cudnn.py check them).
     routes = [line for line in lines if line.startswith(("  tiled", "  warp-per-row", "  cuBLAS"))]
-    assert len(routes) == 3, routes
+    assert len(routes) == 4, routes
     assert routes[0].startswith("  tiled (warp):"), routes[0]
-    assert routes[1].startswith("  warp-per-row (warp):"), routes[1]
-    assert routes[2].startswith("  cuBLAS (composed):"), routes[2]
-    err = float(routes[2].rsplit(" ", 1)[1])
-    assert err < 256 * float(np.finfo(np.float32).eps) * 8, routes[2]
+    assert routes[1].startswith("  tiled, sequence-major (warp):"), routes[1]
+    assert routes[2].startswith("  warp-per-row (warp):"), routes[2]
+    assert routes[3].startswith("  cuBLAS (composed):"), routes[3]
+    err = float(routes[3].rsplit(" ", 1)[1])
+    assert err < 256 * float(np.finfo(np.float32).eps) * 8, routes[3]
     part6 = text.split("[6/6]")[1]
     assert "not measured (ModuleNotFoundError" in part6  # torch.profiler, after the check:
     # The step ran and was compared (the stand-in runs no fused kernel: its error means nothing
