@@ -372,6 +372,11 @@ def test_doctor_reports_a_gpu_no_plugin_drives(
     entry_points: Callable[..., Any] = metadata.entry_points
 
     def without_cuda(**kw: Any) -> Any:
+        # Only accelkit's group: the patch is process-wide, and another thread (the CPU JIT's
+        # warm-up, whose Numba scans every group on its first compile) may call it meanwhile;
+        # handing it a filtered list once disabled a JIT kernel for the rest of the process.
+        if kw.get("group") != "accelkit.backends":
+            return entry_points(**kw)
         return [ep for ep in entry_points(**kw) if ep.name != "cuda"]
 
     monkeypatch.setattr(metadata, "entry_points", without_cuda)
