@@ -355,6 +355,29 @@ async def test_attention_runs_on_cudnn_once_its_graph_is_built(
             np.testing.assert_allclose(got, _reference(qh, kh, vh, keep), atol=2e-3, rtol=2e-3)
             assert not got[1].any()  # no visible key: zeros, not cuDNN's NaN
 
+        # Sequence-major ([B, S, H, D], attention(layout="bshd")): cuDNN reads and writes them
+        # in place through the strides (the stand-in's graphs honour dims and strides); a
+        # query row that sees no key (row 2 of batch 0 here) is zeroed in that layout too.
+        ops, swap = backend.tensor_ops, (0, 2, 1, 3)
+        qs, ks, vs = (f.from_host(np.ascontiguousarray(x.transpose(swap))) for x in (qh, kh, vh))
+        mr = np.ones((2, 1, 4, 8), bool)
+        mr[0, 0, 2] = False
+        mr[1, 0, :, 6:] = False
+        m2 = f.from_host(mr)
+        for mask_s, causal_too in ((None, True), (m2, False), (m2, True)):
+            ops.attention(qs, ks, vs, mask=mask_s, causal=causal_too, layout="bshd")
+            await backend.synchronize()  # (the first call queues the graph: permutes serve it)
+            out = ops.attention(qs, ks, vs, mask=mask_s, causal=causal_too, layout="bshd")
+            assert engines.last_route.engine == "cudnn", engines.last_route
+            assert "sequence-major" in engines.last_route.reason
+            assert out.shape == (2, 4, 4, 16)
+            keep = np.broadcast_to(causal if mask_s is None else mr, (2, 4, 4, 8))
+            keep = keep & (causal if causal_too else True)
+            got = (await out.to_host()).astype(np.float64).transpose(swap)
+            np.testing.assert_allclose(got, _reference(qh, kh, vh, keep), atol=2e-3, rtol=2e-3)
+            if mask_s is not None:
+                assert not got[0, :, 2].any()  # every head of the row that sees no key
+
         if DType.BF16 in backend.capabilities.dtypes:
             qb, kb, vb = (f.from_host(x, dtype="bf16") for x in (qh, kh, vh))
             kops.attention(qb, kb, vb, causal=True)

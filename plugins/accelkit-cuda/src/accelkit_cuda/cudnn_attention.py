@@ -561,6 +561,8 @@ def _dense_launch(
             visible = keep.any(axis=-1)[..., None]
             _execute(engine, built, pack, stream.cp.ptr)
             seen = cp.broadcast_to(visible, (b, h, sq, 1))
+            if key.seq_major:  # out is stored [B, Sq, H, Dv]
+                seen = seen.transpose(0, 2, 1, 3)
             cp.copyto(o, cp.where(seen, o.astype(cp.float32), cp.float32(0)).astype(o.dtype))
             return
         _execute(engine, built, pack, stream.cp.ptr)
