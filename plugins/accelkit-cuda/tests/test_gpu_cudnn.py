@@ -251,9 +251,10 @@ async def test_f32_tiled_attention_matches_numpy(backend: Any, d: int) -> None:
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
 async def test_sequence_major_attention_is_read_in_place(backend: Any, dtype: str) -> None:
     """``attention(..., layout="bshd")`` on q [B, S, H, D] and grouped k/v [B, S, Hkv, D] (a
-    projection's output reshaped to heads): cuDNN (through the strides), the tensor-core or
-    the tiled f32 kernel reads and writes them in place wherever one of them serves the dtype,
-    and the answer is the head-major reference's, within the kernels' own bounds."""
+    projection's output reshaped to heads): cuDNN (through the strides) where it serves the
+    dtype, else the tensor-core or the tiled f32 kernel once verified, reads and writes them
+    in place, and the answer is the head-major reference's, within the kernels' own bounds;
+    with a bool mask (cuDNN) a query row that sees no key is zeros in that layout."""
     from accelkit_cuda import flash_attention as fa
     from accelkit_cuda.flash_simt import compare
 
@@ -267,19 +268,39 @@ async def test_sequence_major_attention_is_read_in_place(backend: Any, dtype: st
     ]
     q, k, v = (f.from_host(a, dtype=dtype) for a in host)
     qr, kr, vr = [(await t.to_host()).astype(np.float64).transpose(heads) for t in (q, k, v)]
-    out = ops.attention(q, k, v, causal=True, layout="bshd")
-    assert out.shape == (b, sq, h, d)
-    route = engines.last_route
-    assert route is not None
-    got = (await out.to_host()).astype(np.float64).transpose(heads)
+    cudnn = dtype != "f32" and backend.capabilities.extra.get("attention_engine") == "cudnn"
     kernel = backend.flash_simt if dtype == "f32" else backend.flash2
-    in_place = kernel is not None and kernel.verified
-    if route.engine == "cudnn" or in_place:
-        assert route.engine in ("cudnn", "flash2", "simt"), route
-        assert "sequence-major" in route.reason, route
-    if dtype == "f32":
-        assert compare(got.astype(np.float32), qr, kr, vr, 1.0 / 8.0, True) is None
-    else:
-        want = fa.reference(qr, kr, vr, 1.0 / 8.0, True)
-        bound = fa.tolerance(DType(dtype), sk, d) * np.abs(vr).max()
-        np.testing.assert_array_less(np.abs(got - want), bound)
+    keep = np.ones((b, 1, sq, sk), bool)
+    keep[0, 0, 3] = False  # query 3 of batch 0 sees no key
+    cases = [(None, True)] + ([(f.from_host(keep), False)] if cudnn else [])
+    for mask, causal in cases:
+        ops.attention(q, k, v, mask=mask, causal=causal, layout="bshd")
+        await backend.synchronize()  # a cuDNN graph is built off the caller's thread first
+        out = ops.attention(q, k, v, mask=mask, causal=causal, layout="bshd")
+        assert out.shape == (b, sq, h, d)
+        route = engines.last_route
+        assert route is not None
+        if cudnn:
+            assert route.engine == "cudnn", route
+        elif kernel is not None and kernel.verified:
+            assert route.engine == ("simt" if dtype == "f32" else "flash2"), route
+        if route.engine in ("cudnn", "simt", "flash2"):
+            assert "sequence-major" in route.reason, route
+        got = (await out.to_host()).astype(np.float64).transpose(heads)
+        if mask is not None:
+            assert not got[0, :, 3].any()
+            kk, vv = (np.repeat(x, h // hk, axis=1) for x in (kr, vr))
+            sc = np.where(keep, qr @ np.swapaxes(kk, -1, -2) / 8.0, -np.inf)
+            mx = np.max(sc, -1, keepdims=True)
+            e = np.exp(sc - np.where(np.isfinite(mx), mx, 0))
+            tot = e.sum(-1, keepdims=True)
+            want = np.where(tot > 0, e / np.where(tot > 0, tot, 1), 0) @ vv
+            bound = fa.tolerance(DType(dtype), sk, d) * np.abs(vr).max()
+            np.testing.assert_array_less(np.abs(got - want), bound)
+            continue
+        if dtype == "f32":
+            assert compare(got.astype(np.float32), qr, kr, vr, 1.0 / 8.0, True) is None
+        else:
+            want = fa.reference(qr, kr, vr, 1.0 / 8.0, True)
+            bound = fa.tolerance(DType(dtype), sk, d) * np.abs(vr).max()
+            np.testing.assert_array_less(np.abs(got - want), bound)

@@ -101,6 +101,10 @@ BSHD_CASES: list[dict[str, Any]] = [
     {"mask": True},
     {"causal": True, "return_weights": True},
     {"causal": True, "window": 2},
+    # head_dim == head_dim_v == 16: what in-place kernels take (CUDA: the tiled f32 kernel,
+    # cuDNN for f16/bf16, with the mask too), not only the core's permutes
+    {"causal": True, "grouped": True, "wide": True},
+    {"mask": True, "wide": True},
 ]
 
 
@@ -115,10 +119,11 @@ async def test_sequence_major_layout(backend: ComputeBackend, dtype: DType, case
     opts = dict(BSHD_CASES[case])
     sq, hk = opts.pop("sq", 6), 2 if opts.pop("grouped", False) else 4
     with_mask = opts.pop("mask", False)
+    d, dv = (16, 16) if opts.pop("wide", False) else (8, 5)
     # Sequence-major on the host; the reference reads them transposed to head-major.
-    q_h = sample((2, sq, 4, 8), dtype, seed=81)
-    k_h = sample((2, 6, hk, 8), dtype, seed=82)
-    v_h = sample((2, 6, hk, 5), dtype, seed=83)
+    q_h = sample((2, sq, 4, d), dtype, seed=81)
+    k_h = sample((2, 6, hk, d), dtype, seed=82)
+    v_h = sample((2, 6, hk, dv), dtype, seed=83)
     heads = (0, 2, 1, 3)
     f = backend.tensor_factory
     q, k, v = f.from_host(q_h), f.from_host(k_h), f.from_host(v_h)
@@ -126,17 +131,19 @@ async def test_sequence_major_layout(backend: ComputeBackend, dtype: DType, case
         q_h.transpose(heads), k_h.transpose(heads), v_h.transpose(heads),
         causal=opts.get("causal", False), window=opts.get("window"),
     )  # fmt: skip
-    if with_mask:  # keys 0 and 3 hidden from every query of head 1 (a bool mask [1, H, 1, Skv])
-        keep = np.ones((1, 4, 1, 6), bool)
-        keep[0, 1, 0, [0, 3]] = False
+    if with_mask:  # a bool mask [1, H, Sq, Skv]: keys 0 and 3 hidden from every query of
+        # head 1, and query 2 of head 3 sees no key at all (zeros, in the output's layout)
+        keep = np.ones((1, 4, sq, 6), bool)
+        keep[0, 1, :, [0, 3]] = False
+        keep[0, 3, 2] = False
         opts["mask"] = f.from_host(keep)
         want = np.stack(
             [_masked(q_h.transpose(heads)[b], k_h.transpose(heads)[b], v_h.transpose(heads)[b],
-                     keep[0, :, 0]) for b in range(2)]
+                     keep[0]) for b in range(2)]
         )  # fmt: skip
     res = backend.tensor_ops.attention(q, k, v, layout="bshd", **opts)
     out = res[0] if isinstance(res, tuple) else res
-    assert out.shape == (2, sq, 4, 5)
+    assert out.shape == (2, sq, 4, dv)
     assert_close(await fetch(out, dtype), want.transpose(heads), dtype, scale=4.0)
     if isinstance(res, tuple):
         assert res[1].shape == (2, 4, sq, 6)  # the weights keep the scores' layout
@@ -147,15 +154,18 @@ async def test_sequence_major_layout(backend: ComputeBackend, dtype: DType, case
 
 
 def _masked(q: Array, k: Array, v: Array, keep: Array) -> Array:
-    """One batch element of attention with ``keep`` [H, Skv] (True: the key is seen)."""
+    """One batch element of attention with ``keep`` [H, Sq, Skv] (True: the key is seen); a
+    query that sees no key gets zeros."""
     h, hk = q.shape[0], k.shape[0]
     out = np.zeros((h, q.shape[1], v.shape[2]))
     for hi in range(h):
         kv = hi // (h // hk)
         s = q[hi].astype(np.float64) @ k[kv].astype(np.float64).T / np.sqrt(q.shape[2])
-        s = np.where(keep[hi][None, :], s, -np.inf)
-        e = np.exp(s - s.max(-1, keepdims=True))
-        out[hi] = (e / e.sum(-1, keepdims=True)) @ v[kv].astype(np.float64)
+        s = np.where(keep[hi], s, -np.inf)
+        for i in range(s.shape[0]):
+            if keep[hi, i].any():
+                e = np.exp(s[i] - s[i].max())
+                out[hi, i] = (e / e.sum()) @ v[kv].astype(np.float64)
     return out
 
 
