@@ -30,6 +30,9 @@ from accelkit.tensor import Tensor
 __all__ = ["NNOps", "padding_sides"]
 
 PairArg = int | tuple[int, int]
+#: The permutation between sequence-major [B, S, H, D] and head-major [B, H, S, D] (its own
+#: inverse).
+_HEADS = (0, 2, 1, 3)
 PaddingArg = int | tuple[int, int] | tuple[tuple[int, int], tuple[int, int]]
 
 
@@ -243,22 +246,20 @@ class NNOps(OpsBase[TensorKernels]):
                 except UnsupportedOperationError:
                     pass  # declined before enqueuing anything: the permutes below
             # The head-major kernel between permutes (the result is the same; three copies
-            # in, one out). ``NNOps.attention`` by name: KernelOps runs this body too.
-            to_heads, permute = (0, 2, 1, 3), b.tensor_ops.permute
-            res = NNOps.attention(  # type: ignore[call-overload,misc]
-                self, permute(q, to_heads), permute(k, to_heads), permute(v, to_heads),
-                scale=sc, causal=causal, mask=mask, causal_alignment=causal_alignment,
-                window=window, key_lengths=key_lengths, softcap=softcap,
-                return_weights=return_weights,
-            )  # fmt: skip
-            if isinstance(res, tuple):
-                return permute(res[0], to_heads), res[1]
-            return permute(res, to_heads)
+            # in, one out), the checks above standing for both.
+            permute = b.tensor_ops.permute
+            q, k, v = permute(q, _HEADS), permute(k, _HEADS), permute(v, _HEADS)
+        res: Tensor | tuple[Tensor, Tensor]
         if not opts.default:
-            return self._attention_composed(q, k, v, sc, causal, mask, opts)  # type: ignore[attr-defined,no-any-return]
-        out = self._empty((bq, h, sq, dv), dt)
-        self.kernels.attention(q, k, v, mask, out, sc, causal)
-        return out
+            res = self._attention_composed(q, k, v, sc, causal, mask, opts)  # type: ignore[attr-defined]
+        else:
+            res = self._empty((bq, h, sq, dv), dt)
+            self.kernels.attention(q, k, v, mask, res, sc, causal)
+        if not bshd:
+            return res
+        if isinstance(res, tuple):  # (the weights keep the scores' layout)
+            return b.tensor_ops.permute(res[0], _HEADS), res[1]
+        return b.tensor_ops.permute(res, _HEADS)
 
     def softmax(self, x: Tensor, axis: int = -1) -> Tensor:
         """``exp(x) / sum(exp(x))`` along ``axis`` (computed stably)."""
