@@ -128,10 +128,11 @@ def attention(
     window: int | None = None,
     key_lengths: Tensor | None = None,
     softcap: float | None = None,
+    layout: str = "bhsd",
 ) -> Tensor:
     return backend.tensor_ops.attention(
         q, k, v, scale=scale, causal=causal, mask=mask, causal_alignment=causal_alignment,
-        window=window, key_lengths=key_lengths, softcap=softcap,
+        window=window, key_lengths=key_lengths, softcap=softcap, layout=layout,
     )  # fmt: skip
 
 

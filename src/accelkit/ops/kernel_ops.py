@@ -52,7 +52,6 @@ from accelkit._core.op_names import KERNEL_OPS, KERNEL_OPS_IN_ORDER
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.ops import composite
-from accelkit.ops._mixins.attention_options import check_attention_layout
 from accelkit.ops._mixins.base import OpsBase
 from accelkit.ops._mixins.linalg import LinalgOps
 from accelkit.ops._mixins.nn import NNOps
@@ -75,10 +74,6 @@ __all__ = [
 
 logger = logging.getLogger("accelkit.kernel_ops")
 _T = TypeVar("_T")
-
-#: The permutation between sequence-major [B, S, H, D] and head-major [B, H, S, D] (its own
-#: inverse).
-_HEADS = (0, 2, 1, 3)
 
 
 class KernelOps(OpsBase[FusedKernels]):
@@ -275,20 +270,11 @@ class KernelOps(OpsBase[FusedKernels]):
             )
 
         def composed() -> Tensor:
-            bshd = check_attention_layout(layout)
-            for name, t in (("q", q), ("k", k), ("v", v)):
-                if bshd and t.ndim != 4:
-                    raise InvalidArgumentError(
-                        f"attention: {name} must be [batch, seq, heads, head_dim]; got {t.shape}"
-                    )
-            permute = self.backend.tensor_ops.permute
-            qh, kh, vh = (permute(t, _HEADS) for t in (q, k, v)) if bshd else (q, k, v)
-            out = composite.attention(
-                self.backend, qh, kh, vh, scale=scale, causal=causal, mask=mask,
+            return composite.attention(
+                self.backend, q, k, v, scale=scale, causal=causal, mask=mask,
                 causal_alignment=causal_alignment, window=window, key_lengths=key_lengths,
-                softcap=softcap,
+                softcap=softcap, layout=layout,
             )  # fmt: skip
-            return permute(out, _HEADS) if bshd else out
 
         return self._run("attention", fused, composed)
 

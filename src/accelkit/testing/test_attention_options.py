@@ -256,6 +256,8 @@ BAD_CALLS: list[tuple[str, Any, str]] = [
     ("attention", lambda o, t: o.attention(t["c"], t["c"], t["c"], layout="bshd"), r"\[batch, seq, heads"),
     # [B, S, H, D]: q has 3 heads, k 2 (read head-major, both would have one)
     ("attention", lambda o, t: o.attention(t["q"], t["k2"], t["k2"], layout="bshd"), "not a multiple"),
+    # KernelOps with an option (its composition): the same checks, before anything is permuted
+    ("attention", lambda o, t: o.backend.kernel_ops.attention(t["q"], t["k2"], t["k2"], causal=True, window=2, layout="bshd"), "not a multiple"),
     ("apply_rotary", lambda o, t: o.apply_rotary(t["q"], t["c"], t["c"], rotary_dim=3), "even"),
     ("apply_rotary", lambda o, t: o.apply_rotary(t["q"], t["c"], t["c"]), "broadcast"),
     ("apply_rotary", lambda o, t: o.apply_rotary(t["q"], t["c2"], t["c"], rotary_dim=4), "one shape"),
