@@ -601,6 +601,140 @@ class Cublas:
             cv[...] = (al * prod + be * old).astype(fc.dtype)
 
 
+class CublasLt:
+    """A stand-in for cuBLASLt as ``accelkit_cuda.blaslt.CublasLt`` calls it: handles,
+    descriptors, layouts and preferences are dicts behind integer handles, each setter's value
+    read from its ctypes object; every call is recorded in :data:`CALLS` (and ``calls``).
+    ``cublasLtMatmul`` computes ``D = alpha op(A) op(B) + beta C`` plus the bias epilogue in
+    float64 over the host memory behind the pointers and rounds once to ``D``'s type (as
+    cuBLASLt adds the bias in the scale type), after checking what cuBLASLt requires: the
+    bias of ``D``'s type and of ``D``'s row count, the scale type of the compute type, every
+    pointer aligned as the heuristic's preference declared, and the algorithm one the
+    heuristic returned for these descriptors. ``algorithms=False``: the heuristic finds
+    none."""
+
+    def __init__(self, algorithms: bool = True) -> None:
+        self.algorithms = algorithms
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.objects: dict[int, dict[str, Any]] = {}
+        self._next = 0x1000
+        self._algos: dict[int, tuple[int, int, int, int, int]] = {}
+
+    def _note(self, name: str, args: tuple[Any, ...]) -> None:
+        record(name)
+        self.calls.append((name, args))
+
+    def _new(self, **fields: Any) -> int:
+        self._next += 16
+        self.objects[self._next] = fields
+        return self._next
+
+    def live(self, kind: str) -> int:
+        """How many objects of ``kind`` (desc, layout, pref) exist (made, not destroyed)."""
+        return sum(1 for o in self.objects.values() if o["kind"] == kind)
+
+    def create(self) -> int:
+        self._note("cublasLtCreate", ())
+        return self._new(kind="handle")
+
+    def desc_create(self, compute: int, scale: int) -> int:
+        self._note("cublasLtMatmulDescCreate", (compute, scale))
+        return self._new(kind="desc", compute=compute, scale=scale, attrs={})
+
+    def desc_set(self, desc: int, attr: int, value: Any) -> None:
+        self._note("cublasLtMatmulDescSetAttribute", (desc, attr, value.value))
+        self.objects[desc]["attrs"][attr] = value.value
+
+    def set_bias(self, desc: int, ptr: Any) -> None:
+        self._note("cublasLtMatmulDescSetAttribute", (desc, 8, ptr.value))
+        self.objects[desc]["attrs"][8] = ptr.value
+
+    def desc_destroy(self, desc: int) -> None:
+        self._note("cublasLtMatmulDescDestroy", (desc,))
+        assert self.objects.pop(desc)["kind"] == "desc"
+
+    def layout_create(self, dtype: int, rows: int, cols: int, ld: int) -> int:
+        self._note("cublasLtMatrixLayoutCreate", (dtype, rows, cols, ld))
+        assert ld >= rows  # column-major, columns ld apart
+        return self._new(kind="layout", dtype=dtype, rows=rows, cols=cols, ld=ld)
+
+    def layout_destroy(self, layout: int) -> None:
+        self._note("cublasLtMatrixLayoutDestroy", (layout,))
+        assert self.objects.pop(layout)["kind"] == "layout"
+
+    def pref_create(self) -> int:
+        self._note("cublasLtMatmulPreferenceCreate", ())
+        return self._new(kind="pref", attrs={})
+
+    def pref_set(self, pref: int, attr: int, value: Any) -> None:
+        self._note("cublasLtMatmulPreferenceSetAttribute", (pref, attr, value.value))
+        self.objects[pref]["attrs"][attr] = value.value
+
+    def pref_destroy(self, pref: int) -> None:
+        self._note("cublasLtMatmulPreferenceDestroy", (pref,))
+        assert self.objects.pop(pref)["kind"] == "pref"
+
+    def heuristic(
+        self, handle: int, desc: int, a: int, b: int, c: int, d: int, pref: int
+    ) -> Any | None:
+        self._note("cublasLtMatmulAlgoGetHeuristic", (handle, desc, a, b, c, d, pref))
+        attrs = self.objects[pref]["attrs"]
+        aligns = tuple(attrs.get(i, 256) for i in (5, 6, 7, 8))
+        bias = self.objects[desc]["attrs"].get(8, 0)
+        # cuBLASLt reads the bias pointer's alignment from its value here
+        if not self.algorithms or any(bias % al for al in aligns):
+            return None
+        result = (ctypes.c_char * 96)()
+        ident = len(self._algos) + 1
+        ctypes.c_int64.from_buffer(result, 0).value = ident
+        self._algos[ident] = aligns
+        return result
+
+    def matmul(self, *args: Any) -> None:
+        self._note("cublasLtMatmul", args)
+        (_h, desc, alpha, pa, adesc, pb, bdesc, beta, pc, cdesc, pd, ddesc, algo, ws, size,
+         _stream) = args  # fmt: skip
+        aligns = self._algos[ctypes.c_int64.from_address(algo).value]
+        op = self.objects[desc]
+        attrs = op["attrs"]
+        assert op["scale"] == (1 if op["compute"] == 70 else 0)
+        la, lb, lc, ld = (self.objects[h] for h in (adesc, bdesc, cdesc, ddesc))
+        for ptr, al in zip((pa, pb, pc, pd), aligns, strict=True):
+            assert ptr % al == 0, (ptr, al)
+        assert ws
+        assert size >= 0
+        kind = _SCALAR_TYPES[op["compute"]]
+        al_v, be_v = kind.from_address(alpha).value, kind.from_address(beta).value
+
+        def mat(ptr: int, lay: dict[str, Any]) -> np.ndarray[Any, Any]:
+            dtype = np.dtype(_CUDA_TYPES[lay["dtype"]]())
+            span = lay["ld"] * (lay["cols"] - 1) + lay["rows"]
+            buf = (ctypes.c_char * (span * dtype.itemsize)).from_address(ptr)
+            flat = np.ndarray((span,), dtype, buffer=buf)
+            return np.lib.stride_tricks.as_strided(
+                flat, shape=(lay["rows"], lay["cols"]),
+                strides=(dtype.itemsize, lay["ld"] * dtype.itemsize),
+            )  # fmt: skip
+
+        a = mat(pa, la).astype(np.float64)
+        b = mat(pb, lb).astype(np.float64)
+        a = a.T if attrs.get(3, 0) else a
+        b = b.T if attrs.get(4, 0) else b
+        res = al_v * (a @ b)
+        if be_v != 0:
+            res = res + be_v * mat(pc, lc).astype(np.float64)
+        epilogue = attrs.get(7, 1)
+        if epilogue & 4:  # BIAS: bias[i] added to row i of D
+            assert attrs.get(26, -1) in (-1, ld["dtype"])  # the bias is of D's type
+            bias_t = np.dtype(_CUDA_TYPES[ld["dtype"]]())
+            rows = ld["rows"]
+            buf = (ctypes.c_char * (rows * bias_t.itemsize)).from_address(attrs[8])
+            res = res + np.ndarray((rows,), bias_t, buffer=buf).astype(np.float64)[:, None]
+        assert epilogue in (1, 4)
+        out = mat(pd, ld)
+        out[...] = res.astype(out.dtype)
+
+
 class _FakeCupy(types.ModuleType):
     """``cupy``: the names above, and NumPy's functions (recorded) for the rest."""
 

@@ -196,6 +196,38 @@ async def test_a_captured_transformer_block_replays_as_a_cuda_graph(backend: Any
         np.testing.assert_allclose(await y.to_host(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64"])
+async def test_a_linear_with_a_bias_runs_in_cublaslts_epilogue(backend: Any, dtype: str) -> None:
+    """``linear`` with a bias as one cuBLASLt launch, the bias in the epilogue
+    (accelkit_cuda.blaslt): F16, BF16 and F32 must take it on a GPU (F64 may find no
+    algorithm and take the GEMM and the bias kernel); against float64 NumPy within the
+    arithmetic's bound: k + 1 roundings of the F32 (F64) accumulator over the magnitudes
+    summed, then one rounding to the stored type (the bias added before it)."""
+
+    from accelkit_cuda import blaslt
+
+    if dtype == "bf16" and ak.DType.BF16 not in backend.supported_dtypes:
+        pytest.skip("no bf16 on this device")
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rng = np.random.default_rng(21)
+    rows, n, k = 3 * 70, 96, 136
+    x = f.from_host(rng.standard_normal((3, 70, k)).astype(np.float32), dtype=dtype)
+    w = f.from_host((rng.standard_normal((n, k)) / 8).astype(np.float32), dtype=dtype)
+    b = f.from_host(rng.standard_normal(n).astype(np.float32), dtype=dtype)
+    xr, wr, br = [(await t.to_host()).astype(np.float64) for t in (x, w, b)]
+    await ops.linear(x, w, b).to_host()  # the first GEMM finds cuBLAS (and cuBLASLt)
+    before = dict(blaslt.stats)
+    got = (await ops.linear(x, w, b).to_host()).astype(np.float64)
+    want = xr.reshape(rows, k) @ wr.T + br
+    acc = float(np.finfo(np.float64 if dtype == "f64" else np.float32).eps)
+    store = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 0.0, "f64": 0.0}[dtype]
+    mag = np.abs(xr.reshape(rows, k)) @ np.abs(wr).T + np.abs(br)
+    tol = (k + 1) * acc * mag + store * np.abs(want)
+    assert np.all(np.abs(got.reshape(rows, n) - want) <= tol)
+    if dtype != "f64":
+        assert blaslt.stats["launches"] == before["launches"] + 1, (before, blaslt.stats)
+
+
 @pytest.mark.parametrize("path", ["capture", "workspace"])
 async def test_gemm_dtypes_on_the_cublas_path(
     backend: Any, monkeypatch: pytest.MonkeyPatch, path: str

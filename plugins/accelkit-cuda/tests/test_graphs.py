@@ -235,3 +235,50 @@ async def test_a_captured_transformer_block_is_one_cuda_graph(
         assert len(_gemms(cublas)) - eager == 2 * 6
     finally:
         await backend.shutdown()
+
+
+async def test_a_captured_linear_takes_its_bias_in_cublaslts_epilogue(
+    plugin: Plugin, cublas: fake_cupy.Cublas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With cuBLASLt at hand a linear's bias is its epilogue inside a capture too: one
+    ``cublasLtMatmul`` on the capturing stream, and the captured numbers are float64
+    NumPy's."""
+    lt = fake_cupy.CublasLt()
+    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blaslt"), "_lt", lt)
+    capturing = importlib.import_module("accelkit_cuda.capturing")
+    captured: list[int | None] = []
+    active = capturing.active
+
+    def seen() -> int | None:
+        stream = active()
+        if stream is not None:
+            captured.append(stream)
+        return stream
+
+    monkeypatch.setattr(capturing, "active", seen)
+    backend = await _open(plugin)
+    try:
+        rng = np.random.default_rng(8)
+        x_h = rng.standard_normal((2, 3, 8)).astype(np.float32)
+        w_h, b_h = rng.standard_normal((6, 8), np.float32), rng.standard_normal(6, np.float32)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+        await backend.synchronize()
+        lt.calls.clear()
+        gemms = len(_gemms(cublas))
+        async with backend.capture() as graph:
+            y = ops.linear(x, w, b)
+        assert graph.kind == "cuda-graph"
+        got = await y.to_host()
+    finally:
+        await backend.shutdown()
+    launches = [args for name, args in lt.calls if name == "cublasLtMatmul"]
+    # the block's own run and the capture, the latter on the capturing stream
+    assert len(launches) == 2
+    assert [args[-1] in captured for args in launches].count(True) == 1
+    assert len(_gemms(cublas)) == gemms  # no cuBLAS GEMM, no bias kernel
+    assert "launch eb_add_f32" not in [name for name, _ in fake_cupy.CALLS]
+    want = x_h.astype(np.float64) @ w_h.astype(np.float64).T + b_h
+    eps = float(np.finfo(np.float32).eps)
+    mag = np.abs(x_h) @ np.abs(w_h).T + np.abs(b_h)
+    assert np.all(np.abs(got - want) <= 9 * eps * mag)

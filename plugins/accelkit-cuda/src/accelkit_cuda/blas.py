@@ -54,8 +54,8 @@ from accelkit_cuda import capturing
 
 __all__ = [
     "WORKSPACE_BYTES", "Cublas", "compute_type", "gemm_ptrs", "linear_plan", "matmul",
-    "matmul_into", "plan", "prepare", "ready", "scalars", "type_of", "workspace_bytes",
-    "workspace_route",
+    "matmul_into", "plan", "prepare", "ready", "scalar_args", "scalars", "stream_workspace",
+    "type_of", "workspace_bytes", "workspace_route",
 ]  # fmt: skip
 
 #: PyTorch's cuBLAS workspace on compute capability 9.0 and newer (CUBLAS_WORKSPACE_CONFIG
@@ -147,6 +147,13 @@ def _scalar_args(compute: int, alpha: float, beta: float) -> tuple[Any, Any, int
         if alpha == 1.0 and beta in (0.0, 1.0):
             _CONSTANT_SCALARS[key] = found
     return found
+
+
+def scalar_args(compute: int, alpha: float, beta: float) -> tuple[Any, Any, int, int]:
+    """``alpha`` and ``beta`` as :func:`scalars` makes them, and their addresses: shared
+    constants for (1, 0) and (1, 1) (never written), new objects otherwise (keep them alive
+    over the call)."""
+    return _scalar_args(compute, alpha, beta)
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
@@ -321,6 +328,13 @@ def _workspace_ptr(state: _ThreadState, stream: int) -> int:
 
 
 _capabilities: dict[int, tuple[int, int]] = {}
+
+
+def stream_workspace(cp: Any, stream: int) -> tuple[int, int]:
+    """The workspace of ``stream`` (a CUDA stream pointer) on the calling thread's device, as
+    ``(pointer, bytes)``: what the GEMMs on that stream share (they run in order)."""
+    state = _state(cp)
+    return _workspace_ptr(state, stream), state.size
 
 
 def _compute_capability(device: Any) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 from accelkit.sdk import Operand, TensorKernels, buffer_of
 from accelkit.tensor import Tensor
-from accelkit_cuda import blas
+from accelkit_cuda import blas, blaslt
 from accelkit_cuda import cupy_tensor as ck
 from accelkit_cuda.fast_elementwise import (
     BLOCK,
@@ -58,11 +58,14 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         #: :meth:`permute`'s kernel arguments per (shape, axes, dtype) (:meth:`_permute_config`).
         self._permute_configs: dict[Any, tuple[bool, tuple[int], tuple[Any, ...]] | None] = {}
         #: :meth:`_raw_linear`'s launch per call signature (:meth:`_linear_config`: cuBLAS
-        #: plan, bias grid, element count, row length, cudaDataType, compute type, bias kernel).
+        #: plan, bias grid, element count, row length, cudaDataType, compute type, bias kernel,
+        #: cuBLASLt signature).
         self._linear_configs: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         #: Whether eager GEMMs take cuBLAS's workspace route (``ACCELKIT_CUDA_GEMM_WORKSPACE``,
         #: read once here: :meth:`_raw_linear` reads it per call otherwise).
         self._gemm_route = blas.workspace_route()
+        #: Whether a linear's bias goes to cuBLASLt's epilogue (``ACCELKIT_CUDA_LT``, read once).
+        self._lt_route = blaslt.enabled()
 
     # -- elementwise ------------------------------------------------------------------------------
     def unary(self, op: str, x: Tensor, out: Tensor) -> None:
@@ -224,15 +227,20 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def _raw_linear(
         self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, tf32: bool
     ) -> bool:
-        """``x @ weight.T (+ bias)`` as cuBLAS's GEMM on the blocks' pointers (the batch folded
-        into the rows), then the bias added in place by one raw kernel: the submission thread
-        makes no CuPy array, no view and no ufunc dispatch for it (``cupy_tensor.linear``'s
-        path, 190-310 us of that thread a call on an H100 host, 2026-11-27). The same
-        arithmetic as that path: the GEMM into the output with F32 (F64) accumulation, an
-        F32/F64 bias added in the output's dtype. False (nothing queued: that path serves)
-        where cuBLAS has not been found yet (the first GEMM, on the submission thread, finds
-        it), for an F16/BF16 bias (added to the F32 product there), mixed dtypes, an empty
-        operand, ``ACCELKIT_CUDA_GEMM_WORKSPACE=0``, or the bias kernel not loaded yet."""
+        """``x @ weight.T (+ bias)`` on the blocks' pointers, the batch folded into the rows: with
+        a bias, one cuBLASLt launch with the bias in its epilogue (:mod:`accelkit_cuda.blaslt`,
+        as PyTorch's ``addmm``) where cuBLASLt serves; else cuBLAS's GEMM into the output, then
+        the bias added in place by one raw kernel. The submission thread makes no CuPy array,
+        no view and no ufunc dispatch for it (``cupy_tensor.linear``'s path, 190-310 us of that
+        thread a call on an H100 host, 2026-11-27). The arithmetic is that path's: F32 (F64)
+        accumulation, the bias added to the product before it is rounded to the output's type
+        (cuBLASLt) or added in the output's type to the rounded product (F32/F64: the same
+        rounding up to one ulp). False (nothing queued: that path serves) where cuBLAS has not
+        been found yet (the first GEMM, on the submission thread, finds it), for mixed dtypes,
+        an empty operand, ``ACCELKIT_CUDA_GEMM_WORKSPACE=0``, or a bias that neither cuBLASLt
+        (an F16/BF16 bias without it, or ``ACCELKIT_CUDA_LT=0``) nor the loaded bias kernel
+        takes. Where cuBLASLt finds no algorithm for a call, the call takes the two-launch
+        path, or CuPy's (an F16/BF16 bias), on the submission thread."""
         # One lookup for a signature seen before (the commonest case: a model's layers repeat
         # their shapes); what makes a call eligible is worked out once per signature
         # (:meth:`_linear_config`) and only eligible signatures are kept.
@@ -252,7 +260,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             if len(self._linear_configs) >= _RAW_CONFIGS:
                 self._linear_configs.clear()
             self._linear_configs[key] = config
-        p, grid, count, cols, in_type, compute, fn = config
+        p, grid, count, cols, in_type, compute, fn, lt = config
         bx, bw, bo = buffer_of(x).handle, buffer_of(weight).handle, buffer_of(out).handle
         bb = None if bias is None else buffer_of(bias).handle
         stream = self.current_stream
@@ -262,6 +270,11 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             pb = 1 if bb is None else bb.ptr
             if not (px and pw and po and pb):
                 raise block_error(next(b for b in (bx, bw, bo, bb) if b is not None and not b.ptr))
+            if lt is not None and blaslt.linear_bias(cp, lt, px, pw, pb, po):
+                return
+            if bb is not None and fn is None:  # cuBLASLt found no algorithm: CuPy's path
+                ck.linear(storage(x), storage(weight), xa(bias), storage(out), tf32)
+                return
             blas.gemm_ptrs(cp, p, px, pw, po, in_type, in_type, compute)
             if fn is not None:
                 fn(grid, _BLOCK, (_uintp(pb), _uintp(po), count, cols), stream=stream.cp)
@@ -273,7 +286,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, tf32: bool
     ) -> tuple[Any, ...] | None:
         """What :meth:`_raw_linear` launches for a signature (GEMM plan, bias grid and counts,
-        cuBLAS types, bias kernel), or None where it cannot (see there)."""
+        cuBLAS types, bias kernel, cuBLASLt's signature), or None where it cannot (see
+        there)."""
         dt = out.dtype
         if not blas.ready() or x.dtype is not dt or weight.dtype is not dt or not out.size:
             return None
@@ -287,17 +301,17 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         if not k or weight.shape[1] != k:
             return None
         rows = x.size // k
-        fn = None
+        p = blas.linear_plan(rows, n, k)
+        fn = lt = None
         if bias is not None:
             if bias.dtype is not dt or bias.shape != (n,):
                 return None
-            fn = self.fast.function("bias_add", dt)
-            if fn is None:
+            if self._lt_route and blaslt.available():
+                lt = blaslt.signature(p, in_type, compute)
+            fn = self.fast.function("bias_add", dt)  # F32, F64
+            if fn is None and lt is None:
                 return None
-        return (
-            blas.linear_plan(rows, n, k), grid_for(rows * n), np.int64(rows * n), np.int64(n),
-            in_type, compute, fn,
-        )  # fmt: skip
+        return (p, grid_for(rows * n), np.int64(rows * n), np.int64(n), in_type, compute, fn, lt)
 
     # -- reductions -------------------------------------------------------------------------------
     def reduce(
