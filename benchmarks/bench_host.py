@@ -241,9 +241,20 @@ def install_cuda_standin() -> None:
             if STANDIN_GEMMS[0]:
                 super().gemm_strided_batched_ex(*args)
 
-    from accelkit_cuda import blas
+    class LtCalls(fake_cupy.CublasLt):
+        """The stand-in's cuBLASLt (a linear's bias in the epilogue), as :class:`Calls`."""
+
+        def _note(self, name: str, args: tuple[Any, ...]) -> None:
+            return None
+
+        def matmul(self, *args: Any) -> None:
+            if STANDIN_GEMMS[0]:
+                super().matmul(*args)
+
+    from accelkit_cuda import blas, blaslt
 
     blas._cublas = Calls()
+    blaslt._lt = LtCalls()
     backend._devices = lambda: [props]  # type: ignore[attr-defined]
 
     class Driver:
