@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 
 CALLS: list[tuple[str, int]] = []
+#: The thread's cuBLAS handle ``cupy.cuda.device.get_cublas_handle`` answers (cuBLASLt is given
+#: it too, cast, as PyTorch does).
+CUBLAS_HANDLE = 0x6B1A5
 #: Device pointers handed out and freed (by ``runtime.malloc`` / ``runtime.free``).
 MALLOCED: set[int] = set()
 FREED: set[int] = set()
@@ -633,10 +636,6 @@ class CublasLt:
         """How many objects of ``kind`` (desc, layout, pref) exist (made, not destroyed)."""
         return sum(1 for o in self.objects.values() if o["kind"] == kind)
 
-    def create(self) -> int:
-        self._note("cublasLtCreate", ())
-        return self._new(kind="handle")
-
     def desc_create(self, compute: int, scale: int) -> int:
         self._note("cublasLtMatmulDescCreate", (compute, scale))
         return self._new(kind="desc", compute=compute, scale=scale, attrs={})
@@ -678,6 +677,7 @@ class CublasLt:
         self, handle: int, desc: int, a: int, b: int, c: int, d: int, pref: int
     ) -> Any | None:
         self._note("cublasLtMatmulAlgoGetHeuristic", (handle, desc, a, b, c, d, pref))
+        assert handle == CUBLAS_HANDLE
         attrs = self.objects[pref]["attrs"]
         aligns = tuple(attrs.get(i, 256) for i in (5, 6, 7, 8))
         bias = self.objects[desc]["attrs"].get(8, 0)
@@ -694,6 +694,7 @@ class CublasLt:
         self._note("cublasLtMatmul", args)
         (_h, desc, alpha, pa, adesc, pb, bdesc, beta, pc, cdesc, pd, ddesc, algo, ws, size,
          _stream) = args  # fmt: skip
+        assert _h == CUBLAS_HANDLE
         aligns = self._algos[ctypes.c_int64.from_address(algo).value]
         op = self.objects[desc]
         attrs = op["attrs"]
@@ -786,7 +787,7 @@ def install() -> dict[str, types.ModuleType]:
     }.items():  # fmt: skip
         setattr(cuda, name, value)
     device = types.ModuleType("cupy.cuda.device")
-    device.get_cublas_handle = recorded("get_cublas_handle", lambda: 0x6B1A5)  # type: ignore[attr-defined]
+    device.get_cublas_handle = recorded("get_cublas_handle", lambda: CUBLAS_HANDLE)  # type: ignore[attr-defined]
     cuda.device = device  # type: ignore[attr-defined]
     cuda.get_current_stream = lambda: _NULL_STREAM  # type: ignore[attr-defined]
     cuda.alloc = lambda size: MemoryPointer(UnownedMemory(_malloc(size), size, None), 0)  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ from accelkit_cuda import capturing
 
 __all__ = [
     "WORKSPACE_BYTES", "Cublas", "compute_type", "gemm_ptrs", "linear_plan", "matmul",
-    "matmul_into", "plan", "prepare", "ready", "scalar_args", "scalars", "stream_workspace",
+    "matmul_into", "plan", "prepare", "ready", "scalar_args", "scalars", "stream_context",
     "type_of", "workspace_bytes", "workspace_route",
 ]  # fmt: skip
 
@@ -330,11 +330,13 @@ def _workspace_ptr(state: _ThreadState, stream: int) -> int:
 _capabilities: dict[int, tuple[int, int]] = {}
 
 
-def stream_workspace(cp: Any, stream: int) -> tuple[int, int]:
-    """The workspace of ``stream`` (a CUDA stream pointer) on the calling thread's device, as
-    ``(pointer, bytes)``: what the GEMMs on that stream share (they run in order)."""
+def stream_context(cp: Any, stream: int) -> tuple[int, int, int]:
+    """The calling thread's cuBLAS handle (CuPy's, for the thread's device) and the workspace of
+    ``stream`` (a CUDA stream pointer), as ``(handle, pointer, bytes)``: what the GEMMs on that
+    stream share (they run in order). A cuBLAS handle serves cuBLASLt too (cast, as PyTorch's
+    ``getCurrentCUDABlasLtHandle`` does)."""
     state = _state(cp)
-    return _workspace_ptr(state, stream), state.size
+    return state.handle, _workspace_ptr(state, stream), state.size
 
 
 def _compute_capability(device: Any) -> tuple[int, int]:

@@ -24,7 +24,8 @@ heuristic reads the device), and kept per thread (a submission thread serves one
 heuristic's algorithm is the device's). A call sets the descriptor's bias pointer and calls
 ``cublasLtMatmul`` on the stream (the capturing one during a CUDA graph capture: cuBLASLt may
 be captured with a workspace of its own), with :mod:`accelkit_cuda.blas`'s workspace of that
-stream (calls on one stream run in order, so cuBLAS's GEMMs and these share it).
+stream (calls on one stream run in order, so cuBLAS's GEMMs and these share it) and its cuBLAS
+handle (CuPy's for the thread), which serves as a cuBLASLt handle (PyTorch does the same).
 
 Where cuBLASLt is not found, the heuristic finds no algorithm (F64 with a bias epilogue on some
 versions, odd alignments), or ``ACCELKIT_CUDA_LT=0``, :func:`linear_bias` returns False and the
@@ -87,7 +88,6 @@ class CublasLt:
         )  # fmt: skip
         pvp = ctypes.POINTER(ctypes.c_void_p)
         sigs: dict[str, tuple[list[Any], bool]] = {
-            "cublasLtCreate": ([pvp], True),
             "cublasLtMatmulDescCreate": ([pvp, i, i], True),
             "cublasLtMatmulDescSetAttribute": ([vp, i, vp, sz], True),
             "cublasLtMatmulDescDestroy": ([vp], True),
@@ -121,10 +121,6 @@ class CublasLt:
         made = ctypes.c_void_p()
         self._call(name, ctypes.byref(made), *args)
         return made.value or 0
-
-    def create(self) -> int:
-        """A cuBLASLt handle (``cublasLtCreate``)."""
-        return self._create("cublasLtCreate")
 
     def desc_create(self, compute: int, scale: int) -> int:
         return self._create("cublasLtMatmulDescCreate", compute, scale)
@@ -260,7 +256,6 @@ class _Plan:
 
 
 class _ThreadState(threading.local):
-    handle: int = 0
     plans: dict[tuple[Signature, int], _Plan | None] | None = None
 
 
@@ -322,11 +317,10 @@ def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) ->
     plans = state.plans
     if plans is None:
         plans = state.plans = {}
-        state.handle = lt.create()
     stream = capturing.active()
     if stream is None:
         stream = cp.cuda.get_current_stream().ptr
-    ws, size = blas.stream_workspace(cp, stream)
+    handle, ws, size = blas.stream_context(cp, stream)
     a = x | w | bias | out | 256
     key = (sig, a & -a)  # the lowest alignment of the four pointers, at most 256 bytes
     plan = plans.get(key)
@@ -336,7 +330,7 @@ def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) ->
                 if old is not None:
                     old.free(lt)
             plans.clear()
-        plan = plans[key] = _build(lt, state.handle, sig, key[1], bias, size)
+        plan = plans[key] = _build(lt, handle, sig, key[1], bias, size)
         if plan is None:
             stats["no_algorithm"] += 1
     if plan is None:
@@ -344,7 +338,7 @@ def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) ->
     plan.bias.value = bias
     lt.set_bias(plan.desc, plan.bias)
     lt.matmul(
-        state.handle, plan.desc, plan.alpha, w, plan.w, x, plan.b, plan.beta, out, plan.d, out,
+        handle, plan.desc, plan.alpha, w, plan.w, x, plan.b, plan.beta, out, plan.d, out,
         plan.d, plan.algo, ws, size, stream,
     )  # fmt: skip
     stats["launches"] += 1
