@@ -340,7 +340,7 @@ def _real_cublaslt() -> str | None:
     if found:
         return found
     for root in site.getsitepackages():
-        hits = glob.glob(os.path.join(root, "nvidia", "cublas", "lib", "libcublasLt.so.*"))
+        hits = glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcublasLt.so.*"))
         if hits:
             return hits[0]
     for name in ("libcublasLt.so.13", "libcublasLt.so.12"):
