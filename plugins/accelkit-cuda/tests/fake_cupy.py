@@ -613,11 +613,13 @@ class CublasLt:
     cuBLASLt adds the bias in the scale type), after checking what cuBLASLt requires: the
     bias of ``D``'s type and of ``D``'s row count, the scale type of the compute type, every
     pointer aligned as the heuristic's preference declared, and the algorithm one the
-    heuristic returned for these descriptors. ``algorithms=False``: the heuristic finds
-    none."""
+    heuristic returned for these descriptors, split-K reductions in the compute type only for
+    F16/BF16. ``algorithms=False``: the heuristic finds none; ``launch_status``: what
+    ``cublasLtMatmul`` fails with (RuntimeError, as the ctypes wrapper raises), 0 to run."""
 
-    def __init__(self, algorithms: bool = True) -> None:
+    def __init__(self, algorithms: bool = True, launch_status: int = 0) -> None:
         self.algorithms = algorithms
+        self.launch_status = launch_status
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.objects: dict[int, dict[str, Any]] = {}
         self._next = 0x1000
@@ -681,6 +683,8 @@ class CublasLt:
         attrs = self.objects[pref]["attrs"]
         aligns = tuple(attrs.get(i, 256) for i in (5, 6, 7, 8))
         bias = self.objects[desc]["attrs"].get(8, 0)
+        if self.objects[d]["dtype"] in (2, 14):  # F16/BF16: no 16-bit split-K reduction
+            assert attrs.get(3, 7) & ~2 == 0, attrs
         # cuBLASLt reads the bias pointer's alignment from its value here
         if not self.algorithms or any(bias % al for al in aligns):
             return None
@@ -695,9 +699,12 @@ class CublasLt:
         (_h, desc, alpha, pa, adesc, pb, bdesc, beta, pc, cdesc, pd, ddesc, algo, ws, size,
          _stream) = args  # fmt: skip
         assert _h == CUBLAS_HANDLE
+        if self.launch_status:
+            raise RuntimeError(f"cublasLtMatmul failed: cuBLAS status {self.launch_status}")
         aligns = self._algos[ctypes.c_int64.from_address(algo).value]
         op = self.objects[desc]
         attrs = op["attrs"]
+        assert attrs[8] % min(aligns) == 0  # the bias aligned as the heuristic was told
         assert op["scale"] == (1 if op["compute"] == 70 else 0)
         la, lb, lc, ld = (self.objects[h] for h in (adesc, bdesc, cdesc, ddesc))
         for ptr, al in zip((pa, pb, pc, pd), aligns, strict=True):

@@ -11,6 +11,7 @@ import glob
 import importlib
 import os
 import site
+from collections.abc import Callable
 from typing import Any
 
 import fake_cupy
@@ -146,6 +147,72 @@ async def test_where_cublaslt_has_no_algorithm_the_linear_takes_its_old_path(
     assert (lt.live("desc"), lt.live("layout"), lt.live("pref")) == (0, 0, 0)
 
 
+async def test_a_launch_cublaslt_refuses_takes_the_old_path_and_drops_the_plan(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cublasLtMatmul`` returning an error status launched nothing: the call takes the GEMM
+    and the bias kernel, the plan is freed and not tried again (as PyTorch's gemm_and_bias
+    falls back to the unfused GEMM)."""
+    lt = _libs(monkeypatch)
+    lt.launch_status = 15  # CUBLAS_STATUS_NOT_SUPPORTED
+    blaslt = importlib.import_module("accelkit_cuda.blaslt")
+    rng = np.random.default_rng(16)
+    x_h, w_h = rng.standard_normal((3, 8), np.float32), rng.standard_normal((5, 8), np.float32)
+    b_h = rng.standard_normal(5, np.float32)
+    backend = await _open(plugin)
+    try:
+        await backend.tensor_ops.kernels.fast.load()
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+        fake_cupy.CALLS.clear()
+        results = [await ops.linear(x, w, b).to_host() for _ in range(3)]
+        names = _names()
+    finally:
+        await backend.shutdown()
+    tol, ref = _tolerance(x_h, w_h, b_h, np.dtype(np.float32))
+    for got in results:
+        assert np.all(np.abs(got - ref) <= tol)
+    assert names.count("cublasLtMatmul") == 1  # tried once
+    assert names.count("cublasGemmEx") == 3
+    assert names.count("launch eb_add_f32") == 3
+    assert blaslt.stats["launch_failed"] == 1
+    assert (lt.live("desc"), lt.live("layout")) == (0, 0)
+
+
+async def test_an_f32_linear_before_the_bias_kernel_loads_is_not_kept_on_cupys_path(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signature first seen before the bias kernel is loaded is not kept: once it is, a call
+    cuBLASLt declines takes the GEMM and the bias kernel, not CuPy's path for good."""
+    _libs(monkeypatch, algorithms=False)
+    rng = np.random.default_rng(17)
+    x_h, w_h = rng.standard_normal((3, 8), np.float32), rng.standard_normal((5, 8), np.float32)
+    b_h = rng.standard_normal(5, np.float32)
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+        fast = backend.tensor_ops.kernels.fast
+        await fast.load()
+        loaded = fast.function
+
+        def before_load(op: str, dtype: Any) -> Any:
+            return None if op == "bias_add" else loaded(op, dtype)
+
+        monkeypatch.setattr(fast, "function", before_load)
+        await ops.linear(x, w, b).to_host()  # no bias kernel yet: CuPy's path
+        monkeypatch.setattr(fast, "function", loaded)
+        fake_cupy.CALLS.clear()
+        got = await ops.linear(x, w, b).to_host()
+        names = _names()
+    finally:
+        await backend.shutdown()
+    tol, ref = _tolerance(x_h, w_h, b_h, np.dtype(np.float32))
+    assert np.all(np.abs(got - ref) <= tol)
+    assert names.count("cublasGemmEx") == 1
+    assert names.count("launch eb_add_f32") == 1
+
+
 async def test_the_epilogue_route_can_be_turned_off(
     plugin: Plugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,7 +338,7 @@ def test_a_thread_keeps_a_bounded_number_of_plans(
     monkeypatch.setattr(blaslt, "_PLANS", 3)
     import cupy
 
-    for n in range(1, 8):
+    for n in range(2, 9):
         sig = blaslt.signature(blas.linear_plan(2, n, 4), 0, 68)
         assert sig is not None
         px, _kx = _device_array((2, 4), np.float32, 0, 1.0)
@@ -284,13 +351,17 @@ def test_a_thread_keeps_a_bounded_number_of_plans(
         assert lt.live("layout") == 3 * lt.live("desc")
 
 
-def test_a_batched_gemm_is_not_a_signature() -> None:
+def test_a_batched_gemm_or_a_vector_is_not_a_signature() -> None:
     from accelkit_cuda import blas, blaslt
 
     p = blas.plan((2, 3, 4), (48, 16, 4), (2, 4, 5), (80, 20, 4), 4)
     assert p is not None
     assert p[-1] == 2
     assert blaslt.signature(p, 0, 68) is None
+    # a row or column vector (PyTorch keeps them off cuBLASLt too)
+    for rows, n, k in ((1, 5, 7), (6, 1, 7), (6, 5, 1)):
+        assert blaslt.signature(blas.linear_plan(rows, n, k), 0, 68) is None
+    assert blaslt.signature(blas.linear_plan(2, 2, 2), 0, 68) is not None
 
 
 # -- ctypes ---------------------------------------------------------------------------------------
@@ -352,34 +423,73 @@ def _real_cublaslt() -> str | None:
     return None
 
 
-def test_the_real_cublaslt_takes_the_descriptors_as_the_plan_makes_them() -> None:
-    """The host calls of a plan against the real library (they need no device): every
-    attribute's id and size as ``cublasLt.h`` gives them (a wrong size is refused with
-    CUBLAS_STATUS_INVALID_VALUE), the layouts and the preference."""
+def _getter(lib: Any, name: str) -> Callable[[int, int, Any], Any]:
+    """``cublasLt<name>GetAttribute`` as ``get(object, attr, ctype)`` -> the value read back."""
+    fn = getattr(lib, f"cublasLt{name}GetAttribute")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                   ctypes.POINTER(ctypes.c_size_t)]  # fmt: skip
+    fn.restype = ctypes.c_int
+
+    def get(obj: int, attr: int, kind: Any) -> Any:
+        value, written = kind(), ctypes.c_size_t()
+        status = fn(obj, attr, ctypes.byref(value), ctypes.sizeof(value), ctypes.byref(written))
+        assert status == 0, (name, attr, status)
+        assert written.value == ctypes.sizeof(value), (name, attr, written.value)
+        return value.value
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("in_type", "compute", "scale"),
+    [(0, 68, 0), (0, 77, 0), (1, 70, 1), (2, 68, 0), (14, 68, 0)],
+)  # f32, TF32, f64, f16, bf16
+def test_the_real_cublaslt_holds_the_plan_as_built(in_type: int, compute: int, scale: int) -> None:
+    """``_build`` against the real library (its host calls need no device; only the heuristic,
+    which reads the device, is stood in for): every attribute read back from the real
+    descriptors with its C size, as ``cublasLt.h`` defines them; a value of the wrong size is
+    refused (CUBLAS_STATUS_INVALID_VALUE)."""
     path = _real_cublaslt()
     if path is None:
         pytest.skip("no libcublasLt here (the nvidia-cublas wheel or a CUDA toolkit brings one)")
     from accelkit_cuda import blas, blaslt
 
-    lt = blaslt.CublasLt(ctypes.CDLL(path), ctypes.PyDLL(path))
-    p = blas.linear_plan(6, 5, 7)
-    for compute, scale, dtype in ((68, 0, 0), (77, 0, 0), (70, 1, 1), (68, 0, 2), (68, 0, 14)):
-        desc = lt.desc_create(compute, scale)
-        assert desc
-        lt.desc_set(desc, blaslt._DESC_TRANSA, ctypes.c_int32(p[0]))
-        lt.desc_set(desc, blaslt._DESC_TRANSB, ctypes.c_int32(p[1]))
-        lt.desc_set(desc, blaslt._DESC_EPILOGUE, ctypes.c_uint32(blaslt._EPILOGUE_BIAS))
-        lt.desc_set(desc, blaslt._DESC_BIAS_DATA_TYPE, ctypes.c_int32(dtype))
-        lt.set_bias(desc, ctypes.c_void_p(0x7F0000000100))
-        with pytest.raises(RuntimeError, match="status 7"):  # INVALID_VALUE: a wrong size
-            lt.desc_set(desc, blaslt._DESC_EPILOGUE, ctypes.c_uint64(4))
-        layout = lt.layout_create(dtype, 7, 5, 7)
-        lt.layout_destroy(layout)
-        lt.desc_destroy(desc)
-    pref = lt.pref_create()
-    lt.pref_set(pref, blaslt._PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(32 << 20))
-    for attr in blaslt._PREF_MIN_ALIGNMENT:
-        lt.pref_set(pref, attr, ctypes.c_uint32(16))
-    with pytest.raises(RuntimeError, match="status 7"):
-        lt.pref_set(pref, blaslt._PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint32(1))
-    lt.pref_destroy(pref)
+    raw = ctypes.CDLL(path)
+    lt = blaslt.CublasLt(raw, ctypes.PyDLL(path))
+    desc_get, layout_get = _getter(raw, "MatmulDesc"), _getter(raw, "MatrixLayout")
+    pref_get = _getter(raw, "MatmulPreference")
+    seen: dict[str, Any] = {}
+
+    def heuristic(handle: int, desc: int, a: int, b: int, c: int, d: int, pref: int) -> Any:
+        u32, i32, u64, i64 = ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int64
+        seen["desc"] = {attr: desc_get(desc, attr, kind) for attr, kind in (
+            (0, i32), (1, i32), (3, i32), (4, i32), (7, u32), (8, ctypes.c_void_p), (26, i32),
+        )}  # fmt: skip
+        layout_attrs = ((0, u32), (2, u64), (3, u64), (4, i64))
+        seen["layouts"] = [
+            tuple(layout_get(m, attr, kind) for attr, kind in layout_attrs) for m in (a, b, c, d)
+        ]
+        seen["pref"] = {attr: pref_get(pref, attr, kind) for attr, kind in (
+            (1, u64), (3, u32), (5, u32), (6, u32), (7, u32), (8, u32),
+        )}  # fmt: skip
+        return (ctypes.c_char * blaslt.HEURISTIC_BYTES)()
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(lt, "heuristic", heuristic)
+    try:
+        rows, n, k = 6, 5, 7
+        sig = blaslt.signature(blas.linear_plan(rows, n, k), in_type, compute)
+        assert sig is not None
+        plan = blaslt._build(lt, 0x1234, sig, 16, 32 << 20)
+    finally:
+        monkeypatch.undo()
+    assert plan is not None
+    # op(A) = the weight [n, k] row-major read transposed, B the input, D the output (n x rows)
+    assert seen["desc"] == {0: compute, 1: scale, 3: 1, 4: 0, 7: 4, 8: 16, 26: in_type}
+    assert seen["layouts"] == [
+        (in_type, k, n, k), (in_type, k, rows, k), (in_type, n, rows, n), (in_type, n, rows, n),
+    ]  # fmt: skip
+    assert seen["pref"] == {1: 32 << 20, 3: 2, 5: 16, 6: 16, 7: 16, 8: 16}
+    with pytest.raises(RuntimeError, match="status 7"):  # INVALID_VALUE: a wrong size
+        lt.desc_set(plan.desc, blaslt._DESC_EPILOGUE, ctypes.c_uint64(4))
+    plan.free(lt)

@@ -54,7 +54,11 @@ _DESC_BIAS_POINTER = 8  # const void*
 _DESC_BIAS_DATA_TYPE = 26  # int32_t (cudaDataType)
 _EPILOGUE_BIAS = 4
 _PREF_MAX_WORKSPACE_BYTES = 1  # uint64_t
+_PREF_REDUCTION_SCHEME_MASK = 3  # uint32_t
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # A, B, C, D bytes: uint32_t, default 256
+#: Split-K reductions in the compute type only (or none): INPLACE and OUTPUT_TYPE would reduce
+#: F16/BF16 partial sums in 16 bits (PyTorch's mask where reduced-precision reductions are off).
+_REDUCTION_COMPUTE_TYPE = 2
 _OP_N = 0
 _R_32F, _R_64F = 0, 1
 _COMPUTE_64F = 70
@@ -65,10 +69,11 @@ _STATE_OFFSET = 72
 #: Plans a thread keeps before it frees them all and starts over.
 _PLANS = 256
 
-#: What the route did in this process: ``launches`` (linears with their bias in the epilogue)
-#: and ``no_algorithm`` (plans the heuristic found no algorithm for: those calls took the
-#: two-launch path). Read by the GPU tests and the benchmarks, written by submission threads.
-stats = {"launches": 0, "no_algorithm": 0}
+#: What the route did in this process: ``launches`` (linears with their bias in the epilogue),
+#: ``no_algorithm`` (plans the heuristic found no algorithm for) and ``launch_failed`` (plans
+#: dropped when ``cublasLtMatmul`` returned an error status): the calls of those took the
+#: two-launch path. Read by the GPU tests and the benchmarks, written by submission threads.
+stats = {"launches": 0, "no_algorithm": 0, "launch_failed": 0}
 
 #: The cuBLASLt entry points (:class:`CublasLt`); False where the library is not found.
 _lt: Any = None
@@ -229,8 +234,10 @@ Signature = tuple[tuple[Any, ...], int, int]
 
 
 def signature(p: tuple[Any, ...], in_type: int, compute: int) -> Signature | None:
-    """The :data:`Signature` of a GEMM :func:`linear_bias` takes (one matrix, no batch), or None."""
-    if p[-1] != 1:
+    """The :data:`Signature` of a GEMM :func:`linear_bias` takes, or None: one matrix (no
+    batch), every dimension above 1 (PyTorch keeps a row or column vector off cuBLASLt: its
+    heuristic refuses some with CUBLAS_STATUS_INVALID_VALUE)."""
+    if p[-1] != 1 or min(p[2], p[3], p[4]) < 2:
         return None
     return (p, in_type, compute)
 
@@ -262,9 +269,7 @@ class _ThreadState(threading.local):
 _thread = _ThreadState()
 
 
-def _build(
-    lt: CublasLt, handle: int, sig: Signature, align: int, bias: int, workspace: int
-) -> _Plan | None:
+def _build(lt: CublasLt, handle: int, sig: Signature, align: int, workspace: int) -> _Plan | None:
     """The :class:`_Plan` of a signature at an alignment, or None (no algorithm)."""
     p, in_type, compute = sig
     trans_w, trans_x, m, n, k, ldw, ldx, ldd = p[:8]
@@ -276,8 +281,10 @@ def _build(
         lt.desc_set(desc, _DESC_TRANSB, ctypes.c_int32(trans_x))
         lt.desc_set(desc, _DESC_EPILOGUE, ctypes.c_uint32(_EPILOGUE_BIAS))
         lt.desc_set(desc, _DESC_BIAS_DATA_TYPE, ctypes.c_int32(in_type))
-        # The heuristic reads the bias pointer's alignment from its value.
-        lt.desc_set(desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias))
+        # The heuristic reads the bias pointer's alignment from its value (it never reads
+        # through it): a placeholder aligned exactly as the plan's key says, so a later call
+        # whose bias is aligned less than this one's, but as its key says, is served right.
+        lt.desc_set(desc, _DESC_BIAS_POINTER, ctypes.c_void_p(align))
         # Column-major: op(A) = op(weight) is m x k, op(B) = op(input) k x n, D m x n.
         w_rows, w_cols = (m, k) if trans_w == _OP_N else (k, m)
         x_rows, x_cols = (k, n) if trans_x == _OP_N else (n, k)
@@ -287,6 +294,7 @@ def _build(
         pref = lt.pref_create()
         try:
             lt.pref_set(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(workspace))
+            lt.pref_set(pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_COMPUTE_TYPE))
             for attr in _PREF_MIN_ALIGNMENT:
                 lt.pref_set(pref, attr, ctypes.c_uint32(align))
             w_l, x_l, d_l = layouts
@@ -330,16 +338,25 @@ def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) ->
                 if old is not None:
                     old.free(lt)
             plans.clear()
-        plan = plans[key] = _build(lt, handle, sig, key[1], bias, size)
+        plan = plans[key] = _build(lt, handle, sig, key[1], size)
         if plan is None:
             stats["no_algorithm"] += 1
     if plan is None:
         return False
     plan.bias.value = bias
     lt.set_bias(plan.desc, plan.bias)
-    lt.matmul(
-        handle, plan.desc, plan.alpha, w, plan.w, x, plan.b, plan.beta, out, plan.d, out,
-        plan.d, plan.algo, ws, size, stream,
-    )  # fmt: skip
+    try:
+        lt.matmul(
+            handle, plan.desc, plan.alpha, w, plan.w, x, plan.b, plan.beta, out, plan.d, out,
+            plan.d, plan.algo, ws, size, stream,
+        )  # fmt: skip
+    except RuntimeError:
+        # A status other than success launched nothing: the caller's path serves this call
+        # and, the plan dropped, every later one of the key (PyTorch's gemm_and_bias also
+        # falls back to the unfused GEMM on any cuBLASLt status).
+        plans[key] = None
+        plan.free(lt)
+        stats["launch_failed"] += 1
+        return False
     stats["launches"] += 1
     return True
