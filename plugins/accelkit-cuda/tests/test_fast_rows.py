@@ -8,6 +8,7 @@ compiled (test_fast_elementwise.py)."""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -307,3 +308,46 @@ async def test_the_raw_kernels_and_philox_can_be_switched_off(
         np.testing.assert_allclose(g, w, rtol=64 * eps, atol=64 * eps)
     assert u.min() >= 0.0
     assert u.max() < 1.0
+
+
+@pytest.mark.parametrize("op", ["exp", "add"])
+async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    op: str,
+) -> None:
+    """A raw launch whose output's ``cudaMalloc`` found the device full launches nothing: the
+    await that covers it raises OutOfMemoryError (as CuPy's path would), and the backend goes
+    on."""
+    from accelkit.errors import OutOfMemoryError
+
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x_h = np.linspace(-2, 2, 4096, dtype=np.float32).reshape(64, 64)
+        x = f.from_host(x_h)
+        await backend.synchronize()
+        cuda = sys.modules["cupy"].cuda  # the stand-in the fixture installed
+        plain = cuda.runtime.malloc
+
+        def full(size: int) -> int:
+            raise fake_cupy.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+
+        monkeypatch.setattr(cuda.runtime, "malloc", full)
+        fake_cupy.CALLS.clear()
+        _y = ops.exp(x) if op == "exp" else ops.add(x, x)
+        with pytest.raises(OutOfMemoryError, match="16384-byte block"):
+            await backend.synchronize()  # (reading _y would fail too: a second report)
+        assert not _launches("eu_exp" if op == "exp" else "ew_add")
+        monkeypatch.setattr(cuda.runtime, "malloc", plain)
+        # (the failed block stays in the pool until trimmed, and serves smaller requests: a
+        # larger size allocates afresh)
+        z_h = np.linspace(-2, 2, 8192, dtype=np.float32).reshape(128, 64)
+        z = f.from_host(z_h)
+        got = await (ops.exp(z) if op == "exp" else ops.add(z, z)).to_host()
+    finally:
+        await backend.shutdown()
+    want = np.exp(z_h.astype(np.float64)) if op == "exp" else 2 * z_h.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2 * 2.0**-23, atol=0)
+    assert _launches("eu_exp" if op == "exp" else "ew_add")

@@ -74,20 +74,23 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             op in UNARY_OPS
             and x.dtype is dt
             and dt in _FLOATS
-            and out.size
+            and (n := out.size)
             and (fn := self.fast.function("u_" + op, dt)) is not None
         ):
-            self._launch_ptrs(
-                fn,
-                op,
-                (x,),
-                (),
-                out,
-                grid_for(out.size),
-                _BLOCK,
-                (np.int64(out.size),),
-                lambda: ck.unary(op, storage(x), storage(out)),
-            )
+            # As binary's raw launch (:meth:`_launch_raw`): the grid and count kept per
+            # element count, the closure holding the two blocks (not the tensors).
+            bx, bo = buffer_of(x).handle, buffer_of(out).handle
+            grid, count = self._raw_configs.get(n) or self._raw_config(n)
+            stream = self.current_stream
+
+            def run() -> None:
+                px, po = bx.ptr, bo.ptr
+                if px and po:
+                    fn(grid, _BLOCK, (_uintp(px), _uintp(po), count), stream=stream.cp)
+                else:
+                    raise block_error(bo if px else bx)
+
+            self.launch(run, (x,), (out,), what=op)
             return
         self.launch(lambda: ck.unary(op, storage(x), storage(out)), (x,), (out,), what=op)
 
