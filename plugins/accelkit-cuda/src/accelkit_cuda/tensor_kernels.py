@@ -15,6 +15,7 @@ from accelkit.tensor import Tensor
 from accelkit_cuda import blas, blaslt
 from accelkit_cuda import cupy_tensor as ck
 from accelkit_cuda.fast_elementwise import (
+    BIAS_DTYPES,
     BLOCK,
     UNARY_OPS,
     ElementwiseProgram,
@@ -312,7 +313,9 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             if self._lt_route and blaslt.available():
                 lt = blaslt.signature(p, in_type, compute)
             fn = self.fast.function("bias_add", dt)  # F32, F64
-            if fn is None and lt is None:
+            if fn is None and (lt is None or dt in BIAS_DTYPES):
+                # (F32/F64 wait for the bias kernel, their path where cuBLASLt declines: a
+                # signature kept without it would take CuPy's path for good)
                 return None
         return (p, grid_for(rows * n), np.int64(rows * n), np.int64(n), in_type, compute, fn, lt)
 
