@@ -9,6 +9,8 @@ with a summary of every figure. Figures (issue 29's targets in brackets):
   [>= 0.97x], ten GEMMs a repeat, with the device time of one (CUDA events) on both sides; on
   the default route (cuBLAS with a workspace) and, f16 and f32, on ``cupy.matmul``
   (``ACCELKIT_CUDA_GEMM_WORKSPACE=0``);
+- ``linear`` with a bias at 4096 in f16, bf16 and f32 vs ``torch.nn.functional.linear`` (both
+  with the bias in cuBLASLt's epilogue), and how many calls took accelkit's epilogue route;
 - causal f16 attention, batch 8, 16 heads, seq 4096, head_dim 128, vs
   ``torch.nn.functional.scaled_dot_product_attention``, for the fused flash kernel
   (KernelOps) and the cuBLAS route (TensorOps) (cuDNN's figures: their own script);
@@ -60,6 +62,7 @@ STEPS = 5
 SPLIT_BLOCKS = 50
 GEMM_N = 8192
 GEMM_CALLS = 10  # GEMMs a timed repeat
+LINEAR_N = 4096  # linear+bias: [4096, 4096] @ w.T + b, a projection of a 4096-token prefill
 _WS_ENV = "ACCELKIT_CUDA_GEMM_WORKSPACE"
 SMALL_CALLS = 500
 SMALL_ROUNDS = 15
@@ -359,6 +362,59 @@ async def _gemm_figures(backend: ak.ComputeBackend, torch: Any, n: int, rng: Any
     return lines
 
 
+async def _linear_figures(backend: ak.ComputeBackend, torch: Any, n: int, rng: Any) -> list[str]:
+    """``linear`` with a bias, ``[n, n] @ w.T + b`` (w ``[n, n]``), in f16, bf16 and f32 against
+    ``torch.nn.functional.linear`` (cuBLASLt's bias epilogue in PyTorch): throughput of
+    interleaved repeats of GEMM_CALLS calls, the device time of one call, and how many of
+    accelkit's timed calls took cuBLASLt's epilogue (``accelkit_cuda.blaslt``)."""
+    from accelkit_cuda import blaslt
+
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    lines: list[str] = []
+    x32 = (rng.standard_normal((n, n), dtype=np.float32) * 0.1).astype(np.float32)
+    b32 = rng.standard_normal(n, dtype=np.float32)
+    tflops = 2 * n**3 / 1e12
+    for name, tdt in (("f16", torch.float16), ("bf16", torch.bfloat16), ("f32", torch.float32)):
+        if ak.DType(name) not in backend.capabilities.dtypes:
+            lines.append(f"linear+bias {n} {name}: not held by this backend: skipped")
+            continue
+        x, w, b = (
+            f.from_host(x32, dtype=name),
+            f.from_host(x32, dtype=name),
+            f.from_host(b32, dtype=name),
+        )
+        tx, tb = torch.from_numpy(x32).cuda().to(tdt), torch.from_numpy(b32).cuda().to(tdt)
+
+        async def ak_linear(x: Any = x, w: Any = w, b: Any = b) -> None:
+            for _ in range(GEMM_CALLS):
+                ops.linear(x, w, b)
+            await backend.synchronize()
+
+        def torch_linear(tx: Any = tx, tb: Any = tb) -> None:
+            for _ in range(GEMM_CALLS):
+                torch.nn.functional.linear(tx, tx, tb)
+            torch.cuda.synchronize()
+
+        await ak_linear()
+        torch_linear()
+        before = blaslt.stats["launches"]
+        t_ak, t_th = await interleaved(ak_linear, torch_linear, 7)
+        epilogue = blaslt.stats["launches"] - before
+        t_ak, t_th = t_ak / GEMM_CALLS, t_th / GEMM_CALLS
+        d_ak = await device_ms(backend, lambda x=x, w=w, b=b: ops.linear(x, w, b), GEMM_CALLS)
+        d_th = torch_device_ms(
+            lambda tx=tx, tb=tb: torch.nn.functional.linear(tx, tx, tb), GEMM_CALLS
+        )
+        lines.append(
+            f"linear+bias {n} {name}: accelkit {tflops / t_ak:.0f} TFLOP/s, torch"
+            f" {tflops / t_th:.0f} TFLOP/s: {t_th / t_ak:.2f}x torch; device time {d_ak:.3f} vs"
+            f" {d_th:.3f} ms: {d_th / d_ak if d_ak else math.nan:.2f}x; {epilogue} of"
+            f" {7 * GEMM_CALLS} timed calls in cuBLASLt's epilogue"
+        )
+        del x, w, b, tx, tb
+    return lines
+
+
 async def measure(backend: ak.ComputeBackend) -> None:
     import torch
     import torch.nn.functional as F  # noqa: N812
@@ -381,6 +437,13 @@ async def measure(backend: ak.ComputeBackend) -> None:
 
     print(f"[{step()}] GEMM {GEMM_N} f16, bf16, f32 ...", flush=True)
     for line in await _gemm_figures(backend, torch, GEMM_N, rng):
+        print(f"      {line}", flush=True)
+        summary.append(line)
+    try:  # a figure, never a reason to stop the benchmark
+        lines = await _linear_figures(backend, torch, LINEAR_N, rng)
+    except Exception as exc:
+        lines = [f"linear+bias: not measured ({type(exc).__name__}: {exc})"]
+    for line in lines:
         print(f"      {line}", flush=True)
         summary.append(line)
 

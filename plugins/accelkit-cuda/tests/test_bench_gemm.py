@@ -58,6 +58,13 @@ def _fake_torch(calls: list[tuple[int, ...]]) -> types.ModuleType:
         return _TorchTensor(x.a @ y.a)
 
     torch.matmul = matmul  # type: ignore[attr-defined]
+
+    def linear(x: _TorchTensor, w: _TorchTensor, b: _TorchTensor) -> _TorchTensor:
+        calls.append(x.a.shape)
+        return _TorchTensor(x.a @ w.a.T + b.a)
+
+    functional = types.SimpleNamespace(linear=linear)
+    torch.nn = types.SimpleNamespace(functional=functional)  # type: ignore[attr-defined]
     torch.cuda = types.SimpleNamespace(synchronize=lambda: None, Event=_TorchEvent)  # type: ignore[attr-defined]
     return torch
 
@@ -194,3 +201,39 @@ async def test_the_tiny_block_figure_runs(plugin: Plugin, monkeypatch: pytest.Mo
     assert theirs >= 0  # (the stand-in for PyTorch: NumPy on this thread)
     assert calls.count("sdpa") >= 3 + 4  # PyTorch's side ran every round, and 4 blocks more
     assert calls.count("linear") == 4 * calls.count("sdpa")
+
+
+async def test_the_linear_figures_count_the_epilogue_route(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_cuda's linear+bias lines: one a dtype, each saying how many of accelkit's timed
+    calls took cuBLASLt's epilogue (all of them with the stand-in's cuBLASLt)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("bench_core", "bench_cuda", "bench_host", "bench_cuda_attention"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    calls: list[tuple[int, ...]] = []
+    torch = _fake_torch(calls)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    bench_cuda = importlib.import_module("bench_cuda")
+    import fake_cupy
+
+    monkeypatch.setattr(
+        importlib.import_module("accelkit_cuda.blas"), "_cublas", fake_cupy.Cublas()
+    )
+    monkeypatch.setattr(
+        importlib.import_module("accelkit_cuda.blaslt"), "_lt", fake_cupy.CublasLt()
+    )
+    backend = await _open(plugin)
+    try:
+        await backend.tensor_ops.kernels.fast.load()
+        lines = await bench_cuda._linear_figures(backend, torch, 8, np.random.default_rng(0))
+    finally:
+        await backend.shutdown()
+    assert [line.split(":")[0] for line in lines] == [
+        "linear+bias 8 f16", "linear+bias 8 bf16", "linear+bias 8 f32",
+    ]  # fmt: skip
+    timed = 7 * bench_cuda.GEMM_CALLS
+    assert all(f"{timed} of {timed} timed calls in cuBLASLt's epilogue" in line for line in lines)
+    assert all("device time" in line and len(line) < 390 for line in lines)
+    # Warm-up, 7 rounds, the device-time calls, on PyTorch's side too.
+    assert len(calls) == 3 * bench_cuda.GEMM_CALLS * (1 + 7 + 1)
