@@ -59,6 +59,37 @@ def _tolerance(x: Any, w: Any, b: Any, dt: np.dtype[Any]) -> Any:
 pytestmark = pytest.mark.anyio
 
 
+def _operands(seed: int, x_shape: tuple[int, ...], n: int, dt: Any) -> tuple[Any, Any, Any]:
+    """x, a weight of n rows (scaled to keep the sums unit-sized) and a bias, of ``dt``."""
+    rng = np.random.default_rng(seed)
+    x_h = rng.standard_normal(x_shape).astype(dt)
+    w_h = (rng.standard_normal((n, x_shape[-1])) / 4).astype(dt)
+    return x_h, w_h, rng.standard_normal(n).astype(dt)
+
+
+async def _linears(
+    plugin: Plugin, x_h: Any, w_h: Any, b_h: Any, calls: int, before: Any = None
+) -> tuple[list[Any], list[list[str]], int]:
+    """``calls`` linears with a bias on a fresh backend (its raw kernels loaded), each awaited:
+    the results, the stand-in's calls of each, and the bias's device pointer. ``before(backend,
+    ops, x, w, b)`` runs first (awaited), its calls not counted."""
+    backend = await _open(plugin)
+    try:
+        await backend.tensor_ops.kernels.fast.load()
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+        if before is not None:
+            await before(backend, ops, x, w, b)
+        results, names = [], []
+        for _ in range(calls):
+            fake_cupy.CALLS.clear()
+            results.append(await ops.linear(x, w, b).to_host())
+            names.append(_names())
+        return results, names, buffer_of(b).handle.ptr
+    finally:
+        await backend.shutdown()
+
+
 @pytest.mark.parametrize(
     ("dtype", "x_shape"),
     [("float32", (2, 5, 16)), ("float64", (3, 16)), ("float16", (2, 3, 16)),
@@ -72,25 +103,8 @@ async def test_a_linear_with_a_bias_is_one_cublaslt_launch(
     bias in its epilogue, rounded once, and the plan is made at the first call only."""
     lt = _libs(monkeypatch)
     dt = _dtype(dtype)
-    rng = np.random.default_rng(11)
-    n = 12
-    x_h = rng.standard_normal(x_shape).astype(dt)
-    w_h = (rng.standard_normal((n, x_shape[-1])) / 4).astype(dt)
-    b_h = rng.standard_normal(n).astype(dt)
-    backend = await _open(plugin)
-    try:
-        await backend.tensor_ops.kernels.fast.load()
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
-        fake_cupy.CALLS.clear()
-        first = await ops.linear(x, w, b).to_host()
-        made = _names()
-        fake_cupy.CALLS.clear()
-        got = await ops.linear(x, w, b).to_host()
-        names = _names()
-        bias_ptr = buffer_of(b).handle.ptr
-    finally:
-        await backend.shutdown()
+    x_h, w_h, b_h = _operands(11, x_shape, 12, dt)
+    (first, got), (made, names), bias_ptr = await _linears(plugin, x_h, w_h, b_h, 2)
     tol, ref = _tolerance(x_h, w_h, b_h, dt)
     for result in (first, got):
         assert result.dtype == dt
@@ -117,20 +131,9 @@ async def test_where_cublaslt_has_no_algorithm_the_linear_takes_its_old_path(
     descriptors it refused are freed."""
     lt = _libs(monkeypatch, algorithms=False)
     dt = _dtype(dtype)
-    rng = np.random.default_rng(12)
-    x_h = rng.standard_normal((3, 8)).astype(dt)
-    w_h = (rng.standard_normal((5, 8)) / 3).astype(dt)
-    b_h = rng.standard_normal(5).astype(dt)
-    backend = await _open(plugin)
-    try:
-        await backend.tensor_ops.kernels.fast.load()
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
-        fake_cupy.CALLS.clear()
-        results = [await ops.linear(x, w, b).to_host() for _ in range(2)]
-        names = _names()
-    finally:
-        await backend.shutdown()
+    x_h, w_h, b_h = _operands(12, (3, 8), 5, dt)
+    results, per_call, _ = await _linears(plugin, x_h, w_h, b_h, 2)
+    names = [name for call in per_call for name in call]
     tol, ref = _tolerance(x_h, w_h, b_h, dt)
     if dtype == "float16":  # CuPy's path over the stand-in may round the product first
         mag = np.abs(x_h.astype(np.float64)) @ np.abs(w_h.astype(np.float64)).T
@@ -156,19 +159,9 @@ async def test_a_launch_cublaslt_refuses_takes_the_old_path_and_drops_the_plan(
     lt = _libs(monkeypatch)
     lt.launch_status = 15  # CUBLAS_STATUS_NOT_SUPPORTED
     blaslt = importlib.import_module("accelkit_cuda.blaslt")
-    rng = np.random.default_rng(16)
-    x_h, w_h = rng.standard_normal((3, 8), np.float32), rng.standard_normal((5, 8), np.float32)
-    b_h = rng.standard_normal(5, np.float32)
-    backend = await _open(plugin)
-    try:
-        await backend.tensor_ops.kernels.fast.load()
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
-        fake_cupy.CALLS.clear()
-        results = [await ops.linear(x, w, b).to_host() for _ in range(3)]
-        names = _names()
-    finally:
-        await backend.shutdown()
+    x_h, w_h, b_h = _operands(16, (3, 8), 5, np.float32)
+    results, per_call, _ = await _linears(plugin, x_h, w_h, b_h, 3)
+    names = [name for call in per_call for name in call]
     tol, ref = _tolerance(x_h, w_h, b_h, np.dtype(np.float32))
     for got in results:
         assert np.all(np.abs(got - ref) <= tol)
@@ -185,28 +178,20 @@ async def test_an_f32_linear_before_the_bias_kernel_loads_is_not_kept_on_cupys_p
     """A signature first seen before the bias kernel is loaded is not kept: once it is, a call
     cuBLASLt declines takes the GEMM and the bias kernel, not CuPy's path for good."""
     _libs(monkeypatch, algorithms=False)
-    rng = np.random.default_rng(17)
-    x_h, w_h = rng.standard_normal((3, 8), np.float32), rng.standard_normal((5, 8), np.float32)
-    b_h = rng.standard_normal(5, np.float32)
-    backend = await _open(plugin)
-    try:
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+    x_h, w_h, b_h = _operands(17, (3, 8), 5, np.float32)
+
+    async def before(backend: Any, ops: Any, x: Any, w: Any, b: Any) -> None:
         fast = backend.tensor_ops.kernels.fast
-        await fast.load()
         loaded = fast.function
 
-        def before_load(op: str, dtype: Any) -> Any:
+        def no_bias_kernel(op: str, dtype: Any) -> Any:
             return None if op == "bias_add" else loaded(op, dtype)
 
-        monkeypatch.setattr(fast, "function", before_load)
+        monkeypatch.setattr(fast, "function", no_bias_kernel)
         await ops.linear(x, w, b).to_host()  # no bias kernel yet: CuPy's path
         monkeypatch.setattr(fast, "function", loaded)
-        fake_cupy.CALLS.clear()
-        got = await ops.linear(x, w, b).to_host()
-        names = _names()
-    finally:
-        await backend.shutdown()
+
+    (got,), (names,), _ = await _linears(plugin, x_h, w_h, b_h, 1, before)
     tol, ref = _tolerance(x_h, w_h, b_h, np.dtype(np.float32))
     assert np.all(np.abs(got - ref) <= tol)
     assert names.count("cublasGemmEx") == 1
@@ -218,20 +203,8 @@ async def test_the_epilogue_route_can_be_turned_off(
 ) -> None:
     _libs(monkeypatch)
     monkeypatch.setenv("ACCELKIT_CUDA_LT", "0")
-    rng = np.random.default_rng(13)
-    x_h, w_h = rng.standard_normal((3, 8), np.float32), rng.standard_normal((5, 8), np.float32)
-    b_h = rng.standard_normal(5, np.float32)
-    backend = await _open(plugin)
-    try:
-        await backend.tensor_ops.kernels.fast.load()
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
-        await ops.linear(x, w, b).to_host()
-        fake_cupy.CALLS.clear()
-        got = await ops.linear(x, w, b).to_host()
-        names = _names()
-    finally:
-        await backend.shutdown()
+    x_h, w_h, b_h = _operands(13, (3, 8), 5, np.float32)
+    (_, got), (_, names), _ = await _linears(plugin, x_h, w_h, b_h, 2)
     tol, ref = _tolerance(x_h, w_h, b_h, np.dtype(np.float32))
     assert np.all(np.abs(got - ref) <= tol)
     assert not [m for m in names if m.startswith("cublasLt")]
