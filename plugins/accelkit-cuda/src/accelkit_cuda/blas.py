@@ -48,14 +48,15 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from accelkit_cuda import capturing
 
 __all__ = [
     "WORKSPACE_BYTES", "Cublas", "compute_type", "gemm_ptrs", "linear_plan", "matmul",
-    "matmul_into", "plan", "prepare", "ready", "scalar_args", "scalars", "stream_context",
-    "type_of", "workspace_bytes", "workspace_route",
+    "matmul_into", "open_library", "plan", "prepare", "ready", "scalar_args", "scalars",
+    "stream_context", "type_of", "workspace_bytes", "workspace_route",
 ]  # fmt: skip
 
 #: PyTorch's cuBLAS workspace on compute capability 9.0 and newer (CUBLAS_WORKSPACE_CONFIG
@@ -260,24 +261,31 @@ def _lib() -> Any:
     ``cublasSetWorkspace``: ``cupy.matmul`` serves)."""
     global _cublas
     if _cublas is None:
-        found: Any = False
         try:
-            import cupy as cp
             from cupy_backends.cuda.libs import cublas  # noqa: F401 - loads CuPy's libcublas
-
-            major = cp.cuda.runtime.runtimeGetVersion() // 1000
-            names = [f"libcublas.so.{major}", "libcublas.so"]
         except Exception:  # no CUDA runtime (a stand-in): cupy.matmul serves
-            names = []
-        for name in names:
-            try:
-                # Already loaded by CuPy: dlopen finds that library by its soname.
-                found = Cublas(ctypes.CDLL(name), ctypes.PyDLL(name))
-                break
-            except (OSError, AttributeError):
-                continue
-        _cublas = found
+            _cublas = False
+        else:
+            _cublas = open_library("cublas", Cublas)
     return _cublas or None
+
+
+def open_library(stem: str, make: Callable[[Any, Any], Any]) -> Any:
+    """``make(CDLL, PyDLL)`` of ``lib<stem>.so.<major>`` (the CUDA runtime's major version, as
+    CuPy loaded it: ``dlopen`` finds a loaded library by its soname), else of ``lib<stem>.so``;
+    False where neither loads or has the entry points ``make`` asks for."""
+    try:
+        import cupy as cp
+
+        major = cp.cuda.runtime.runtimeGetVersion() // 1000
+    except Exception:  # no CUDA runtime (a stand-in)
+        return False
+    for name in (f"lib{stem}.so.{major}", f"lib{stem}.so"):
+        try:
+            return make(ctypes.CDLL(name), ctypes.PyDLL(name))
+        except (OSError, AttributeError):
+            continue
+    return False
 
 
 def _workspace(device: int, stream: int, size: int) -> Any:

@@ -198,21 +198,7 @@ def _load() -> Any:
     if _lt is None:
         with _load_lock:
             if _lt is None:
-                found: Any = False
-                try:
-                    import cupy as cp
-
-                    major = cp.cuda.runtime.runtimeGetVersion() // 1000
-                    names = [f"libcublasLt.so.{major}", "libcublasLt.so"]
-                except Exception:  # no CUDA runtime (a stand-in)
-                    names = []
-                for name in names:
-                    try:
-                        found = CublasLt(ctypes.CDLL(name), ctypes.PyDLL(name))
-                        break
-                    except (OSError, AttributeError):
-                        continue
-                _lt = found
+                _lt = blas.open_library("cublasLt", CublasLt)
     return _lt or None
 
 
