@@ -310,7 +310,35 @@ async def test_the_raw_kernels_and_philox_can_be_switched_off(
     assert u.max() < 1.0
 
 
-@pytest.mark.parametrize("op", ["exp", "add"])
+def _softmax64(a: Any) -> Any:
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _layer_norm64(a: Any) -> Any:
+    return (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5)
+
+
+#: op -> (the call, the prefix of its raw launch, a float64 reference, a bound in f32 eps, taken
+#: relative and absolute): rows of 64 elements of magnitude <= 2. exp: about 2 ulps; add: exact
+#: but for the rounding; softmax: the row's 64-term sum, the exp and the division (64 + 8);
+#: layer_norm: the mean's and the variance's 64-term sums and the normalisation, over values
+#: of magnitude <= 2 (4 x 64); permute: exact.
+_RAW_CASES: dict[str, tuple[Callable[[Any, Any], Any], str, Callable[[Any], Any], float]] = {
+    "exp": (lambda ops, x: ops.exp(x), "eu_exp", np.exp, 2),
+    "add": (lambda ops, x: ops.add(x, x), "ew_add", lambda a: 2 * a, 1),
+    "softmax": (lambda ops, x: ops.softmax(x), "row_softmax", _softmax64, 72),
+    "layer_norm": (
+        lambda ops, x: ops.layer_norm(x, None, None, 1e-5),
+        "row_layer_norm",
+        _layer_norm64,
+        256,
+    ),
+    "permute": (lambda ops, x: ops.permute(x, (1, 0)), "perm32", lambda a: a.T, 0),
+}
+
+
+@pytest.mark.parametrize("op", list(_RAW_CASES))
 async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
     plugin: Plugin,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
@@ -321,6 +349,7 @@ async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
     on."""
     from accelkit.errors import OutOfMemoryError
 
+    call, launch, reference, ulps = _RAW_CASES[op]
     backend = await _open(plugin)
     try:
         await _ready(backend)
@@ -336,18 +365,18 @@ async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
 
         monkeypatch.setattr(cuda.runtime, "malloc", full)
         fake_cupy.CALLS.clear()
-        _y = ops.exp(x) if op == "exp" else ops.add(x, x)
+        _y = call(ops, x)
         with pytest.raises(OutOfMemoryError, match="16384-byte block"):
             await backend.synchronize()  # (reading _y would fail too: a second report)
-        assert not _launches("eu_exp" if op == "exp" else "ew_add")
+        assert not _launches(launch)
         monkeypatch.setattr(cuda.runtime, "malloc", plain)
         # (the failed block stays in the pool until trimmed, and serves smaller requests: a
         # larger size allocates afresh)
         z_h = np.linspace(-2, 2, 8192, dtype=np.float32).reshape(128, 64)
         z = f.from_host(z_h)
-        got = await (ops.exp(z) if op == "exp" else ops.add(z, z)).to_host()
+        got = await call(ops, z).to_host()
     finally:
         await backend.shutdown()
-    want = np.exp(z_h.astype(np.float64)) if op == "exp" else 2 * z_h.astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=2 * 2.0**-23, atol=0)
-    assert _launches("eu_exp" if op == "exp" else "ew_add")
+    want = reference(z_h.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=ulps * 2.0**-23, atol=ulps * 2.0**-23)
+    assert _launches(launch)

@@ -113,11 +113,11 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def _launch_ptrs(
         self, fn: Any, what: str, inputs: tuple[Tensor, ...], optional: tuple[Tensor | None, ...],
         out: Tensor, grid: tuple[int], block: tuple[int], tail: tuple[Any, ...],
-        fallback: Any,
     ) -> None:  # fmt: skip
         """One raw kernel with the pointers of ``inputs``, then of ``optional`` (0 for None),
-        then of ``out``, then ``tail``; ``fallback`` (CuPy's path) where a block has no memory
-        (a failed allocation: CuPy's path raises its error at the await)."""
+        then of ``out``, then ``tail``. The closure holds the blocks, not the tensors (as
+        :meth:`_launch_raw`'s); a block without memory (a failed allocation) raises its
+        allocation's error for the await that covers the output, as CuPy's path would."""
         # Every block in argument order (None for an absent optional): one pass on each side.
         blocks = [None if t is None else buffer_of(t).handle for t in (*inputs, *optional, out)]
         stream = self.current_stream
@@ -130,8 +130,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
                     continue
                 ptr = b.ptr
                 if not ptr:
-                    fallback()
-                    return
+                    raise block_error(b)
                 args.append(_uintp(ptr))
             fn(grid, block, (*args, *tail), stream=stream.cp)
 
@@ -345,7 +344,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             wide, grid, tail = config
             fn = self.fast.permute_function(x.dtype.itemsize, wide)
             if fn is not None:
-                self._launch_ptrs(fn, "permute", (x,), (), out, grid, _BLOCK, tail, fallback)
+                self._launch_ptrs(fn, "permute", (x,), (), out, grid, _BLOCK, tail)
                 return
         self.launch(fallback, (x,), (out,), what="permute")
 
@@ -508,17 +507,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         op = "log_softmax" if log else "softmax"
         if axis in (-1, x.ndim - 1) and (fn := self._row_kernel(op, x, out)) is not None:
             n = x.shape[-1]
-            self._launch_ptrs(
-                fn,
-                op,
-                (x,),
-                (),
-                out,
-                (x.size // n,),
-                row_block(n),
-                (np.int64(n),),
-                lambda: ck.softmax(storage(x), axis, storage(out), log),
-            )
+            self._launch_ptrs(fn, op, (x,), (), out, (x.size // n,), row_block(n), (np.int64(n),))
             return
         self.launch(
             lambda: ck.softmax(storage(x), axis, storage(out), log), (x,), (out,), what="softmax"
@@ -542,15 +531,14 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self, op: str, x: Tensor, params: tuple[Tensor | None, ...], eps: float, out: Tensor,
         composed: Callable[[], None],
     ) -> None:  # fmt: skip
-        """A norm over the last axis: the one-launch row kernel where it is loaded and serves
-        (``composed``, CuPy's path, where a block has no memory), else ``composed``."""
+        """A norm over the last axis: the one-launch row kernel where it is loaded and serves,
+        else ``composed`` (CuPy's path)."""
         if (fn := self._row_kernel(op, x, out, *params)) is not None:
             n = x.shape[-1]
             acc = np.float64(eps) if x.dtype is DType.F64 else np.float32(eps)
             self._launch_ptrs(
-                fn, op, (x,), params, out, (x.size // n,), row_block(n), (np.int64(n), acc),
-                composed,
-            )  # fmt: skip
+                fn, op, (x,), params, out, (x.size // n,), row_block(n), (np.int64(n), acc)
+            )
             return
         self.launch(composed, (x, *params), (out,), what=op)
 
