@@ -32,11 +32,7 @@ class DeviceErrors:
 
     def raise_errors(self, seq: int) -> None:
         """Raise the first error of a check at or before ``seq`` (its work has completed); each
-        error is raised once, and later ones stay for the next await. A check at or before
-        ``seq`` that returns that very error object (one failure seen by two pieces of work:
-        an allocation that failed, met by the op writing the block and by the read of its
-        output) is dropped with it: the failure is reported once, not again at the next
-        await."""
+        error is raised once, and later ones stay for the next await."""
         # Taken in a frame of its own: the traceback holds this frame, and a check that returns
         # an error it keeps would make a cycle through the loop's locals here.
         error = self._take_error(seq)
@@ -53,12 +49,9 @@ class DeviceErrors:
             error: BaseException | None = None
             keep = []
             for entry in self.checks:
-                if entry[0] <= seq:
-                    if error is None:
-                        error = entry[1]()
-                        continue
-                    if entry[1]() is error:  # the same failure, reported once
-                        continue
+                if error is None and entry[0] <= seq:
+                    error = entry[1]()
+                    continue
                 keep.append(entry)
             self.checks = keep
         return error

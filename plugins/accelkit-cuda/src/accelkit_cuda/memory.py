@@ -166,12 +166,6 @@ class DeviceMemory:
                 block.ptr = ptr
             except CUDA_ERRORS as exc:
                 block.error = backend._failed(translate(exc, f"allocating {size} bytes"))
-            except MemoryError as exc:
-                # One error object for every use of the block (the op that writes it, the read
-                # of its output...): an await reports it once (sdk.DeviceErrors drops repeats).
-                error = OutOfMemoryError(f"a {size}-byte block could not be allocated: {exc}")
-                error.__cause__ = exc
-                block.error = exc if isinstance(exc, AccelError) else error
             except BaseException as exc:
                 block.error = exc
             finally:
