@@ -79,12 +79,14 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             and (fn := self.fast.function("u_" + op, dt)) is not None
         ):
             # As binary's raw launch (:meth:`_launch_raw`): the grid and count kept per
-            # element count, the closure holding the two blocks (not the tensors).
+            # element count. The closure holds the tensors (``hold``): a block whose tensor
+            # died goes to the pool's cache, and a full device's cudaMalloc retry on the
+            # submission thread frees cached blocks in place, before this launch has run.
             bx, bo = buffer_of(x).handle, buffer_of(out).handle
             grid, count = self._raw_configs.get(n) or self._raw_config(n)
             stream = self.current_stream
 
-            def run() -> None:
+            def run(hold: tuple[Tensor, ...] = (x, out)) -> None:
                 px, po = bx.ptr, bo.ptr
                 if px and po:
                     fn(grid, _BLOCK, (_uintp(px), _uintp(po), count), stream=stream.cp)
@@ -115,14 +117,15 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         out: Tensor, grid: tuple[int], block: tuple[int], tail: tuple[Any, ...],
     ) -> None:  # fmt: skip
         """One raw kernel with the pointers of ``inputs``, then of ``optional`` (0 for None),
-        then of ``out``, then ``tail``. The closure holds the blocks, not the tensors (as
-        :meth:`_launch_raw`'s); a block without memory (a failed allocation) raises its
-        allocation's error for the await that covers the output, as CuPy's path would."""
+        then of ``out``, then ``tail``; a block without memory (a failed allocation) raises its
+        allocation's error for the await that covers the output, as CuPy's path would. The
+        closure holds the tensors (see :meth:`unary`)."""
         # Every block in argument order (None for an absent optional): one pass on each side.
-        blocks = [None if t is None else buffer_of(t).handle for t in (*inputs, *optional, out)]
+        tensors = (*inputs, *optional, out)
+        blocks = [None if t is None else buffer_of(t).handle for t in tensors]
         stream = self.current_stream
 
-        def run() -> None:
+        def run(hold: tuple[Tensor | None, ...] = tensors) -> None:
             args = []
             for b in blocks:
                 if b is None:
@@ -170,6 +173,11 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         grid, count = self._raw_configs.get(n) or self._raw_config(n)
         stream = self.current_stream
 
+        # Known issue (found in review): a full device's cudaMalloc retry on the submission
+        # thread frees the pool's cached blocks in place, and a block whose tensor died after
+        # this was queued is among them: the launch then fails with "freed". Holding the
+        # tensors (as unary does) would stop the reuse above, which chains of adds rely on
+        # (test_completer); the fix belongs in the retry (free only blocks no queued work uses).
         def run() -> None:
             pa, pb, po = ba.ptr, bb.ptr, bo.ptr
             if pa and pb and po:
