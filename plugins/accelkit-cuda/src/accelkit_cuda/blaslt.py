@@ -27,9 +27,12 @@ be captured with a workspace of its own), with :mod:`accelkit_cuda.blas`'s works
 stream (calls on one stream run in order, so cuBLAS's GEMMs and these share it) and its cuBLAS
 handle (CuPy's for the thread), which serves as a cuBLASLt handle (PyTorch does the same).
 
-Where cuBLASLt is not found, the heuristic finds no algorithm (F64 with a bias epilogue on some
-versions, odd alignments), or ``ACCELKIT_CUDA_LT=0``, :func:`linear_bias` returns False and the
-caller takes the two-launch path. Written and tested without a GPU (ctypes marshalling against
+Split-K reductions are kept to the compute type (F16/BF16 partial sums are not reduced in 16
+bits). Where cuBLASLt is not found, the heuristic finds no algorithm (F64 with a bias epilogue
+on some versions, odd alignments), ``cublasLtMatmul`` returns an error status (the plan is
+dropped, as PyTorch's ``gemm_and_bias`` falls back to the unfused GEMM), the input or output is
+a single row or column (:func:`signature`), or ``ACCELKIT_CUDA_LT=0``, :func:`linear_bias`
+returns False (or is not called) and the caller takes the two-launch path. Written and tested without a GPU (ctypes marshalling against
 the real ``libcublasLt`` where one is installed; the arithmetic over a stand-in): unmeasured
 and unverified on a device until the next GPU check (issue 29).
 """
