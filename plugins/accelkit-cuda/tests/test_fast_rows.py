@@ -340,6 +340,30 @@ _RAW_CASES: dict[str, tuple[Callable[[Any, Any], Any], str, Callable[[Any], Any]
 }
 
 
+def _full_device(monkeypatch: pytest.MonkeyPatch, times: int | None = None) -> list[int]:
+    """Make the stand-in's ``cudaMalloc`` find the device full (cudaErrorMemoryAllocation):
+    ``times`` times, or every time (None); the failures still to come, counted down."""
+    cuda = sys.modules["cupy"].cuda  # the stand-in the fixture installed
+    plain, left = cuda.runtime.malloc, [-1 if times is None else times]
+
+    def malloc(size: int) -> int:
+        if left[0]:
+            left[0] -= left[0] > 0
+            raise fake_cupy.CUDARuntimeError(2)
+        return int(plain(size))
+
+    monkeypatch.setattr(cuda.runtime, "malloc", malloc)
+    return left
+
+
+async def _ramp(backend: Any, rows: int) -> tuple[Any, Any]:
+    """A [rows, 64] f32 ramp over [-2, 2] on the host and on ``backend`` (written)."""
+    x_h = np.linspace(-2, 2, rows * 64, dtype=np.float32).reshape(rows, 64)
+    x = backend.tensor_factory.from_host(x_h)
+    await backend.synchronize()
+    return x_h, x
+
+
 @pytest.mark.parametrize("op", list(_RAW_CASES))
 async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
     plugin: Plugin,  # noqa: F811
@@ -355,27 +379,18 @@ async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
     backend = await _open(plugin)
     try:
         await _ready(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        x_h = np.linspace(-2, 2, 4096, dtype=np.float32).reshape(64, 64)
-        x = f.from_host(x_h)
-        await backend.synchronize()
-        cuda = sys.modules["cupy"].cuda  # the stand-in the fixture installed
-        plain = cuda.runtime.malloc
-
-        def full(size: int) -> int:
-            raise fake_cupy.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
-
-        monkeypatch.setattr(cuda.runtime, "malloc", full)
+        ops = backend.tensor_ops
+        _, x = await _ramp(backend, 64)
+        full = _full_device(monkeypatch)
         fake_cupy.CALLS.clear()
         _y = call(ops, x)
         with pytest.raises(OutOfMemoryError, match="16384-byte block"):
             await backend.synchronize()  # (reading _y would fail too: a second report)
         assert not _launches(launch)
-        monkeypatch.setattr(cuda.runtime, "malloc", plain)
+        full[0] = 0  # the device has room again
         # (the failed block stays in the pool until trimmed, and serves smaller requests: a
         # larger size allocates afresh)
-        z_h = np.linspace(-2, 2, 8192, dtype=np.float32).reshape(128, 64)
-        z = f.from_host(z_h)
+        z_h, z = await _ramp(backend, 128)
         got = await call(ops, z).to_host()
     finally:
         await backend.shutdown()
@@ -416,19 +431,8 @@ async def test_an_input_dropped_before_its_launch_survives_a_full_devices_trim(
     try:
         await _ready(backend)
         f, ops = backend.tensor_factory, backend.tensor_ops
-        x_h = np.linspace(-2, 2, 4096, dtype=np.float32).reshape(64, 64)
-        x = f.from_host(x_h)
-        await backend.synchronize()
-        cuda = sys.modules["cupy"].cuda  # the stand-in the fixture installed
-        plain, fails = cuda.runtime.malloc, [1]
-
-        def full_once(size: int) -> int:
-            if fails[0]:
-                fails[0] -= 1
-                raise fake_cupy.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
-            return int(plain(size))
-
-        monkeypatch.setattr(cuda.runtime, "malloc", full_once)
+        x_h, x = await _ramp(backend, 64)
+        fails = _full_device(monkeypatch, times=1)
         gate = threading.Event()
         backend.thread.submit(lambda: gate.wait(10))  # the submission thread lags
         y = call(ops, x)  # y's cudaMalloc queued: it fails once, then trims and retries

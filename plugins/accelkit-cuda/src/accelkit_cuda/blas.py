@@ -139,7 +139,10 @@ def scalars(compute: int, alpha: float, beta: float) -> tuple[Any, Any]:
 _CONSTANT_SCALARS: dict[tuple[int, float, float], tuple[Any, Any, int, int]] = {}
 
 
-def _scalar_args(compute: int, alpha: float, beta: float) -> tuple[Any, Any, int, int]:
+def scalar_args(compute: int, alpha: float, beta: float) -> tuple[Any, Any, int, int]:
+    """``alpha`` and ``beta`` as :func:`scalars` makes them, and their addresses: shared
+    constants for (1, 0) and (1, 1) (never written), new objects otherwise (keep them alive
+    over the call)."""
     key = (compute, alpha, beta)
     found = _CONSTANT_SCALARS.get(key)
     if found is None:
@@ -148,13 +151,6 @@ def _scalar_args(compute: int, alpha: float, beta: float) -> tuple[Any, Any, int
         if alpha == 1.0 and beta in (0.0, 1.0):
             _CONSTANT_SCALARS[key] = found
     return found
-
-
-def scalar_args(compute: int, alpha: float, beta: float) -> tuple[Any, Any, int, int]:
-    """``alpha`` and ``beta`` as :func:`scalars` makes them, and their addresses: shared
-    constants for (1, 0) and (1, 1) (never written), new objects otherwise (keep them alive
-    over the call)."""
-    return _scalar_args(compute, alpha, beta)
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
@@ -511,7 +507,7 @@ def gemm_ptrs(
     lib.set_workspace(handle, ws, size)  # after every cublasSetStream (which resets it)
     lib.set_pointer_mode(handle, _POINTER_MODE_HOST)
     # alive until cuBLAS has read them (the constant pairs, for good)
-    alpha_c, beta_c, pa, pb = _scalar_args(compute, alpha, beta)
+    alpha_c, beta_c, pa, pb = scalar_args(compute, alpha, beta)
     # C^T = B^T A^T in column-major: cuBLAS's first operand is b.
     if batch == 1:
         lib.gemm_ex(

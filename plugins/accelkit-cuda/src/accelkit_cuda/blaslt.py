@@ -32,9 +32,10 @@ bits). Where cuBLASLt is not found, the heuristic finds no algorithm (F64 with a
 on some versions, odd alignments), ``cublasLtMatmul`` returns an error status (the plan is
 dropped, as PyTorch's ``gemm_and_bias`` falls back to the unfused GEMM), the input or output is
 a single row or column (:func:`signature`), or ``ACCELKIT_CUDA_LT=0``, :func:`linear_bias`
-returns False (or is not called) and the caller takes the two-launch path. Written and tested without a GPU (ctypes marshalling against
-the real ``libcublasLt`` where one is installed; the arithmetic over a stand-in): unmeasured
-and unverified on a device until the next GPU check (issue 29).
+returns False (or is not called) and the caller takes the two-launch path. Written and tested
+without a GPU (ctypes marshalling against the real ``libcublasLt`` where one is installed; the
+arithmetic over a stand-in): unmeasured and unverified on a device until the next GPU check
+(issue 29).
 """
 
 from __future__ import annotations
@@ -246,9 +247,7 @@ class _Plan:
         self.bias = ctypes.c_void_p(0)
 
     def free(self, lt: CublasLt) -> None:
-        lt.desc_destroy(self.desc)
-        for layout in (self.w, self.b, self.d):
-            lt.layout_destroy(layout)
+        _free(lt, self.desc, [self.w, self.b, self.d])
 
 
 class _ThreadState(threading.local):
@@ -308,7 +307,8 @@ def _free(lt: CublasLt, desc: int, layouts: list[int]) -> None:
 def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) -> bool:
     """``out = x @ w.T + bias`` over device pointers in one cuBLASLt launch on the current
     stream (the capturing one during a capture), on the submission thread after
-    :func:`available`; False (nothing done) where cuBLASLt has no algorithm for it."""
+    :func:`available`; False (nothing launched) where cuBLASLt has no algorithm for it or
+    refuses the launch (the plan is then dropped)."""
     lt = _lt
     state = _thread
     plans = state.plans
