@@ -260,6 +260,81 @@ async def _completer_modes(ak_block: Callable[[], Any]) -> str:
     )
 
 
+async def _spin_modes(
+    backend: ak.ComputeBackend, torch: Any, ak_block: Callable[[], Any], spin_us: float = 200.0
+) -> str:
+    """An add's round trip (a 64x64 add, then ``synchronize``) and the block (``ak_block``) with
+    the completer sleeping on each end event at once and polling it first for ``spin_us``
+    (``accelkit_cuda.stream.SPIN_US``), interleaved, and PyTorch's add and synchronize beside:
+    whether the driver's wake-up of a blocking-sync wait is where an await's latency goes. The
+    setting is put back after each run."""
+    from accelkit_cuda import stream
+
+    current = stream.SPIN_US
+    ops = backend.tensor_ops
+    a = backend.tensor_factory.from_host(np.ones((64, 64), np.float32))
+    ta = torch.ones((64, 64), device="cuda")
+
+    async def add() -> None:
+        ops.add(a, a)
+        await backend.synchronize()
+
+    def torch_add() -> None:
+        ta + ta
+        torch.cuda.synchronize()
+
+    def at(spin: float, run: Callable[[], Any]) -> Callable[[], Any]:
+        async def timed() -> None:
+            stream.SPIN_US = spin
+            try:
+                await run()
+            finally:
+                stream.SPIN_US = current
+
+        return timed
+
+    polled = backend.default_stream.polled_done  # type: ignore[attr-defined]
+    t_off, t_on = await interleaved(at(0.0, add), at(spin_us, add), BLOCK_ROUNDS)
+    b_off, b_on = await interleaved(at(0.0, ak_block), at(spin_us, ak_block), BLOCK_ROUNDS)
+    polled = backend.default_stream.polled_done - polled  # type: ignore[attr-defined]
+    torch_add()
+    rounds = []
+    for _ in range(BLOCK_ROUNDS):
+        t0 = time.perf_counter()
+        torch_add()
+        rounds.append(time.perf_counter() - t0)
+    t_th = sorted(rounds)[len(rounds) // 2]
+    return (
+        f"completer polling {spin_us:g} us (ACCELKIT_CUDA_SPIN_US; the figures above ran at"
+        f" {current:g}): add round trip {t_off * 1e3:.3f} ms without, {t_on * 1e3:.3f} ms with"
+        f" ({t_off / t_on:.2f}x; torch {t_th * 1e3:.3f} ms); block {b_off * 1e3:.2f} ms without,"
+        f" {b_on * 1e3:.2f} ms with ({b_off / b_on:.2f}x); {polled} rounds saw their event done"
+        " by polling"
+    )
+
+
+async def _sync_timeline(
+    backend: ak.ComputeBackend, submit: Callable[[], Any], steps: int = 15
+) -> dict[str, float]:
+    """The medians of :class:`accelkit_cuda.timeline.StepProbe` over ``steps`` steps of
+    ``submit()`` then ``await backend.synchronize()`` (bench_core's block timeline awaits a
+    read instead, whose copy is then part of the step)."""
+    from accelkit_cuda.timeline import StepProbe, medians
+
+    cuda: Any = backend
+    probe = StepProbe(cuda)
+    submit()
+    await backend.synchronize()
+    rows = []
+    for _ in range(steps):
+        probe.begin()
+        submit()
+        probe.submitted()
+        await backend.synchronize()
+        rows.append(probe.finish())
+    return medians(rows)
+
+
 async def _switch_intervals(
     backend: ak.ComputeBackend,
     ak_block: Callable[[], Any],
@@ -411,6 +486,13 @@ async def _linear_figures(backend: ak.ComputeBackend, torch: Any, n: int, rng: A
             f" {d_th:.3f} ms: {d_th / d_ak if d_ak else math.nan:.2f}x; {epilogue} of"
             f" {7 * GEMM_CALLS} timed calls in cuBLASLt's epilogue"
         )
+        if name == "f16":  # where a repeat's time goes beside the device's
+            from accelkit_cuda.timeline import describe
+
+            m = await _sync_timeline(
+                backend, lambda x=x, w=w, b=b: [ops.linear(x, w, b) for _ in range(GEMM_CALLS)], 7
+            )
+            lines += [f"linear+bias {n} f16 x{GEMM_CALLS} {line}" for line in describe(m, 7)]
         del x, w, b, tx, tb
     return lines
 
@@ -584,6 +666,23 @@ async def measure(backend: ak.ComputeBackend) -> None:
         line = f"block by completer mode: not measured ({type(exc).__name__}: {exc})"
     print(f"      {line}", flush=True)
     summary.append(line)
+    try:  # an experiment: the completer polling an awaited event before it sleeps on it
+        line = await _spin_modes(backend, torch, ak_block)
+    except Exception as exc:
+        line = f"completer polling: not measured ({type(exc).__name__}: {exc})"
+    print(f"      {line}", flush=True)
+    summary.append(line)
+    try:  # an add's round trip, step by step (accelkit_cuda.timeline)
+        from accelkit_cuda.timeline import describe
+
+        a64 = f.from_host(np.ones((64, 64), np.float32))
+        m = await _sync_timeline(backend, lambda: ops.add(a64, a64))
+        lines = [f"add 64x64 round trip {line}" for line in describe(m, 15)]
+    except Exception as exc:
+        lines = [f"add round trip timeline: not measured ({type(exc).__name__}: {exc})"]
+    for line in lines:
+        print(f"      {line}", flush=True)
+        summary.append(line)
     try:  # where the block's time goes: a figure, never a reason to stop the benchmark
         line = await _block_parts(backend, torch, x, w, tx, tw, cfg)
     except Exception as exc:

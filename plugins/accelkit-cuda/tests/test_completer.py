@@ -231,3 +231,199 @@ async def test_a_fault_told_by_a_shared_event_is_raised_for_each_position_it_cov
         np.testing.assert_array_equal(await ops.add(x, x).to_host(), np.arange(16) * 2.0)
     finally:
         await backend.shutdown()
+
+
+class _Later:
+    """A stand-in for a blocking-sync event's state: after each record, ``done`` is False for
+    its first ``busy`` queries (the device still at work), then True; ``synchronize`` counts
+    its sleeps. ``queries``: the queries of each record (a completed event is recorded again
+    for a later position)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, busy: int) -> None:
+        self.busy = busy
+        self.queries: list[int] = []
+        self.sleeps: list[bool] = []  # per sleep: whether a query had already seen it done
+        current: dict[int, int] = {}  # id(event) -> its record's index in queries
+        record = fake_cupy.Event.record
+
+        def recorded(event: Any, stream: Any = None) -> None:
+            current[id(event)] = len(self.queries)
+            self.queries.append(0)
+            record(event, stream)
+
+        def done(event: object) -> bool:
+            i = current[id(event)]
+            self.queries[i] += 1
+            return self.queries[i] > busy
+
+        def synchronize(event: object) -> None:
+            i = current.get(id(event))
+            self.sleeps.append(i is not None and self.queries[i] > busy)
+
+        monkeypatch.setattr(fake_cupy.Event, "record", recorded)
+        monkeypatch.setattr(fake_cupy.Event, "done", property(done))
+        monkeypatch.setattr(fake_cupy.Event, "synchronize", synchronize)
+
+
+async def _await_behind_gate(backend: Any, stream: Any, y: Any) -> Any:
+    """``await y.to_host()`` with the submission thread held (:func:`_gated`) until the await
+    waits on the stream: each of its positions reaches the completer with someone waiting."""
+    gate = _gated(backend)
+    got: list[Any] = []
+
+    async def read() -> None:
+        got.append(await y.to_host())
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            deadline = time.monotonic() + 30
+            while not len(stream._waiters):
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.001)
+            gate.set()
+    finally:
+        gate.set()
+    return got[0]
+
+
+async def test_an_awaited_position_is_polled_before_the_completer_sleeps(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With SPIN_US, the completer queries an awaited position's event until it is done and
+    then does not sleep on it (its synchronize returns at once): the round is counted in
+    ``polled_done``, the result is right."""
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    backend, ops, x, stream = await _open_with_x(plugin)
+    try:
+        monkeypatch.setattr(stream_mod, "SPIN_US", 1e6)  # a second: never reached here
+        later = _Later(monkeypatch, busy=3)
+        polled = stream.polled_done
+        got = await _await_behind_gate(backend, stream, ops.add(x, x))
+        polled = stream.polled_done - polled
+    finally:
+        await backend.shutdown()
+    np.testing.assert_array_equal(got, np.arange(16, dtype=np.float32) * 2)
+    assert polled >= 2  # the add's position and the copy's
+    polls = [n for n in later.queries if n]
+    assert len(polls) >= 2
+    assert all(n == later.busy + 1 for n in polls)
+    assert later.sleeps
+    assert all(later.sleeps)
+
+
+async def test_a_poll_that_runs_out_falls_back_to_sleeping(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event still busy when SPIN_US ran out is slept on (synchronize) as without polling."""
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    backend, ops, x, stream = await _open_with_x(plugin)
+    try:
+        monkeypatch.setattr(stream_mod, "SPIN_US", 2000.0)  # 2 ms
+        later = _Later(monkeypatch, busy=10**9)  # never done by a query
+        polled = stream.polled_done
+        got = await _await_behind_gate(backend, stream, ops.add(x, x))
+        polled = stream.polled_done - polled
+    finally:
+        await backend.shutdown()
+    np.testing.assert_array_equal(got, np.arange(16, dtype=np.float32) * 2)
+    assert polled == 0
+    assert any(later.queries)
+    assert later.sleeps
+    assert not any(later.sleeps)
+
+
+async def test_nobody_waiting_means_no_polling(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work that nobody awaits completes without a query: polling costs the interpreter lock
+    and a CPU, worth it only to someone waiting."""
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    backend, ops, x, stream = await _open_with_x(plugin)
+    try:
+        monkeypatch.setattr(stream_mod, "SPIN_US", 1e6)
+        later = _Later(monkeypatch, busy=0)
+        y = ops.add(x, x)
+        seq = stream.submitted
+        deadline = time.monotonic() + 30
+        while stream.completed < seq:  # watched, not awaited
+            assert time.monotonic() < deadline
+            await anyio.sleep(0.001)
+        assert later.queries
+        assert not any(later.queries)
+        assert later.sleeps
+        np.testing.assert_array_equal(await y.to_host(), np.arange(16, dtype=np.float32) * 2)
+    finally:
+        await backend.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [("", 0.0), ("0", 0.0), (" 150 ", 150.0), ("2.5", 2.5), ("1000000", 1e6)]
+)
+def test_spin_us_reads_the_environment(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, raw: str, want: float
+) -> None:
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    monkeypatch.setenv("ACCELKIT_CUDA_SPIN_US", raw)
+    assert stream_mod._spin_us() == want
+
+
+@pytest.mark.parametrize("raw", ["fast", "-1", "nan", "2e6", "inf"])
+def test_a_bad_spin_us_is_refused_by_name(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    from accelkit.errors import InvalidArgumentError
+
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    monkeypatch.setenv("ACCELKIT_CUDA_SPIN_US", raw)
+    with pytest.raises(InvalidArgumentError, match="ACCELKIT_CUDA_SPIN_US"):
+        stream_mod._spin_us()
+
+
+async def test_the_benchmarks_polling_experiment_runs(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_cuda.py's add round trip and block with and without the completer's polling: they
+    run over the stand-in (a stand-in PyTorch beside), under both settings, in one line the GPU
+    check keeps whole, and the setting is put back."""
+    import sys
+    import types
+
+    from test_timeline import BENCHMARKS
+
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("bench_core", "bench_cuda", "bench_host", "bench_cuda_attention"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    bench_cuda = importlib.import_module("bench_cuda")
+    monkeypatch.setattr(bench_cuda, "BLOCK_ROUNDS", 3)
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    torch_adds: list[int] = []
+    torch = types.SimpleNamespace(
+        ones=lambda shape, device: np.ones(shape, np.float32),
+        cuda=types.SimpleNamespace(synchronize=lambda: torch_adds.append(1)),
+    )
+    seen: list[float] = []
+    spin = stream_mod.SPIN_US
+    backend = await _open(plugin)
+    try:
+        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+
+        async def ak_block() -> None:
+            seen.append(stream_mod.SPIN_US)
+            transformer_block(backend, x, w, cfg)
+            await backend.synchronize()
+
+        line = await bench_cuda._spin_modes(backend, torch, ak_block, spin_us=150.0)
+    finally:
+        await backend.shutdown()
+    assert spin == stream_mod.SPIN_US  # put back
+    assert sorted(set(seen)) == [0.0, 150.0]
+    assert len(torch_adds) == 1 + 3  # warm-up, then a round each
+    assert line.startswith("completer polling 150 us (ACCELKIT_CUDA_SPIN_US"), line
+    assert "add round trip" in line
+    assert "rounds saw their event done by polling" in line
+    assert len(line) < 390

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -56,6 +57,44 @@ _SPARE_EVENTS = 64
 COMPLETER = (
     "newest" if os.environ.get("ACCELKIT_CUDA_COMPLETER", "").strip() == "newest" else "each"
 )
+
+
+def _spin_us() -> float:
+    raw = os.environ.get("ACCELKIT_CUDA_SPIN_US", "").strip()
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError:
+        raise InvalidArgumentError(
+            f"ACCELKIT_CUDA_SPIN_US={raw!r}: expected a number of microseconds (0: no spin)"
+        ) from None
+    if not value >= 0 or value > 1e6:  # (NaN included)
+        raise InvalidArgumentError(
+            f"ACCELKIT_CUDA_SPIN_US={raw!r}: expected 0 to 1000000 microseconds"
+        )
+    return value
+
+
+#: How long, in microseconds, a stream's completer polls an end event (``cudaEventQuery``, the
+#: interpreter lock given up between polls) before it sleeps on it (``cudaEventSynchronize``
+#: on a blocking-sync event), and only while someone awaits or blocks on the stream: a sleeping
+#: thread is woken by the driver some tens of microseconds after the GPU finished, which an
+#: await of a short op pays in full (PyTorch's ``synchronize`` spins for the whole wait). 0: no
+#: polling. ``ACCELKIT_CUDA_SPIN_US`` sets it at import; ``benchmarks/bench_cuda.py`` times an
+#: add's round trip and the transformer block under both, interleaved (unmeasured when written).
+SPIN_US = _spin_us()
+
+
+def _poll(event: Any, seconds: float) -> bool:
+    """Poll ``event`` until it is done (True) or ``seconds`` passed (False): the completer,
+    before it sleeps on it. Between polls the thread yields the interpreter lock and the CPU."""
+    clock = time.perf_counter
+    deadline = clock() + seconds
+    while not event.done:
+        if clock() >= deadline:
+            return False
+        os.sched_yield()
+    return True
+
 
 #: How many positions in a row one end event may mark (see :meth:`CUDAStream._recorded`): what
 #: they keep alive waits for it, and so does an await of the first of them.
@@ -182,6 +221,8 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.events_created = 0
         self.events_recorded = 0
         self.completer_rounds = 0
+        #: Rounds whose end event the completer saw done by polling (:data:`SPIN_US`).
+        self.polled_done = 0
         others = tuple(after)
 
         def open_stream() -> None:
@@ -326,6 +367,8 @@ class CUDAStream(DeviceErrors, PositionStream):
             ok = False
             if event is not None and not self._abandoned and self._usable():
                 try:
+                    if SPIN_US and (self._blocked or len(self._waiters)):
+                        self.polled_done += _poll(event, SPIN_US * 1e-6)
                     event.synchronize()
                 except BaseException as exc:
                     # Which of the round's positions faulted, CUDA does not say: the error is
