@@ -19,7 +19,11 @@ GPU had 0.8 ms of work (the captured replay). This script says *where*:
    the cuBLAS route: device time, how long 20 calls take to submit and to finish, the error
    against float64 NumPy (and the engine each ran on);
 6. a paged decode step (``bench_cuda_attention.py``'s: 16 sequences x 4096 tokens, 32/8 heads,
-   head dim 128, f16) and PyTorch's dense SDPA over the same keys: every kernel of each.
+   head dim 128, f16) and PyTorch's dense SDPA over the same keys: every kernel of each;
+7. a causal f16 attention at the benchmark's shape (B8 H16 S4096 D128) on accelkit's route
+   (cuDNN where it serves) and on PyTorch's SDPA held to cuDNN: every kernel of each (on
+   2026-11-28 accelkit's took 1.142 ms of device time a call against 1.078 ms, with the same
+   cuDNN 9.19: what runs beside the attention kernel, or which engine, is what this says).
 
 Run with ``python benchmarks/profile_cuda_block.py`` where accelkit-cuda, CuPy and PyTorch
 (CUDA) are installed (the GPU check's ``profile`` step); without them it says why and exits
@@ -137,8 +141,9 @@ def _closure_table(
 async def diagnose(
     backend: Any, torch: Any, steps: int = STEPS, gemm_n: int = 4096,
     decode_shape: tuple[int, int, int, int, int, int] = (16, 32, 8, 128, 4096, 16),
+    attention_shape: tuple[int, int, int, int] = (8, 16, 4096, 128),
 ) -> list[str]:  # fmt: skip
-    """Parts 1-4 of the module docstring on an open CUDA ``backend``; prints each line and
+    """Parts 1-7 of the module docstring on an open CUDA ``backend``; prints each line and
     returns them all. A part that fails says so and the next one runs."""
     out: list[str] = []
 
@@ -178,7 +183,7 @@ async def diagnose(
         ("1b", True, "the same, the closures run after the caller is done (held behind a gate)",
          " (the caller idle)"),
     ):  # fmt: skip
-        say(f"[{part}/6] {title}")
+        say(f"[{part}/7] {title}")
         try:
             _closure_table([await closures(gated) for _ in range(steps)], say, note)
         except Exception as exc:
@@ -186,7 +191,7 @@ async def diagnose(
 
     # cProfile's times are wall times: a function the thread was in while another thread held
     # the GIL is charged with the wait (where the submission thread loses the GIL shows here).
-    say("[2/6] cProfile inside the closures (all threads while one runs), us a step")
+    say("[2/7] cProfile inside the closures (all threads while one runs), us a step")
     try:
         prof = cProfile.Profile()
         probe = ClosureProbe(backend.thread, prof)
@@ -205,7 +210,7 @@ async def diagnose(
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
 
-    say("[3/6] the device's kernels (CUPTI through torch.profiler), per step")
+    say("[3/7] the device's kernels (CUPTI through torch.profiler), per step")
     try:
         from torch.profiler import ProfilerActivity, profile
 
@@ -241,7 +246,7 @@ async def diagnose(
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
 
-    say(f"[4/6] GEMM {gemm_n}, device time a GEMM (CUDA events)")
+    say(f"[4/7] GEMM {gemm_n}, device time a GEMM (CUDA events)")
     ops = backend.tensor_ops
     rng = np.random.default_rng(0)
     a32 = (rng.standard_normal((gemm_n, gemm_n), dtype=np.float32) * 0.1).astype(np.float32)
@@ -262,7 +267,7 @@ async def diagnose(
         except Exception as exc:
             say(f"  {name}: not measured ({type(exc).__name__}: {exc})")
 
-    say("[5/6] causal f32 attention at the block's shapes: the tiled kernel, the warp-per-row"
+    say("[5/7] causal f32 attention at the block's shapes: the tiled kernel, the warp-per-row"
         " kernel, the cuBLAS route")  # fmt: skip
     b, h, sq, hd = cfg.batch, cfg.heads, cfg.seq, cfg.head_dim
     qh = rng.standard_normal((b, h, sq, hd)).astype(np.float32)
@@ -310,7 +315,7 @@ async def diagnose(
             if simt is not None:
                 simt.enabled = True
 
-    say(f"[6/6] a paged decode step ({decode_shape[0]} seqs x {decode_shape[4]} tokens,"
+    say(f"[6/7] a paged decode step ({decode_shape[0]} seqs x {decode_shape[4]} tokens,"
         f" {decode_shape[1]}/{decode_shape[2]} heads, d {decode_shape[3]}, f16): its kernels")  # fmt: skip
     try:
         from accelkit_cuda.flash_decode import reference
@@ -360,6 +365,42 @@ async def diagnose(
                     await run()
             say(f"  {name}:")
             for line in _kernel_table(p, 10):
+                say(f"    {line}")
+    except Exception as exc:
+        say(f"  not measured ({type(exc).__name__}: {exc})")
+
+    say(f"[7/7] causal f16 attention {list(attention_shape)}: accelkit's kernels (cuDNN where"
+        " it serves) against PyTorch's SDPA on cuDNN")  # fmt: skip
+    try:
+        kops = backend.kernel_ops
+        host = [rng.standard_normal(attention_shape).astype(np.float16) for _ in range(3)]
+        q, k, v = (f.from_host(a) for a in host)
+        kops.attention(q, k, v, causal=True)  # a cuDNN graph is built off the caller's thread
+        await backend.synchronize()
+
+        async def ak_attention() -> None:
+            kops.attention(q, k, v, causal=True)
+            await backend.synchronize()
+
+        await ak_attention()
+        say(f"  accelkit's route: {backend.attention_engines.last_route}")
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.profiler import ProfilerActivity, profile
+
+        tq, tk, tv = (torch.from_numpy(a).cuda() for a in host)
+
+        async def th_attention() -> None:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+            torch.cuda.synchronize()
+
+        for name, run in (("accelkit", ak_attention), ("torch SDPA (cuDNN)", th_attention)):
+            await run()
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(5):
+                    await run()
+            say(f"  {name}:")
+            for line in _kernel_table(p, 5):
                 say(f"    {line}")
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")

@@ -32,12 +32,17 @@ async def test_the_block_diagnosis_runs(plugin: Plugin, monkeypatch: pytest.Monk
     backend = await _open(plugin)
     try:
         lines = await script.diagnose(
-            backend, torch, steps=1, gemm_n=16, decode_shape=(2, 4, 2, 8, 32, 16)
+            backend,
+            torch,
+            steps=1,
+            gemm_n=16,
+            decode_shape=(2, 4, 2, 8, 32, 16),
+            attention_shape=(1, 2, 16, 8),
         )
     finally:
         await backend.shutdown()
     text = "\n".join(lines)
-    part1 = text.split("[2/6]")[0]
+    part1 = text.split("[2/7]")[0]
     # (the block passes attention its sequence-major q, k, v: no permute of its own)
     for op in ("layer_norm", "linear", "attention", "add", "gelu"):
         assert f" {op}@" in part1, text
@@ -45,16 +50,16 @@ async def test_the_block_diagnosis_runs(plugin: Plugin, monkeypatch: pytest.Monk
     closures = [line for line in part1.splitlines()[1:] if " us" in line and "wall" not in line]
     assert len(closures) >= 10
     assert any("closures:" in line and "busy" in line for line in lines)
-    gated = text.split("[1b/6]")[1].split("[2/6]")[0]
+    gated = text.split("[1b/7]")[1].split("[2/7]")[0]
     assert "(the caller idle)" in gated, gated
     for op in ("layer_norm", "linear", "attention", "gelu"):
         assert f" {op}@" in gated, gated
-    part2 = text.split("[2/6]")[1].split("[3/6]")[0]
+    part2 = text.split("[2/7]")[1].split("[3/7]")[0]
     assert "by own time" in part2
     assert "by cumulative time" in part2
     assert part2.count("calls") >= 10
     # No torch.profiler in the stand-in: part 3 says so, part 4 still runs.
-    assert "not measured (ModuleNotFoundError" in text.split("[3/6]")[1]
+    assert "not measured (ModuleNotFoundError" in text.split("[3/7]")[1]
     gemms = [line for line in lines if line.startswith(("  bf16:", "  f16:"))]
     assert len(gemms) == 2, gemms
     assert all("x torch" in line for line in gemms), gemms
@@ -74,9 +79,13 @@ async def test_the_block_diagnosis_runs(plugin: Plugin, monkeypatch: pytest.Monk
     assert routes[3].startswith("  cuBLAS (composed):"), routes[3]
     err = float(routes[3].rsplit(" ", 1)[1])
     assert err < 256 * float(np.finfo(np.float32).eps) * 8, routes[3]
-    part6 = text.split("[6/6]")[1]
+    part6 = text.split("[6/7]")[1]
     assert "not measured (ModuleNotFoundError" in part6  # torch.profiler, after the check:
     # The step ran and was compared (the stand-in runs no fused kernel: its error means nothing
     # here; on a GPU, the split-KV kernel's is within f16's rounding).
     assert float(part6.split("reference): ")[1].split(";")[0]) >= 0, part6
     assert "routes {'" in part6
+    part7 = text.split("[7/7]")[1]
+    # The call ran on the stand-in (its route said) before torch's SDPA backends were asked for.
+    assert "accelkit's route: " in part7, part7
+    assert "not measured (ModuleNotFoundError" in part7, part7
