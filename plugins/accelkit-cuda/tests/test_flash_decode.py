@@ -34,10 +34,67 @@ def test_both_kernels_compile_without_spills(arch: str) -> None:
     assert_compiles_without_spills(fd.SOURCE, arch, fd.kernel_names(), "decode.cu")
 
 
+def _xor_tree(lanes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """warp_sum of SOURCE on each column of ``lanes`` [32, n] (float32): at each xor offset a
+    lane adds its partner's value; every lane ends with the same sum."""
+    v = lanes.copy()
+    for o in (16, 8, 4, 2, 1):
+        v = v + v[np.arange(32) ^ o]
+    return v
+
+
+def _butterfly(lanes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """SOURCE's ``Butterfly<C, 16>::run`` step by step on ``lanes`` [32, C] (float32): a lane
+    keeps the half of its values that its bit at the offset names, adds the partner's copy of
+    that half (the partner sends it); one value left, plain xor steps. Each lane's v[0]."""
+    v = [lanes[:, i].copy() for i in range(lanes.shape[1])]
+    c, idx = len(v), np.arange(32)
+    for o in (16, 8, 4, 2, 1):
+        if c > 1:
+            h = c // 2
+            up = (idx & o) != 0
+            send = [np.where(up, v[i], v[i + h]) for i in range(h)]
+            keep = [np.where(up, v[i + h], v[i]) for i in range(h)]
+            v = [keep[i] + send[i][idx ^ o] for i in range(h)] + v[h:c]
+            c = h
+        else:
+            v[0] = v[0] + v[0][idx ^ o]
+    return v[0]
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 8, 16, 32])
+def test_the_butterfly_gives_each_lane_warp_sums_sum_of_its_value(count: int) -> None:
+    """The scores' butterfly (SOURCE's Butterfly, as :func:`_butterfly` steps it): lane L ends
+    with value ``L >> (5 - log2 count)``'s sum over the warp, bit for bit warp_sum's (the same
+    pairs in the same order), so the split kernel's scores are what they were with warp_sum."""
+    rng = np.random.default_rng(count)
+    lanes = rng.standard_normal((32, count)) * 10.0 ** rng.integers(-3, 4, (32, count))
+    lanes = lanes.astype(np.float32)
+    got = _butterfly(lanes)
+    want = _xor_tree(lanes)
+    shift = 5 - int(math.log2(count))
+    for lane in range(32):
+        assert got[lane] == want[lane, lane >> shift]
+    assert np.allclose(want[0], lanes.sum(0, dtype=np.float64), rtol=1e-5, atol=1e-3)
+
+
+def test_each_butterfly_sums_at_most_sums_values() -> None:
+    """SOURCE's key step UB keeps a butterfly's values (UB x GG) within SUMS, a power of two
+    that divides the UNROLL x GG of every variant (or the GG alone of a wider group)."""
+    sums = fd.SUMS
+    unroll = int(re.search(r"#define UNROLL (\d+)", fd.SOURCE).group(1))  # type: ignore[union-attr]
+    for gg, _sl in fd.SPLIT_VARIANTS:
+        ub = max(sums // gg, 1) if gg * unroll > sums else unroll
+        assert unroll % ub == 0
+        assert ub * gg <= max(sums, gg)
+        assert ub * gg <= 32
+
+
 def test_the_source_and_python_agree() -> None:
     defines = dict(re.findall(r"#define (\w+) (\d+)", fd.SOURCE))
     assert int(defines["CHUNK"]) == fd.CHUNK
     assert int(defines["GROUP"]) == fd.GROUP
+    assert int(defines["SUMS"]) == fd.SUMS
     assert int(defines["THREADS"]) == fd.THREADS
     assert int(defines["NWARPS"]) * 32 == fd.THREADS
     assert int(defines["SLICES"]) * 128 == fd.MAX_HEAD_DIM  # 4 dims a lane a slice

@@ -21,7 +21,13 @@ keys, in two launches:
   kernel for GROUP heads and 256 dims took 128 registers a thread (four blocks an SM), and the
   H100 run of 2026-11-27 measured it at 312 us a step of the bench's decode (16 x 4096 keys,
   32/8 heads, d 128, f16; 0.86 TB/s) against 90 us for PyTorch's dense SDPA (cuDNN);
-  ``split_g4s1`` takes 64 (eight blocks an SM). Its time on a GPU: unmeasured.
+  ``split_g4s1`` takes 64 (eight blocks an SM), and the H100 run of 2026-11-28 measured it at
+  160 us (1.7 TB/s, 0.45x PyTorch's step). Its scores were then summed over the warp one (key,
+  head) at a time (five shuffles each: 80 a warp's four keys at four heads, about as many as
+  its loads and FMAs); they now go through one butterfly per up to :data:`SUMS` values (each
+  lane keeps half its values at each xor step, so that lane ``L`` ends with value ``L >> s``:
+  18 shuffles for those 80, each sum bit for bit warp_sum's), 64 registers for ``g4s1`` still,
+  96 for ``g8s1`` (80 before). Its time on a GPU: unmeasured.
 - ``decode_combine_<dtype>``: one block per (sequence, query head) merges the chunks'
   partial results (rescaled by ``exp2(m_c - M)``) into the output; a sequence without keys gets
   zeros (the contract).
@@ -62,6 +68,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "SOURCE",
     "SPLIT_VARIANTS",
+    "SUMS",
     "THREADS",
     "FlashDecode",
     "geometry",
@@ -78,6 +85,7 @@ __all__ = [
 ]
 
 CHUNK = 256  # keys a block
+SUMS = 8  # dot products a warp sums in one butterfly (SOURCE's SUMS)
 GROUP = 8  # query heads a block (of one KV head)
 THREADS = 128  # four warps
 MAX_HEAD_DIM = 256  # two 4-element slices a lane
@@ -538,6 +546,34 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+template <int N> struct Log2 { enum { value = 1 + Log2<N / 2>::value }; };
+template <> struct Log2<1> { enum { value = 0 }; };
+
+// Sums over the warp of C values a lane (C a power of two, at most 32) at once: at each xor
+// offset O a lane keeps half of its values (the upper half where its bit O is set), adds the
+// partner's copy of that half and sends the other; once one value is left, plain xor steps.
+// Lane L ends with the sum of value (L >> (5 - log2 C)) in v[0].
+template <int C, int O> struct Butterfly {
+    static __device__ __forceinline__ void run(float* v, int lane) {
+        enum { H = C > 1 ? C / 2 : 1 };
+        if (C > 1) {
+            bool up = (lane & O) != 0;
+#pragma unroll
+            for (int i = 0; i < H; ++i) {
+                float send = up ? v[i] : v[i + H];
+                float keep = up ? v[i + H] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+        }
+        Butterfly<H, O / 2>::run(v, lane);
+    }
+};
+template <int C> struct Butterfly<C, 0> {
+    static __device__ __forceinline__ void run(float*, int) {}
+};
+
 __device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
     if (atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)code) == 0ull) err[1] = value;
 }
@@ -548,6 +584,7 @@ __device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
 #define NWARPS 4
 #define SLICES 2
 #define UNROLL 4  // key rows a warp has in flight
+#define SUMS 8  // dot products a warp sums in one butterfly (registers: a lane holds them all)
 
 // grid (chunks, Hkv * groups, B), THREADS threads. part_o [B*H*chunks, Dv], part_ml [.., 2]
 // (the chunk's max score, log2 domain, and its sum of exp2(s - max)).
@@ -594,6 +631,8 @@ template <typename K, int GG, int SL> __device__ void split_impl(
     for (int i = tid; i < GG * 128 * SL; i += THREADS) (&red[0][0])[i] = 0.0f;
     // This lane's slices of the group's queries (scaled into the log2 domain).
     float qr[GG][SL][4];
+    enum { UB = GG * UNROLL > SUMS ? (SUMS / GG > 0 ? SUMS / GG : 1) : UNROLL };
+    enum { SHIFT = 5 - Log2<UB * GG>::value };
 #pragma unroll
     for (int gi = 0; gi < GG; ++gi)
 #pragma unroll
@@ -618,30 +657,35 @@ template <typename K, int GG, int SL> __device__ void split_impl(
                 if (ro[u] >= 0 && i0 < D) r[u][it] = raw4(kc, ro[u] * D + i0);
             }
         }
+        // The dot products summed over the warp UB keys at a time (UB x GG values, at most
+        // SUMS) in one butterfly each: UB*GG - 1 shuffles and log2(32 / (UB*GG)) more, not 5 a
+        // value. A lane's sum is that of value (lane >> SHIFT), each the very sum warp_sum
+        // would give (the same pairs, in the same order).
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            float part[GG];
+        for (int u0 = 0; u0 < UNROLL; u0 += UB) {
+            float part[UB * GG];  // key u0 + v, head gi: part[v * GG + gi]
 #pragma unroll
-            for (int gi = 0; gi < GG; ++gi) part[gi] = 0.0f;
+            for (int v = 0; v < UB; ++v) {
+                int u = u0 + v;
 #pragma unroll
-            for (int it = 0; it < SL; ++it) {
-                int i0 = 4 * lane + 128 * it;
-                if (ro[u] >= 0 && i0 < D) {
-                    float x[4];
-                    widen(r[u][it], x, K());
+                for (int gi = 0; gi < GG; ++gi) part[v * GG + gi] = 0.0f;
 #pragma unroll
-                    for (int gi = 0; gi < GG; ++gi)
+                for (int it = 0; it < SL; ++it) {
+                    int i0 = 4 * lane + 128 * it;
+                    if (ro[u] >= 0 && i0 < D) {
+                        float x[4];
+                        widen(r[u][it], x, K());
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) part[gi] += qr[gi][it][e] * x[e];
+                        for (int gi = 0; gi < GG; ++gi)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) part[v * GG + gi] += qr[gi][it][e] * x[e];
+                    }
                 }
             }
-#pragma unroll
-            for (int gi = 0; gi < GG; ++gi) {
-                if (gi < gn && j0 + u < cnt) {  // warp-uniform
-                    float v = warp_sum(part[gi]);
-                    if (lane == 0) s[gi][j0 + u] = ro[u] >= 0 ? v : -__int_as_float(0x7f800000);
-                }
-            }
+            Butterfly<UB * GG, 16>::run(part, lane);
+            int idx = lane >> SHIFT, j = j0 + u0 + idx / GG, gi = idx % GG;
+            if ((lane & ((1 << SHIFT) - 1)) == 0 && gi < gn && j < cnt)
+                s[gi][j] = roff[j] >= 0 ? part[0] : -__int_as_float(0x7f800000);
         }
     }
     __syncthreads();
