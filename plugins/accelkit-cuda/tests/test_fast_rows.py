@@ -399,23 +399,7 @@ async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
     assert _launches(launch)
 
 
-@pytest.mark.parametrize(
-    "op",
-    [
-        pytest.param(
-            op,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known issue: binary's raw launch holds blocks, not tensors (its reuse"
-                " of a dropped output's block); the cudaMalloc retry's in-place trim frees a"
-                " block queued work still reads",
-            ),
-        )
-        if op == "add"
-        else op
-        for op in _RAW_CASES
-    ],
-)
+@pytest.mark.parametrize("op", list(_RAW_CASES))
 async def test_an_input_dropped_before_its_launch_survives_a_full_devices_trim(
     plugin: Plugin,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
@@ -424,8 +408,9 @@ async def test_an_input_dropped_before_its_launch_survives_a_full_devices_trim(
     """One stream, the submission thread behind: an op is queued after its output's
     ``cudaMalloc``, and its input dies before either runs (its block goes to the pool's
     cache). The ``cudaMalloc`` finds the device full once and its retry frees the cached blocks
-    in place on the submission thread: the launch must still find its input (the closure holds
-    the input tensors; it held only their blocks, and failed with "freed", found in review)."""
+    in place on the submission thread: the launch must still find its input (unary, row and
+    permute closures hold the input tensors; binary's holds their blocks, whose frees wait for
+    it: Block.use; both failed with "freed", found in review)."""
     call, launch, reference, ulps = _RAW_CASES[op]
     backend = await _open(plugin)
     try:
@@ -446,3 +431,74 @@ async def test_an_input_dropped_before_its_launch_survives_a_full_devices_trim(
         await backend.shutdown()
     want = reference(x_h.astype(np.float64))
     np.testing.assert_allclose(got, want, rtol=ulps * 2.0**-23, atol=ulps * 2.0**-23)
+
+
+async def test_a_dropped_output_of_a_queued_add_is_not_freed_under_it(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Binary's raw launch holds its output's block, not the tensor: an add whose result the
+    caller drops at once sends the block to the pool's cache before the add ran. A full
+    device's ``cudaMalloc`` retry queued before the add (another op's output) trims the cache
+    in place: the add's block is freed only after the add ran (Block.use), so the add finds it
+    allocated and nothing fails."""
+    from accelkit_cuda import memory
+
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        ops = backend.tensor_ops
+        _, x = await _ramp(backend, 64)
+        big_h, big = await _ramp(backend, 128)  # an output of another size: a fresh block
+        ops.add(x, x)  # leaves a block of x's size in the cache
+        await backend.synchronize()
+        gate = threading.Event()
+        backend.thread.submit(lambda: gate.wait(10))  # the submission thread lags
+        fails = _full_device(monkeypatch, times=1)
+        y = ops.exp(big)  # its cudaMalloc, queued first, fails once, trims and retries
+        ops.add(x, x)  # dropped at once: its block (the cached one) goes back to the cache
+        add = backend.thread.queued
+        runs: list[int] = []  # the closure running at each cudaFree
+        plain_free = memory.cupy.cuda.runtime.free
+
+        def free(ptr: int) -> None:
+            runs.append(backend.thread.started)
+            plain_free(ptr)
+
+        monkeypatch.setattr(memory.cupy.cuda.runtime, "free", free)
+        gate.set()
+        got = await y.to_host()
+        await backend.synchronize()  # the add did not fail
+    finally:
+        await backend.shutdown()
+    assert fails == [0]  # the retry ran
+    assert runs  # and freed the add's block
+    assert runs[0] > add  # after the add's closure (a closure queued behind it)
+    np.testing.assert_allclose(got, np.exp(big_h.astype(np.float64)), rtol=2 * 2.0**-23)
+
+
+async def test_an_allocation_on_the_submission_thread_retries_without_a_deadlock(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An allocation made on the submission thread runs its ``cudaMalloc`` in place, under the
+    pool's lock: a full device's retry there must not trim through the pool (which takes the
+    lock again: it hung); the pool's own retry trims, its lock held, and allocates."""
+    backend = await _open(plugin)
+    await _ready(backend)
+    f = backend.tensor_factory
+    f.empty((256,), DType.F32)  # a block of another size to the pool's cache
+    await backend.thread.call(lambda: None)  # (its cudaMalloc, queued, has run)
+    fails = _full_device(monkeypatch, times=1)
+    try:
+        with anyio.fail_after(20):
+            t = await backend.thread.call(lambda: f.empty((12345,), DType.F32))
+    except TimeoutError:  # no shutdown: the submission thread is stuck for good
+        pytest.fail("an allocation on the submission thread hung in its cudaMalloc's retry")
+    try:
+        assert fails == [0]  # failed once, then allocated
+        assert t.shape == (12345,)
+        got = await backend.tensor_ops.add(t, t).to_host()  # its block is usable
+        assert got.shape == (12345,)
+    finally:
+        await backend.shutdown()

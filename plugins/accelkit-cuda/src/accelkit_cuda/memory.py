@@ -70,9 +70,14 @@ class Block:
 
     ``ptr`` is 0 until the ``cudaMalloc`` queued at allocation has run on the submission thread
     (``pending`` until then; every use of the block is queued after it), and stays 0 with
-    ``error`` set if it failed."""
+    ``error`` set if it failed.
 
-    __slots__ = ("error", "freed", "pending", "ptr", "size")
+    ``use`` is the number (:attr:`SubmissionThread.queued`) of the last closure queued that
+    reads the block's pointer without holding its tensor (binary's raw launch): the block may
+    be back in the pool's cache before that closure ran, and a ``cudaFree`` of it on the
+    submission thread waits until it has (:meth:`DeviceMemory.free`)."""
+
+    __slots__ = ("error", "freed", "pending", "ptr", "size", "use")
 
     def __init__(self, ptr: int, size: int) -> None:
         self.ptr = ptr
@@ -80,6 +85,7 @@ class Block:
         self.pending = False
         self.freed = False
         self.error: BaseException | None = None
+        self.use = 0
 
     def __repr__(self) -> str:
         return f"Block({self.ptr:#x}, {self.size})"
@@ -134,13 +140,22 @@ class DeviceMemory:
         #: the teardown's (the pool frees nothing more: its buffers are stale).
         self.torn_down = False
 
-    def _run(self, fn: Any) -> bool:
-        """Run ``fn`` on the submission thread (queued); True if it ran here and now."""
+    def _in_place(self) -> bool:
+        """Whether work for the submission thread runs here and now: there is none (or it is
+        closed), or this is it."""
         thread = self.backend._thread
-        if thread is None or thread.closed or thread.on_thread():
+        return thread is None or thread.closed or thread.on_thread()
+
+    def _run(self, fn: Any, in_place: bool | None = None) -> bool:
+        """Run ``fn`` on the submission thread (queued), or here and now where
+        :meth:`_in_place` (or ``in_place``, decided before) says so; True if it ran here."""
+        if in_place is None:
+            in_place = self._in_place()
+        thread = self.backend._thread
+        if in_place or thread is None:
             fn()
             return True
-        thread.submit(fn)  # in order after the work queued so far
+        thread.submit(fn)  # in order after the work queued so far (or on a thread of its own)
         return False
 
     def alloc(self, size: int) -> Block:
@@ -150,6 +165,9 @@ class DeviceMemory:
         block.pending = True
         with self._lock:
             self._live[id(block)] = block
+        # Run in place (as _run decides), this is the pool's raw_alloc under the pool's lock,
+        # which a trim here would take again (a deadlock): the pool's own retry trims instead.
+        in_place = self._in_place()
 
         def malloc() -> None:
             try:
@@ -161,6 +179,8 @@ class DeviceMemory:
                     # CuPy's own pool (temporaries of its kernels) and the free blocks of ours
                     # may hold the memory: return them to the driver and try once more.
                     cupy.get_default_memory_pool().free_all_blocks()
+                    if in_place:
+                        raise  # to the pool, which trims (its lock held) and calls again
                     backend.pool.trim()
                     ptr = _malloc(size)
                 block.ptr = ptr
@@ -171,7 +191,7 @@ class DeviceMemory:
             finally:
                 block.pending = False
 
-        if self._run(malloc) and block.error is not None:
+        if self._run(malloc, in_place) and block.error is not None:
             # Ran in place (no submission thread, or on it): the pool's caller is told.
             with self._lock:
                 del self._live[id(block)]
@@ -179,6 +199,11 @@ class DeviceMemory:
         return block
 
     def free(self, block: Block) -> None:
+        """Free ``block`` (the pool let it go): queued on the submission thread, or there and
+        then when already on it, except a block a closure still queued reads (``use``: binary's
+        raw launch, of a tensor that died after it was queued, whose block a full device's
+        ``cudaMalloc`` retry trims from the cache in place): its free is queued after that
+        closure, so the launch finds it allocated (the memory comes back a little later)."""
         if block.freed:
             return
         block.freed = True
@@ -204,6 +229,16 @@ class DeviceMemory:
                 _log.warning("%s: a block of %d bytes was not freed: %s", backend._device_obj,
                              block.size, error)  # fmt: skip
 
+        thread = backend._thread
+        if (
+            block.use
+            and thread is not None
+            and not thread.closed
+            and thread.on_thread()
+            and thread.queued_after(block.use)
+        ):
+            thread.submit(free)  # after the closure that reads it
+            return
         self._run(free)
 
     def release_all(self) -> None:

@@ -91,6 +91,11 @@ class SubmissionThread:
         #: How many times the thread took work off its queue (each time it takes all that is
         #: queued); read by the step timeline (``accelkit_cuda.timeline``) and the tests.
         self.rounds = 0
+        #: Closures queued so far (counted under the lock: the last one's number) and started
+        #: so far (on the thread: the running one's number). A closure numbered above
+        #: ``started`` has not run yet (see :meth:`queued_after`).
+        self.queued = 0
+        self.started = 0
 
     def on_thread(self) -> bool:
         return threading.get_ident() == self.ident
@@ -105,12 +110,23 @@ class SubmissionThread:
         except IndexError:
             return False
 
+    def has_queued(self) -> bool:
+        """Whether closures wait to run behind the running one (if any); read without the
+        lock, so a hint (the completer's polling, :data:`accelkit_cuda.stream.SPIN_US`)."""
+        return bool(self._batch or self._queue)
+
+    def queued_after(self, number: int) -> bool:
+        """On the thread, from a closure: whether closure ``number`` (a value of
+        :attr:`queued` read after it was submitted) is still queued behind the running one."""
+        return number > self.started
+
     def submit(self, fn: Callable[[], None], owner: object = None) -> None:
         """Queue ``fn`` after everything submitted before it; returns at once. ``owner`` tags
         it for :meth:`follows` (a stream tags its work)."""
         with self._lock:
             if not self._closed:
                 self._queue.append((fn, owner))
+                self.queued += 1
                 if self._bell.idle:
                     self._bell.ring()
                 elif self._thread is None:
@@ -175,6 +191,7 @@ class SubmissionThread:
                 self.rounds += 1
             while batch:
                 fn = batch.popleft()[0]  # dropped once run: what it keeps alive goes with it
+                self.started += 1
                 try:
                     fn()
                 except BaseException:  # a closure reports its own errors; this is a bug guard

@@ -173,11 +173,6 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         grid, count = self._raw_configs.get(n) or self._raw_config(n)
         stream = self.current_stream
 
-        # Known issue (found in review): a full device's cudaMalloc retry on the submission
-        # thread frees the pool's cached blocks in place, and a block whose tensor died after
-        # this was queued is among them: the launch then fails with "freed". Holding the
-        # tensors (as unary does) would stop the reuse above, which chains of adds rely on
-        # (test_completer); the fix belongs in the retry (free only blocks no queued work uses).
         def run() -> None:
             pa, pb, po = ba.ptr, bb.ptr, bo.ptr
             if pa and pb and po:
@@ -186,6 +181,10 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
                 raise block_error(ba if not pa else bb if not pb else bo)
 
         self.launch(run, (a, b), (out,), what=op)
+        # A full device's cudaMalloc retry on the submission thread trims the pool's cache in
+        # place, where a block whose tensor died after this was queued may sit: its free waits
+        # for this closure (Block.use, DeviceMemory.free).
+        ba.use = bb.use = bo.use = stream.thread.queued
 
     def _raw_config(self, n: int) -> tuple[tuple[int], Any]:
         """The grid and the ``int64`` element count of a raw launch over ``n`` elements, kept
