@@ -232,6 +232,20 @@ async def _block_parts(
     return "block parts, ms per call accelkit/torch: " + ", ".join(parts)
 
 
+def _with(module: Any, name: str, value: Any, run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` (awaited) with ``module.name`` set to ``value``, put back after each run."""
+
+    async def timed() -> None:
+        current = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            await run()
+        finally:
+            setattr(module, name, current)
+
+    return timed
+
+
 async def _completer_modes(ak_block: Callable[[], Any]) -> str:
     """The block (``ak_block``: submit and synchronize) with the streams' completer threads
     waiting on each position's event in turn and on the newest pending one
@@ -241,18 +255,11 @@ async def _completer_modes(ak_block: Callable[[], Any]) -> str:
     from accelkit_cuda import stream
 
     current = stream.COMPLETER
-
-    def at(mode: str) -> Callable[[], Any]:
-        async def run() -> None:
-            stream.COMPLETER = mode
-            try:
-                await ak_block()
-            finally:
-                stream.COMPLETER = current
-
-        return run
-
-    t_each, t_newest = await interleaved(at("each"), at("newest"), BLOCK_ROUNDS)
+    t_each, t_newest = await interleaved(
+        _with(stream, "COMPLETER", "each", ak_block),
+        _with(stream, "COMPLETER", "newest", ak_block),
+        BLOCK_ROUNDS,
+    )
     return (
         f"block by completer mode: each position {t_each * 1e3:.2f} ms, newest pending"
         f" {t_newest * 1e3:.2f} ms per step: {t_each / t_newest:.2f}x (interleaved; the figures"
@@ -284,14 +291,7 @@ async def _spin_modes(
         torch.cuda.synchronize()
 
     def at(spin: float, run: Callable[[], Any]) -> Callable[[], Any]:
-        async def timed() -> None:
-            stream.SPIN_US = spin
-            try:
-                await run()
-            finally:
-                stream.SPIN_US = current
-
-        return timed
+        return _with(stream, "SPIN_US", spin, run)
 
     polled = backend.default_stream.polled_done  # type: ignore[attr-defined]
     t_off, t_on = await interleaved(at(0.0, add), at(spin_us, add), BLOCK_ROUNDS)

@@ -123,6 +123,23 @@ def _kernel_table(prof: Any, steps: int) -> list[str]:
     return lines
 
 
+async def _kernels_of(
+    say: Callable[[str], None], runs: list[tuple[str, Callable[[], Any]]], steps: int
+) -> None:
+    """For each ``(name, run)``: one warm-up run, then ``steps`` runs under PyTorch's profiler
+    (CUPTI) and their kernels per step (:func:`_kernel_table`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, run in runs:
+        say(f"  {name}:")
+        await run()
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(steps):
+                await run()
+        for line in _kernel_table(p, steps):
+            say(f"    {line}")
+
+
 def _closure_table(
     steps: list[list[tuple[str, float]]], say: Callable[[str], None], note: str
 ) -> None:
@@ -212,8 +229,6 @@ async def diagnose(
 
     say("[3/7] the device's kernels (CUPTI through torch.profiler), per step")
     try:
-        from torch.profiler import ProfilerActivity, profile
-
         tw = {k: torch.from_numpy(v).cuda() for k, v in w_h.items()}
         tx = torch.from_numpy(x_h).cuda()
         async with backend.capture() as graph:
@@ -234,15 +249,10 @@ async def diagnose(
                 _torch_block(torch, tx, tw, cfg)
             torch.cuda.synchronize()
 
-        for name, run in (("accelkit eager", ak_eager), ("accelkit graph", ak_graph),
-                          ("torch eager", th_eager)):  # fmt: skip
-            say(f"  {name}:")
-            await run()
-            with profile(activities=[ProfilerActivity.CUDA]) as p:
-                for _ in range(10):
-                    await run()
-            for line in _kernel_table(p, 10):
-                say(f"    {line}")
+        await _kernels_of(
+            say, [("accelkit eager", ak_eager), ("accelkit graph", ak_graph),
+                  ("torch eager", th_eager)], 10,
+        )  # fmt: skip
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
 
@@ -344,7 +354,6 @@ async def diagnose(
         say(f"  max abs error (2 sequences, float64 reference):"
             f" {float(np.max(np.abs(got[small] - want))):.1e};"
             f" routes {dict(backend.attention_engines.routes.get('paged_attention', {}))}")  # fmt: skip
-        from torch.profiler import ProfilerActivity, profile
 
         tq = torch.from_numpy(qd).cuda().reshape(b, h, 1, d)
         tk, tv = torch.from_numpy(kd).cuda(), torch.from_numpy(vd).cuda()
@@ -358,14 +367,7 @@ async def diagnose(
             sdpa(tq, tk, tv, enable_gqa=True)
             torch.cuda.synchronize()
 
-        for name, run in (("accelkit", ak_step), ("torch dense SDPA", th_step)):
-            await run()
-            with profile(activities=[ProfilerActivity.CUDA]) as p:
-                for _ in range(10):
-                    await run()
-            say(f"  {name}:")
-            for line in _kernel_table(p, 10):
-                say(f"    {line}")
+        await _kernels_of(say, [("accelkit", ak_step), ("torch dense SDPA", th_step)], 10)
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
 
@@ -385,7 +387,6 @@ async def diagnose(
         await ak_attention()
         say(f"  accelkit's route: {backend.attention_engines.last_route}")
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        from torch.profiler import ProfilerActivity, profile
 
         tq, tk, tv = (torch.from_numpy(a).cuda() for a in host)
 
@@ -394,14 +395,9 @@ async def diagnose(
                 torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
             torch.cuda.synchronize()
 
-        for name, run in (("accelkit", ak_attention), ("torch SDPA (cuDNN)", th_attention)):
-            await run()
-            with profile(activities=[ProfilerActivity.CUDA]) as p:
-                for _ in range(5):
-                    await run()
-            say(f"  {name}:")
-            for line in _kernel_table(p, 5):
-                say(f"    {line}")
+        await _kernels_of(
+            say, [("accelkit", ak_attention), ("torch SDPA (cuDNN)", th_attention)], 5
+        )
     except Exception as exc:
         say(f"  not measured ({type(exc).__name__}: {exc})")
     return out
