@@ -444,6 +444,8 @@ async def test_a_dropped_output_of_a_queued_add_is_not_freed_under_it(
     allocated and nothing fails."""
     from accelkit_cuda import memory
 
+    from accelkit.sdk import buffer_of
+
     backend = await _open(plugin)
     try:
         await _ready(backend)
@@ -456,24 +458,86 @@ async def test_a_dropped_output_of_a_queued_add_is_not_freed_under_it(
         backend.thread.submit(lambda: gate.wait(10))  # the submission thread lags
         fails = _full_device(monkeypatch, times=1)
         y = ops.exp(big)  # its cudaMalloc, queued first, fails once, trims and retries
-        ops.add(x, x)  # dropped at once: its block (the cached one) goes back to the cache
-        add = backend.thread.queued
-        runs: list[int] = []  # the closure running at each cudaFree
+        dropped = ops.add(x, x)  # dropped below: its block goes back to the cache
+        block, add = buffer_of(dropped).handle, backend.thread.queued
+        del dropped
+        runs: dict[int, int] = {}  # pointer freed: the closure running then
         plain_free = memory.cupy.cuda.runtime.free
 
         def free(ptr: int) -> None:
-            runs.append(backend.thread.started)
+            runs[ptr] = backend.thread.started
             plain_free(ptr)
 
         monkeypatch.setattr(memory.cupy.cuda.runtime, "free", free)
+        ptr = block.ptr
         gate.set()
         got = await y.to_host()
         await backend.synchronize()  # the add did not fail
     finally:
         await backend.shutdown()
     assert fails == [0]  # the retry ran
-    assert runs  # and freed the add's block
-    assert runs[0] > add  # after the add's closure (a closure queued behind it)
+    assert runs[ptr] > add  # the add's block was freed, after the add's closure
+    np.testing.assert_allclose(got, np.exp(big_h.astype(np.float64)), rtol=2 * 2.0**-23)
+
+
+async def test_a_dropped_source_of_a_queued_copy_is_not_freed_under_it(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A device-to-device copy on one stream holds the blocks, not the tensors (as binary's
+    raw launch): its source, dropped after it was queued, is not freed by a full device's
+    retry trimming the cache in place before the copy ran (found in review: "freed")."""
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        ops, mm = backend.tensor_ops, backend.memory_manager
+        x_h, x = await _ramp(backend, 64)
+        src, dst = ops.exp(x), ops.exp(x)
+        _, big = await _ramp(backend, 128)
+        await backend.synchronize()
+        gate = threading.Event()
+        backend.thread.submit(lambda: gate.wait(10))
+        fails = _full_device(monkeypatch, times=1)
+        y = ops.exp(big)  # its cudaMalloc, queued first, fails once, trims in place
+        mm.copy_dtod(dst, src)
+        del src  # its block to the pool's cache, before the copy ran
+        gate.set()
+        await y.to_host()
+        got = await dst.to_host()
+    finally:
+        await backend.shutdown()
+    assert fails == [0]
+    np.testing.assert_allclose(got, np.exp(x_h.astype(np.float64)), rtol=2 * 2.0**-23)
+
+
+async def test_a_dropped_upload_is_not_freed_under_its_copy(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An upload (``from_host``) holds its block, not the tensor: dropped at once, its block is
+    not freed by a full device's retry before the copy into it ran (found in review: the
+    stand-in crashed on a copy to address 0), and nothing fails."""
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        ops, f = backend.tensor_ops, backend.tensor_factory
+        x_h, x = await _ramp(backend, 64)
+        ops.exp(x)  # a block of x's size in the cache
+        big_h, big = await _ramp(backend, 128)
+        await backend.synchronize()
+        gate = threading.Event()
+        backend.thread.submit(lambda: gate.wait(10))
+        fails = _full_device(monkeypatch, times=1)
+        y = ops.exp(big)
+        f.from_host(x_h)  # dropped at once
+        z = ops.exp(big)
+        gate.set()
+        await y.to_host()
+        got = await z.to_host()
+        await backend.synchronize()
+    finally:
+        await backend.shutdown()
+    assert fails == [0]
     np.testing.assert_allclose(got, np.exp(big_h.astype(np.float64)), rtol=2 * 2.0**-23)
 
 

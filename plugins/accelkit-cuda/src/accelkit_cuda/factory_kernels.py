@@ -32,7 +32,7 @@ from accelkit.tensor import Tensor
 from accelkit_cuda.cupy_tensor import cast_into
 from accelkit_cuda.memory import pinned_empty
 from accelkit_cuda.philox import BLOCK, OUTS, grid_for, key_of
-from accelkit_cuda.submit import CUDAComponent, storage
+from accelkit_cuda.submit import CUDAComponent, block_error, storage
 
 __all__ = ["CUDAFactoryKernels", "device_draw", "random_dtype"]
 
@@ -53,15 +53,21 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
         dtype, shape, nbytes = out.dtype.to_numpy(), out.shape, out.nbytes
 
         def run() -> Any:
+            ptr = handle.ptr
+            if not ptr:
+                raise block_error(handle)
             block, raw = pinned_empty(nbytes)
             assign(raw.view(dtype).reshape(shape), make())
             cupy.cuda.runtime.memcpyAsync(
-                handle.ptr, raw.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                ptr, raw.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice,
                 stream.cp.ptr,
             )  # fmt: skip
             return block  # alive until the copy has completed
 
         self.launch(run, (), (out,), what=what)
+        # The closure holds the block, not ``out``: a full device's cudaMalloc retry that
+        # trims the cache in place must not free it before the copy ran (see Block.use).
+        handle.use = stream.thread.queued
 
     def from_host(self, out: Tensor, array: np.ndarray[Any, Any]) -> None:
         if out.size == 0:

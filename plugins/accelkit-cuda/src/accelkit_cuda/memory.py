@@ -73,9 +73,10 @@ class Block:
     ``error`` set if it failed.
 
     ``use`` is the number (:attr:`SubmissionThread.queued`) of the last closure queued that
-    reads the block's pointer without holding its tensor (binary's raw launch): the block may
-    be back in the pool's cache before that closure ran, and a ``cudaFree`` of it on the
-    submission thread waits until it has (:meth:`DeviceMemory.free`)."""
+    reads or writes the block's pointer without holding its tensor (binary's raw launch, a
+    device-to-device copy, an upload): the block may be back in the pool's cache before that
+    closure ran, and a ``cudaFree`` of it on the submission thread waits until it has
+    (:meth:`DeviceMemory.free`)."""
 
     __slots__ = ("error", "freed", "pending", "ptr", "size", "use")
 
@@ -233,11 +234,10 @@ class DeviceMemory:
         if (
             block.use
             and thread is not None
-            and not thread.closed
             and thread.on_thread()
             and thread.queued_after(block.use)
         ):
-            thread.submit(free)  # after the closure that reads it
+            thread.requeue(free)  # after the closure that reads it (closing or not)
             return
         self._run(free)
 
@@ -402,6 +402,7 @@ class CUDAMemoryKernels(MemoryKernels):
             [t for t in (src_tensor, dst_tensor) if t is not None],
             (dst, src) if stream.track else (), "copy_dtod",
         )  # fmt: skip
+        dh.use = sh.use = stream.thread.queued  # held as blocks (see Block.use)
         if dst_tensor is not None:
             mark_written((dst_tensor,), stream, seq)
 

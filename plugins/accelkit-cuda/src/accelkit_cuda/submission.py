@@ -120,6 +120,13 @@ class SubmissionThread:
         :attr:`queued` read after it was submitted) is still queued behind the running one."""
         return number > self.started
 
+    def requeue(self, fn: Callable[[], None]) -> None:
+        """On the thread, from a closure: queue ``fn`` behind everything queued, even once
+        :meth:`close` was called (the thread runs its queue empty before it ends)."""
+        with self._lock:
+            self._queue.append((fn, None))
+            self.queued += 1
+
     def submit(self, fn: Callable[[], None], owner: object = None) -> None:
         """Queue ``fn`` after everything submitted before it; returns at once. ``owner`` tags
         it for :meth:`follows` (a stream tags its work)."""
