@@ -429,15 +429,89 @@ def test_spin_us_reads_the_environment(
 
 
 @pytest.mark.parametrize("raw", ["fast", "-1", "nan", "2e6", "inf"])
-def test_a_bad_spin_us_is_refused_by_name(
-    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, raw: str
+def test_a_bad_spin_us_is_warned_about_by_name_and_read_as_off(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    from accelkit.errors import InvalidArgumentError
-
+    """A typo must not keep the plugin from loading (the value is read at import)."""
     stream_mod = importlib.import_module("accelkit_cuda.stream")
     monkeypatch.setenv("ACCELKIT_CUDA_SPIN_US", raw)
-    with pytest.raises(InvalidArgumentError, match="ACCELKIT_CUDA_SPIN_US"):
-        stream_mod._spin_us()
+    with caplog.at_level("WARNING", logger="accelkit.cuda"):
+        assert stream_mod._spin_us() == 0.0
+    assert f"ACCELKIT_CUDA_SPIN_US={raw!r}" in caplog.text
+
+
+async def test_a_waiter_for_a_later_position_does_not_make_a_round_polled(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polling is for the round an await waits for (or an earlier one): work completing ahead
+    of the awaited position is slept on."""
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    backend, ops, x, stream = await _open_with_x(plugin)
+    try:
+        monkeypatch.setattr(stream_mod, "SPIN_US", 1e6)
+        later = _Later(monkeypatch, busy=0)
+        woken: list[int] = []
+        unregister = stream.add_waiter(stream.submitted + 1000, lambda: woken.append(1))
+        assert unregister is not None
+        y = ops.add(x, x)
+        seq = stream.submitted
+        deadline = time.monotonic() + 30
+        while stream.completed < seq:
+            assert time.monotonic() < deadline
+            await anyio.sleep(0.001)
+        unregister()
+        assert later.queries
+        assert not any(later.queries)  # slept on, never polled
+        assert not woken
+        np.testing.assert_array_equal(await y.to_host(), np.arange(16, dtype=np.float32) * 2)
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_cuda_error_while_polling_is_raised_by_the_await(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cudaEventQuery`` reports a fault of the work as ``cudaEventSynchronize`` would: the
+    await of that position raises it, and the backend goes on (a non-sticky error)."""
+    from accelkit.errors import AccelError
+
+    stream_mod = importlib.import_module("accelkit_cuda.stream")
+    backend, ops, x, stream = await _open_with_x(plugin)
+    try:
+        monkeypatch.setattr(stream_mod, "SPIN_US", 1e6)
+        raised: list[object] = []
+        plain = fake_cupy.Event.done
+
+        def done(event: object) -> bool:
+            if not raised:
+                raised.append(event)
+                raise fake_cupy.CUDARuntimeError(1)
+            return True
+
+        gate = _gated(backend)
+        y = ops.add(x, x)
+        seq = stream.submitted
+
+        async def open_gate() -> None:  # once the await below waits
+            deadline = time.monotonic() + 30
+            while not len(stream._waiters):  # (another thread's state: polled)
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.001)
+            monkeypatch.setattr(fake_cupy.Event, "done", property(done))
+            gate.set()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(open_gate)
+                with pytest.raises(AccelError, match="CUDA error 1"):
+                    await stream.wait_for(seq)
+        finally:
+            gate.set()
+        monkeypatch.setattr(fake_cupy.Event, "done", plain)
+        assert len(raised) == 1
+        np.testing.assert_array_equal(await ops.add(y, x).to_host(), np.arange(16) * 3.0)
+    finally:
+        await backend.shutdown()
 
 
 async def test_the_benchmarks_polling_experiment_runs(

@@ -73,6 +73,14 @@ class Waiters:
             ready.append(heapq.heappop(heap)[2])
         return ready
 
+    def first(self) -> int | None:
+        """The lowest position waited for, or None: read without the lock, so a hint (a
+        stream's completer deciding whether a round is worth polling for)."""
+        try:
+            return self._heap[0][0]
+        except IndexError:
+            return None
+
     def __len__(self) -> int:
         return len(self._heap)
 

@@ -24,6 +24,8 @@ waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import threading
 import time
@@ -38,6 +40,8 @@ from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, OutOf
 from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters
 from accelkit_cuda.errors import translate
 from accelkit_cuda.submission import Bell, SubmissionThread
+
+_log = logging.getLogger("accelkit.cuda")
 
 __all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error"]
 
@@ -60,17 +64,20 @@ COMPLETER = (
 
 
 def _spin_us() -> float:
+    """``ACCELKIT_CUDA_SPIN_US`` in microseconds, 0 to 1000000; anything else is warned about
+    (by name) and read as 0, as an unknown ``ACCELKIT_CUDA_COMPLETER`` is read as the default:
+    a typo must not keep the plugin from loading."""
     raw = os.environ.get("ACCELKIT_CUDA_SPIN_US", "").strip()
     try:
         value = float(raw) if raw else 0.0
     except ValueError:
-        raise InvalidArgumentError(
-            f"ACCELKIT_CUDA_SPIN_US={raw!r}: expected a number of microseconds (0: no spin)"
-        ) from None
-    if not value >= 0 or value > 1e6:  # (NaN included)
-        raise InvalidArgumentError(
-            f"ACCELKIT_CUDA_SPIN_US={raw!r}: expected 0 to 1000000 microseconds"
-        )
+        value = math.nan
+    if not 0 <= value <= 1e6:  # (NaN included)
+        _log.warning(
+            "ACCELKIT_CUDA_SPIN_US=%r: expected 0 to 1000000 microseconds; the completer will"
+            " not poll", raw,
+        )  # fmt: skip
+        return 0.0
     return value
 
 
@@ -370,7 +377,7 @@ class CUDAStream(DeviceErrors, PositionStream):
                 try:
                     if (
                         SPIN_US
-                        and (self._blocked or len(self._waiters))
+                        and (self._blocked or self._awaited(seq))
                         and not self.thread.has_queued()
                     ):
                         self.polled_done += _poll(event, SPIN_US * 1e-6)
@@ -401,6 +408,11 @@ class CUDAStream(DeviceErrors, PositionStream):
                 ready = self._due_locked()
             for cb in ready:
                 cb()
+
+    def _awaited(self, seq: int) -> bool:
+        """Whether an await waits for position ``seq`` or an earlier one (a hint)."""
+        first = self._waiters.first()
+        return first is not None and first <= seq
 
     def _due_locked(self) -> list[Callable[[], None]]:
         if self._blocked:
