@@ -78,16 +78,54 @@ def test_the_butterfly_gives_each_lane_warp_sums_sum_of_its_value(count: int) ->
     assert np.allclose(want[0], lanes.sum(0, dtype=np.float64), rtol=1e-5, atol=1e-3)
 
 
-def test_each_butterfly_sums_at_most_sums_values() -> None:
-    """SOURCE's key step UB keeps a butterfly's values (UB x GG) within SUMS, a power of two
-    that divides the UNROLL x GG of every variant (or the GG alone of a wider group)."""
-    sums = fd.SUMS
+def _keys_a_butterfly(gg: int) -> tuple[int, int]:
+    """SOURCE's ``UB`` (the keys a butterfly sums, at ``gg`` heads: ``GG * UB`` at most SUMS,
+    one key at the least) and its ``UNROLL``."""
     unroll = int(re.search(r"#define UNROLL (\d+)", fd.SOURCE).group(1))  # type: ignore[union-attr]
-    for gg, _sl in fd.SPLIT_VARIANTS:
-        ub = max(sums // gg, 1) if gg * unroll > sums else unroll
-        assert unroll % ub == 0
-        assert ub * gg <= max(sums, gg)
-        assert ub * gg <= 32
+    assert re.search(
+        r"enum \{ UB = GG \* UNROLL > SUMS \? \(SUMS / GG > 0 \? SUMS / GG : 1\) : UNROLL \};",
+        fd.SOURCE,
+    )  # the formula below is SOURCE's
+    return (max(fd.SUMS // gg, 1) if gg * unroll > fd.SUMS else unroll), unroll
+
+
+@pytest.mark.parametrize("gg", sorted({g for g, _sl in fd.SPLIT_VARIANTS}))
+def test_the_scores_loop_writes_each_score_once(gg: int) -> None:
+    """SOURCE's scores loop, step by step for one warp (:func:`_butterfly` for its butterflies,
+    SHIFT, and the lane that writes ``s[gi][j]``): every (head < gn, key < cnt) score is
+    written exactly once, with the warp's sum of its lanes' products, -inf for a key whose row
+    offset is -1 (a bad block id), and nothing for heads at or past gn or keys at or past cnt,
+    for every head count and the tail of a chunk."""
+    ub, unroll = _keys_a_butterfly(gg)
+    assert ub * gg <= max(fd.SUMS, gg)
+    assert unroll % ub == 0
+    shift = 5 - int(math.log2(ub * gg))
+    rng = np.random.default_rng(gg)
+    j0 = 8  # this warp's first key in the chunk
+    roff = [-1 if j % 3 == 0 else j for j in range(j0 + unroll)]
+    for gn in range(1, gg + 1):
+        for cnt in range(j0 + 1, j0 + unroll + 1):
+            lanes = rng.standard_normal((unroll, gg, 32)).astype(np.float32)
+            written: dict[tuple[int, int], float] = {}
+            for u0 in range(0, unroll, ub):
+                part = np.zeros((32, ub * gg), np.float32)
+                for v in range(ub):
+                    j = j0 + u0 + v
+                    if j < cnt and roff[j] >= 0:  # ro[u] (-1 past cnt): the lanes add nothing
+                        part[:, v * gg : (v + 1) * gg] = lanes[u0 + v].T
+                got = _butterfly(part)
+                for lane in range(32):
+                    idx = lane >> shift
+                    j, gi = j0 + u0 + idx // gg, idx % gg
+                    if (lane & ((1 << shift) - 1)) == 0 and gi < gn and j < cnt:
+                        assert (gi, j) not in written, (gi, j)
+                        written[(gi, j)] = float(got[lane]) if roff[j] >= 0 else -math.inf
+            want = {
+                (gi, j): (float(_xor_tree(lanes[j - j0, gi][:, None])[0, 0])
+                          if roff[j] >= 0 else -math.inf)
+                for gi in range(gn) for j in range(j0, cnt)
+            }  # fmt: skip
+            assert written == want, (gn, cnt)
 
 
 def test_the_source_and_python_agree() -> None:
