@@ -375,7 +375,10 @@ async def diagnose(
         " it serves) against PyTorch's SDPA on cuDNN")  # fmt: skip
     try:
         kops = backend.kernel_ops
-        host = [rng.standard_normal(attention_shape).astype(np.float16) for _ in range(3)]
+        host = [
+            rng.standard_normal(attention_shape, dtype=np.float32).astype(np.float16)
+            for _ in range(3)
+        ]
         q, k, v = (f.from_host(a) for a in host)
         kops.attention(q, k, v, causal=True)  # a cuDNN graph is built off the caller's thread
         await backend.synchronize()
