@@ -38,6 +38,14 @@ async def _open_with_x(plugin: Plugin) -> tuple[Any, Any, Any, Any]:
     return backend, backend.tensor_ops, x, backend.default_stream
 
 
+async def _until(condition: Any, what: str) -> None:
+    """Poll ``condition()`` (state of other threads) until true, for at most 30 s."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await anyio.sleep(0.001)
+
+
 @pytest.mark.parametrize("mode", ["each", "newest"])
 async def test_a_backlog_completes_in_one_round_with_newest(
     plugin: Plugin, monkeypatch: pytest.MonkeyPatch, mode: str
@@ -66,10 +74,7 @@ async def test_a_backlog_completes_in_one_round_with_newest(
         y = x
         for _ in range(20):
             y = ops.add(y, x)
-        deadline = time.monotonic() + 30
-        while len(stream._pending) < 21:  # the submission thread has recorded all 21
-            assert time.monotonic() < deadline
-            await anyio.sleep(0.001)
+        await _until(lambda: len(stream._pending) >= 21, "the thread records all 21")
         gate.set()
         got = await y.to_host()
         rounds = stream.completer_rounds - before
@@ -290,10 +295,7 @@ async def _await_behind_gate(backend: Any, stream: Any, y: Any) -> Any:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(read)
-            deadline = time.monotonic() + 30
-            while not len(stream._waiters):
-                assert time.monotonic() < deadline
-                await anyio.sleep(0.001)
+            await _until(lambda: len(stream._waiters), "the await waits")
             gate.set()
     finally:
         gate.set()
@@ -371,14 +373,9 @@ async def test_no_polling_while_the_submission_thread_has_work_queued(
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(read)
-                deadline = time.monotonic() + 30
-                while not len(stream._waiters):
-                    assert time.monotonic() < deadline
-                    await anyio.sleep(0.001)
+                await _until(lambda: len(stream._waiters), "the await waits")
                 gate.set()
-                while stream.completed < first:  # the add's end, seen by the completer
-                    assert time.monotonic() < deadline
-                    await anyio.sleep(0.001)
+                await _until(lambda: stream.completed >= first, "the completer saw the add")
                 held.set()
         finally:
             gate.set()
@@ -405,10 +402,7 @@ async def test_nobody_waiting_means_no_polling(
         later = _Later(monkeypatch, busy=0)
         y = ops.add(x, x)
         seq = stream.submitted
-        deadline = time.monotonic() + 30
-        while stream.completed < seq:  # watched, not awaited
-            assert time.monotonic() < deadline
-            await anyio.sleep(0.001)
+        await _until(lambda: stream.completed >= seq, "the add completes")  # not awaited
         assert later.queries
         assert not any(later.queries)
         assert later.sleeps
@@ -455,10 +449,7 @@ async def test_a_waiter_for_a_later_position_does_not_make_a_round_polled(
         assert unregister is not None
         y = ops.add(x, x)
         seq = stream.submitted
-        deadline = time.monotonic() + 30
-        while stream.completed < seq:
-            assert time.monotonic() < deadline
-            await anyio.sleep(0.001)
+        await _until(lambda: stream.completed >= seq, "the add completes")
         unregister()
         assert later.queries
         assert not any(later.queries)  # slept on, never polled
@@ -493,10 +484,7 @@ async def test_a_cuda_error_while_polling_is_raised_by_the_await(
         seq = stream.submitted
 
         async def open_gate() -> None:  # once the await below waits
-            deadline = time.monotonic() + 30
-            while not len(stream._waiters):  # (another thread's state: polled)
-                assert time.monotonic() < deadline
-                await anyio.sleep(0.001)
+            await _until(lambda: len(stream._waiters), "the await waits")
             monkeypatch.setattr(fake_cupy.Event, "done", property(done))
             gate.set()
 
