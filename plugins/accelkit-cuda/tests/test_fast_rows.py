@@ -356,6 +356,14 @@ def _full_device(monkeypatch: pytest.MonkeyPatch, times: int | None = None) -> l
     return left
 
 
+def _lagging(backend: Any) -> threading.Event:
+    """Hold the submission thread until the returned event is set: what is submitted meanwhile
+    is queued behind, not run."""
+    gate = threading.Event()
+    backend.thread.submit(lambda: gate.wait(10))
+    return gate
+
+
 async def _ramp(backend: Any, rows: int) -> tuple[Any, Any]:
     """A [rows, 64] f32 ramp over [-2, 2] on the host and on ``backend`` (written)."""
     x_h = np.linspace(-2, 2, rows * 64, dtype=np.float32).reshape(rows, 64)
@@ -418,8 +426,7 @@ async def test_an_input_dropped_before_its_launch_survives_a_full_devices_trim(
         f, ops = backend.tensor_factory, backend.tensor_ops
         x_h, x = await _ramp(backend, 64)
         fails = _full_device(monkeypatch, times=1)
-        gate = threading.Event()
-        backend.thread.submit(lambda: gate.wait(10))  # the submission thread lags
+        gate = _lagging(backend)
         y = call(ops, x)  # y's cudaMalloc queued: it fails once, then trims and retries
         del x
         f.empty((7,), DType.F32)  # an allocation drains x's dead block into the cache
@@ -454,8 +461,7 @@ async def test_a_dropped_output_of_a_queued_add_is_not_freed_under_it(
         big_h, big = await _ramp(backend, 128)  # an output of another size: a fresh block
         ops.add(x, x)  # leaves a block of x's size in the cache
         await backend.synchronize()
-        gate = threading.Event()
-        backend.thread.submit(lambda: gate.wait(10))  # the submission thread lags
+        gate = _lagging(backend)
         fails = _full_device(monkeypatch, times=1)
         y = ops.exp(big)  # its cudaMalloc, queued first, fails once, trims and retries
         dropped = ops.add(x, x)  # dropped below: its block goes back to the cache
@@ -495,8 +501,7 @@ async def test_a_dropped_source_of_a_queued_copy_is_not_freed_under_it(
         src, dst = ops.exp(x), ops.exp(x)
         _, big = await _ramp(backend, 128)
         await backend.synchronize()
-        gate = threading.Event()
-        backend.thread.submit(lambda: gate.wait(10))
+        gate = _lagging(backend)
         fails = _full_device(monkeypatch, times=1)
         y = ops.exp(big)  # its cudaMalloc, queued first, fails once, trims in place
         mm.copy_dtod(dst, src)
@@ -525,8 +530,7 @@ async def test_a_dropped_upload_is_not_freed_under_its_copy(
         ops.exp(x)  # a block of x's size in the cache
         big_h, big = await _ramp(backend, 128)
         await backend.synchronize()
-        gate = threading.Event()
-        backend.thread.submit(lambda: gate.wait(10))
+        gate = _lagging(backend)
         fails = _full_device(monkeypatch, times=1)
         y = ops.exp(big)
         f.from_host(x_h)  # dropped at once

@@ -83,12 +83,13 @@ def _spin_us() -> float:
 
 #: How long, in microseconds, a stream's completer polls an end event (``cudaEventQuery``, the
 #: interpreter lock given up between polls) before it sleeps on it (``cudaEventSynchronize``
-#: on a blocking-sync event), and only while someone awaits or blocks on the stream and the
-#: submission thread has nothing more queued (its Python would share the GIL with the polls): a
-#: sleeping thread is woken by the driver some tens of microseconds after the GPU finished,
-#: which an await of a short op pays in full (PyTorch's ``synchronize`` spins for the whole
-#: wait). 0: no polling. ``ACCELKIT_CUDA_SPIN_US`` sets it at import; ``benchmarks/bench_cuda.py`` times an
-#: add's round trip and the transformer block under both, interleaved (unmeasured when written).
+#: on a blocking-sync event), and only while someone awaits that position (or an earlier one)
+#: or blocks on the stream, and the submission thread has nothing more queued (its Python would
+#: share the GIL with the polls): a sleeping thread is woken by the driver some tens of
+#: microseconds after the GPU finished, which an await of a short op pays in full (PyTorch's
+#: ``synchronize`` spins for the whole wait). 0: no polling. ``ACCELKIT_CUDA_SPIN_US`` sets it
+#: at import; ``benchmarks/bench_cuda.py`` times an add's round trip and the transformer block
+#: under both, interleaved (unmeasured when written).
 SPIN_US = _spin_us()
 
 
