@@ -31,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import cupy
@@ -170,6 +171,27 @@ class Position:
         return self.stream._completed_upto >= self.seq
 
 
+def _work(
+    stream: CUDAStream, seq: int, deps: tuple[CUDAStream, ...], fn: Callable[[], object],
+    keepalive: object, what: str,
+) -> None:  # fmt: skip
+    """On the submission thread: position ``seq``'s work (:meth:`CUDAStream.submit`), launched
+    on ``stream`` after the other streams ``deps``; its error is kept for the await that
+    covers the position, and its end marked for the completer either way."""
+    result: object = None
+    try:
+        if stream._abandoned:
+            return
+        stream.check_usable()  # poisoned since it was queued: no CUDA call
+        with stream.cp:
+            for s in deps:
+                stream.cp.wait_event(_event(s.cp))
+            result = fn()
+    except BaseException as exc:
+        stream._fail(seq, as_accel_error(exc, what, stream.on_error))
+    stream._recorded(seq, (keepalive, result))
+
+
 class CUDAStream(DeviceErrors, PositionStream):
     """One CUDA stream fed by the device's submission thread (see the module docstring).
 
@@ -273,22 +295,11 @@ class CUDAStream(DeviceErrors, PositionStream):
         with self._lock:
             self.submitted += 1
             seq = self.submitted
-
-        def work() -> None:
-            result: object = None
-            try:
-                if self._abandoned:
-                    return
-                self.check_usable()  # poisoned since it was queued: no CUDA call
-                with self.cp:
-                    for s in deps:
-                        self.cp.wait_event(_event(s.cp))
-                    result = fn()
-            except BaseException as exc:
-                self._fail(seq, as_accel_error(exc, what, self.on_error))
-            self._recorded(seq, (keepalive, result))
-
-        self.thread.submit(work, self)
+        # A partial, not a closure: two objects the garbage collector tracks (the partial and
+        # its arguments) where a closure over six variables made eight (a function, a cell a
+        # variable and their tuple), each alive, and so counted and traversed by collections,
+        # for as long as the work is queued (``test_gc_tracked_objects_per_queued_op``).
+        self.thread.submit(partial(_work, self, seq, deps, fn, keepalive, what), self)
         return seq
 
     def _fail(self, seq: int, error: AccelError) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import cupy as cp
@@ -47,6 +48,73 @@ def range_error(op: str, what: str, low: int, high: int) -> Any:
     return error
 
 
+# The raw launches below are module functions that a kernel hook queues as a ``partial`` of its
+# arguments, not closures: two objects the garbage collector tracks a launch (the partial and
+# its arguments) where a closure made one a captured variable (its cell), plus the function
+# and the cells' tuple (nine for a binary op). They stay alive while the launch is queued, so
+# a caller that runs ahead of the submission thread makes collections come that much sooner
+# and cost that much more (``test_gc_tracked_objects_per_queued_op``).
+
+
+def _binary(fn: Any, grid: Any, count: Any, stream: Any, ba: Any, bb: Any, bo: Any) -> None:
+    """:meth:`CUDATensorKernels._launch_raw`'s launch: ``fn`` over three blocks' pointers."""
+    pa, pb, po = ba.ptr, bb.ptr, bo.ptr
+    if pa and pb and po:
+        fn(grid, _BLOCK, (_uintp(pa), _uintp(pb), _uintp(po), count), stream=stream.cp)
+    else:
+        raise block_error(ba if not pa else bb if not pb else bo)
+
+
+def _unary(fn: Any, grid: Any, count: Any, stream: Any, x: Tensor, out: Tensor) -> None:
+    """:meth:`CUDATensorKernels.unary`'s raw launch (it holds the tensors)."""
+    bx, bo = buffer_of(x).handle, buffer_of(out).handle
+    px, po = bx.ptr, bo.ptr
+    if px and po:
+        fn(grid, _BLOCK, (_uintp(px), _uintp(po), count), stream=stream.cp)
+    else:
+        raise block_error(bo if px else bx)
+
+
+def _ptrs(
+    fn: Any, grid: Any, block: Any, tail: tuple[Any, ...], stream: Any, *tensors: Tensor | None
+) -> None:
+    """:meth:`CUDATensorKernels._launch_ptrs`'s launch: the tensors' pointers (0 for None),
+    then ``tail`` (it holds the tensors)."""
+    args = []
+    for t in tensors:
+        if t is None:
+            args.append(_NULL)
+            continue
+        b = buffer_of(t).handle
+        ptr = b.ptr
+        if not ptr:
+            raise block_error(b)
+        args.append(_uintp(ptr))
+    fn(grid, block, (*args, *tail), stream=stream.cp)
+
+
+def _linear(
+    config: tuple[Any, ...], stream: Any, x: Tensor, weight: Tensor, bias: Tensor | None,
+    out: Tensor, tf32: bool,
+) -> None:  # fmt: skip
+    """:meth:`CUDATensorKernels._raw_linear`'s launch for its signature's ``config``."""
+    p, grid, count, cols, in_type, compute, fn, lt = config
+    bx, bw, bo = buffer_of(x).handle, buffer_of(weight).handle, buffer_of(out).handle
+    bb = None if bias is None else buffer_of(bias).handle
+    px, pw, po = bx.ptr, bw.ptr, bo.ptr
+    pb = 1 if bb is None else bb.ptr
+    if not (px and pw and po and pb):
+        raise block_error(next(b for b in (bx, bw, bo, bb) if b is not None and not b.ptr))
+    if lt is not None and blaslt.linear_bias(cp, lt, px, pw, pb, po):
+        return
+    if bb is not None and fn is None:  # cuBLASLt found no algorithm: CuPy's path
+        ck.linear(storage(x), storage(weight), xa(bias), storage(out), tf32)
+        return
+    blas.gemm_ptrs(cp, p, px, pw, po, in_type, in_type, compute)
+    if fn is not None:
+        fn(grid, _BLOCK, (_uintp(pb), _uintp(po), count, cols), stream=stream.cp)
+
+
 class CUDATensorKernels(CUDAComponent, TensorKernels):
     def __init__(self, backend: CUDABackend) -> None:
         super().__init__(backend)
@@ -56,6 +124,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self.fast = ElementwiseProgram(backend)
         #: Raw launches' (grid, int64 count) per element count (:meth:`_raw_config`).
         self._raw_configs: dict[int, tuple[tuple[int], Any]] = {}
+        #: Row kernels' (grid, block, trailing arguments) per call signature (:meth:`_row_config`).
+        self._row_configs: dict[Any, tuple[tuple[int], tuple[int], tuple[Any, ...]]] = {}
         #: :meth:`permute`'s kernel arguments per (shape, axes, dtype) (:meth:`_permute_config`).
         self._permute_configs: dict[Any, tuple[bool, tuple[int], tuple[Any, ...]] | None] = {}
         #: :meth:`_raw_linear`'s launch per call signature (:meth:`_linear_config`: cuBLAS
@@ -79,20 +149,11 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             and (fn := self.fast.function("u_" + op, dt)) is not None
         ):
             # As binary's raw launch (:meth:`_launch_raw`): the grid and count kept per
-            # element count. The closure holds the tensors (``hold``): a block whose tensor
-            # died goes to the pool's cache, and a full device's cudaMalloc retry on the
-            # submission thread frees cached blocks in place, before this launch has run.
-            bx, bo = buffer_of(x).handle, buffer_of(out).handle
+            # element count. The launch holds the tensors: a block whose tensor died goes to
+            # the pool's cache, and a full device's cudaMalloc retry on the submission thread
+            # frees cached blocks in place, before this launch has run.
             grid, count = self._raw_configs.get(n) or self._raw_config(n)
-            stream = self.current_stream
-
-            def run(hold: tuple[Tensor, ...] = (x, out)) -> None:
-                px, po = bx.ptr, bo.ptr
-                if px and po:
-                    fn(grid, _BLOCK, (_uintp(px), _uintp(po), count), stream=stream.cp)
-                else:
-                    raise block_error(bo if px else bx)
-
+            run = partial(_unary, fn, grid, count, self.current_stream, x, out)
             self.launch(run, (x,), (out,), what=op)
             return
         self.launch(lambda: ck.unary(op, storage(x), storage(out)), (x,), (out,), what=op)
@@ -112,6 +173,25 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
                 return None
         return self.fast.function("row_" + op, dt)
 
+    def _row_config(
+        self, size: int, n: int, eps: tuple[float, bool] | None
+    ) -> tuple[tuple[int], tuple[int], tuple[Any, ...]]:
+        """A row kernel's grid, block and trailing arguments over ``size`` elements in rows of
+        ``n``: the row length as int64, then a norm's ``eps`` (``(eps, f64)``: in the float of
+        its accumulation). Kept per call signature, at most :data:`_RAW_CONFIGS` (the table
+        starts over when full): a model repeats its shapes, and a call then makes no grid, no
+        NumPy scalars and no tuples of its own."""
+        key = (size, n, eps)
+        config = self._row_configs.get(key)
+        if config is None:
+            tail: tuple[Any, ...] = (np.int64(n),)
+            if eps is not None:
+                tail += (np.float64(eps[0]) if eps[1] else np.float32(eps[0]),)
+            if len(self._row_configs) >= _RAW_CONFIGS:
+                self._row_configs.clear()
+            config = self._row_configs[key] = ((size // n,), row_block(n), tail)
+        return config
+
     def _launch_ptrs(
         self, fn: Any, what: str, inputs: tuple[Tensor, ...], optional: tuple[Tensor | None, ...],
         out: Tensor, grid: tuple[int], block: tuple[int], tail: tuple[Any, ...],
@@ -119,24 +199,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         """One raw kernel with the pointers of ``inputs``, then of ``optional`` (0 for None),
         then of ``out``, then ``tail``; a block without memory (a failed allocation) raises its
         allocation's error for the await that covers the output, as CuPy's path would. The
-        closure holds the tensors (see :meth:`unary`)."""
-        # Every block in argument order (None for an absent optional): one pass on each side.
-        tensors = (*inputs, *optional, out)
-        blocks = [None if t is None else buffer_of(t).handle for t in tensors]
-        stream = self.current_stream
-
-        def run(hold: tuple[Tensor | None, ...] = tensors) -> None:
-            args = []
-            for b in blocks:
-                if b is None:
-                    args.append(_NULL)
-                    continue
-                ptr = b.ptr
-                if not ptr:
-                    raise block_error(b)
-                args.append(_uintp(ptr))
-            fn(grid, block, (*args, *tail), stream=stream.cp)
-
+        launch holds the tensors (see :meth:`unary`)."""
+        run = partial(_ptrs, fn, grid, block, tail, self.current_stream, *inputs, *optional, out)
         self.launch(run, (*inputs, *optional), (out,), what=what)
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
@@ -172,15 +236,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         ba, bb, bo = buffer_of(a).handle, buffer_of(b).handle, buffer_of(out).handle
         grid, count = self._raw_configs.get(n) or self._raw_config(n)
         stream = self.current_stream
-
-        def run() -> None:
-            pa, pb, po = ba.ptr, bb.ptr, bo.ptr
-            if pa and pb and po:
-                fn(grid, _BLOCK, (_uintp(pa), _uintp(pb), _uintp(po), count), stream=stream.cp)
-            else:
-                raise block_error(ba if not pa else bb if not pb else bo)
-
-        self.launch(run, (a, b), (out,), what=op)
+        self.launch(partial(_binary, fn, grid, count, stream, ba, bb, bo), (a, b), (out,), what=op)
         # A full device's cudaMalloc retry on the submission thread trims the pool's cache in
         # place, where a block whose tensor died after this was queued may sit: its free waits
         # for this closure (Block.use, DeviceMemory.free).
@@ -270,25 +326,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             if len(self._linear_configs) >= _RAW_CONFIGS:
                 self._linear_configs.clear()
             self._linear_configs[key] = config
-        p, grid, count, cols, in_type, compute, fn, lt = config
-        bx, bw, bo = buffer_of(x).handle, buffer_of(weight).handle, buffer_of(out).handle
-        bb = None if bias is None else buffer_of(bias).handle
-        stream = self.current_stream
-
-        def run() -> None:
-            px, pw, po = bx.ptr, bw.ptr, bo.ptr
-            pb = 1 if bb is None else bb.ptr
-            if not (px and pw and po and pb):
-                raise block_error(next(b for b in (bx, bw, bo, bb) if b is not None and not b.ptr))
-            if lt is not None and blaslt.linear_bias(cp, lt, px, pw, pb, po):
-                return
-            if bb is not None and fn is None:  # cuBLASLt found no algorithm: CuPy's path
-                ck.linear(storage(x), storage(weight), xa(bias), storage(out), tf32)
-                return
-            blas.gemm_ptrs(cp, p, px, pw, po, in_type, in_type, compute)
-            if fn is not None:
-                fn(grid, _BLOCK, (_uintp(pb), _uintp(po), count, cols), stream=stream.cp)
-
+        run = partial(_linear, config, self.current_stream, x, weight, bias, out, tf32)
         self.launch(run, (x, weight, bias), (out,), what="linear")
         return True
 
@@ -513,8 +551,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def softmax(self, x: Tensor, axis: int, out: Tensor, log: bool) -> None:
         op = "log_softmax" if log else "softmax"
         if axis in (-1, x.ndim - 1) and (fn := self._row_kernel(op, x, out)) is not None:
-            n = x.shape[-1]
-            self._launch_ptrs(fn, op, (x,), (), out, (x.size // n,), row_block(n), (np.int64(n),))
+            grid, block, tail = self._row_config(x.size, x.shape[-1], None)
+            self._launch_ptrs(fn, op, (x,), (), out, grid, block, tail)
             return
         self.launch(
             lambda: ck.softmax(storage(x), axis, storage(out), log), (x,), (out,), what="softmax"
@@ -541,11 +579,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         """A norm over the last axis: the one-launch row kernel where it is loaded and serves,
         else ``composed`` (CuPy's path)."""
         if (fn := self._row_kernel(op, x, out, *params)) is not None:
-            n = x.shape[-1]
-            acc = np.float64(eps) if x.dtype is DType.F64 else np.float32(eps)
-            self._launch_ptrs(
-                fn, op, (x,), params, out, (x.size // n,), row_block(n), (np.int64(n), acc)
-            )
+            grid, block, tail = self._row_config(x.size, x.shape[-1], (eps, x.dtype is DType.F64))
+            self._launch_ptrs(fn, op, (x,), params, out, grid, block, tail)
             return
         self.launch(composed, (x, *params), (out,), what=op)
 
