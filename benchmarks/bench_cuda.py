@@ -54,7 +54,7 @@ from accelkit.workloads import BlockConfig, block_weights, transformer_block, up
 from bench_core import _torch_block, block_timeline, describe_timeline  # isort: skip
 from bench_cuda_attention import device_ms, torch_device_ms  # isort: skip
 from bench_host import (  # isort: skip
-    CASES, TINY_BLOCK, ThreadCPU, host_times, profile_lines, python_work,
+    CASES, TINY_BLOCK, ThreadCPU, collector_cost, host_times, profile_lines, python_work,
 )  # fmt: skip
 
 STEPS = 5
@@ -589,10 +589,13 @@ async def measure(backend: ak.ComputeBackend) -> None:
             for _ in range(SMALL_CALLS):
                 ak_call(ops, sa, sb)
         await backend.synchronize()
+        collector = await collector_cost(sides, SMALL_CALLS, 3)  # (the times: with it off)
         line = (
             f"host time per op, {label} 64x64 f32: accelkit {times['accelkit']:.1f} us,"
             f" torch {times['torch']:.1f} us: {ratio:.2f}x torch's time (target <= 1.0);"
-            f" accelkit's submission thread {probe.ns / SMALL_CALLS / 1e3:.1f} us CPU a call"
+            f" accelkit's submission thread {probe.ns / SMALL_CALLS / 1e3:.1f} us CPU a call;"
+            f" the garbage collector (off in those times) {collector['accelkit'][0]:.2f} us a"
+            f" call, torch's {collector['torch'][0]:.2f}"
         )
         print(f"      {line}", flush=True)
         summary.append(line)

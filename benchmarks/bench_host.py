@@ -144,6 +144,55 @@ async def host_times(
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def _collector_timer(
+    clock: Callable[[], int],
+) -> tuple[Callable[[str, dict[str, Any]], None], list[int]]:
+    """A ``gc.callbacks`` entry, and the list it adds each collection's time (``clock``'s
+    units) and count to: ``[time, collections, when the running one started]``."""
+    spent = [0, 0, 0]
+
+    def timer(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            spent[2] = clock()
+        else:
+            spent[0] += clock() - spent[2]
+            spent[1] += 1
+
+    return timer, spent
+
+
+async def collector_cost(
+    sides: dict[str, tuple[Callable[[], object], Callable[[], Awaitable[None] | None]]],
+    calls: int,
+    rounds: int,
+) -> dict[str, tuple[float, float]]:
+    """Per side of :func:`host_times`: the garbage collector's time a call (microseconds, by
+    :data:`CLOCK`) and its collections a 1000 calls, over ``rounds`` blocks of ``calls`` calls
+    (each followed by its ``sync``) with the collector on, as in an application (the timed
+    blocks of :func:`host_times` run with it off, as ``timeit`` does). What a side allocates and
+    keeps alive while its work is queued brings collections on; each is timed through
+    ``gc.callbacks`` on the thread that triggered it (the caller's or the submission thread's:
+    with ``--cpu-time``, that thread's CPU time). A full collection costs milliseconds in a
+    process of many objects, and stalls the thread it runs on."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, (call, sync) in sides.items():
+        timer, spent = _collector_timer(CLOCK[0])
+        gc.collect()
+        gc.callbacks.append(timer)
+        try:
+            for _ in range(rounds):
+                for _ in range(calls):
+                    call()
+                done = sync()
+                if done is not None:
+                    await done
+        finally:
+            gc.callbacks.remove(timer)
+        n = calls * rounds
+        out[name] = (spent[0] / n / 1e3, spent[1] / n * 1e3)
+    return out
+
+
 def profile_lines(fn: Callable[[], object], calls: int, top: int = 12) -> list[str]:
     """Where ``calls`` calls of ``fn`` spend their time: cProfile's ``top`` functions by own
     time, as ``us/call  calls/call  function`` lines (microseconds per call of ``fn``; under
@@ -430,6 +479,7 @@ async def run(
             sides["numpy"] = (lambda c=np_call: c(a_h, b_h), no_sync)
             times = await host_times(sides, calls, rounds)
             row = {"op": f"{label} 64x64 f32", **times}
+            row["gc"] = await collector_cost(sides, calls, max(3, rounds // 3))
             if getattr(backend, "thread", None) is not None:
                 samples = []
                 for _ in range(max(3, rounds // 3)):
@@ -476,6 +526,15 @@ def show(r: dict[str, Any]) -> None:
         print(
             "  "
             + ", ".join(f"{row['op'].split(' 64x64')[0]} {row['thread']:.1f}" for row in threaded)
+        )
+    print(
+        "  the garbage collector, on (the timed blocks above run with it off), us a call"
+        " (collections a 1000 calls):"
+    )
+    for row in r["rows"]:
+        print(
+            f"  {row['op'].split(' 64x64')[0]}: "
+            + ", ".join(f"{side} {us:.2f} ({n:.1f})" for side, (us, n) in row["gc"].items())
         )
     for label, lines in r["profiles"].items():
         print(f"\n  where accelkit's {label} goes (caller thread):")
