@@ -32,7 +32,7 @@ import cupy
 import numpy as np
 
 from accelkit.device import Device
-from accelkit.errors import AccelError, OutOfMemoryError
+from accelkit.errors import DeviceError
 from accelkit.memory import MemoryPoolConfig
 from accelkit.sdk import (
     CachingPool,
@@ -47,7 +47,7 @@ from accelkit.sdk.host import copy_into
 from accelkit.tensor import Tensor
 from accelkit_cuda.capturing import defer
 from accelkit_cuda.errors import OUT_OF_MEMORY, error_code, translate
-from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream
+from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream, reported_failure
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -76,9 +76,13 @@ class Block:
     reads or writes the block's pointer without holding its tensor (binary's raw launch, a
     device-to-device copy, an upload): the block may be back in the pool's cache before that
     closure ran, and a ``cudaFree`` of it on the submission thread waits until it has
-    (:meth:`DeviceMemory.free`)."""
+    (:meth:`DeviceMemory.free`).
 
-    __slots__ = ("error", "freed", "pending", "ptr", "size", "use")
+    ``reported`` is set once an await has raised the OutOfMemoryError of its failed
+    ``cudaMalloc``: later uses raise StaleHandleError, not that failure again
+    (:meth:`CUDAStream.raise_errors`)."""
+
+    __slots__ = ("error", "freed", "pending", "ptr", "reported", "size", "use")
 
     def __init__(self, ptr: int, size: int) -> None:
         self.ptr = ptr
@@ -87,6 +91,7 @@ class Block:
         self.freed = False
         self.error: BaseException | None = None
         self.use = 0
+        self.reported = False
 
     def __repr__(self) -> str:
         return f"Block({self.ptr:#x}, {self.size})"
@@ -101,12 +106,25 @@ def block_is_live(block: Block) -> bool:
 def _ptr(block: Block) -> int:
     """A block's pointer on the submission thread; a failed ``cudaMalloc`` raises here."""
     if not block.ptr:
-        if isinstance(block.error, AccelError):
-            raise block.error
-        raise OutOfMemoryError(
-            f"a {block.size}-byte block could not be allocated: {block.error or 'freed'}"
-        )
+        from accelkit_cuda.submit import block_error
+
+        raise block_error(block)
     return block.ptr
+
+
+def _copied(cell: list[np.ndarray[Any, Any]], buffer: DeviceBuffer) -> np.ndarray[Any, Any]:
+    """The pinned array a read's copy filled. A copy that did not run failed, and its error was
+    raised by another await that covered it (a use of a block whose failed ``cudaMalloc`` an
+    await raised, once): this read raises too, never reads an empty cell."""
+    if cell:
+        return cell[0]
+    block = buffer.handle
+    if not block.ptr and block.reported:
+        raise reported_failure(block)
+    raise DeviceError(
+        "reading device memory: the copy to the host did not run (its error was raised by"
+        " another await)"
+    )
 
 
 def _malloc(size: int) -> int:
@@ -385,7 +403,7 @@ class CUDAMemoryKernels(MemoryKernels):
         inputs = [src] if src is not None else []
         seq, cell = self._to_staging(stream, buffer, out.nbytes, inputs, "copy_dtoh")
         await stream.wait_for(seq)
-        await copy_into(out, cell[0])
+        await copy_into(out, _copied(cell, buffer))
 
     def copy(
         self,
@@ -428,7 +446,7 @@ class CUDAMemoryKernels(MemoryKernels):
         await stream.wait_for(seq)
         stream.raise_errors(last_writer(tensor)[1])
         # Out of the pinned staging block, off the event loop when large (sdk.host).
-        await copy_into(out.reshape(-1).view(np.uint8), cell[0])
+        await copy_into(out.reshape(-1).view(np.uint8), _copied(cell, buffer_of(tensor)))
         return out
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
@@ -438,5 +456,5 @@ class CUDAMemoryKernels(MemoryKernels):
         seq, cell, stream = queued
         stream.wait_for_blocking(seq)
         stream.raise_errors(last_writer(tensor)[1])
-        out.reshape(-1).view(np.uint8)[...] = cell[0]
+        out.reshape(-1).view(np.uint8)[...] = _copied(cell, buffer_of(tensor))
         return out

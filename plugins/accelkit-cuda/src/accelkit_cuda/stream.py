@@ -29,6 +29,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -37,14 +38,23 @@ from typing import Any
 import cupy
 
 from accelkit.device import Device
-from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, OutOfMemoryError
+from accelkit.errors import (
+    AccelError,
+    DeviceError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    StaleHandleError,
+)
 from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters
 from accelkit_cuda.errors import translate
 from accelkit_cuda.submission import Bell, SubmissionThread
 
 _log = logging.getLogger("accelkit.cuda")
 
-__all__ = ["CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error"]
+__all__ = [
+    "CUDA_ERRORS", "CUDAEvent", "CUDAStream", "Position", "as_accel_error", "block_failure",
+    "reported_failure",
+]  # fmt: skip
 
 #: What CuPy raises for a failed CUDA call: runtime API errors, and driver API errors (kernel
 #: launches and module loads go through the driver). Both carry the CUDA error code.
@@ -144,8 +154,33 @@ def _usable() -> None:
     """A stream's ``check_usable`` until its backend sets its own (which raises once poisoned)."""
 
 
+#: The block whose failed ``cudaMalloc`` an error reports (:func:`block_failure`): every use
+#: of such a block (an op, a copy, a read) fails with an error of its own, and the failure is
+#: raised once (:meth:`CUDAStream.raise_errors`). Weak keys: an entry goes with its error.
+_FAILED_BLOCKS: weakref.WeakKeyDictionary[BaseException, Any] = weakref.WeakKeyDictionary()
+
+
+def block_failure(error: AccelError, block: Any) -> AccelError:
+    """``error`` as the report of a use of ``block``, whose ``cudaMalloc`` failed (submission
+    thread): raised once for the block, by the first await that covers a use of it."""
+    _FAILED_BLOCKS[error] = block
+    return error
+
+
+def reported_failure(block: Any) -> StaleHandleError:
+    """The error of a use of ``block`` after an await raised its failed ``cudaMalloc``: the
+    tensor has no memory, and the OutOfMemoryError is not raised a second time."""
+    return StaleHandleError(
+        f"a tensor's {block.size}-byte block has no device memory: its cudaMalloc found the"
+        " device full, and an earlier await raised that OutOfMemoryError; a tensor whose"
+        " allocation failed cannot be used (make it again)"
+    )
+
+
 class _Failure:
-    """The check of a position whose work failed: returns its error until it is raised."""
+    """The check of a position whose work failed: returns its error until it is raised. A use
+    of a block whose ``cudaMalloc`` failed returns :func:`reported_failure` instead once an
+    await has raised that failure (from another position)."""
 
     __slots__ = ("error",)
 
@@ -153,7 +188,11 @@ class _Failure:
         self.error = error
 
     def __call__(self) -> BaseException | None:
-        return self.error
+        error = self.error
+        block = _FAILED_BLOCKS.get(error) if _FAILED_BLOCKS else None
+        if block is not None and block.reported:
+            self.error = error = reported_failure(block)
+        return error
 
 
 class Position:
@@ -450,6 +489,27 @@ class CUDAStream(DeviceErrors, PositionStream):
         return Position(self, self.submitted)
 
     # -- waiting ----------------------------------------------------------------------------------
+    def raise_errors(self, seq: int) -> None:
+        """DeviceErrors' (each error raised once), with a block's failed ``cudaMalloc`` raised
+        once as well: the await that raises it covers every use of that block at or before
+        ``seq`` on this stream (their checks are dropped), and a use awaited later raises
+        :func:`reported_failure` (StaleHandleError), not the OutOfMemoryError again."""
+        try:
+            super().raise_errors(seq)
+        except AccelError as error:
+            block = _FAILED_BLOCKS.get(error) if _FAILED_BLOCKS else None
+            if block is not None:
+                block.reported = True
+                with self._lock:
+                    self.checks = [
+                        (s, c)
+                        for s, c in self.checks
+                        if s > seq
+                        or type(c) is not _Failure
+                        or _FAILED_BLOCKS.get(c.error) is not block
+                    ]
+            raise
+
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) once position ``seq`` has completed."""
         return self._waiters.add(seq, callback, lambda: self._completed_upto)

@@ -19,7 +19,7 @@ from accelkit.errors import AccelError, InvalidArgumentError, OutOfMemoryError
 from accelkit.sdk import DeviceBuffer, KernelBase, PositionStream
 from accelkit.sdk import storage as native
 from accelkit.tensor import Tensor
-from accelkit_cuda.stream import CUDAStream
+from accelkit_cuda.stream import CUDAStream, block_failure
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -104,12 +104,14 @@ def device_array(buffer: DeviceBuffer, device_id: int, shape: tuple[int, ...], d
 
 def block_error(block: Any) -> AccelError:
     """Why a non-empty tensor's pooled block has no memory (``block.ptr`` is 0): the error of
-    its ``cudaMalloc`` (a sticky fault as it was raised), else out of memory."""
+    its ``cudaMalloc`` (a sticky fault as it was raised), else out of memory, which the streams
+    raise once for the block (:func:`~accelkit_cuda.stream.block_failure`)."""
     if isinstance(block.error, AccelError):  # a sticky fault at its cudaMalloc
         return block.error
-    return OutOfMemoryError(
+    error = OutOfMemoryError(
         f"a {block.size}-byte block could not be allocated: {block.error or 'freed'}"
     )
+    return error if block.error is None else block_failure(error, block)
 
 
 class CUDAComponent(KernelBase[CUDAStream]):
