@@ -381,6 +381,44 @@ async def test_garbage_collected_cycles_are_released(backend: ComputeBackend) ->
     assert _info(backend).used == 0
 
 
+def test_the_pool_replaces_a_cached_handle_whose_allocation_failed() -> None:
+    """A backend whose allocations complete later (CUDA's queued ``cudaMalloc``) finds one
+    failed after its handle was cached: with ``is_failed`` the pool frees it and hands out a
+    fresh handle in its place, with no error, from the cache and from a buffer that died since
+    the last allocation alike, and the accounting holds one block."""
+    from accelkit._core.pool import CachingPool
+    from accelkit.device import Device
+
+    freed: list[list[int]] = []
+    pool = CachingPool(
+        Device("cpu", 0),
+        lambda size: [size],  # a handle: a mutable box, [0] once its allocation failed
+        freed.append,
+        1 << 20,
+        is_live=lambda h: h[0] != 0,
+        is_failed=lambda h: h[0] == 0,
+    )
+    buf = pool.allocate(100)
+    failed = buf.handle
+    pool.free(buf)
+    failed[0] = 0  # its allocation failed after it was cached
+    fresh = pool.allocate(100)
+    assert fresh.handle is not failed
+    assert fresh.handle[0] == 128
+    assert freed == [failed]
+    dying = fresh.handle
+    del fresh  # into the released queue, taken straight back by the next allocation
+    dying[0] = 0
+    again = pool.allocate(100)
+    assert again.handle is not dying
+    assert again.handle[0] == 128
+    assert freed == [failed, dying]
+    info = pool.info()
+    assert info.used == 100  # (the request; the block is 128)
+    assert info.active_allocations == 1
+    assert info.reserved == 128
+
+
 def test_the_pool_never_hands_out_a_handle_it_is_told_is_dead() -> None:
     """The pool's guard (issue 27): a cached handle found dead is dropped with an internal
     error, from the cache and from a buffer that died since the last allocation alike."""

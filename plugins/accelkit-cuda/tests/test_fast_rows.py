@@ -396,9 +396,10 @@ async def test_a_raw_launch_into_a_block_without_memory_raises_its_error(
             await backend.synchronize()  # (reported once: reading _y raises StaleHandleError)
         assert not _launches(launch)
         full[0] = 0  # the device has room again
-        # (the failed block stays in the pool until trimmed, and serves smaller requests: a
-        # larger size allocates afresh)
-        z_h, z = await _ramp(backend, 128)
+        del _y  # its failed block goes to the pool's cache
+        # The same size: the pool finds the failed block cached and allocates a fresh one in
+        # its place (the upload's and the op's blocks both: a new tensor never inherits it).
+        z_h, z = await _ramp(backend, 64)
         got = await call(ops, z).to_host()
     finally:
         await backend.shutdown()

@@ -13,7 +13,11 @@ Ownership: a handle's memory is freed by ``raw_free`` only, which the pool calls
 that dies in a reference cycle is resurrected into the deque by ``DeviceBuffer.__del__`` in the
 same collection that would run the handle's finalizer, and the pool would hand out freed
 memory. A backend that can tell a dead handle passes ``is_live``; the pool then refuses to hand
-one out (an internal error, never an address 0).
+one out (an internal error, never an address 0). A backend whose allocations complete later
+(CUDA's ``cudaMalloc`` runs on its submission thread) may find one failed after its handle was
+cached: with ``is_failed`` it says so of a handle ``is_live`` refused, and the pool frees that
+handle and hands out a fresh one instead (the tensor that got the failed block is told by its
+own work; a new tensor must not inherit the failure).
 """
 
 from __future__ import annotations
@@ -67,11 +71,13 @@ class CachingPool:
         total_bytes: int,
         config: MemoryPoolConfig | None = None,
         is_live: Callable[[Any], bool] | None = None,
+        is_failed: Callable[[Any], bool] | None = None,
     ) -> None:
         self.device = device
         self._raw_alloc = raw_alloc
         self._raw_free = raw_free
         self._is_live = is_live
+        self._is_failed = is_failed
         self._device_total = total_bytes
         self._config = config or MemoryPoolConfig()
         self._update_total()
@@ -169,20 +175,25 @@ class CachingPool:
                     handle = free_list.pop()
                     self._cached -= block
                     if self._is_live is not None and not self._is_live(handle):
-                        self._dead_locked(handle, block)
+                        handle = self._dead_locked(handle, block, nbytes)
                 else:
                     handle = self._fresh_locked(nbytes, block)
             elif self._is_live is not None and not self._is_live(handle):
-                self._dead_locked(handle, block)
+                handle = self._dead_locked(handle, block, nbytes)
             self._used = used
             self._active += 1
             if used > self._peak:
                 self._peak = used
             return DeviceBuffer(self, handle, nbytes, block, self.device, self.generation)
 
-    def _dead_locked(self, handle: Any, block: int) -> None:
-        """A cached handle whose memory is gone: dropped (never handed out), and an error."""
+    def _dead_locked(self, handle: Any, block: int, nbytes: int) -> Any:
+        """A cached handle that is not live, dropped (never handed out): one whose allocation
+        failed (``is_failed``) is freed and a fresh handle returned in its place; one whose
+        memory is gone is an internal error."""
         self._reserved -= block
+        if self._is_failed is not None and self._is_failed(handle):
+            self._raw_free(handle)
+            return self._fresh_locked(nbytes, block)
         raise DeviceError(
             f"internal error in the memory pool of {self.device}: a cached block ({handle!r})"
             " was already freed; it was dropped instead of being handed out (a bug: please report it)"

@@ -52,7 +52,15 @@ from accelkit_cuda.stream import CUDA_ERRORS, CUDAStream, reported_failure
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
 
-__all__ = ["Block", "CUDAMemoryKernels", "DeviceMemory", "block_is_live", "memptr", "pinned_empty"]
+__all__ = [
+    "Block",
+    "CUDAMemoryKernels",
+    "DeviceMemory",
+    "block_failed",
+    "block_is_live",
+    "memptr",
+    "pinned_empty",
+]
 
 _log = logging.getLogger("accelkit.cuda")
 
@@ -99,8 +107,16 @@ class Block:
 
 def block_is_live(block: Block) -> bool:
     """The pool's check before it hands a cached block out again: not freed, and allocated (or
-    its ``cudaMalloc`` still queued, or failed: then every use raises its error)."""
-    return not block.freed and (block.ptr != 0 or block.pending or block.error is not None)
+    its ``cudaMalloc`` still queued: it runs before any work that uses the block). A block whose
+    ``cudaMalloc`` failed is not: the pool replaces it (:func:`block_failed`)."""
+    return not block.freed and (block.ptr != 0 or block.pending)
+
+
+def block_failed(block: Block) -> bool:
+    """Whether ``block``'s ``cudaMalloc`` ran and failed (the pool's ``is_failed``: a cached
+    block that failed after its tensor died is freed and a fresh one queued in its place, so a
+    new tensor never inherits the failure)."""
+    return not block.freed and not block.ptr and not block.pending and block.error is not None
 
 
 def _ptr(block: Block) -> int:
@@ -314,7 +330,13 @@ class CUDAMemoryKernels(MemoryKernels):
     ) -> None:
         self.blocks = DeviceMemory(backend)
         pool = CachingPool(
-            device, self.blocks.alloc, self.blocks.free, total_bytes, config, block_is_live
+            device,
+            self.blocks.alloc,
+            self.blocks.free,
+            total_bytes,
+            config,
+            is_live=block_is_live,
+            is_failed=block_failed,
         )
         super().__init__(backend, pool)
 
