@@ -53,8 +53,21 @@ class DeviceErrors:
                     error = entry[1]()
                     continue
                 keep.append(entry)
+            if error is not None:
+                keep = self.covered_checks_locked(error, seq, keep)
             self.checks = keep
         return error
+
+    def covered_checks_locked(
+        self, error: BaseException, seq: int, checks: list[tuple[int, Check]]
+    ) -> list[tuple[int, Check]]:
+        """Hook, ``_lock`` held, as ``error`` is taken to be raised by an await of ``seq``:
+        which of the other ``checks`` to keep. A stream whose checks can report one failure
+        several times (CUDA: every use of a block whose ``cudaMalloc`` failed) drops those the
+        raised error covers here, in the same hold of the lock as the take, so that no other
+        await (another thread's, a completer's prune) sees the failure between the two. The
+        default keeps them all: each error is its own."""
+        return checks
 
     def discard_errors(self) -> None:
         """Forget unreported errors (at shutdown)."""

@@ -4,9 +4,10 @@ A :class:`CUDAStream` wraps one non-blocking ``cupy.cuda.Stream``. Every submiss
 position (``seq``) on it; a tensor records the stream and position of its last writer.
 
 **Submitting** (:meth:`CUDAStream.submit`) costs the caller no CUDA call: it takes the next
-position and queues a closure for the device's submission thread
-(:mod:`accelkit_cuda.submission`), which launches the work on the stream (after the writers on
-other streams it depends on), then records a blocking-sync event after it. A closure that raises
+position and queues its work (a ``functools.partial`` of :func:`_work`) for the device's
+submission thread (:mod:`accelkit_cuda.submission`), which launches it on the stream (after the
+writers on other streams it depends on), then records a blocking-sync event after it. Work that
+raises
 (a CUDA error, CuPy out of memory, a cuBLAS error) does not stop the thread: its error, as an
 accelkit error, is raised by the next await that covers its position (as on the CPU backend,
 :class:`~accelkit._core.device_errors.DeviceErrors`); a sticky one also poisons the backend.
@@ -171,9 +172,9 @@ def reported_failure(block: Any) -> StaleHandleError:
     """The error of a use of ``block`` after an await raised its failed ``cudaMalloc``: the
     tensor has no memory, and the OutOfMemoryError is not raised a second time."""
     return StaleHandleError(
-        f"a tensor's {block.size}-byte block has no device memory: its cudaMalloc found the"
-        " device full, and an earlier await raised that OutOfMemoryError; a tensor whose"
-        " allocation failed cannot be used (make it again)"
+        f"this work used a tensor whose {block.size}-byte block has no device memory: its"
+        " cudaMalloc found the device full, and an earlier await raised that OutOfMemoryError;"
+        " a tensor whose allocation failed cannot be used (make it again)"
     )
 
 
@@ -489,26 +490,24 @@ class CUDAStream(DeviceErrors, PositionStream):
         return Position(self, self.submitted)
 
     # -- waiting ----------------------------------------------------------------------------------
-    def raise_errors(self, seq: int) -> None:
-        """DeviceErrors' (each error raised once), with a block's failed ``cudaMalloc`` raised
-        once as well: the await that raises it covers every use of that block at or before
-        ``seq`` on this stream (their checks are dropped), and a use awaited later raises
-        :func:`reported_failure` (StaleHandleError), not the OutOfMemoryError again."""
-        try:
-            super().raise_errors(seq)
-        except AccelError as error:
-            block = _FAILED_BLOCKS.get(error) if _FAILED_BLOCKS else None
-            if block is not None:
-                block.reported = True
-                with self._lock:
-                    self.checks = [
-                        (s, c)
-                        for s, c in self.checks
-                        if s > seq
-                        or type(c) is not _Failure
-                        or _FAILED_BLOCKS.get(c.error) is not block
-                    ]
-            raise
+    def covered_checks_locked(
+        self, error: BaseException, seq: int, checks: list[tuple[int, Any]]
+    ) -> list[tuple[int, Any]]:
+        """DeviceErrors' hook: a block's failed ``cudaMalloc`` is raised once. The await that
+        raises it covers every use of that block at or before ``seq`` on this stream (their
+        checks are dropped: an op that could not run for it wrote nothing, and its outputs'
+        contents are unspecified, as after any failed op); a use awaited later, or on another
+        stream, raises :func:`reported_failure` (StaleHandleError), not the OutOfMemoryError
+        again. The mark and the drop happen under the lock the error was taken under."""
+        block = _FAILED_BLOCKS.get(error) if _FAILED_BLOCKS else None
+        if block is None:
+            return checks
+        block.reported = True
+        return [
+            (s, c)
+            for s, c in checks
+            if s > seq or type(c) is not _Failure or _FAILED_BLOCKS.get(c.error) is not block
+        ]
 
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) once position ``seq`` has completed."""

@@ -1,0 +1,79 @@
+"""``sdk.DeviceErrors``: errors of failed work, raised once by the awaits that cover them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from accelkit.sdk import DeviceErrors
+
+
+class Stream(DeviceErrors):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.checks = []
+
+
+def _failing(error: BaseException) -> Callable[[], BaseException | None]:
+    return lambda: error
+
+
+def test_each_error_is_raised_once_and_later_ones_stay() -> None:
+    s = Stream()
+    first, second = ValueError("first"), ValueError("second")
+    s.add_check(2, _failing(first))
+    s.add_check(3, lambda: None)  # work that found nothing
+    s.add_check(5, _failing(second))
+    s.raise_errors(1)  # nothing at or before 1
+    with pytest.raises(ValueError, match="first"):
+        s.raise_errors(9)
+    with pytest.raises(ValueError, match="second"):
+        s.raise_errors(9)
+    s.raise_errors(9)  # each raised once (the clean check went on the way)
+    assert s.checks == []
+
+
+class Shared(Stream):
+    """Checks that report one failure several times (as CUDA's uses of a failed block): the
+    hook drops, with the raised one, those of the same failure at or before the awaited
+    position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failure_of: dict[int, str] = {}  # id(error) -> the failure it reports
+        self.held: list[bool] = []
+
+    def covered_checks_locked(
+        self,
+        error: BaseException,
+        seq: int,
+        checks: list[tuple[int, Callable[[], BaseException | None]]],
+    ) -> list[tuple[int, Callable[[], BaseException | None]]]:
+        self.held.append(self._lock.locked())
+        failure = self.failure_of.get(id(error))
+        return [
+            (s, c)
+            for s, c in checks
+            if s > seq or failure is None or self.failure_of.get(id(c())) != failure
+        ]
+
+
+def test_the_hook_drops_what_the_raised_error_covers_under_the_lock() -> None:
+    s = Shared()
+    uses = [MemoryError(f"use {i}") for i in range(3)]
+    other = ValueError("other")
+    for seq, error in zip((1, 2, 6), uses, strict=True):
+        s.failure_of[id(error)] = "block A"
+        s.add_check(seq, _failing(error))
+    s.add_check(3, _failing(other))
+    with pytest.raises(MemoryError, match="use 0"):
+        s.raise_errors(4)  # covers the uses at 1 and 2; the use at 6 and `other` stay
+    assert s.held == [True]  # the hook ran in the hold of the lock the error was taken under
+    with pytest.raises(ValueError, match="other"):
+        s.raise_errors(4)
+    s.raise_errors(4)  # nothing more at or before 4
+    with pytest.raises(MemoryError, match="use 2"):
+        s.raise_errors(6)  # after the awaited position: its own report
+    s.raise_errors(9)
