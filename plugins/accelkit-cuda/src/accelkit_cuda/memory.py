@@ -108,8 +108,10 @@ class Block:
 def block_is_live(block: Block) -> bool:
     """The pool's check before it hands a cached block out again: not freed, and allocated (or
     its ``cudaMalloc`` still queued: it runs before any work that uses the block). A block whose
-    ``cudaMalloc`` failed is not: the pool replaces it (:func:`block_failed`)."""
-    return not block.freed and (block.ptr != 0 or block.pending)
+    ``cudaMalloc`` failed is not: the pool replaces it (:func:`block_failed`). ``pending`` is
+    read before ``ptr``: the ``cudaMalloc`` sets ``ptr``, then clears ``pending``, so a block
+    whose allocation ends between the two reads is seen live either way."""
+    return not block.freed and (block.pending or block.ptr != 0)
 
 
 def block_failed(block: Block) -> bool:
@@ -206,6 +208,11 @@ class DeviceMemory:
 
         def malloc() -> None:
             try:
+                if block.freed:
+                    # Freed while this was queued (a cached block trimmed in place by a full
+                    # device's retry on this thread): its free found no memory to give back,
+                    # and memory allocated now would belong to nobody.
+                    return
                 if backend._poisoned is not None:
                     raise backend._poison_error()
                 try:
