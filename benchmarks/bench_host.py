@@ -172,8 +172,15 @@ async def collector_cost(
     blocks of :func:`host_times` run with it off, as ``timeit`` does). What a side allocates and
     keeps alive while its work is queued brings collections on; each is timed through
     ``gc.callbacks`` on the thread that triggered it (the caller's or the submission thread's:
-    with ``--cpu-time``, that thread's CPU time). A full collection costs milliseconds in a
-    process of many objects, and stalls the thread it runs on."""
+    with ``--cpu-time``, that thread's CPU time). The figure is mostly young-generation
+    collections: each side starts from a full collection (``gc.collect()``), which resets what
+    brings the next full one on, so a window of a few rounds seldom holds one. A full
+    collection costs milliseconds in a process of many objects and stalls the thread it runs
+    on; how often an application meets one grows with what its ops keep alive, which
+    ``plugins/accelkit-cuda/tests/test_gc_objects.py`` counts. It depends, too, on how far the
+    caller runs ahead of the submission thread (``calls`` queued a block)."""
+    if not gc.isenabled():
+        raise RuntimeError("collector_cost: the garbage collector is off; nothing to measure")
     out: dict[str, tuple[float, float]] = {}
     for name, (call, sync) in sides.items():
         timer, spent = _collector_timer(CLOCK[0])

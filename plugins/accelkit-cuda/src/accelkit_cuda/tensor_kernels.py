@@ -227,7 +227,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def _launch_raw(self, fn: Any, op: str, a: Tensor, b: Tensor, out: Tensor, n: int) -> None:
         """One raw kernel over the three blocks' pointers (read on the submission thread,
         where the blocks' cudaMalloc ran): the grid and the element count are computed here,
-        once per element count (:meth:`_raw_config`). The closure holds the blocks, not the
+        once per element count (:meth:`_raw_config`). The launch holds the blocks, not the
         tensors: an output the caller drops goes back to the pool at once (stream order keeps
         its next user after this launch; with more streams the stream holds the tensors until
         the work is done), so a loop whose launches lag reuses one block instead of
@@ -239,7 +239,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         self.launch(partial(_binary, fn, grid, count, stream, ba, bb, bo), (a, b), (out,), what=op)
         # A full device's cudaMalloc retry on the submission thread trims the pool's cache in
         # place, where a block whose tensor died after this was queued may sit: its free waits
-        # for this closure (Block.use, DeviceMemory.free).
+        # for this launch (Block.use, DeviceMemory.free).
         ba.use = bb.use = bo.use = stream.thread.queued
 
     def _raw_config(self, n: int) -> tuple[tuple[int], Any]:
