@@ -346,3 +346,135 @@ async def test_a_trim_on_the_submission_thread_does_not_leak_a_pending_cached_bl
         assert not (block.freed and block.ptr and id(block) not in live), block
     finally:
         await backend.shutdown()
+
+
+# -- A block the pool let go before its queued cudaMalloc ran -------------------------------------
+# Its cudaFree is queued after the work that uses it (Block.use, or after all work queued), so
+# its cudaMalloc must run; only a block whose free already ran (trimmed in place on the
+# submission thread) is skipped. (A review of b4c518d, which skipped every block marked freed:
+# each of these failed, with a live result, with no full device needed for the last two.)
+
+
+async def test_a_dropped_fresh_output_of_a_queued_add(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As test_a_dropped_output_of_a_queued_add_is_not_freed_under_it, but the add's output
+    is a fresh block (its cudaMalloc queued after the failing one), not a cached one."""
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        ops = backend.tensor_ops
+        _, x = await _ramp(backend, 64)
+        big_h, big = await _ramp(backend, 128)
+        gate = _lagging(backend)
+        fails = _full_device(monkeypatch, times=1)
+        y = ops.exp(big)  # its cudaMalloc, queued first, fails once, trims and retries
+        dropped = ops.add(x, x)  # a fresh block: its cudaMalloc queued after y's
+        del dropped
+        backend.pool.reclaim()
+        gate.set()
+        got = await y.to_host()
+        await backend.synchronize()  # the add must not fail
+    finally:
+        await backend.shutdown()
+    assert fails == [0]
+    np.testing.assert_allclose(got, np.exp(big_h.astype(np.float64)), rtol=2 * 2.0**-23)
+
+
+async def test_a_dropped_fresh_input_of_a_queued_add(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live result c = a + x, whose input a (fresh, malloc queued) the caller drops before
+    anything ran: a full device's trim frees a's cached block (its free waits for the add);
+    a's cudaMalloc must still run, and the add with it."""
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        ops, f = backend.tensor_ops, backend.tensor_factory
+        x_h, x = await _ramp(backend, 64)
+        _, big = await _ramp(backend, 128)
+        gate = _lagging(backend)
+        fails = _full_device(monkeypatch, times=1)
+        y = ops.exp(big)
+        a = f.empty((64, 64))  # a fresh block, nothing launched
+        c = ops.add(a, x)
+        del a
+        backend.pool.reclaim()
+        gate.set()
+        await y.to_host()
+        got = await c.to_host()
+    finally:
+        await backend.shutdown()
+    assert fails == [0]
+    assert got.shape == x_h.shape
+
+
+async def test_an_uploaded_input_of_a_queued_add(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """c = from_host(h) + x, the upload a temporary: c is live, its result must be h + x."""
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        ops, f = backend.tensor_ops, backend.tensor_factory
+        x_h, x = await _ramp(backend, 64)
+        _, big = await _ramp(backend, 128)
+        gate = _lagging(backend)
+        fails = _full_device(monkeypatch, times=1)
+        y = ops.exp(big)
+        c = ops.add(f.from_host(x_h), x)
+        backend.pool.reclaim()
+        gate.set()
+        await y.to_host()
+        got = await c.to_host()
+    finally:
+        await backend.shutdown()
+    assert fails == [0]
+    np.testing.assert_allclose(got, 2 * x_h)
+
+
+async def test_a_trim_on_the_loop_thread_before_a_queued_upload_ran(
+    plugin: Plugin,  # noqa: F811
+) -> None:
+    """No full device: c = from_host(h) + x with the upload a temporary, then the public
+    memory_manager.trim() on the loop thread while the submission thread lags. The temporary's
+    block is freed (``freed`` at once, its cudaFree queued after the add): its queued
+    cudaMalloc must still run, for the upload and the add."""
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        ops, f = backend.tensor_ops, backend.tensor_factory
+        x_h, x = await _ramp(backend, 64)
+        gate = _lagging(backend)
+        c = ops.add(f.from_host(x_h), x)
+        backend.memory_manager.trim()
+        gate.set()
+        got = await c.to_host()
+    finally:
+        await backend.shutdown()
+    np.testing.assert_allclose(got, 2 * x_h)
+
+
+async def test_caching_off_a_dropped_upload_before_it_ran(plugin: Plugin) -> None:  # noqa: F811
+    """The pool's cache off (MemoryPoolConfig(enabled=False)): a temporary's block is freed at
+    the next allocation's drain, before its queued cudaMalloc ran."""
+    from accelkit.device import Device
+    from accelkit.memory import MemoryPoolConfig
+
+    backend = plugin.backend.CUDABackend(MemoryPoolConfig(enabled=False))
+    await backend.initialize(Device("cuda", 0))
+    try:
+        await _ready(backend)
+        ops, f = backend.tensor_ops, backend.tensor_factory
+        x_h, x = await _ramp(backend, 64)
+        gate = _lagging(backend)
+        c = ops.add(f.from_host(x_h), x)
+        d = ops.add(c, x)  # its allocation drains the temporary: freed
+        gate.set()
+        got = await d.to_host()
+    finally:
+        await backend.shutdown()
+    np.testing.assert_allclose(got, 3 * x_h)

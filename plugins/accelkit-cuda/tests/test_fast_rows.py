@@ -97,7 +97,7 @@ async def test_a_norm_in_f32_then_f64_of_one_shape_gets_each_dtypes_eps(plugin: 
     are kept per signature (``_row_config``), and the f64 launch gets a float64 eps, not the
     f32 call's (a key without the dtype's flag would hand it that tail). A row of 700 values
     about 1e-3 apart from its mean: eps (1e-5) weighs in the result, which an f32 eps of
-    1e-5 (off by about 2.5e-13 relative) would move beyond float64's rounding of the 700-sum
+    1e-5 (off by about 2.5e-9 relative) would move beyond float64's rounding of the 700-sum
     (700 * 2**-53 ≈ 8e-14 relative; 1e-13 allowed)."""
     backend = await _open(plugin)
     rng = np.random.default_rng(3)

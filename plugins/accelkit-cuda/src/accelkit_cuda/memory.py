@@ -88,7 +88,7 @@ class Block:
 
     ``reported`` is set once an await has raised the OutOfMemoryError of its failed
     ``cudaMalloc``: later uses raise StaleHandleError, not that failure again
-    (:meth:`CUDAStream.raise_errors`)."""
+    (:meth:`CUDAStream.covered_checks_locked`)."""
 
     __slots__ = ("error", "freed", "pending", "ptr", "reported", "size", "use")
 
@@ -208,7 +208,9 @@ class DeviceMemory:
 
         def malloc() -> None:
             try:
-                if block.freed:
+                with self._lock:
+                    gone = id(block) not in self._live
+                if gone:
                     # Freed while this was queued (a cached block trimmed in place by a full
                     # device's retry on this thread): its free found no memory to give back,
                     # and memory allocated now would belong to nobody.

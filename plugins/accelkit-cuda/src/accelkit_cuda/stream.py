@@ -157,7 +157,7 @@ def _usable() -> None:
 
 #: The block whose failed ``cudaMalloc`` an error reports (:func:`block_failure`): every use
 #: of such a block (an op, a copy, a read) fails with an error of its own, and the failure is
-#: raised once (:meth:`CUDAStream.raise_errors`). Weak keys: an entry goes with its error.
+#: raised once (:meth:`CUDAStream.covered_checks_locked`). Weak keys: an entry goes with its error.
 _FAILED_BLOCKS: weakref.WeakKeyDictionary[BaseException, Any] = weakref.WeakKeyDictionary()
 
 
