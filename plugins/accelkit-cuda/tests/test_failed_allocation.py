@@ -8,7 +8,8 @@ later raises StaleHandleError; the failed block is never handed to another tenso
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -22,6 +23,20 @@ from accelkit.errors import DeviceError, OutOfMemoryError, StaleHandleError
 pytestmark = pytest.mark.anyio
 
 
+@contextlib.asynccontextmanager
+async def _ramped(plugin: Plugin) -> AsyncIterator[tuple[Any, Any, Any, Any, Any]]:  # noqa: F811
+    """An initialized CUDA backend over the stand-in, its raw kernels loaded: ``(backend, its
+    tensor ops, its factory, a [64, 64] f32 ramp on the host, the same on the device)``; shut
+    down on exit."""
+    backend = await _open(plugin)
+    try:
+        await _ready(backend)
+        x_h, x = await _ramp(backend, 64)
+        yield backend, backend.tensor_ops, backend.tensor_factory, x_h, x
+    finally:
+        await backend.shutdown()
+
+
 async def test_a_failed_allocation_is_reported_once(
     plugin: Plugin,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
@@ -31,11 +46,7 @@ async def test_a_failed_allocation_is_reported_once(
     ``numpy``) or an op that takes it raises StaleHandleError saying the failure was raised
     already, not the same OutOfMemoryError again (both reads raised it a second time), and
     no await raises anything more."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops = backend.tensor_ops
-        _, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
         full = _full_device(monkeypatch)
         y = ops.exp(x)
         with pytest.raises(OutOfMemoryError, match="16384-byte block"):
@@ -49,8 +60,6 @@ async def test_a_failed_allocation_is_reported_once(
             await ops.add(y, x).to_host()
         await backend.synchronize()  # nothing left to raise
         np.testing.assert_allclose(await ops.exp(x).to_host(), np.exp(x.numpy()), rtol=1e-6)
-    finally:
-        await backend.shutdown()
 
 
 async def test_a_read_that_raised_a_failed_allocation_leaves_nothing_to_raise(
@@ -62,11 +71,7 @@ async def test_a_read_that_raised_a_failed_allocation_leaves_nothing_to_raise(
     next ``synchronize`` raised the OutOfMemoryError again. A second read raises
     StaleHandleError. Two awaits at once (a read and a synchronize) raise it once between them,
     and the read raises in any case (it found no copy to read)."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops = backend.tensor_ops
-        _, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
         full = _full_device(monkeypatch)
         y = ops.exp(x)
         with pytest.raises(OutOfMemoryError, match="16384-byte block"):
@@ -99,8 +104,6 @@ async def test_a_read_that_raised_a_failed_allocation_leaves_nothing_to_raise(
         assert got["read"] is not None, got  # never read from an empty copy
         full[0] = 0
         await backend.synchronize()
-    finally:
-        await backend.shutdown()
 
 
 class _HookLock:
@@ -130,11 +133,7 @@ async def test_a_completer_round_between_marking_and_filtering_leaves_a_second_r
     e88ca09.)"""
     from accelkit_cuda import stream as stream_mod
 
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops = backend.tensor_ops
-        _, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
         _full_device(monkeypatch, times=2)
         y = ops.exp(x)
         _w = ops.add(y, x)  # a second use of y's failed block, before the await's position
@@ -156,8 +155,6 @@ async def test_a_completer_round_between_marking_and_filtering_leaves_a_second_r
         finally:
             s._lock = real
         await backend.synchronize()  # nothing left to raise (the commit's claim)
-    finally:
-        await backend.shutdown()
 
 
 async def test_two_threads_awaiting_raise_the_failure_once(
@@ -170,11 +167,7 @@ async def test_two_threads_awaiting_raise_the_failure_once(
     was released, B took the other use's OutOfMemoryError too: review of e88ca09.)"""
     from accelkit_cuda import stream as stream_mod
 
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops = backend.tensor_ops
-        _, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
         _full_device(monkeypatch, times=2)
         y = ops.exp(x)
         _w = ops.add(y, x)
@@ -197,8 +190,6 @@ async def test_two_threads_awaiting_raise_the_failure_once(
         with pytest.raises(OutOfMemoryError):
             await backend.synchronize()
         assert not [e for e in raised if isinstance(e, OutOfMemoryError)], raised
-    finally:
-        await backend.shutdown()
 
 
 async def test_a_read_whose_copy_check_another_await_took_raises(
@@ -208,11 +199,7 @@ async def test_a_read_whose_copy_check_another_await_took_raises(
     """A read queued before a synchronize whose await resumes first: the synchronize raises the
     OOM and drops the read's failed copy; the read must raise, not index an empty cell. (The
     concurrent test above has the read resume first, so ``_copied`` is not reached there.)"""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops = backend.tensor_ops
-        _, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
         _full_device(monkeypatch)
         s = backend.current_stream
         gate = _lagging(backend)
@@ -245,8 +232,6 @@ async def test_a_read_whose_copy_check_another_await_took_raises(
                 await backend.synchronize()
             held[0]()
         assert isinstance(got["read"], StaleHandleError), got
-    finally:
-        await backend.shutdown()
 
 
 async def test_a_use_on_another_stream_raises_stale_handle_after_the_report(
@@ -256,11 +241,7 @@ async def test_a_use_on_another_stream_raises_stale_handle_after_the_report(
     """The report covers the uses on the stream whose await raised it: a use of the failed
     block on another stream is that stream's error, raised by a later await as
     StaleHandleError (the OutOfMemoryError is not raised twice), and then nothing."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops = backend.tensor_ops
-        _, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
         other = backend.create_stream()
         _full_device(monkeypatch, times=2)
         y = ops.exp(x)
@@ -271,8 +252,6 @@ async def test_a_use_on_another_stream_raises_stale_handle_after_the_report(
         with pytest.raises(StaleHandleError, match="earlier await raised"):
             await backend.synchronize()
         await backend.synchronize()
-    finally:
-        await backend.shutdown()
 
 
 def test_block_is_live_with_the_malloc_finishing_between_its_reads(plugin: Plugin) -> None:  # noqa: F811
@@ -361,11 +340,7 @@ async def test_a_dropped_fresh_output_of_a_queued_add(
 ) -> None:
     """As test_a_dropped_output_of_a_queued_add_is_not_freed_under_it, but the add's output
     is a fresh block (its cudaMalloc queued after the failing one), not a cached one."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops = backend.tensor_ops
-        _, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
         big_h, big = await _ramp(backend, 128)
         gate = _lagging(backend)
         fails = _full_device(monkeypatch, times=1)
@@ -376,8 +351,6 @@ async def test_a_dropped_fresh_output_of_a_queued_add(
         gate.set()
         got = await y.to_host()
         await backend.synchronize()  # the add must not fail
-    finally:
-        await backend.shutdown()
     assert fails == [0]
     np.testing.assert_allclose(got, np.exp(big_h.astype(np.float64)), rtol=2 * 2.0**-23)
 
@@ -389,11 +362,7 @@ async def test_a_dropped_fresh_input_of_a_queued_add(
     """A live result c = a + x, whose input a (fresh, malloc queued) the caller drops before
     anything ran: a full device's trim frees a's cached block (its free waits for the add);
     a's cudaMalloc must still run, and the add with it."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops, f = backend.tensor_ops, backend.tensor_factory
-        x_h, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, f, x_h, x):
         _, big = await _ramp(backend, 128)
         gate = _lagging(backend)
         fails = _full_device(monkeypatch, times=1)
@@ -405,8 +374,6 @@ async def test_a_dropped_fresh_input_of_a_queued_add(
         gate.set()
         await y.to_host()
         got = await c.to_host()
-    finally:
-        await backend.shutdown()
     assert fails == [0]
     assert got.shape == x_h.shape
 
@@ -416,11 +383,7 @@ async def test_an_uploaded_input_of_a_queued_add(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """c = from_host(h) + x, the upload a temporary: c is live, its result must be h + x."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops, f = backend.tensor_ops, backend.tensor_factory
-        x_h, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, f, x_h, x):
         _, big = await _ramp(backend, 128)
         gate = _lagging(backend)
         fails = _full_device(monkeypatch, times=1)
@@ -430,8 +393,6 @@ async def test_an_uploaded_input_of_a_queued_add(
         gate.set()
         await y.to_host()
         got = await c.to_host()
-    finally:
-        await backend.shutdown()
     assert fails == [0]
     np.testing.assert_allclose(got, 2 * x_h)
 
@@ -443,18 +404,12 @@ async def test_a_trim_on_the_loop_thread_before_a_queued_upload_ran(
     memory_manager.trim() on the loop thread while the submission thread lags. The temporary's
     block is freed (``freed`` at once, its cudaFree queued after the add): its queued
     cudaMalloc must still run, for the upload and the add."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        ops, f = backend.tensor_ops, backend.tensor_factory
-        x_h, x = await _ramp(backend, 64)
+    async with _ramped(plugin) as (backend, ops, f, x_h, x):
         gate = _lagging(backend)
         c = ops.add(f.from_host(x_h), x)
         backend.memory_manager.trim()
         gate.set()
         got = await c.to_host()
-    finally:
-        await backend.shutdown()
     np.testing.assert_allclose(got, 2 * x_h)
 
 
