@@ -115,6 +115,14 @@ def _linear(
         fn(grid, _BLOCK, (_uintp(pb), _uintp(po), count, cols), stream=stream.cp)
 
 
+def _composed_norm(
+    composed: Callable[..., None], x: Tensor, params: tuple[Tensor | None, ...], eps: float,
+    out: Tensor,
+) -> None:  # fmt: skip
+    """:meth:`CUDATensorKernels._norm`'s CuPy path: ``composed`` over the CuPy arrays."""
+    composed(storage(x), *[xa(p) for p in params], eps, storage(out))
+
+
 class CUDATensorKernels(CUDAComponent, TensorKernels):
     def __init__(self, backend: CUDABackend) -> None:
         super().__init__(backend)
@@ -377,10 +385,6 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         to four dims: ``cupy.copyto`` of a transposed view cost the submission thread 60-100 us
         a call on an H100 host (2026-11-27, the block's four permutes), a raw launch a few;
         CuPy's path for more dims, until the kernels are loaded, and for 16-byte elements."""
-
-        def fallback() -> None:
-            cp.copyto(storage(out), cp.transpose(storage(x), axes))
-
         key = (x.shape, axes, x.dtype)
         config = self._permute_configs.get(key, _UNKNOWN)
         if config is _UNKNOWN:
@@ -391,6 +395,10 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             if fn is not None:
                 self._launch_ptrs(fn, "permute", (x,), (), out, grid, _BLOCK, tail)
                 return
+
+        def fallback() -> None:  # (made here: the raw launch above needs no closure)
+            cp.copyto(storage(out), cp.transpose(storage(x), axes))
+
         self.launch(fallback, (x,), (out,), what="permute")
 
     def _permute_config(
@@ -561,28 +569,24 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def layer_norm(
         self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, out: Tensor
     ) -> None:
-        self._norm(
-            "layer_norm", x, (weight, bias), eps, out,
-            lambda: ck.layer_norm(storage(x), xa(weight), xa(bias), eps, storage(out)),
-        )  # fmt: skip
+        self._norm("layer_norm", x, (weight, bias), eps, out, ck.layer_norm)
 
     def rms_norm(self, x: Tensor, weight: Tensor | None, eps: float, out: Tensor) -> None:
-        self._norm(
-            "rms_norm", x, (weight,), eps, out,
-            lambda: ck.rms_norm(storage(x), xa(weight), eps, storage(out)),
-        )  # fmt: skip
+        self._norm("rms_norm", x, (weight,), eps, out, ck.rms_norm)
 
     def _norm(
         self, op: str, x: Tensor, params: tuple[Tensor | None, ...], eps: float, out: Tensor,
-        composed: Callable[[], None],
+        composed: Callable[..., None],
     ) -> None:  # fmt: skip
         """A norm over the last axis: the one-launch row kernel where it is loaded and serves,
-        else ``composed`` (CuPy's path)."""
+        else ``composed(x, *params, eps, out)`` on the CuPy arrays (CuPy's path; queued as a
+        partial, made only there)."""
         if (fn := self._row_kernel(op, x, out, *params)) is not None:
             grid, block, tail = self._row_config(x.size, x.shape[-1], (eps, x.dtype is DType.F64))
             self._launch_ptrs(fn, op, (x,), params, out, grid, block, tail)
             return
-        self.launch(composed, (x, *params), (out,), what=op)
+        run = partial(_composed_norm, composed, x, params, eps, out)
+        self.launch(run, (x, *params), (out,), what=op)
 
     def cross_entropy(
         self, logits: Tensor, targets: Tensor, reduction: str, loss: Tensor, probs: Tensor
