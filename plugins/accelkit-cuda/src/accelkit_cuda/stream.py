@@ -7,9 +7,8 @@ position (``seq``) on it; a tensor records the stream and position of its last w
 position and queues its work (a ``functools.partial`` of :func:`_work`) for the device's
 submission thread (:mod:`accelkit_cuda.submission`), which launches it on the stream (after the
 writers on other streams it depends on), then records a blocking-sync event after it. Work that
-raises
-(a CUDA error, CuPy out of memory, a cuBLAS error) does not stop the thread: its error, as an
-accelkit error, is raised by the next await that covers its position (as on the CPU backend,
+raises (a CUDA error, CuPy out of memory, a cuBLAS error) does not stop the thread: its error, as
+an accelkit error, is raised by the next await that covers its position (as on the CPU backend,
 :class:`~accelkit._core.device_errors.DeviceErrors`); a sticky one also poisons the backend.
 
 **Completion** is followed by the stream's completer thread, which waits for those events in
