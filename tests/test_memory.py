@@ -452,3 +452,40 @@ def test_the_pool_never_hands_out_a_handle_it_is_told_is_dead() -> None:
     assert info.used == 0
     assert info.active_allocations == 0
     assert info.reserved == 0  # both dead blocks are out of the accounting
+
+
+def test_a_buffer_that_died_is_swapped_in_only_within_the_limit() -> None:
+    """The allocation's shortcut (the one buffer that died since the last allocation, of the
+    same size class, handed straight back) keeps the general path's accounting: the peak
+    follows the larger request, and a swap that would pass the limit raises OutOfMemoryError
+    with the dead buffer's block cached, not lost or counted twice."""
+    from accelkit._core.pool import CachingPool
+    from accelkit.device import Device
+    from accelkit.errors import OutOfMemoryError
+
+    freed: list[list[int]] = []
+    pool = CachingPool(Device("cpu", 0), lambda size: [size], freed.append, 1000)
+    assert size_class(600) == size_class(620)
+    other = pool.allocate(390)
+    x = pool.allocate(600)
+    block = x.handle
+    del x
+    y = pool.allocate(580)  # the same class: swapped in
+    assert y.handle is block
+    assert (pool.info().used, pool.info().active_allocations) == (970, 2)
+    del y
+    z = pool.allocate(600)
+    assert z.handle is block
+    assert pool.info().peak == 990
+    del z
+    with pytest.raises(OutOfMemoryError):
+        pool.allocate(620)  # 390 + 620 > 1000
+    info = pool.info()
+    assert (info.used, info.active_allocations) == (390, 1)
+    # The dead buffer's block is cached (still reserved, not freed), not lost:
+    assert info.reserved == size_class(390) + size_class(600)
+    assert freed == []
+    w = pool.allocate(600)
+    assert w.handle is block  # from the cache
+    assert pool.info().reserved == size_class(390) + size_class(600)
+    del other, w

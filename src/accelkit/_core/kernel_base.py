@@ -20,9 +20,9 @@ device events returns completed ones to the pool there).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from math import prod
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from accelkit._core.shapes import prod
 from accelkit.dtype import DType
 from accelkit.tensor import Tensor
 

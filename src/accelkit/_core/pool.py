@@ -134,8 +134,6 @@ class CachingPool:
                 raise NotInitializedError(
                     f"the memory pool of {self.device} is closed: its backend was shut down"
                 )
-            # A block of this class that died since the last allocation (the previous result
-            # of a loop) is taken straight back, without a round trip through the cache.
             released = self._released
             handle = None
             if released:
@@ -147,15 +145,24 @@ class CachingPool:
                     and buf._gen == self.generation
                     and self._caching
                 ):
-                    # _drain_locked(block) for the commonest case (one buffer, of this size
-                    # class), inlined: a frame less on every op of a loop.
-                    released.popleft()
-                    self._used -= buf.nbytes
-                    self._active -= 1
-                    buf._pool = None
+                    # The commonest case, whole: the one buffer that died since the last
+                    # allocation (a loop's previous result) is of this size class, and its block
+                    # is handed straight back (one buffer out, one in: the active count stays).
+                    # Anything else (over the limit, a block that is not live) takes the general
+                    # path below, which drains it like any other.
                     handle = buf.handle
-                else:
-                    handle = self._drain_locked(block)
+                    used = self._used - buf.nbytes + nbytes
+                    is_live = self._is_live
+                    if used <= self._total and (is_live is None or is_live(handle)):
+                        released.popleft()
+                        buf._pool = None
+                        self._used = used
+                        if used > self._peak:
+                            self._peak = used
+                        return DeviceBuffer(
+                            self, handle, nbytes, block, self.device, self.generation
+                        )
+                handle = self._drain_locked(block)
             used = self._used + nbytes
             if used > self._total:
                 if handle is not None:  # the block swapped in above goes to the cache

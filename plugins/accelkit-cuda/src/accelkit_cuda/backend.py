@@ -68,6 +68,8 @@ class CUDABackend(QueuedBackend[CUDAStream]):
     def __init__(self, pool_config: MemoryPoolConfig | None = None) -> None:
         super().__init__(pool_config)
         self._device_obj = Device("cuda", 0)
+        #: ``_device_obj.index`` as a plain attribute (every tensor's storage records it).
+        self.device_index = 0
         self._cp_device: Any = None
         self._arch = "sm_80"
         #: The first sticky fault (see :meth:`_failed`); never cleared.
@@ -198,6 +200,7 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         major, minor = props.compute_capability
         self._arch = f"sm_{major}{minor}"
         self._device_obj = device
+        self.device_index = device.index
         from accelkit_cuda.cudnn_attention import load_frontend
 
         self._cudnn = await anyio.to_thread.run_sync(load_frontend)  # loads a library

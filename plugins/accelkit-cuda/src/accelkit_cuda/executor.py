@@ -173,7 +173,7 @@ class CUDAKernelExecutor(CUDAComponent, KernelExecutor):
             return check_tensor(self.backend, value, f"args[{index}]")  # its array: at launch
         if isinstance(value, DeviceBuffer):
             buf = self.backend.memory_manager.owned_buffer(value, f"args[{index}]")
-            return _BufferArg(buf, buf.nbytes, self.backend._device_obj.index)
+            return _BufferArg(buf, buf.nbytes, self.backend.device_index)
         if isinstance(value, np.generic):
             if size is not None and value.nbytes != size:
                 raise InvalidArgumentError(

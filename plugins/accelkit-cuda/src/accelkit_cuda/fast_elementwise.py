@@ -422,8 +422,11 @@ class ElementwiseProgram(RawProgram):
     def function(self, op: str, dtype: DType) -> Any:
         """The loaded kernel of ``op`` on ``dtype``, or None (CuPy's path then): a binary op
         by its name, a unary op as ``u_<op>``, a row op as ``row_<op>``, the bias add as
-        ``bias_add``."""
-        return self._get((op, dtype))
+        ``bias_add``. (:meth:`_get`, inlined: every raw launch asks.)"""
+        fn = self._functions.get((op, dtype))
+        if fn is None and not self._started:
+            self.start()
+        return fn
 
     def permute_function(self, itemsize: int, wide: bool) -> Any:
         """The loaded permute kernel for elements of ``itemsize`` bytes (64-bit indices if

@@ -124,7 +124,7 @@ class CUDAComponent(KernelBase[CUDAStream]):
 
     # -- KernelBase's hooks -----------------------------------------------------------------------
     def make_storage(self, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: DType) -> Storage:
-        return Storage(buffer, shape, dtype, self.backend._device_obj.index)
+        return Storage(buffer, shape, dtype, self.backend.device_index)
 
     def reshape_storage(self, x: Tensor, shape: tuple[int, ...]) -> Storage:
         self.backend._check_usable()
