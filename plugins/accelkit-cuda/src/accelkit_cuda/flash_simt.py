@@ -24,8 +24,8 @@ Semantics are the warp-per-row kernel's: ``q`` scaled before the products, causa
 the last key (row ``i`` sees keys ``j <= i + Sk - Sq``), grouped KV heads (query head ``h``
 reads KV head ``h // (H / Hkv)``), a row that sees no key is zero, a NaN score makes its row
 NaN. It covers float32 with ``head_dim == head_dim_v`` of 16, 32, 64 or 128 (:data:`HEAD_DIMS`);
-a block's shared memory (:func:`shared_bytes`) is 29-115 KiB, above the default 48 KiB from
-head dim 64 on, so a variant runs only where the device allows its size (the limit is raised
+a block's shared memory (:func:`shared_bytes`) is 29-115 kB (28.75-112.75 KiB), above the
+default 48 KiB from head dim 64 on, so a variant runs only where the device allows its size (the limit is raised
 when it is loaded). With ``seq_major`` it reads q, k, v stored [B, S, H, D] and writes out so
 (``attention(..., layout="bshd")``: a projection's output, no permute).
 
