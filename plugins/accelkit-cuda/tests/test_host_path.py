@@ -192,3 +192,31 @@ async def test_allocation_prunes_only_what_needs_it(
         del again
     finally:
         await backend.shutdown()
+
+
+async def test_a_dtype_this_cupy_cannot_hold_is_refused_and_nothing_leaks(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CuPy without bf16 (before CuPy 14, or without ml_dtypes): a new bf16 tensor, from the
+    factory or as an op's output, raises InvalidArgumentError saying why (the check is made
+    where the tensor's storage is made), and its buffer goes back to the pool."""
+    from accelkit import DType, InvalidArgumentError
+
+    submit = importlib.import_module("accelkit_cuda.submit")
+    held = {k: v for k, v in submit._NUMPY.items() if k is not DType.BF16}
+    backend = await test_offloop._open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(np.ones(8, np.float32))
+        await x.to_host()
+        used = backend.memory_manager.memory_info().used
+        monkeypatch.setattr(submit, "_NUMPY", held)
+        with pytest.raises(InvalidArgumentError, match="holds no bf16"):
+            f.zeros((8,), DType.BF16)
+        with pytest.raises(InvalidArgumentError, match="holds no bf16"):
+            ops.cast(x, DType.BF16)
+        assert backend.memory_manager.memory_info().used == used
+        y = ops.add(x, x)  # f32 is still held
+        np.testing.assert_array_equal(await y.to_host(), np.full(8, 2, np.float32))
+    finally:
+        await backend.shutdown()

@@ -104,8 +104,10 @@ class KernelBase(Generic[S]):
     # -- what the kernels call --------------------------------------------------------------------
     @property
     def current_stream(self) -> S:
-        """The stream work is submitted to in this context."""
-        stream: S = self.backend.current_stream
+        """The stream work is submitted to in this context (the backend's ``current_stream``,
+        inlined as :meth:`launch` does: the kernels ask on every launch)."""
+        backend = self.backend
+        stream: S = backend._stream_var.get() or backend._default  # type: ignore[assignment]
         return stream
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Tensor:
