@@ -194,28 +194,38 @@ async def test_allocation_prunes_only_what_needs_it(
         await backend.shutdown()
 
 
-async def test_a_dtype_this_cupy_cannot_hold_is_refused_and_nothing_leaks(
+async def test_a_dtype_this_cupy_cannot_hold_is_refused_before_the_pool_is_asked(
     plugin: Plugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A CuPy without bf16 (before CuPy 14, or without ml_dtypes): a new bf16 tensor, from the
-    factory or as an op's output, raises InvalidArgumentError saying why (the check is made
-    where the tensor's storage is made), and its buffer goes back to the pool."""
-    from accelkit import DType, InvalidArgumentError
+    factory or as an op's output, raises InvalidArgumentError saying why, before the pool is
+    asked: nothing is reserved, no cudaMalloc queued, and a limit the request would pass does
+    not turn the refusal into an OutOfMemoryError. The backend's supported dtypes are made to
+    claim bf16, so that the front end's own dtype check lets it through to the backend's."""
+    from accelkit import DType, InvalidArgumentError, MemoryPoolConfig
 
     submit = importlib.import_module("accelkit_cuda.submit")
     held = {k: v for k, v in submit._NUMPY.items() if k is not DType.BF16}
     backend = await test_offloop._open(plugin)
     try:
-        f, ops = backend.tensor_factory, backend.tensor_ops
+        f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
         x = f.from_host(np.ones(8, np.float32))
         await x.to_host()
-        used = backend.memory_manager.memory_info().used
+        before = mm.memory_info()
+        thread = backend.thread
+        queued = thread.queued
         monkeypatch.setattr(submit, "_NUMPY", held)
+        backend.supported_dtypes = backend.supported_dtypes | {DType.BF16}
         with pytest.raises(InvalidArgumentError, match="holds no bf16"):
-            f.zeros((8,), DType.BF16)
+            f.empty((1 << 20,), DType.BF16)
         with pytest.raises(InvalidArgumentError, match="holds no bf16"):
             ops.cast(x, DType.BF16)
-        assert backend.memory_manager.memory_info().used == used
+        after = mm.memory_info()
+        assert (after.used, after.reserved) == (before.used, before.reserved)
+        assert thread.queued == queued  # no cudaMalloc (nor anything else) queued
+        mm.configure_pool(MemoryPoolConfig(limit_bytes=1 << 20))
+        with pytest.raises(InvalidArgumentError, match="holds no bf16"):
+            f.empty((1 << 20,), DType.BF16)  # 2 MiB: over the limit, refused for its dtype
         y = ops.add(x, x)  # f32 is still held
         np.testing.assert_array_equal(await y.to_host(), np.full(8, 2, np.float32))
     finally:

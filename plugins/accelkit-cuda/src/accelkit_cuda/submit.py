@@ -124,19 +124,21 @@ class CUDAComponent(KernelBase[CUDAStream]):
 
     # -- KernelBase's hooks -----------------------------------------------------------------------
     def make_storage(self, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: DType) -> Storage:
-        # The output check (a dtype this CuPy holds) is made here, not in ``check_output``: a
-        # hook less on every allocation; a refused dtype's buffer goes back to the pool.
-        if dtype not in _NUMPY:
-            raise InvalidArgumentError(
-                f"the CUDA backend holds no {dtype.value} tensors with this CuPy"
-                " (bf16 needs CuPy 14 and ml_dtypes)"
-            )
         return Storage(buffer, shape, dtype, self.backend.device_index)
 
     def reshape_storage(self, x: Tensor, shape: tuple[int, ...]) -> Storage:
         self.backend._check_usable()
         s: Storage = native(x)
         return s.reshaped(shape)
+
+    def check_output(self, shape: tuple[int, ...], dtype: DType) -> None:
+        # Before the pool is asked: a refused dtype queues no cudaMalloc and takes no block
+        # (made in make_storage, after the allocation, it did both: a review's finding).
+        if dtype not in _NUMPY:
+            raise InvalidArgumentError(
+                f"the CUDA backend holds no {dtype.value} tensors with this CuPy"
+                " (bf16 needs CuPy 14 and ml_dtypes)"
+            )
 
     def before_allocation(self) -> None:
         # A poisoned backend refuses and deferred frees return first (prune_streams); with
