@@ -87,6 +87,7 @@ class StandInBackend(CUDABackend):
 
         self._cp_device = contextlib.nullcontext()
         self._device_obj = device
+        self.device_index = device.index
         mm = self._memory = memory.CUDAMemoryKernels(self, device, 8 * GIB, MemoryPoolConfig())
         return Opened(
             streams=[QuietStream(device, f"{device}/default")],
