@@ -77,3 +77,43 @@ def test_the_hook_drops_what_the_raised_error_covers_under_the_lock() -> None:
     with pytest.raises(MemoryError, match="use 2"):
         s.raise_errors(6)  # after the awaited position: its own report
     s.raise_errors(9)
+
+
+class Claimed(Stream):
+    """Streams sharing one failure (as CUDA's uses of a failed block on two streams): the
+    first await to take it, on either stream, claims it under a lock they share; the other
+    gets a replacement error."""
+
+    def __init__(self, claimed: set[str], shared: threading.Lock) -> None:
+        super().__init__()
+        self.claimed, self.shared = claimed, shared
+        self.held: list[bool] = []
+
+    def claim_error_locked(self, error: BaseException) -> BaseException:
+        self.held.append(self._lock.locked())
+        with self.shared:
+            if str(error) in self.claimed:
+                return LookupError(f"{error}: raised by another stream's await")
+            self.claimed.add(str(error))
+        return error
+
+
+def test_the_claim_hook_replaces_an_error_another_stream_raised() -> None:
+    claimed: set[str] = set()
+    shared = threading.Lock()
+    a, b = Claimed(claimed, shared), Claimed(claimed, shared)
+    a.add_check(1, _failing(MemoryError("block A")))
+    b.add_check(1, _failing(MemoryError("block A")))
+    with pytest.raises(MemoryError, match="block A"):
+        b.raise_errors(1)
+    with pytest.raises(LookupError, match="another stream"):
+        a.raise_errors(1)
+    assert a.held == b.held == [True]  # in the hold of the lock the error was taken under
+    a.raise_errors(1)
+    b.raise_errors(1)  # each stream's check went with its one report
+
+
+def test_the_default_claim_is_the_error_itself() -> None:
+    s = Stream()
+    error = ValueError("mine")
+    assert s.claim_error_locked(error) is error

@@ -254,6 +254,61 @@ async def test_a_use_on_another_stream_raises_stale_handle_after_the_report(
         await backend.synchronize()
 
 
+async def test_two_streams_awaited_at_once_raise_the_failure_once(
+    plugin: Plugin,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed block used on two streams, their awaits taking its failure at the same moment
+    on two threads (each under its own stream's lock; a barrier holds both after their checks
+    and before either claims): one raises OutOfMemoryError, the other StaleHandleError, and
+    neither stream has anything left to raise. (Before the claim under a lock the streams
+    share, both raised OutOfMemoryError: stop 43's documented gap.)"""
+    import threading
+
+    from accelkit_cuda import stream as stream_mod
+
+    async with _ramped(plugin) as (backend, ops, _f, _, x):
+        other = backend.create_stream()
+        _full_device(monkeypatch, times=2)
+        y = ops.exp(x)
+        with backend.use_stream(other):
+            _w = ops.add(y, x)  # a use of y's failed block on the other stream
+        streams = [backend.default_stream, other]
+        for s in streams:
+            while s.completed < s.submitted:  # noqa: ASYNC110 (the completer's counter)
+                await anyio.sleep(0.01)
+        barrier = threading.Barrier(2, timeout=10)
+        racers = {"racer-0", "racer-1"}
+        check = stream_mod._Failure.__call__
+
+        def held_check(self: Any) -> BaseException | None:
+            error = check(self)
+            if threading.current_thread().name in racers:
+                barrier.wait()  # both have their check's error; neither has claimed it
+            return error
+
+        monkeypatch.setattr(stream_mod._Failure, "__call__", held_check)
+        raised: dict[int, BaseException | None] = {}
+
+        def take(i: int) -> None:
+            try:
+                streams[i].raise_errors(streams[i].submitted)
+                raised[i] = None
+            except BaseException as exc:
+                raised[i] = exc
+
+        threads = [threading.Thread(target=take, args=(i,), name=f"racer-{i}") for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        monkeypatch.setattr(stream_mod._Failure, "__call__", check)
+        kinds = sorted(type(e).__name__ for e in raised.values())
+        assert kinds == ["OutOfMemoryError", "StaleHandleError"], raised
+        for s in streams:
+            s.raise_errors(s.submitted)  # nothing left on either stream
+
+
 def test_block_is_live_with_the_malloc_finishing_between_its_reads(plugin: Plugin) -> None:  # noqa: F811
     """malloc() on the submission thread sets ptr, then pending = False. block_is_live reads
     ptr first, then pending: a malloc that completes between the two reads makes a live block

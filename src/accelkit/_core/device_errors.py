@@ -54,8 +54,18 @@ class DeviceErrors:
                     continue
                 keep.append(entry)
             if error is not None:
+                error = self.claim_error_locked(error)
                 keep = self.covered_checks_locked(error, seq, keep)
             self.checks = keep
+        return error
+
+    def claim_error_locked(self, error: BaseException) -> BaseException:
+        """Hook, ``_lock`` held, as ``error`` is taken to be raised by an await: the error to
+        raise in its place. A failure that checks of several streams can report (CUDA: a block
+        whose ``cudaMalloc`` failed, used on two streams) is claimed here, under a lock those
+        streams share, by the first await to take it; another stream's await, even one taking
+        it at the same moment under its own lock, gets the error this returns for it instead.
+        The default returns ``error``: each error is its own."""
         return error
 
     def covered_checks_locked(

@@ -158,6 +158,9 @@ def _usable() -> None:
 #: of such a block (an op, a copy, a read) fails with an error of its own, and the failure is
 #: raised once (:meth:`CUDAStream.covered_checks_locked`). Weak keys: an entry goes with its error.
 _FAILED_BLOCKS: weakref.WeakKeyDictionary[BaseException, Any] = weakref.WeakKeyDictionary()
+#: Held to claim a failed block's report (:meth:`CUDAStream.claim_error_locked`): the streams'
+#: own locks do not order two streams' awaits.
+_REPORT_LOCK = threading.Lock()
 
 
 def block_failure(error: AccelError, block: Any) -> AccelError:
@@ -489,6 +492,23 @@ class CUDAStream(DeviceErrors, PositionStream):
         return Position(self, self.submitted)
 
     # -- waiting ----------------------------------------------------------------------------------
+    def claim_error_locked(self, error: BaseException) -> BaseException:
+        """DeviceErrors' hook: a block's failed ``cudaMalloc`` is raised by one await of all
+        the streams that used it. The first to take it marks the block reported, under a lock
+        the streams share; an await of another stream taking it at the same moment (under its
+        own lock) raises :func:`reported_failure` instead, which covers that stream's uses as
+        the OutOfMemoryError would (:meth:`covered_checks_locked`)."""
+        block = _FAILED_BLOCKS.get(error) if _FAILED_BLOCKS else None
+        if block is None:
+            return error
+        with _REPORT_LOCK:
+            if not block.reported:
+                block.reported = True
+                return error
+        stale = reported_failure(block)
+        _FAILED_BLOCKS[stale] = block
+        return stale
+
     def covered_checks_locked(
         self, error: BaseException, seq: int, checks: list[tuple[int, Any]]
     ) -> list[tuple[int, Any]]:
@@ -497,11 +517,11 @@ class CUDAStream(DeviceErrors, PositionStream):
         checks are dropped: an op that could not run for it wrote nothing, and its outputs'
         contents are unspecified, as after any failed op); a use awaited later, or on another
         stream, raises :func:`reported_failure` (StaleHandleError), not the OutOfMemoryError
-        again. The mark and the drop happen under the lock the error was taken under."""
+        again. The claim (:meth:`claim_error_locked`) and the drop happen in the hold of the
+        lock the error was taken under."""
         block = _FAILED_BLOCKS.get(error) if _FAILED_BLOCKS else None
         if block is None:
             return checks
-        block.reported = True
         return [
             (s, c)
             for s, c in checks
