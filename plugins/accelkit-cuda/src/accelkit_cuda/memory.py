@@ -87,8 +87,8 @@ class Block:
     (:meth:`DeviceMemory.free`).
 
     ``reported`` is set once an await has raised the OutOfMemoryError of its failed
-    ``cudaMalloc``: later uses raise StaleHandleError, not that failure again
-    (:meth:`CUDAStream.covered_checks_locked`)."""
+    ``cudaMalloc``: later uses raise StaleHandleError, not that failure again (set by
+    :meth:`CUDAStream.claim_error_locked`, under a lock all streams share)."""
 
     __slots__ = ("error", "freed", "pending", "ptr", "reported", "size", "use")
 

@@ -156,7 +156,8 @@ def _usable() -> None:
 
 #: The block whose failed ``cudaMalloc`` an error reports (:func:`block_failure`): every use
 #: of such a block (an op, a copy, a read) fails with an error of its own, and the failure is
-#: raised once (:meth:`CUDAStream.covered_checks_locked`). Weak keys: an entry goes with its error.
+#: raised once (claimed by :meth:`CUDAStream.claim_error_locked`, the uses it covers dropped by
+#: :meth:`CUDAStream.covered_checks_locked`). Weak keys: an entry goes with its error.
 _FAILED_BLOCKS: weakref.WeakKeyDictionary[BaseException, Any] = weakref.WeakKeyDictionary()
 #: Held to claim a failed block's report (:meth:`CUDAStream.claim_error_locked`): the streams'
 #: own locks do not order two streams' awaits.
@@ -496,8 +497,8 @@ class CUDAStream(DeviceErrors, PositionStream):
         """DeviceErrors' hook: a block's failed ``cudaMalloc`` is raised by one await of all
         the streams that used it. The first to take it marks the block reported, under a lock
         the streams share; an await of another stream taking it at the same moment (under its
-        own lock) raises :func:`reported_failure` instead, which covers that stream's uses as
-        the OutOfMemoryError would (:meth:`covered_checks_locked`)."""
+        own lock) raises :func:`reported_failure` instead, for that use alone, as any use
+        awaited after the report does (each raises its own)."""
         block = _FAILED_BLOCKS.get(error) if _FAILED_BLOCKS else None
         if block is None:
             return error
@@ -505,9 +506,7 @@ class CUDAStream(DeviceErrors, PositionStream):
             if not block.reported:
                 block.reported = True
                 return error
-        stale = reported_failure(block)
-        _FAILED_BLOCKS[stale] = block
-        return stale
+        return reported_failure(block)
 
     def covered_checks_locked(
         self, error: BaseException, seq: int, checks: list[tuple[int, Any]]
