@@ -373,10 +373,7 @@ async def test_a_trim_on_the_submission_thread_does_not_leak_a_pending_cached_bl
     it from DeviceMemory._live; then its own malloc runs and sets ptr on a freed block that
     no one owns any more: the device memory was never freed. A freed block's malloc does
     nothing now."""
-    backend = await _open(plugin)
-    try:
-        await _ready(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
+    async with _ramped(plugin) as (backend, ops, f, _, _x):
         big = f.from_host(np.ones((256, 64), np.float32))
         await backend.synchronize()
         _full_device(monkeypatch, times=2)  # the big output's malloc and its retry
@@ -391,8 +388,6 @@ async def test_a_trim_on_the_submission_thread_does_not_leak_a_pending_cached_bl
             await backend.synchronize()
         live = backend.memory_manager.kernels.blocks._live
         assert not (block.freed and block.ptr and id(block) not in live), block
-    finally:
-        await backend.shutdown()
 
 
 # -- A block the pool let go before its queued cudaMalloc ran -------------------------------------

@@ -132,8 +132,8 @@ class CUDAComponent(KernelBase[CUDAStream]):
         return s.reshaped(shape)
 
     def check_output(self, shape: tuple[int, ...], dtype: DType) -> None:
-        # Before the pool is asked: a refused dtype queues no cudaMalloc and takes no block
-        # (made in make_storage, after the allocation, it did both: a review's finding).
+        # Before the pool is asked (KernelBase.empty): a refused dtype queues no cudaMalloc,
+        # takes no block, and is refused as such even over a memory limit.
         if dtype not in _NUMPY:
             raise InvalidArgumentError(
                 f"the CUDA backend holds no {dtype.value} tensors with this CuPy"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cupy as cp
 import numpy as np
@@ -34,11 +34,21 @@ __all__ = ["CUDATensorKernels", "range_error"]
 _BLOCK = (BLOCK,)
 _uintp = np.uintp
 _NULL = np.uintp(0)
-#: How many element counts :meth:`CUDATensorKernels._raw_config` keeps launch configurations for.
+#: How many call signatures each table of launch configurations keeps (:func:`_kept`).
 _RAW_CONFIGS = 256
 _FLOATS = frozenset({DType.F16, DType.BF16, DType.F32, DType.F64})
 _MAX_ROWS = (1 << 31) - 1  # grid.x of a row kernel
 _UNKNOWN: Any = object()  # a key not in a table yet
+_C = TypeVar("_C")
+
+
+def _kept(table: dict[Any, _C], key: Any, config: _C) -> _C:
+    """Keep ``config`` for ``key`` in one of the kernels' tables of launch configurations (at
+    most :data:`_RAW_CONFIGS` signatures: a full table starts over) and return it."""
+    if len(table) >= _RAW_CONFIGS:
+        table.clear()
+    table[key] = config
+    return config
 
 
 def range_error(op: str, what: str, low: int, high: int) -> Any:
@@ -195,9 +205,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             tail: tuple[Any, ...] = (np.int64(n),)
             if eps is not None:
                 tail += (np.float64(eps[0]) if eps[1] else np.float32(eps[0]),)
-            if len(self._row_configs) >= _RAW_CONFIGS:
-                self._row_configs.clear()
-            config = self._row_configs[key] = ((size // n,), row_block(n), tail)
+            config = _kept(self._row_configs, key, ((size // n,), row_block(n), tail))
         return config
 
     def _launch_ptrs(
@@ -253,11 +261,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def _raw_config(self, n: int) -> tuple[tuple[int], Any]:
         """The grid and the ``int64`` element count of a raw launch over ``n`` elements, kept
         per ``n`` (at most :data:`_RAW_CONFIGS` counts; the table starts over when full)."""
-        configs = self._raw_configs
-        if len(configs) >= _RAW_CONFIGS:
-            configs.clear()
-        config = configs[n] = (grid_for(n), np.int64(n))
-        return config
+        return _kept(self._raw_configs, n, (grid_for(n), np.int64(n)))
 
     def where(self, cond: Tensor, a: Operand, b: Operand, out: Tensor) -> None:
         self.launch(
@@ -331,9 +335,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             config = self._linear_config(x, weight, bias, out, tf32)
             if config is None:
                 return False
-            if len(self._linear_configs) >= _RAW_CONFIGS:
-                self._linear_configs.clear()
-            self._linear_configs[key] = config
+            _kept(self._linear_configs, key, config)
         run = partial(_linear, config, self.current_stream, x, weight, bias, out, tf32)
         self.launch(run, (x, weight, bias), (out,), what="linear")
         return True
@@ -414,10 +416,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         if found is not None:
             wide, args = found
             config = (wide, grid_for(args[0]), tuple(np.int64(v) for v in args))
-        if len(self._permute_configs) >= _RAW_CONFIGS:
-            self._permute_configs.clear()
-        self._permute_configs[key] = config
-        return config
+        return _kept(self._permute_configs, key, config)
 
     def concat(self, tensors: list[Tensor], axis: int, out: Tensor) -> None:
         self.launch(
