@@ -182,10 +182,12 @@ class Stream:
 
     def __enter__(self) -> Stream:
         record("Stream.__enter__")
+        _current.streams.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         record("Stream.__exit__")
+        _current.streams.pop()
 
     def wait_event(self, event: Any) -> None:
         record("Stream.wait_event")
@@ -220,6 +222,24 @@ class _NullStream:
 
 
 _NULL_STREAM = _NullStream()
+
+
+class _Current(threading.local):
+    """The streams entered on this thread (``with stream``), innermost last."""
+
+    def __init__(self) -> None:
+        self.streams: list[Any] = []
+
+
+_current = _Current()
+
+
+def _current_stream() -> Any:
+    """``cupy.cuda.get_current_stream()``: the innermost stream entered on this thread."""
+    streams = _current.streams
+    return streams[-1] if streams else _NULL_STREAM
+
+
 #: Streams capturing now; set FAIL_CAPTURE to make end_capture fail (an invalidated capture).
 CAPTURING: list[Stream] = []
 FAIL_CAPTURE = False
@@ -254,6 +274,27 @@ class Event:
         return True
 
 
+#: The stand-in's CUDA context of device N: ``CONTEXT + N`` (``driver.ctxGetCurrent``).
+CONTEXT = 0xC0000
+
+
+class _Context(threading.local):
+    current = 0
+
+
+_context = _Context()
+
+
+def _ctx_get() -> int:
+    record("driver.ctxGetCurrent")
+    return _context.current
+
+
+def _ctx_set(ctx: int) -> None:
+    record("driver.ctxSetCurrent")
+    _context.current = ctx
+
+
 class Device:
     compute_capability = "90"
 
@@ -262,13 +303,17 @@ class Device:
 
     def use(self) -> None:
         record("Device.use")
+        _context.current = CONTEXT + self.id
 
     def __enter__(self) -> Device:
         record("Device.__enter__")
+        self._before = _context.current
+        _context.current = CONTEXT + self.id
         return self
 
     def __exit__(self, *exc: object) -> None:
         record("Device.__exit__")
+        _context.current = self._before
 
 
 class Function:
@@ -775,6 +820,8 @@ def install() -> dict[str, types.ModuleType]:
     runtime.CUDARuntimeError = CUDARuntimeError  # type: ignore[attr-defined]
     driver = types.ModuleType("cupy.cuda.driver")
     driver.CUDADriverError = CUDADriverError  # type: ignore[attr-defined]
+    driver.ctxGetCurrent = _ctx_get  # type: ignore[attr-defined]
+    driver.ctxSetCurrent = _ctx_set  # type: ignore[attr-defined]
     driver.funcGetAttribute = recorded("driver.funcGetAttribute", lambda a, f: 1024)  # type: ignore[attr-defined]
     driver.funcSetAttribute = recorded("driver.funcSetAttribute", lambda f, a, v: None)  # type: ignore[attr-defined]
     memory = types.ModuleType("cupy.cuda.memory")
@@ -796,7 +843,7 @@ def install() -> dict[str, types.ModuleType]:
     device = types.ModuleType("cupy.cuda.device")
     device.get_cublas_handle = recorded("get_cublas_handle", lambda: CUBLAS_HANDLE)  # type: ignore[attr-defined]
     cuda.device = device  # type: ignore[attr-defined]
-    cuda.get_current_stream = lambda: _NULL_STREAM  # type: ignore[attr-defined]
+    cuda.get_current_stream = _current_stream  # type: ignore[attr-defined]
     cuda.alloc = lambda size: MemoryPointer(UnownedMemory(_malloc(size), size, None), 0)  # type: ignore[attr-defined]
     cupy.cuda = cuda  # type: ignore[attr-defined]
     random = types.ModuleType("cupy.random")
@@ -823,4 +870,4 @@ def install() -> dict[str, types.ModuleType]:
     }  # fmt: skip
 
 
-__all__ = ["CALLS", "FREED", "MALLOCED", "Cublas", "install", "record"]
+__all__ = ["CALLS", "CONTEXT", "FREED", "MALLOCED", "Cublas", "install", "record"]

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 from accelkit_cuda import capturing
+from accelkit_cuda.submission import SubmissionThread, turn
 
 __all__ = [
     "WORKSPACE_BYTES", "Cublas", "compute_type", "gemm_ptrs", "linear_plan", "matmul",
@@ -295,36 +296,57 @@ def _workspace(device: int, stream: int, size: int) -> Any:
         return memory
 
 
-class _ThreadState(threading.local):
-    """What :func:`matmul_into` asks CuPy for once per thread, not per GEMM: the thread's
-    current device (``cudaGetDevice``), CuPy's cuBLAS handle for it, the workspace size, and
-    the workspace pointer of each stream used. A submission thread serves one device for its
-    life, so these do not change (a thread that switched devices would need them anew: none
-    does)."""
+class _State:
+    """What :func:`matmul_into` asks CuPy for once per submission thread, not per GEMM: the
+    thread's device (``cudaGetDevice``), CuPy's cuBLAS handle for it, the workspace size, and
+    the workspace pointer of each stream used. Kept on the :class:`SubmissionThread` (its
+    ``blas_state``), so that a caller holding the thread's turn (an inline launch) makes its
+    GEMMs on the same handle and workspaces, one turn at a time (cuBLAS allows a handle to
+    serve several threads so long as they do not use it at once). A submission thread serves
+    one device for its life, so none of this changes."""
 
-    device: int = -1
-    handle: int = 0
-    size: int = 0
-    workspaces: dict[int, int] | None = None
+    __slots__ = ("device", "handle", "size", "workspaces")
+
+    def __init__(self, cp: Any) -> None:
+        dev = cp.cuda.Device()
+        self.device: int = dev.id
+        self.handle: int = cp.cuda.device.get_cublas_handle()
+        self.size: int = workspace_bytes(_compute_capability(dev))
+        self.workspaces: dict[int, int] = {}
+
+
+class _ThreadState(threading.local):
+    """The state of a thread that holds no submission thread's turn (tests, scripts)."""
+
+    state: _State | None = None
 
 
 _thread = _ThreadState()
 
 
-def _state(cp: Any) -> _ThreadState:
-    state = _thread
-    if state.workspaces is None:
-        dev = cp.cuda.Device()
-        state.device = dev.id
-        state.handle = cp.cuda.device.get_cublas_handle()
-        state.size = workspace_bytes(_compute_capability(dev))
-        state.workspaces = {}
+def _state(cp: Any) -> _State:
+    owner = turn()
+    if owner is not None:
+        state: _State | None = owner.blas_state
+        if state is None:
+            state = owner.blas_state = _State(cp)
+        return state
+    state = _thread.state
+    if state is None:
+        state = _thread.state = _State(cp)
     return state
 
 
-def _workspace_ptr(state: _ThreadState, stream: int) -> int:
+def ready_on(thread: SubmissionThread, stream: Any) -> bool:
+    """Whether ``thread`` has made its cuBLAS handle and the workspace of ``stream`` (a
+    ``cupy.cuda.Stream``, or None before it is made): a GEMM on that stream in the thread's
+    turn on another thread then makes neither there (no ``cublasCreate``, no ``cudaMalloc``)."""
+    state: _State | None = thread.blas_state
+    return state is not None and stream is not None and stream.ptr in state.workspaces
+
+
+def _workspace_ptr(state: _State, stream: int) -> int:
     workspaces = state.workspaces
-    assert workspaces is not None
     ptr = workspaces.get(stream)
     if ptr is None:
         ptr = workspaces[stream] = _workspace(state.device, stream, state.size).ptr

@@ -46,6 +46,7 @@ import threading
 from typing import Any
 
 from accelkit_cuda import blas, capturing
+from accelkit_cuda.submission import turn
 
 __all__ = [
     "CublasLt", "Signature", "available", "enabled", "linear_bias", "signature", "stats",
@@ -251,6 +252,9 @@ class _Plan:
 
 
 class _ThreadState(threading.local):
+    """The plans of a thread that holds no submission thread's turn (tests, scripts); a
+    submission thread keeps its own (``lt_plans``), used by whoever holds its turn."""
+
     plans: dict[tuple[Signature, int], _Plan | None] | None = None
 
 
@@ -310,10 +314,14 @@ def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) ->
     :func:`available`; False (nothing launched) where cuBLASLt has no algorithm for it or
     refuses the launch (the plan is then dropped)."""
     lt = _lt
-    state = _thread
-    plans = state.plans
+    owner = turn()
+    plans = _thread.plans if owner is None else owner.lt_plans
     if plans is None:
-        plans = state.plans = {}
+        plans = {}
+        if owner is None:
+            _thread.plans = plans
+        else:
+            owner.lt_plans = plans
     stream = capturing.active()
     if stream is None:
         stream = cp.cuda.get_current_stream().ptr

@@ -146,7 +146,9 @@ class _Fused(CUDAComponent):
             values = _resolve(args() if callable(args) else args)
             fn(g, (block,), values, shared_mem=smem, stream=stream.cp)
 
-        self.launch(run, inputs, outputs, what="a fused kernel")
+        # A plain launch where the arguments are given (a function building them may run
+        # CuPy kernels, which allocate).
+        self.launch(run, inputs, outputs, what="a fused kernel", inline=not callable(args))
 
     def _rows(self, x: Tensor) -> tuple[int, int]:
         d = x.shape[-1] if x.shape else 1

@@ -68,8 +68,9 @@ def _collect(recording: GraphRecording) -> list[Callable[[], object]]:
     collected: list[Callable[[], object]] = []
 
     def submit(
-        fn: Callable[[], object], keepalive: object = (), after: object = (), what: str = ""
-    ) -> int:
+        fn: Callable[[], object], keepalive: object = (), after: object = (), what: str = "",
+        inline: bool = False,
+    ) -> int:  # fmt: skip
         collected.append(fn)
         return stream.submitted  # a position already handed out: nothing new is queued
 
@@ -122,11 +123,17 @@ async def capture_graph(backend: CUDABackend, recording: GraphRecording) -> Nati
     inputs, outputs = recording.inputs, recording.outputs
     keep = (graph, pool, kept, recording)
 
+    launched: list[bool] = []
+
     def run() -> None:
         graph.launch(stream.cp)
+        if not launched:
+            launched.append(True)
 
     def launch() -> None:
-        seq = stream.submit(run, keep, other_writers(stream, inputs), "a CUDA graph")
+        # A plain launch once it has run (its first launch uploads the graph to the device).
+        writers = other_writers(stream, inputs)
+        seq = stream.submit(run, keep, writers, "a CUDA graph", bool(launched))
         mark_written(outputs, stream, seq)
 
     return NativeGraph(launch, "cuda-graph")

@@ -20,6 +20,15 @@ position: counted over the stand-in; its speed is unverified on a GPU): an ``awa
 calls, which wakes the loop through its thread-safe entry point
 (:func:`~accelkit.sdk.wait_for_callback`). Waiting is pure Python on the loop's thread; blocking
 waits (``synchronize_blocking``, ``numpy()``) wait on a condition.
+
+**Inline launches** (:data:`INLINE`, off by default): work its submitter marks as a plain
+launch (a loaded kernel on pointers, a cuBLAS/cuBLASLt call with a plan made before, a CUDA
+graph launched before: nothing that compiles, allocates, frees, copies from the host or
+synchronizes) is launched on the caller's thread when the submission thread waits with nothing
+queued (:meth:`SubmissionThread.enter`), instead of queued for it: no hand-over, no second
+thread's Python under the interpreter lock, and the device starts at once. Such positions share
+end events as a chain does (:data:`COVER_MAX`); the end of the last ones is recorded when
+someone waits for them (:meth:`CUDAStream.add_waiter`, ``wait_for_blocking``, ``query``).
 """
 
 from __future__ import annotations
@@ -102,6 +111,32 @@ def _spin_us() -> float:
 #: at import; ``benchmarks/bench_cuda.py`` times an add's round trip and the transformer block
 #: under both, interleaved (unmeasured when written).
 SPIN_US = _spin_us()
+
+
+def _inline() -> bool:
+    """``ACCELKIT_CUDA_INLINE`` as a flag (1/true/yes/on); anything else but 0/false/no/off is
+    warned about and read as off."""
+    raw = os.environ.get("ACCELKIT_CUDA_INLINE", "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw not in ("", "0", "false", "no", "off"):
+        _log.warning(
+            "ACCELKIT_CUDA_INLINE=%r: expected 1/true/yes/on or 0/false/no/off; inline launches"
+            " stay off", raw,
+        )  # fmt: skip
+    return False
+
+
+#: Whether a plain launch is made on the caller's thread while the submission thread is idle
+#: (see the module docstring; ``submit(..., inline=True)`` marks such work). Off by default
+#: until a GPU run says it pays: ``ACCELKIT_CUDA_INLINE=1`` sets it at import, and it is read at
+#: each submission (``benchmarks/bench_cuda.py`` and ``bench_host.py`` flip it to compare).
+INLINE = _inline()
+
+#: Positions in flight (submitted, not yet seen complete) above which a launch is queued even
+#: where it could be made inline: a driver whose launch queue is full blocks the launching
+#: thread, which must not be the event loop's.
+INLINE_DEPTH = 256
 
 
 def _poll(event: Any, seconds: float) -> bool:
@@ -216,11 +251,12 @@ class Position:
 
 def _work(
     stream: CUDAStream, seq: int, deps: tuple[CUDAStream, ...], fn: Callable[[], object],
-    keepalive: object, what: str,
+    keepalive: object, what: str, inline: bool = False,
 ) -> None:  # fmt: skip
-    """On the submission thread: position ``seq``'s work (:meth:`CUDAStream.submit`), launched
-    on ``stream`` after the other streams ``deps``; its error is kept for the await that
-    covers the position, and its end marked for the completer either way."""
+    """On the submission thread (or ``inline``, a caller holding its turn): position ``seq``'s
+    work (:meth:`CUDAStream.submit`), launched on ``stream`` after the other streams ``deps``;
+    its error is kept for the await that covers the position, and its end marked for the
+    completer either way."""
     result: object = None
     try:
         if stream._abandoned:
@@ -232,7 +268,13 @@ def _work(
             result = fn()
     except BaseException as exc:
         stream._fail(seq, as_accel_error(exc, what, stream.on_error))
-    stream._recorded(seq, (keepalive, result))
+    stream._recorded(seq, (keepalive, result), inline)
+
+
+def _flush_covered(stream: CUDAStream) -> None:
+    """On the submission thread: mark the end of ``stream``'s covered positions, if any."""
+    if stream._covered:
+        stream._end_covered()
 
 
 class CUDAStream(DeviceErrors, PositionStream):
@@ -297,6 +339,8 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.completer_rounds = 0
         #: Rounds whose end event the completer saw done by polling (:data:`SPIN_US`).
         self.polled_done = 0
+        #: Positions launched on their caller's thread (:data:`INLINE`).
+        self.inline_launches = 0
         others = tuple(after)
 
         def open_stream() -> None:
@@ -326,12 +370,19 @@ class CUDAStream(DeviceErrors, PositionStream):
         keepalive: object = (),
         after: Deps = (),
         what: str = "a kernel",
+        inline: bool = False,
     ) -> int:
         """Queue ``fn`` (which launches on :attr:`cp`) for the submission thread; returns its
         position at once. ``after``: the ``(stream, position)`` of pending writers on other
         streams; the work waits (on the device) for everything queued on those streams when it
-        is launched. ``fn``'s result and ``keepalive`` stay referenced until the work is done."""
+        is launched. ``fn``'s result and ``keepalive`` stay referenced until the work is done.
+        ``inline``: ``fn`` is a plain launch (see the module docstring), which with
+        :data:`INLINE` is made here where the submission thread is idle."""
         self.check_usable()
+        if inline and INLINE and not after:
+            seq = self._submit_inline(fn, keepalive, what)
+            if seq:
+                return seq
         deps: tuple[CUDAStream, ...] = ()
         if after:  # each stream once
             deps = tuple({id(s): s for s, _ in after}.values())
@@ -345,37 +396,72 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.thread.submit(partial(_work, self, seq, deps, fn, keepalive, what), self)
         return seq
 
+    def _submit_inline(self, fn: Callable[[], object], keepalive: object, what: str) -> int:
+        """Launch ``fn`` here, in the submission thread's turn, and return its position; 0
+        (nothing done) where the thread is busy or has work queued, the calling thread has
+        another device's context current, or :data:`INLINE_DEPTH` positions are in flight."""
+        if self.submitted - self._completed_upto >= INLINE_DEPTH:
+            return 0
+        thread = self.thread
+        if not thread.enter():
+            return 0
+        try:
+            with self._lock:
+                self.submitted += 1
+                seq = self.submitted
+            self.inline_launches += 1
+            _work(self, seq, (), fn, keepalive, what, True)
+        finally:
+            thread.leave()
+        return seq
+
     def _fail(self, seq: int, error: AccelError) -> None:
         error.__traceback__ = None
         with self._lock:
             self.checks.append((seq, _Failure(error)))
 
-    def _recorded(self, seq: int, keep: object) -> None:
-        """On the submission thread: mark the end of position ``seq`` for the completer.
+    def _recorded(self, seq: int, keep: object, inline: bool = False) -> None:
+        """In the submission thread's turn: mark the end of position ``seq`` for the completer.
 
         Where the thread's next closure is this stream's work too (a chain of ops submitted
-        faster than they launch), no event is recorded now: the position waits in
-        :attr:`_covered` and the next event recorded marks its end as well (the stream runs in
-        order), at most :data:`COVER_MAX` positions to an event. A chain of N ops then costs
-        one ``cudaEventRecord`` and one completer round, not N of each (each a release of the
+        faster than they launch), or the position was launched inline (its caller's next op
+        may well be too), no event is recorded now: the position waits in :attr:`_covered` and
+        the next event recorded marks its end as well (the stream runs in order), at most
+        :data:`COVER_MAX` positions to an event. A chain of N ops then costs one
+        ``cudaEventRecord`` and one completer round, not N of each (each a release of the
         interpreter lock on the submission thread and a wake-up of the completer, which the
-        submission and loop threads then wait for)."""
+        submission and loop threads then wait for). Covered inline positions are marked when
+        someone waits for them (:meth:`_flush`) or by the next event recorded."""
+        covered = self._covered
+        covered.append((seq, keep))
+        if (
+            len(covered) <= COVER_MAX
+            and (inline or self.thread.follows(self))
+            and not self._abandoned
+            and self._usable()
+        ):
+            return
+        self._end_covered()
+
+    def _end_covered(self) -> None:
+        """In the submission thread's turn: record one event at the end of the stream, which
+        marks the end of every covered position, and hand them to the completer."""
         covered = self._covered
         event: Any = None
         if not self._abandoned and self._usable():
-            if len(covered) < COVER_MAX and self.thread.follows(self):
-                covered.append((seq, keep))
-                return
             try:
                 event = self._end_event()
-            except BaseException as exc:  # told to the first position it would have covered
-                first = covered[0][0] if covered else seq
-                self._fail(first, as_accel_error(exc, f"work on {self.name}", self.on_error))
+            except BaseException as exc:  # told to the first position it would have marked
+                self._fail(
+                    covered[0][0], as_accel_error(exc, f"work on {self.name}", self.on_error)
+                )
         with self._lock:
+            seq, keep = covered.pop()
             if covered:
                 self._pending.extend([(s, COVERED, k) for s, k in covered])
                 covered.clear()
             self._pending.append((seq, event, keep))
+            del keep
             if self._completer is None:
                 self._completer = threading.Thread(
                     target=self._complete, name=f"accelkit-cuda-done-{self.name}", daemon=True
@@ -383,6 +469,21 @@ class CUDAStream(DeviceErrors, PositionStream):
                 self._completer.start()
             else:
                 self._work_bell.ring()
+
+    def _flush(self) -> None:
+        """Mark the end of the positions launched inline that no event marks yet: here, in the
+        submission thread's turn where it is free, else by a closure queued for it."""
+        if not self._covered or self._abandoned:
+            return
+        thread = self.thread
+        if thread.enter():
+            try:
+                if self._covered:
+                    self._end_covered()
+            finally:
+                thread.leave()
+        else:
+            thread.submit(partial(_flush_covered, self))
 
     def _end_event(self) -> Any:
         """A blocking-sync event recorded now at the end of the stream (submission thread): a
@@ -529,6 +630,8 @@ class CUDAStream(DeviceErrors, PositionStream):
 
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) once position ``seq`` has completed."""
+        if self._covered:
+            self._flush()
         return self._waiters.add(seq, callback, lambda: self._completed_upto)
 
     async def wait_for(self, seq: int) -> None:
@@ -541,6 +644,8 @@ class CUDAStream(DeviceErrors, PositionStream):
 
     def wait_for_blocking(self, seq: int) -> None:
         self.check_usable()
+        if self._covered:
+            self._flush()
         with self._lock:
             while self._completed_upto < seq:
                 self._blocked += 1
@@ -579,6 +684,8 @@ class CUDAStream(DeviceErrors, PositionStream):
 
     def query(self) -> bool:
         self.check_usable()
+        if self._covered:
+            self._flush()
         return self._completed_upto >= self.submitted
 
     # ``synchronize`` and ``synchronize_blocking`` are PositionStream's (through wait_for and
@@ -604,6 +711,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         with self._lock:
             self.checks = []
             self._pending.clear()
+            self._covered = []  # launched inline and never awaited: what they kept goes now
             self._completed_upto = self.submitted
             ready = self._due_locked()
         for cb in ready:
@@ -632,8 +740,11 @@ class CUDAEvent(Event):
         return self._stream
 
     def query(self) -> bool:
-        self._stream.check_usable()
-        return self._stream._completed_upto >= self.seq
+        stream = self._stream
+        stream.check_usable()
+        if stream._covered:
+            stream._flush()
+        return stream._completed_upto >= self.seq
 
     async def wait(self) -> None:
         await self._stream.wait_for(self.seq)

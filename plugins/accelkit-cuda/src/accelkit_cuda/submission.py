@@ -16,6 +16,16 @@ loading modules, the frees of a shutdown).
 
 A closure submitted after :meth:`SubmissionThread.close` (a tensor that outlived its backend
 giving its block back) runs on a short-lived thread of its own instead.
+
+**The thread's turn.** The thread runs each round of closures holding its *turn* (a lock). A
+caller may take the turn itself (:meth:`SubmissionThread.enter`) while the thread waits with
+nothing queued and the caller's thread has the device's CUDA context current, and then make
+its CUDA calls in place, in the same global order (an inline launch:
+:data:`accelkit_cuda.stream.INLINE`); work queued meanwhile waits for :meth:`leave`. The
+thread whose turn it is (the submission thread, or the caller between ``enter`` and ``leave``)
+is :func:`turn`'s answer: what is kept per submission thread (the cuBLAS handle, its
+workspaces and cuBLASLt plans, :mod:`accelkit_cuda.blas`) is kept on that object, not per OS
+thread.
 """
 
 from __future__ import annotations
@@ -29,10 +39,25 @@ from typing import Any, TypeVar
 
 from accelkit.sdk import wait_for_callback
 
-__all__ = ["Bell", "SubmissionThread"]
+__all__ = ["Bell", "SubmissionThread", "turn"]
 
 T = TypeVar("T")
 _log = logging.getLogger("accelkit.cuda")
+
+
+class _Holder(threading.local):
+    thread: SubmissionThread | None = None
+
+
+#: Per OS thread: the submission thread whose turn it holds (:func:`turn`).
+_holder = _Holder()
+
+
+def turn() -> SubmissionThread | None:
+    """The submission thread whose turn this OS thread holds: that thread's own, or a caller's
+    between :meth:`SubmissionThread.enter` and :meth:`SubmissionThread.leave`; else None."""
+    return _holder.thread
+
 
 #: How long :meth:`SubmissionThread.close` waits for the queued work (seconds).
 _JOIN_TIMEOUT = 60.0
@@ -84,6 +109,18 @@ class SubmissionThread:
         # run per small op on the caller's thread whenever the thread keeps up).
         self._lock = threading.Lock()
         self._bell = Bell()
+        #: Held while closures run (a round on the thread) or while a caller launches in place
+        #: (:meth:`enter` to :meth:`leave`): CUDA calls of the device are made one turn at a time.
+        self._turn = threading.Lock()
+        #: The device's CUDA context (its primary context), read on the thread once it is
+        #: current there; 0 until then (:meth:`enter` refuses).
+        self.context = 0
+        #: CuPy's driver module (set on the thread): ``ctxGetCurrent`` / ``ctxSetCurrent``.
+        self._driver: Any = None
+        #: What the thread keeps for cuBLAS (:mod:`accelkit_cuda.blas`) and cuBLASLt
+        #: (:mod:`accelkit_cuda.blaslt`): made on the thread, used by whoever holds the turn.
+        self.blas_state: Any = None
+        self.lt_plans: Any = None
         self._thread: threading.Thread | None = None
         self._closed = False
         #: The thread's identifier once started (tests compare the threads of calls with it).
@@ -144,6 +181,37 @@ class SubmissionThread:
                 return
         threading.Thread(target=_guarded(fn), name="accelkit-cuda-late", daemon=True).start()
 
+    def enter(self) -> bool:
+        """On a caller's thread: take the thread's turn, to make CUDA calls in place (True),
+        where the thread waits with nothing queued, the caller's thread has the device's
+        context current (or none, which is then made the device's: what a first CUDA call
+        there would do), and no turn is held. Work submitted meanwhile runs after
+        :meth:`leave`, in order. False: nothing taken; queue the work."""
+        context = self.context
+        if not context:
+            return False
+        with self._lock:
+            if not self._bell.idle or self._closed or not self._turn.acquire(False):
+                return False
+        try:
+            driver = self._driver
+            current = driver.ctxGetCurrent()
+            if current != context:
+                if current:  # another device's (or context's): its thread, not this one
+                    self._turn.release()
+                    return False
+                driver.ctxSetCurrent(context)
+        except BaseException:
+            self._turn.release()
+            raise
+        _holder.thread = self
+        return True
+
+    def leave(self) -> None:
+        """Give back the turn :meth:`enter` took."""
+        _holder.thread = None
+        self._turn.release()
+
     def start_trace(
         self, clock: Callable[[], float] = time.perf_counter
     ) -> list[tuple[float, float, float]]:
@@ -179,12 +247,14 @@ class SubmissionThread:
 
     def _work(self) -> None:
         self.ident = threading.get_ident()
+        _holder.thread = self
         import cupy
 
         try:
             cupy.cuda.Device(self.device_index).use()
         except Exception:  # reported by the first call that needs the device
             _log.debug("cannot make cuda:%d current", self.device_index, exc_info=True)
+        held = self._turn
         while True:
             with self._lock:
                 while not self._queue and not self._closed:
@@ -196,14 +266,27 @@ class SubmissionThread:
                 batch = self._batch = self._queue
                 self._queue = deque()
                 self.rounds += 1
-            while batch:
-                fn = batch.popleft()[0]  # dropped once run: what it keeps alive goes with it
-                self.started += 1
-                try:
-                    fn()
-                except BaseException:  # a closure reports its own errors; this is a bug guard
-                    _log.exception("work on the CUDA submission thread failed")
-                del fn
+            with held:
+                while batch:
+                    fn = batch.popleft()[0]  # dropped once run: what it keeps alive goes too
+                    self.started += 1
+                    try:
+                        fn()
+                    except BaseException:  # a closure reports its own errors: a bug guard
+                        _log.exception("work on the CUDA submission thread failed")
+                    del fn
+                if not self.context:
+                    self.context = self._context()
+
+    def _context(self) -> int:
+        """The thread's current CUDA context (0 where it cannot be read)."""
+        try:
+            import cupy
+
+            self._driver = cupy.cuda.driver
+            return int(self._driver.ctxGetCurrent())
+        except Exception:
+            return 0
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the thread (after the work queued so far) and return its result; the
@@ -244,8 +327,10 @@ class SubmissionThread:
         return result
 
     def call_blocking(self, fn: Callable[[], T]) -> T:
-        """:meth:`call` for synchronous callers (``numpy()``, blocking waits)."""
-        if self.on_thread():
+        """:meth:`call` for synchronous callers (``numpy()``, blocking waits). A caller in the
+        thread's turn (code a launch in place runs, such as a finalizer) runs ``fn`` itself: the
+        thread cannot run it before the turn is given back."""
+        if self.on_thread() or _holder.thread is self:
             return fn()
         box: list[Any] = []
         done = threading.Event()

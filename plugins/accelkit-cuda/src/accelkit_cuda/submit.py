@@ -156,6 +156,7 @@ class CUDAComponent(KernelBase[CUDAStream]):
         hold: tuple[Any, ...],
         what: str = "a kernel",
         keepalive: tuple[Any, ...] = (),
+        inline: bool = False,
         **options: Any,
     ) -> int:
         """Queue ``fn`` (which launches CuPy or NVRTC kernels) on ``stream``, after the pending
@@ -163,9 +164,10 @@ class CUDAComponent(KernelBase[CUDAStream]):
         thread, and its errors are raised by the await that covers the outputs (``what`` names
         it there). ``keepalive`` (and, with more than one stream, the tensors in ``hold``) stay
         referenced until the work has completed; with one stream, stream order alone keeps a
-        recycled block from being reused early."""
+        recycled block from being reused early. ``inline``: ``fn`` is a plain launch, which
+        the stream may make on this thread (:data:`accelkit_cuda.stream.INLINE`)."""
         keep = (hold, keepalive) if stream.track else keepalive
-        return stream.submit(fn, keep, deps, what)
+        return stream.submit(fn, keep, deps, what, inline)
 
     # -- the CUDA backend's own -------------------------------------------------------------------
     def _launch_checked(

@@ -172,7 +172,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             # frees cached blocks in place, before this launch has run.
             grid, count = self._raw_configs.get(n) or self._raw_config(n)
             run = partial(_unary, fn, grid, count, self.current_stream, x, out)
-            self.launch(run, (x,), (out,), what=op)
+            self.launch(run, (x,), (out,), what=op, inline=True)
             return
         self.launch(lambda: ck.unary(op, storage(x), storage(out)), (x,), (out,), what=op)
 
@@ -217,7 +217,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         allocation's error for the await that covers the output, as CuPy's path would. The
         launch holds the tensors (see :meth:`unary`)."""
         run = partial(_ptrs, fn, grid, block, tail, self.current_stream, *inputs, *optional, out)
-        self.launch(run, (*inputs, *optional), (out,), what=what)
+        self.launch(run, (*inputs, *optional), (out,), what=what, inline=True)
 
     def binary(self, op: str, a: Operand, b: Operand, out: Tensor) -> None:
         if type(a) is Tensor and type(b) is Tensor:
@@ -252,7 +252,8 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         ba, bb, bo = buffer_of(a).handle, buffer_of(b).handle, buffer_of(out).handle
         grid, count = self._raw_configs.get(n) or self._raw_config(n)
         stream = self.current_stream
-        self.launch(partial(_binary, fn, grid, count, stream, ba, bb, bo), (a, b), (out,), what=op)
+        run = partial(_binary, fn, grid, count, stream, ba, bb, bo)
+        self.launch(run, (a, b), (out,), what=op, inline=True)
         # A full device's cudaMalloc retry on the submission thread trims the pool's cache in
         # place, where a block whose tensor died after this was queued may sit: its free waits
         # for this launch (Block.use, DeviceMemory.free).
@@ -336,8 +337,13 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             if config is None:
                 return False
             _kept(self._linear_configs, key, config)
-        run = partial(_linear, config, self.current_stream, x, weight, bias, out, tf32)
-        self.launch(run, (x, weight, bias), (out,), what="linear")
+        stream = self.current_stream
+        run = partial(_linear, config, stream, x, weight, bias, out, tf32)
+        # A plain launch once the submission thread has its cuBLAS handle and this stream's
+        # workspace, unless a bias cuBLASLt declines would take CuPy's path (whose cuBLAS
+        # handle is per OS thread).
+        inline = (bias is None or config[6] is not None) and blas.ready_on(stream.thread, stream.cp)
+        self.launch(run, (x, weight, bias), (out,), what="linear", inline=inline)
         return True
 
     def _linear_config(

@@ -1,0 +1,466 @@
+"""Inline launches (``accelkit_cuda.stream.INLINE``), over the stand-in for CuPy (no GPU): a
+plain launch is made on the caller's thread only in the submission thread's turn (the thread
+idle, nothing queued, the caller's thread on the device's context, few positions in flight),
+never before work queued ahead of it; the caller's thread then makes launches, event records
+and cuBLAS calls on the submission thread's handle, and nothing else (no allocation, free,
+copy, module load, compile or synchronization); the end of inline positions is marked when
+someone waits, from any path; an inline launch's error is raised by its await. Whether it pays
+on a GPU is ``benchmarks/bench_cuda.py``'s to say (unmeasured when written)."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+import anyio
+import fake_cupy
+import numpy as np
+import pytest
+import test_offloop
+from test_offloop import Plugin, _open
+
+from accelkit.errors import DeviceError
+
+pytestmark = pytest.mark.anyio
+
+#: The plugin's modules over the stand-in (test_offloop's fixture, found here by its name).
+plugin = test_offloop.plugin
+
+#: What the caller's thread may call in the submission thread's turn: launches, CuPy's current
+#: stream, the end events, the context check, and cuBLAS/cuBLASLt calls on a handle made before.
+_ALLOWED_PREFIXES = ("launch ", "cublas", "driver.ctx", "Stream.__", "Event.record", "Event()")
+_FORBIDDEN = (
+    "runtime.malloc", "runtime.free", "runtime.memcpyAsync", "Module()", "Module.load",
+    "alloc_pinned_memory", "Stream.synchronize", "Event.synchronize", "get_cublas_handle",
+    "Stream()", "Device.use",
+)  # fmt: skip
+
+
+@pytest.fixture
+def inline(plugin: Plugin, monkeypatch: pytest.MonkeyPatch) -> Plugin:
+    monkeypatch.setattr(plugin.stream, "INLINE", True)
+    return plugin
+
+
+def _on(thread: int) -> list[str]:
+    return sorted({name for name, ident in fake_cupy.CALLS if ident == thread})
+
+
+def _check_caller_calls(thread: int) -> list[str]:
+    names = _on(thread)
+    for name in names:
+        assert name.startswith(_ALLOWED_PREFIXES), f"{name} on the caller's thread"
+        assert name not in _FORBIDDEN
+    return names
+
+
+async def _warm(backend: Any) -> None:
+    await backend.tensor_ops.kernels.fast.load()
+    await backend.synchronize()
+
+
+async def _idle(backend: Any) -> None:
+    """Until the submission thread waits with nothing queued (a read's last closures, or an
+    allocation's, may still be running when the await returns)."""
+    thread = backend.thread
+    with anyio.fail_after(10):
+        while not thread._bell.idle or thread._queue:  # noqa: ASYNC110 - a thread's state
+            await anyio.sleep(0.001)
+
+
+async def test_plain_launches_are_made_on_the_callers_thread_when_the_thread_is_idle(
+    inline: Plugin,
+) -> None:
+    backend = await _open(inline)
+    me = threading.get_ident()
+    rng = np.random.default_rng(0)
+    a_h = rng.standard_normal((64, 64)).astype(np.float32)
+    b_h = rng.standard_normal((64, 64)).astype(np.float32)
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a, b = f.from_host(a_h), f.from_host(b_h)
+        for _ in range(2):  # the blocks, cached from now on
+            await ops.exp(ops.mul(ops.add(a, b), b)).to_host()
+        stream = backend.default_stream
+        before = stream.inline_launches
+        fake_cupy.CALLS.clear()
+        for _ in range(3):  # the pool's cached blocks serve: no cudaMalloc queued ahead
+            await _idle(backend)
+            got = await ops.exp(ops.mul(ops.add(a, b), b)).to_host()
+            np.testing.assert_allclose(got, np.exp((a_h + b_h) * b_h), rtol=4e-6)
+        names = _check_caller_calls(me)
+        # the three ops of each round were launched here, each on its own kernel
+        assert {"launch ew_add_f32", "launch ew_mul_f32", "launch eu_exp_f32"} <= set(names)
+        assert stream.inline_launches - before == 9
+    finally:
+        await backend.shutdown()
+
+
+async def test_work_queued_first_runs_first(inline: Plugin) -> None:
+    # While the submission thread is busy, or has work queued, a launch is queued behind it
+    # (an op that reads a queued op's output must not run before it); once the thread is idle
+    # again the caller launches in place.
+    backend = await _open(inline)
+    a_h = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    gate = threading.Event()
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a, b = f.from_host(a_h), f.from_host(a_h / 7)
+        y = z = None
+        for _ in range(2):  # the blocks y and z take (and the two they replace), cached
+            y = ops.add(a, b)
+            z = ops.sub(y, b)
+            await z.to_host()
+        stream = backend.default_stream
+        await _idle(backend)
+        before = stream.inline_launches
+        backend.thread.submit(lambda: gate.wait(30))
+        y = ops.add(a, b)
+        z = ops.sub(y, b)  # reads y, queued behind it
+        assert stream.inline_launches == before
+        assert not stream.query()
+        gate.set()
+        np.testing.assert_allclose(await z.to_host(), (a_h + a_h / 7) - a_h / 7, rtol=1e-6)
+        await _idle(backend)
+        y = ops.add(a, b)
+        z = ops.sub(y, b)
+        assert stream.inline_launches == before + 2
+        np.testing.assert_allclose(await z.to_host(), (a_h + a_h / 7) - a_h / 7, rtol=1e-6)
+    finally:
+        gate.set()
+        await backend.shutdown()
+
+
+async def test_a_wait_marks_the_end_of_inline_positions(inline: Plugin) -> None:
+    # Inline positions share an end event recorded when someone waits for them: an await
+    # (in the turn, on this thread), a query, a blocking wait on another thread, an event's
+    # query, and an await while the submission thread is busy (a closure queued for it).
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    gate = threading.Event()
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            y = ops.add(ops.add(a, a), a)
+            await y.to_host()
+        stream = backend.default_stream
+        await _idle(backend)
+        y = ops.add(a, a)
+        seq = stream.submitted
+        assert stream._covered  # no event marks it yet
+        assert stream.completed < seq
+        with anyio.fail_after(10):
+            await stream.wait_for(seq)  # marked now, in the turn
+        assert stream.completed >= seq
+        assert not stream._covered
+
+        await _idle(backend)
+        y = ops.add(y, a)
+        seq = stream.submitted
+        assert stream._covered
+        with anyio.fail_after(10):
+            while not stream.query():  # noqa: ASYNC110 - a query marks it too
+                await anyio.sleep(0.001)
+        assert stream.completed >= seq
+
+        await _idle(backend)
+        y = ops.add(y, a)
+        seq = stream.submitted
+        assert stream._covered
+        await anyio.to_thread.run_sync(stream.wait_for_blocking, seq)
+        await _idle(backend)
+        event_y = ops.add(y, a)
+        assert stream._covered
+        event = stream.record_event()
+        with anyio.fail_after(10):
+            while not event.query():  # noqa: ASYNC110 - the query is what is tested
+                await anyio.sleep(0.001)
+
+        await _idle(backend)
+        y = ops.add(event_y, a)
+        seq = stream.submitted
+        assert stream._covered
+        backend.thread.submit(lambda: gate.wait(30))  # the thread is busy: a closure marks it
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream.wait_for, seq)
+                await anyio.sleep(0.01)
+                assert stream.completed < seq
+                gate.set()
+        np.testing.assert_array_equal(await y.to_host(), a_h * 6)
+    finally:
+        gate.set()
+        await backend.shutdown()
+
+
+async def test_an_inline_launch_error_is_raised_by_its_await(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A launch that fails on the caller's thread is reported as a queued one is: by the await
+    # that covers it, not by the call that submitted it; later work is unaffected.
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    run = fake_cupy.Function.__call__
+
+    def failing(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        if self.name.startswith("ew_mul"):
+            raise fake_cupy.CUDARuntimeError(1)  # cudaErrorInvalidValue: not sticky
+        run(self, grid, block, args, **kwargs)
+
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            await ops.mul(a, a).to_host()
+        await _idle(backend)
+        before = backend.default_stream.inline_launches
+        monkeypatch.setattr(fake_cupy.Function, "__call__", failing)
+        y = ops.mul(a, a)  # returns: the error waits for the await
+        assert backend.default_stream.inline_launches == before + 1
+        with pytest.raises(DeviceError, match="CUDA error 1"):
+            await y.to_host()
+        del y  # (its block serves the add below: nothing is allocated, nothing queued)
+        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
+        await _idle(backend)
+        np.testing.assert_array_equal(await ops.add(a, a).to_host(), a_h * 2)
+        assert backend.default_stream.inline_launches == before + 2
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_caller_on_another_context_queues(inline: Plugin) -> None:
+    # The caller's thread has another device's context current: its launches go to the
+    # submission thread (a launch needs the kernel's context current); with none current, the
+    # device's is made current (what the thread's first CUDA call would do).
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    stub = fake_cupy._context
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            await ops.add(a, a).to_host()
+        stream = backend.default_stream
+        await _idle(backend)
+        stub.current = fake_cupy.CONTEXT + 1
+        before = stream.inline_launches
+        np.testing.assert_array_equal(await ops.add(a, a).to_host(), a_h * 2)
+        assert stream.inline_launches == before
+        assert stub.current == fake_cupy.CONTEXT + 1  # left as it was
+        stub.current = 0
+        await _idle(backend)
+        np.testing.assert_array_equal(await ops.add(a, a).to_host(), a_h * 2)
+        assert stream.inline_launches == before + 1
+        assert stub.current == fake_cupy.CONTEXT
+    finally:
+        stub.current = 0
+        await backend.shutdown()
+
+
+async def test_a_deep_stream_queues(inline: Plugin, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With INLINE_DEPTH positions in flight, launches are queued (the thread, not the loop's,
+    # would block on a driver's full launch queue).
+    monkeypatch.setattr(inline.stream, "INLINE_DEPTH", 3)
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            y = ops.add(a, a)
+            y = ops.add(y, a)
+            await y.to_host()
+        y = ops.add(a, a)
+        await y.to_host()
+        stream = backend.default_stream
+        await _idle(backend)
+        before = stream.inline_launches
+        for _ in range(6):
+            y = ops.add(y, a)  # none awaited: the inline ones are not seen complete
+        assert stream.inline_launches - before == 3
+        np.testing.assert_array_equal(await y.to_host(), a_h * 8)
+    finally:
+        await backend.shutdown()
+
+
+async def test_gemms_in_the_turn_use_the_submission_threads_cublas_handle(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A linear is launched in place once the submission thread has made its cuBLAS handle and
+    # the stream's workspace (the first GEMM, queued): the caller's thread then makes cuBLAS
+    # calls on that handle, and no handle, workspace or plan allocation of its own.
+    lib = fake_cupy.Cublas()
+    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blas"), "_cublas", lib)
+    backend = await _open(inline)
+    me = threading.get_ident()
+    rng = np.random.default_rng(1)
+    x_h = rng.standard_normal((4, 6, 16)).astype(np.float32)
+    w_h = rng.standard_normal((12, 16)).astype(np.float32)
+    b_h = rng.standard_normal(12).astype(np.float32)
+    want = x_h.astype(np.float64) @ w_h.T.astype(np.float64) + b_h
+    bound = 17 * np.finfo(np.float32).eps * (np.abs(x_h) @ np.abs(w_h).T + np.abs(b_h))
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+        await ops.linear(x, w, b).to_host()  # finds cuBLAS (CuPy's path)
+        await ops.linear(x, w, b).to_host()  # the raw route, queued: the thread's handle
+        stream = backend.default_stream
+        await _idle(backend)
+        before = stream.inline_launches
+        fake_cupy.CALLS.clear()
+        lib.calls.clear()
+        got = await ops.linear(x, w, b).to_host()
+        assert stream.inline_launches == before + 1
+        assert np.all(np.abs(got - want) <= bound)
+        names = _check_caller_calls(me)
+        assert any(n.startswith("cublas") for n in names), names
+        assert all(c[1][0] == fake_cupy.CUBLAS_HANDLE for c in lib.calls if c[1])
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_graph_is_launched_in_place_once_it_has_run(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A CUDA graph's first launch uploads it (queued); later replays are plain launches.
+    lib = fake_cupy.Cublas()
+    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blas"), "_cublas", lib)
+    backend = await _open(inline)
+    me = threading.get_ident()
+    a_h = np.arange(64, dtype=np.float32).reshape(8, 8) / 16
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        await backend.synchronize()
+        async with backend.capture() as graph:
+            out = ops.exp(ops.add(a, a))  # a replay writes it again
+        assert graph.kind == "cuda-graph"
+        await backend.synchronize()
+        launches = []
+        for _ in range(3):
+            await _idle(backend)
+            fake_cupy.CALLS.clear()
+            graph.replay()
+            np.testing.assert_allclose(await out.to_host(), np.exp(a_h * 2), rtol=4e-6)
+            launches.append([i for n, i in fake_cupy.CALLS if n == "Graph.launch"])
+        assert launches[0] == [backend.thread.ident]
+        assert launches[1] == launches[2] == [me]
+    finally:
+        await backend.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("value", "on", "warned"),
+    [
+        ("", False, False),
+        ("1", True, False),
+        ("on", True, False),
+        ("0", False, False),
+        ("sometimes", False, True),
+    ],
+)
+def test_the_switch_reads_the_environment(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, value: str, on: bool,
+    warned: bool,
+) -> None:  # fmt: skip
+    stream = importlib.import_module("accelkit_cuda.stream")
+    monkeypatch.setenv("ACCELKIT_CUDA_INLINE", value)
+    with caplog.at_level("WARNING", logger="accelkit.cuda"):
+        assert stream._inline() is on
+    assert ("ACCELKIT_CUDA_INLINE" in caplog.text) is warned
+
+
+async def test_a_service_mix_makes_only_plain_launches_on_the_loop_thread(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # test_offloop's mix of ops, three times: in the last round (blocks cached, kernels loaded,
+    # cuBLAS found) the loop's thread launches in place whatever is a plain launch, and makes
+    # no other CUDA call; the rest (CuPy's paths, checked launches, copies) is queued as
+    # before; the answers are NumPy's either way.
+    lib = fake_cupy.Cublas()
+    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blas"), "_cublas", lib)
+    backend = await _open(inline)
+    me = threading.get_ident()
+    host = np.arange(24, dtype=np.float32).reshape(4, 6) / 10
+    w_h = (np.arange(48, dtype=np.float32).reshape(8, 6) - 20) / 30
+    eps = float(np.finfo(np.float32).eps)
+    try:
+        await _warm(backend)
+        f, ops, kops = backend.tensor_factory, backend.tensor_ops, backend.kernel_ops
+        x, w = f.from_host(host), f.from_host(w_h)
+        idx = f.from_host(np.array([2, 0], np.int64))
+        stream = backend.default_stream
+        for round_ in range(3):
+            if round_ == 2:
+                await _idle(backend)
+                fake_cupy.CALLS.clear()
+                before = stream.inline_launches
+            h = ops.gelu(ops.linear(x, w))
+            s = ops.softmax(ops.layer_norm(h), axis=-1)
+            t = ops.transpose(ops.exp(s))
+            total = ops.reduce("sum", s, axis=-1)
+            r = kops.rms_norm(x)
+            g = kops.silu_mul(x, x)
+            emb = ops.embedding(idx, x)  # a checked launch: queued
+            got = {
+                "total": await total.to_host(), "t": await t.to_host(), "r": await r.to_host(),
+                "g": await g.to_host(), "emb": await emb.to_host(),
+            }  # fmt: skip
+            del h, s, t, total, r, g, emb
+        inline_now = stream.inline_launches - before
+        names = _check_caller_calls(me)
+    finally:
+        await backend.shutdown()
+    assert inline_now >= 6, inline_now  # linear, gelu, layer_norm, softmax, exp, permute
+    assert "launch eu_gelu_f32" in names
+    np.testing.assert_allclose(got["total"], np.ones(4), rtol=8 * eps)
+    np.testing.assert_array_equal(got["emb"], host[[2, 0]])
+    # (the stand-in's fused kernels, rms_norm and silu_mul, compute nothing: not checked)
+    # t = exp(s).T for rows s that sum to 1: log(t) sums to 1 down each column (8 terms,
+    # each off by exp's few ulps, relative, read through log as absolute)
+    assert got["t"].shape == (8, 4)
+    np.testing.assert_allclose(np.log(got["t"].astype(np.float64)).sum(axis=0), 1, atol=64 * eps)
+
+
+async def test_a_blocking_call_made_in_the_turn_runs_in_place(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Code that runs inside a launch in place (a finalizer, say) and makes a blocking call on
+    # the submission thread runs it itself: the thread cannot run it before the turn is given
+    # back (without this, a deadlock).
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    run = fake_cupy.Function.__call__
+    seen: list[int] = []
+
+    def calling(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        if self.name.startswith("ew_add"):
+            seen.append(backend.thread.call_blocking(threading.get_ident))
+        run(self, grid, block, args, **kwargs)
+
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            await ops.add(a, a).to_host()
+        await _idle(backend)
+        before = backend.default_stream.inline_launches
+        seen.clear()
+        monkeypatch.setattr(fake_cupy.Function, "__call__", calling)
+        y = ops.add(a, a)
+        assert backend.default_stream.inline_launches == before + 1
+        assert seen == [threading.get_ident()]
+        np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+    finally:
+        await backend.shutdown()
