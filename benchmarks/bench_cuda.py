@@ -313,6 +313,78 @@ async def _spin_modes(
     )
 
 
+async def _inline_modes(
+    backend: ak.ComputeBackend, torch: Any, ak_block: Callable[[], Any], want: Any,
+    block: Callable[[], Any],
+) -> list[str]:  # fmt: skip
+    """The block (``ak_block``: submit and synchronize), a 64x64 add's caller time (blocks of
+    SMALL_CALLS back-to-back adds, the synchronization after each untimed) and its round trip
+    (an add, then ``synchronize``) with plain launches queued for the submission thread and
+    made on the caller's thread (``accelkit_cuda.stream.INLINE``), interleaved, PyTorch's
+    beside; the block's answer with inline launches against PyTorch's (``want``), and how many
+    of a block's positions were launched inline. The setting is put back after each run."""
+    from accelkit_cuda import stream
+
+    current = stream.INLINE
+    s: Any = backend.default_stream
+    ops = backend.tensor_ops
+    a = backend.tensor_factory.from_host(np.ones((64, 64), np.float32))
+    ta = torch.ones((64, 64), device="cuda")
+
+    def at(on: bool, run: Callable[[], Any]) -> Callable[[], Any]:
+        return _with(stream, "INLINE", on, run)
+
+    async def check() -> None:
+        got = await block().to_host()
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+    await at(True, check)()
+    inline0, submitted0 = s.inline_launches, s.submitted
+    await at(True, ak_block)()
+    per_block = (s.inline_launches - inline0, s.submitted - submitted0)
+    b_off, b_on = await interleaved(at(False, ak_block), at(True, ak_block), BLOCK_ROUNDS)
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+
+    def adds(on: bool) -> Callable[[], Any]:
+        async def run() -> None:
+            await backend.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(SMALL_CALLS):
+                ops.add(a, a)
+            times[on].append((time.perf_counter() - t0) / SMALL_CALLS)
+            await backend.synchronize()
+
+        return at(on, run)
+
+    for _ in range(BLOCK_ROUNDS):
+        for on in (False, True):
+            await adds(on)()
+    torch.cuda.synchronize()
+    t_th = []
+    for _ in range(BLOCK_ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(SMALL_CALLS):
+            ta + ta
+        t_th.append((time.perf_counter() - t0) / SMALL_CALLS)
+        torch.cuda.synchronize()
+
+    async def trip() -> None:
+        ops.add(a, a)
+        await backend.synchronize()
+
+    r_off, r_on = await interleaved(at(False, trip), at(True, trip), BLOCK_ROUNDS)
+    med = statistics.median
+    return [
+        f"inline launches (ACCELKIT_CUDA_INLINE; the figures above ran with {current}): block"
+        f" {b_off * 1e3:.2f} ms queued, {b_on * 1e3:.2f} ms inline ({b_off / b_on:.2f}x;"
+        f" {per_block[0]} of its {per_block[1]} positions inline; its answer checked)",
+        f"inline launches: add 64x64 caller time {med(times[False]) * 1e6:.1f} us queued,"
+        f" {med(times[True]) * 1e6:.1f} us inline (torch {med(t_th) * 1e6:.1f} us, launch"
+        f" included); add round trip {r_off * 1e3:.3f} ms queued, {r_on * 1e3:.3f} ms inline",
+    ]
+
+
 async def _sync_timeline(
     backend: ak.ComputeBackend, submit: Callable[[], Any], steps: int = 15
 ) -> dict[str, float]:
@@ -669,6 +741,15 @@ async def measure(backend: ak.ComputeBackend) -> None:
         line = f"block by completer mode: not measured ({type(exc).__name__}: {exc})"
     print(f"      {line}", flush=True)
     summary.append(line)
+    try:  # an experiment: plain launches made on the caller's thread
+        lines = await _inline_modes(
+            backend, torch, ak_block, want, lambda: transformer_block(backend, x, w, cfg)
+        )
+    except Exception as exc:
+        lines = [f"inline launches: not measured ({type(exc).__name__}: {exc})"]
+    for line in lines:
+        print(f"      {line}", flush=True)
+        summary.append(line)
     try:  # an experiment: the completer polling an awaited event before it sleeps on it
         line = await _spin_modes(backend, torch, ak_block)
     except Exception as exc:
@@ -710,6 +791,22 @@ async def measure(backend: ak.ComputeBackend) -> None:
         f" {t_cap * 1e3:.2f} ms, torch eager {t_th * 1e3:.2f} ms: {t_th / t_cap:.2f}x torch"
         " (target >= 1.5x)"
     )
+    print(f"      {line}", flush=True)
+    summary.append(line)
+    try:  # an experiment: the replay launched on the caller's thread
+        from accelkit_cuda import stream as cuda_stream
+
+        c_off, c_on = await interleaved(
+            _with(cuda_stream, "INLINE", False, ak_replay),
+            _with(cuda_stream, "INLINE", True, ak_replay),
+            BLOCK_ROUNDS,
+        )
+        line = (
+            f"captured block replay: {c_off * 1e3:.2f} ms queued, {c_on * 1e3:.2f} ms inline"
+            f" ({c_off / c_on:.2f}x; ACCELKIT_CUDA_INLINE)"
+        )
+    except Exception as exc:
+        line = f"captured block replay inline: not measured ({type(exc).__name__}: {exc})"
     print(f"      {line}", flush=True)
     summary.append(line)
 

@@ -20,9 +20,10 @@ time), ``--cases add,mul`` picks cases. For example::
     python benchmarks/bench_host.py --backend cuda --standin --cpu-time --cases add --profile
 
 ``--block`` times a tiny transformer block instead (:func:`block_host`: wall and process CPU a
-block, every thread's; on CUDA the end events and completer rounds a block)::
+block, every thread's; on CUDA the end events and completer rounds a block), with ``--inline``
+twice (interleaved rounds with plain launches queued and made on the caller's thread)::
 
-    python benchmarks/bench_host.py --backend cuda --standin --block
+    python benchmarks/bench_host.py --backend cuda --standin --block [--inline]
 
 ``benchmarks/bench_cuda.py`` runs the same cases on the CUDA backend against PyTorch CUDA
 (:func:`host_times` with ``sync``): there the figure is the host time to submit, the device
@@ -358,7 +359,9 @@ STANDIN_GEMMS = [True]
 TINY_BLOCK = {"batch": 1, "seq": 8, "width": 32, "heads": 2}
 
 
-async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> list[str]:
+async def block_host(
+    backend_name: str, blocks: int = 20, rounds: int = 15, inline: bool = False
+) -> list[str]:
     """The host's cost of bench_core's transformer block at a tiny size (1 x 8 x 32, 2 heads:
     the device's work is negligible, the host path is what is timed): wall time and the
     process's CPU time (every thread: the caller, a submission thread, a completer) a block,
@@ -368,13 +371,24 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
     exact, where a few microseconds move by half between runs); on CUDA also the stream's
     end-of-position events and completer rounds a block. ``--standin`` runs it over the
     stand-ins for CuPy and cuBLAS (whose GEMMs compute nothing while it times: only the
-    calls)."""
+    calls). ``inline`` (CUDA): each round twice, interleaved, with plain launches queued for
+    the submission thread and made on the caller's thread (``accelkit_cuda.stream.INLINE``),
+    a line each, with the positions a block launched inline."""
     from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
 
     cfg = BlockConfig(**TINY_BLOCK)
     rng = np.random.default_rng(3)
     x_h = rng.standard_normal((cfg.batch, cfg.seq, cfg.width)).astype(np.float32)
-    walls, cpus, callers, counts = [], [], [], []
+    module: Any = None
+    modes: tuple[bool | None, ...] = (None,)
+    if inline:
+        from accelkit_cuda import stream as module
+
+        modes = (False, True)
+    figures: dict[bool | None, dict[str, list[Any]]] = {
+        m: {"walls": [], "cpus": [], "callers": [], "counts": []} for m in modes
+    }
+    works: dict[bool | None, list[float]] = {}
     async with open_bench_backend(backend_name) as backend:
         fast = getattr(getattr(backend.tensor_ops, "kernels", None), "fast", None)
         if fast is not None:
@@ -384,50 +398,78 @@ async def block_host(backend_name: str, blocks: int = 20, rounds: int = 15) -> l
         for _ in range(10):
             await transformer_block(backend, x, w, cfg).to_host()
         stream = getattr(backend, "default_stream", None)
+
+        def counters() -> tuple[int, int, int, int]:
+            return (
+                getattr(stream, "events_recorded", 0),
+                getattr(stream, "completer_rounds", 0),
+                getattr(stream, "inline_launches", 0),
+                getattr(stream, "submitted", 0),
+            )
+
         STANDIN_GEMMS[0] = False  # (the stand-in's: its GEMMs' NumPy is not the host path)
+        saved = None if module is None else module.INLINE
         try:
             for _ in range(rounds):
-                before = (
-                    getattr(stream, "events_recorded", 0),
-                    getattr(stream, "completer_rounds", 0),
-                )
-                caller = 0.0
-                t0, c0 = time.perf_counter(), time.process_time()
-                for _ in range(blocks):
-                    t = time.thread_time()
-                    y = transformer_block(backend, x, w, cfg)
-                    caller += time.thread_time() - t
-                    await y.to_host()
-                walls.append((time.perf_counter() - t0) / blocks * 1e6)
-                cpus.append((time.process_time() - c0) / blocks * 1e6)
-                callers.append(caller / blocks * 1e6)
-                after = (
-                    getattr(stream, "events_recorded", 0),
-                    getattr(stream, "completer_rounds", 0),
-                )
-                counts.append(((after[0] - before[0]) / blocks, (after[1] - before[1]) / blocks))
-                for clear in STANDIN_SYNC:
-                    clear()
+                for mode in modes:
+                    if mode is not None:
+                        module.INLINE = mode
+                        await transformer_block(backend, x, w, cfg).to_host()  # its blocks
+                    fig = figures[mode]
+                    before = counters()
+                    caller = 0.0
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    for _ in range(blocks):
+                        t = time.thread_time()
+                        y = transformer_block(backend, x, w, cfg)
+                        caller += time.thread_time() - t
+                        await y.to_host()
+                    fig["walls"].append((time.perf_counter() - t0) / blocks * 1e6)
+                    fig["cpus"].append((time.process_time() - c0) / blocks * 1e6)
+                    fig["callers"].append(caller / blocks * 1e6)
+                    after = counters()
+                    fig["counts"].append(
+                        tuple((b - a) / blocks for a, b in zip(before, after, strict=True))
+                    )
+                    for clear in STANDIN_SYNC:
+                        clear()
             # Counted in steady state: each block's submission finds the last one's
             # intermediates released (as in the rounds above, where each block is awaited).
-            work = [0.0, 0.0]
-            for _ in range(3):
-                work = list(python_work(lambda: transformer_block(backend, x, w, cfg), 1))
-                await backend.synchronize()
+            for mode in modes:
+                if mode is not None:
+                    module.INLINE = mode
+                work = [0.0, 0.0]
+                for _ in range(3):
+                    await backend.synchronize()
+                    work = list(python_work(lambda: transformer_block(backend, x, w, cfg), 1))
+                    await backend.synchronize()
+                works[mode] = work
         finally:
             STANDIN_GEMMS[0] = True
+            if module is not None:
+                module.INLINE = saved
         device = str(backend.device) + (" (stand-ins for CuPy and cuBLAS)" if STANDIN_SYNC else "")
-    line = (
-        f"transformer block 1x8x32 on {backend_name} ({device}): wall"
-        f" {statistics.median(walls):.0f} us, process CPU {statistics.median(cpus):.0f} us a block"
-        f" (median of {rounds} rounds of {blocks}); the caller submitting it:"
-        f" {statistics.median(callers):.0f} us CPU, {work[0]:.0f} Python calls,"
-        f" {work[1]:.0f} bytecodes"
-    )
-    if stream is not None and hasattr(stream, "events_recorded"):
-        events, completions = (statistics.median(c[i] for c in counts) for i in (0, 1))
-        line += f"; {events:.1f} end events, {completions:.1f} completer rounds a block"
-    return [line]
+    lines = []
+    for mode in modes:
+        fig, work = figures[mode], works[mode]
+        label = "" if mode is None else (" inline launches" if mode else " queued launches")
+        line = (
+            f"transformer block 1x8x32 on {backend_name}{label} ({device}): wall"
+            f" {statistics.median(fig['walls']):.0f} us, process CPU"
+            f" {statistics.median(fig['cpus']):.0f} us a block (median of {rounds} rounds of"
+            f" {blocks}{', interleaved' if mode is not None else ''}); the caller submitting"
+            f" it: {statistics.median(fig['callers']):.0f} us CPU, {work[0]:.0f} Python calls,"
+            f" {work[1]:.0f} bytecodes"
+        )
+        if stream is not None and hasattr(stream, "events_recorded"):
+            events, completions, inlined, positions = (
+                statistics.median(c[i] for c in fig["counts"]) for i in range(4)
+            )
+            line += f"; {events:.1f} end events, {completions:.1f} completer rounds a block"
+            if mode:
+                line += f"; {inlined:.0f} of its {positions:.0f} positions launched inline"
+        lines.append(line)
+    return lines
 
 
 async def run(
@@ -569,6 +611,11 @@ if __name__ == "__main__":
         help="instead: the host's cost of a tiny transformer block (wall, process CPU)",
     )
     parser.add_argument(
+        "--inline",
+        action="store_true",
+        help="with --block on cuda: rounds with launches queued and made inline, interleaved",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="also profile accelkit's calls of each case"
     )
     parser.add_argument(
@@ -582,7 +629,7 @@ if __name__ == "__main__":
     if args.standin:
         install_cuda_standin()
     if args.block:
-        for line in anyio.run(block_host, args.backend, 20, args.rounds):
+        for line in anyio.run(block_host, args.backend, 20, args.rounds, args.inline):
             print(line)
         sys.exit(0)
     cases = None if args.cases is None else [c.strip() for c in args.cases.split(",")]

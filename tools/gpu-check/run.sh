@@ -4,7 +4,7 @@
 # all, in the order below), each capped, the whole run stopped at BUDGET seconds. Writes
 # $OUT/summary.txt and $OUT/all.tgz (every step's full log). Run from the project's root.
 # In order of what a short budget should keep: correctness first, then timing.
-ALL_STEPS="env devices dead_block cuda_tests conformance sanitizer service demo doctor profile bench attention_bench flash_bench webgpu_bench webgpu_conformance racecheck synccheck"
+ALL_STEPS="env devices dead_block cuda_tests conformance conformance_inline sanitizer service service_inline demo doctor profile bench attention_bench flash_bench webgpu_bench webgpu_conformance racecheck synccheck"
 STEPS=${STEPS:-$ALL_STEPS}
 export PYTHONUNBUFFERED=1
 DEADLINE=$(( $(date +%s) + ${BUDGET:-500} ))
@@ -45,6 +45,8 @@ step dead_block 60 $PY .gpu/dead_block.py
 TAILN=20 step cuda_tests 200 $PY -m pytest ${CUDA_TESTS:-plugins/accelkit-cuda/tests -m gpu} -v -p no:cacheprovider -rfE --timeout 60
 cd /tmp
 TAILN=20 step conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend cuda -v -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"
+# the same with plain launches made on the loop's thread (ACCELKIT_CUDA_INLINE, off by default)
+TAILN=12 step conformance_inline 240 env ACCELKIT_CUDA_INLINE=1 $PY -m pytest --pyargs accelkit.testing --accelkit-backend cuda -q -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"
 # the fuzz properties run under one event loop each (one_loop): every property, once
 sanitize() {  # compute-sanitizer's TOOL over the fuzz properties on cuda
   compute-sanitizer --tool "$1" --error-exitcode 3 $PY -m pytest --pyargs accelkit.testing.test_fuzz --accelkit-backend cuda -x -q -p no:cacheprovider
@@ -53,12 +55,13 @@ export -f sanitize
 TAILN=20 step sanitizer 150 bash -c 'sanitize memcheck'
 cd "$ROOT"
 TAILN=40 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_service.py -v -s -p no:cacheprovider -rfE
+TAILN=24 step service_inline 120 env ACCELKIT_STRICT_TIMING=1 ACCELKIT_CUDA_INLINE=1 $PY -m pytest tests/test_service.py -v -s -p no:cacheprovider -rfE -k cuda
 TAILN=12 step demo 120 $PY -m accelkit demo
 step doctor 90 $PY -m accelkit doctor
 # where the eager block's time goes: closures, cProfile inside them, every kernel (about 30 s)
 TAILN=120 step profile 90 $PY benchmarks/profile_cuda_block.py
 # its summary (about 24 lines: GEMMs, attention, host times, the block, its step timelines)
-TAILN=36 step bench 120 $PY benchmarks/bench_cuda.py
+TAILN=40 step bench 120 $PY benchmarks/bench_cuda.py
 TAILN=24 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
 # the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
 TAILN=10 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py

@@ -196,6 +196,60 @@ async def test_a_captured_transformer_block_replays_as_a_cuda_graph(backend: Any
         np.testing.assert_allclose(await y.to_host(), want, rtol=tol, atol=tol)
 
 
+async def test_inline_launches_on_the_device(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACCELKIT_CUDA_INLINE's path on a GPU: plain launches made on the loop's thread (the
+    primary context made current there) for the transformer block, eager and captured, and a
+    chain of small ops none of which is awaited before the last; the answers are NumPy's and
+    most of the block's positions were launched inline."""
+    from accelkit_cuda import stream as cuda_stream
+
+    from accelkit.workloads import (
+        BlockConfig,
+        block_weights,
+        transformer_block,
+        transformer_block_numpy,
+        upload_weights,
+    )
+
+    s = getattr(backend, "default_stream", None)
+    if not hasattr(s, "inline_launches"):
+        pytest.skip("an isolated backend: its plugin runs in another process")
+    monkeypatch.setattr(cuda_stream, "INLINE", True)
+    cfg = BlockConfig(batch=2, seq=16, width=64, heads=4)
+    w_h = block_weights(cfg)
+    w = upload_weights(backend, w_h)
+    rng = np.random.default_rng(7)
+    shape = (cfg.batch, cfg.seq, cfg.width)
+    tol = float(64 * 4 * cfg.width * np.finfo(np.float32).eps)
+    f = backend.tensor_factory
+    for _ in range(4):  # from the second on, the pool's cached blocks serve: launches inline
+        x_h = rng.standard_normal(shape).astype(np.float32)
+        x = f.from_host(x_h)
+        await backend.synchronize()
+        before = (s.inline_launches, s.submitted)
+        y = transformer_block(backend, x, w, cfg)
+        counts = (s.inline_launches - before[0], s.submitted - before[1])
+        want = transformer_block_numpy(x_h.astype(np.float64), w_h, cfg)
+        np.testing.assert_allclose(await y.to_host(), want, rtol=tol, atol=tol)
+    assert counts[0] >= counts[1] // 2, counts
+    async with backend.capture() as graph:
+        y = transformer_block(backend, x, w, cfg)
+    for _ in range(3):  # the first launch uploads the graph (queued); the rest are inline
+        x_h = rng.standard_normal(shape).astype(np.float32)
+        await graph.write(x, x_h)
+        graph.replay()
+        want = transformer_block_numpy(x_h.astype(np.float64), w_h, cfg)
+        np.testing.assert_allclose(await y.to_host(), want, rtol=tol, atol=tol)
+    ops = backend.tensor_ops
+    one = f.from_host(np.ones((256, 256), np.float32))
+    acc = f.from_host(np.zeros((256, 256), np.float32))
+    for _ in range(2):
+        y = acc
+        for _ in range(300):  # more than COVER_MAX positions, awaited once (exact in f32)
+            y = ops.add(y, one)
+        np.testing.assert_array_equal(await y.to_host(), np.full((256, 256), 300, np.float32))
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64"])
 async def test_a_linear_with_a_bias_runs_in_cublaslts_epilogue(backend: Any, dtype: str) -> None:
     """``linear`` with a bias as one cuBLASLt launch, the bias in the epilogue
