@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -237,7 +238,8 @@ async def test_an_inline_launch_error_is_raised_by_its_await(
 async def test_a_caller_on_another_context_queues(inline: Plugin) -> None:
     # The caller's thread has another device's context current: its launches go to the
     # submission thread (a launch needs the kernel's context current); with none current, the
-    # device's is made current (what the thread's first CUDA call would do).
+    # device's is made current for the launch and unset after it (the user's CUDA code on that
+    # thread finds the runtime's default, not this backend's device).
     backend = await _open(inline)
     a_h = np.ones((8, 8), np.float32)
     stub = fake_cupy._context
@@ -256,9 +258,22 @@ async def test_a_caller_on_another_context_queues(inline: Plugin) -> None:
         assert stub.current == fake_cupy.CONTEXT + 1  # left as it was
         stub.current = 0
         await _idle(backend)
-        np.testing.assert_array_equal(await ops.add(a, a).to_host(), a_h * 2)
+        seen: list[int] = []
+        run = fake_cupy.Function.__call__
+
+        def launch(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+            seen.append(stub.current)
+            run(self, grid, block, args, **kwargs)
+
+        fake_cupy.Function.__call__ = launch  # type: ignore[method-assign]
+        try:
+            y = ops.add(a, a)
+        finally:
+            fake_cupy.Function.__call__ = run  # type: ignore[method-assign]
+        np.testing.assert_array_equal(await y.to_host(), a_h * 2)
         assert stream.inline_launches == before + 1
-        assert stub.current == fake_cupy.CONTEXT
+        assert seen == [fake_cupy.CONTEXT]  # lent for the launch
+        assert stub.current == 0  # and given back
     finally:
         stub.current = 0
         await backend.shutdown()
@@ -311,10 +326,13 @@ async def test_gemms_in_the_turn_use_the_submission_threads_cublas_handle(
         await _warm(backend)
         f, ops = backend.tensor_factory, backend.tensor_ops
         x, w, b = f.from_host(x_h), f.from_host(w_h), f.from_host(b_h)
+        fake_cupy.CALLS.clear()
         await ops.linear(x, w, b).to_host()  # finds cuBLAS (CuPy's path)
+        await _idle(backend)
         await ops.linear(x, w, b).to_host()  # the raw route, queued: the thread's handle
         stream = backend.default_stream
         await _idle(backend)
+        _check_caller_calls(me)  # the first two made none of theirs here
         before = stream.inline_launches
         fake_cupy.CALLS.clear()
         lib.calls.clear()
@@ -462,5 +480,198 @@ async def test_a_blocking_call_made_in_the_turn_runs_in_place(
         assert backend.default_stream.inline_launches == before + 1
         assert seen == [threading.get_ident()]
         np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+    finally:
+        await backend.shutdown()
+
+
+async def test_the_thread_waits_for_the_turn(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Work queued from another thread while a launch is made in place (the launch lets the
+    # interpreter lock go) runs after it, not beside it: the thread runs its rounds in its turn.
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    run = fake_cupy.Function.__call__
+    order: list[str] = []
+
+    def slow(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        if self.name.startswith("ew_add"):
+            other = threading.Thread(
+                target=backend.thread.submit, args=(lambda: order.append("queued"),)
+            )
+            other.start()
+            other.join()
+            time.sleep(0.05)  # the thread, rung, would run the closure now without the turn
+            order.append("inline")
+        run(self, grid, block, args, **kwargs)
+
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            await ops.add(a, a).to_host()
+        await _idle(backend)
+        before = backend.default_stream.inline_launches
+        monkeypatch.setattr(fake_cupy.Function, "__call__", slow)
+        y = ops.add(a, a)
+        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
+        assert backend.default_stream.inline_launches == before + 1
+        np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+        await backend.synchronize()
+        assert order == ["inline", "queued"]
+    finally:
+        await backend.shutdown()
+
+
+async def test_an_inline_chain_records_an_end_event_every_cover_max_positions(
+    inline: Plugin,
+) -> None:
+    # A chain never awaited gets an end event every COVER_MAX + 1 positions, recorded in the
+    # turn: its positions complete (and what they keep goes) without anyone waiting.
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    cover = inline.stream.COVER_MAX
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            await ops.add(ops.add(a, a), a).to_host()
+        stream = backend.default_stream
+        await _idle(backend)
+        before = (stream.inline_launches, stream.events_recorded)
+        y = ops.add(a, a)
+        for _ in range(cover):
+            y = ops.add(y, a)
+        assert stream.inline_launches - before[0] == cover + 1
+        assert stream.events_recorded - before[1] == 1
+        assert not stream._covered
+        seq = stream.submitted
+        with anyio.fail_after(10):
+            while stream.completed < seq:  # noqa: ASYNC110 - the completer's counter
+                await anyio.sleep(0.001)
+        np.testing.assert_array_equal(await y.to_host(), a_h * (cover + 2))
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_quiet_stream_does_not_hold_back_frees(inline: Plugin) -> None:
+    # With two streams a freed block waits until every stream has passed the point of its
+    # free. A position launched inline on a stream nobody awaits has no end event: the free's
+    # poll marks it (Position.done), so frees do not pile up and the pool reuses its blocks.
+    backend = await _open(inline)
+    a_h = np.ones((64, 64), np.float32)
+    try:
+        await _warm(backend)
+        f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+        side = backend.create_stream()
+        a = f.from_host(a_h)
+        with backend.use_stream(side):
+            for _ in range(3):
+                await ops.add(a, a).to_host()
+        await backend.synchronize()
+        await _idle(backend)
+        with backend.use_stream(side):
+            before = side.inline_launches
+            keep = ops.add(a, a)  # inline on the side stream, never awaited
+            assert side.inline_launches == before + 1
+        del keep
+        mallocs = len(fake_cupy.MALLOCED)
+        for _ in range(30):
+            y = ops.mul(ops.add(a, a), a)
+            await y.to_host()
+            mm.free(y)
+            del y
+        assert len(backend._deferred) <= 1  # (the last free's: the next allocation's prune)
+        assert len(fake_cupy.MALLOCED) - mallocs <= 4
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_blocking_wait_racing_an_inline_launch_returns(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another thread blocks on the stream while a launch is made in place (the launch lets the
+    # interpreter lock go), after the position was numbered and before it was covered: the
+    # launch sees the waiter and records the end event, so the wait returns.
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    run = fake_cupy.Function.__call__
+    stream = backend.default_stream
+    workers: list[threading.Thread] = []
+
+    def racing(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        t = threading.Thread(target=stream.synchronize_blocking, daemon=True)
+        workers.append(t)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not stream._blocked and time.monotonic() < deadline:
+            time.sleep(0.001)
+        run(self, grid, block, args, **kwargs)
+
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            await ops.add(a, a).to_host()
+        await _idle(backend)
+        before = stream.inline_launches
+        monkeypatch.setattr(fake_cupy.Function, "__call__", racing)
+        y = ops.add(a, a)
+        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
+        assert stream.inline_launches == before + 1
+        await anyio.to_thread.run_sync(workers[0].join, 10.0)
+        assert not workers[0].is_alive(), "the blocking wait hangs on a covered position"
+        np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+    finally:
+        await backend.shutdown()
+
+
+async def test_work_queued_after_the_turn_began_goes_first(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another thread queues work on the stream between the moment a caller takes the turn
+    # and the moment it numbers its position: the caller queues its launch behind that work
+    # instead of launching first (the other work's position is lower, and its end would mark
+    # the caller's as done before the caller's launch ran).
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    stream = backend.default_stream
+    thread = backend.thread
+    order: list[str] = []
+    enter = type(thread).enter
+
+    def entering(self: Any) -> int | None:
+        queued = enter(self)
+        if queued is not None and not order:
+            other = threading.Thread(
+                target=stream.submit, args=(lambda: order.append("other"),), daemon=True
+            )
+            other.start()
+            other.join()
+        return queued
+
+    run = fake_cupy.Function.__call__
+
+    def launch(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        order.append("add")
+        run(self, grid, block, args, **kwargs)
+
+    try:
+        await _warm(backend)
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a = f.from_host(a_h)
+        for _ in range(2):
+            await ops.add(a, a).to_host()
+        await _idle(backend)
+        before = stream.inline_launches
+        monkeypatch.setattr(type(thread), "enter", entering)
+        monkeypatch.setattr(fake_cupy.Function, "__call__", launch)
+        y = ops.add(a, a)
+        assert stream.inline_launches == before
+        np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+        assert order == ["other", "add"]
     finally:
         await backend.shutdown()

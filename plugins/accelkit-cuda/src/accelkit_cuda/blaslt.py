@@ -46,7 +46,7 @@ import threading
 from typing import Any
 
 from accelkit_cuda import blas, capturing
-from accelkit_cuda.submission import turn
+from accelkit_cuda.submission import SubmissionThread, turn
 
 __all__ = [
     "CublasLt", "Signature", "available", "enabled", "linear_bias", "signature", "stats",
@@ -308,6 +308,20 @@ def _free(lt: CublasLt, desc: int, layouts: list[int]) -> None:
         lt.layout_destroy(layout)
 
 
+def _key(sig: Signature, x: int, w: int, bias: int, out: int) -> tuple[Signature, int]:
+    """A plan's key: the signature and the lowest alignment of the four pointers (at most 256
+    bytes), which the heuristic is told."""
+    a = x | w | bias | out | 256
+    return (sig, a & -a)
+
+
+def planned(thread: SubmissionThread, sig: Signature, x: int, w: int, bias: int, out: int) -> bool:
+    """Whether ``thread`` has looked for the plan :func:`linear_bias` would take for these
+    pointers (found or not): a call in its turn on another thread then builds none there."""
+    plans = thread.lt_plans
+    return plans is not None and _key(sig, x, w, bias, out) in plans
+
+
 def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) -> bool:
     """``out = x @ w.T + bias`` over device pointers in one cuBLASLt launch on the current
     stream (the capturing one during a capture), on the submission thread after
@@ -326,8 +340,7 @@ def linear_bias(cp: Any, sig: Signature, x: int, w: int, bias: int, out: int) ->
     if stream is None:
         stream = cp.cuda.get_current_stream().ptr
     handle, ws, size = blas.stream_context(cp, stream)
-    a = x | w | bias | out | 256
-    key = (sig, a & -a)  # the lowest alignment of the four pointers, at most 256 bytes
+    key = _key(sig, x, w, bias, out)
     plan = plans.get(key)
     if plan is None and key not in plans:
         if len(plans) >= _PLANS:

@@ -134,9 +134,11 @@ def _inline() -> bool:
 INLINE = _inline()
 
 #: Positions in flight (submitted, not yet seen complete) above which a launch is queued even
-#: where it could be made inline: a driver whose launch queue is full blocks the launching
-#: thread, which must not be the event loop's.
-INLINE_DEPTH = 256
+#: where it could be made inline: a driver whose launch queue is full (about a thousand pending
+#: launches) blocks the launching thread, which must not be the event loop's. A position may
+#: be several launches (a GEMM and its bias, a graph); the count of completed positions lags
+#: the device (the completer marks them), so the estimate errs on the side of queueing.
+INLINE_DEPTH = 128
 
 
 def _poll(event: Any, seconds: float) -> bool:
@@ -246,7 +248,12 @@ class Position:
 
     @property
     def done(self) -> bool:
-        return self.stream._completed_upto >= self.seq
+        stream = self.stream
+        if stream._completed_upto >= self.seq:
+            return True
+        if stream._covered:  # inline positions no event marks yet: deferred frees poll this
+            stream._flush()
+        return stream._completed_upto >= self.seq
 
 
 def _work(
@@ -386,14 +393,17 @@ class CUDAStream(DeviceErrors, PositionStream):
         deps: tuple[CUDAStream, ...] = ()
         if after:  # each stream once
             deps = tuple({id(s): s for s, _ in after}.values())
-        with self._lock:
-            self.submitted += 1
-            seq = self.submitted
         # A partial, not a closure: two objects the garbage collector tracks (the partial and
         # its arguments) where a closure over six variables made eight (a function, a cell a
         # variable and their tuple), each alive, and so counted and traversed by collections,
-        # for as long as the work is queued (``test_gc_tracked_objects_per_queued_op``).
-        self.thread.submit(partial(_work, self, seq, deps, fn, keepalive, what), self)
+        # for as long as the work is queued (``test_gc_tracked_objects_per_queued_op``). The
+        # position is taken and queued in one hold of the lock: positions of a stream are
+        # queued in order even from several threads, and an inline launch that finds work
+        # queued since its turn began queues instead (:meth:`_submit_inline`).
+        with self._lock:
+            self.submitted += 1
+            seq = self.submitted
+            self.thread.submit(partial(_work, self, seq, deps, fn, keepalive, what), self)
         return seq
 
     def _submit_inline(self, fn: Callable[[], object], keepalive: object, what: str) -> int:
@@ -403,14 +413,23 @@ class CUDAStream(DeviceErrors, PositionStream):
         if self.submitted - self._completed_upto >= INLINE_DEPTH:
             return 0
         thread = self.thread
-        if not thread.enter():
+        queued = thread.enter()
+        if queued is None:
             return 0
         try:
             with self._lock:
+                if thread.queued != queued:  # work queued since the turn began goes first
+                    return 0
                 self.submitted += 1
                 seq = self.submitted
             self.inline_launches += 1
             _work(self, seq, (), fn, keepalive, what, True)
+            # Someone who waits for this position may have checked for covered positions
+            # before it was covered (a blocking wait on another thread while the launch let
+            # the interpreter lock go): a waiter registers before it checks, so one of the two
+            # sees the other.
+            if self._covered and (self._blocked or self._awaited(seq)):
+                self._end_covered()
         finally:
             thread.leave()
         return seq
@@ -476,7 +495,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         if not self._covered or self._abandoned:
             return
         thread = self.thread
-        if thread.enter():
+        if thread.enter() is not None:
             try:
                 if self._covered:
                     self._end_covered()
@@ -630,9 +649,11 @@ class CUDAStream(DeviceErrors, PositionStream):
 
     def add_waiter(self, seq: int, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) once position ``seq`` has completed."""
+        # Registered first, then the check (see _submit_inline: one of the two sees the other)
+        remove = self._waiters.add(seq, callback, lambda: self._completed_upto)
         if self._covered:
             self._flush()
-        return self._waiters.add(seq, callback, lambda: self._completed_upto)
+        return remove
 
     async def wait_for(self, seq: int) -> None:
         """Wait, without blocking the loop, until position ``seq`` has completed (a poisoned
@@ -644,14 +665,19 @@ class CUDAStream(DeviceErrors, PositionStream):
 
     def wait_for_blocking(self, seq: int) -> None:
         self.check_usable()
-        if self._covered:
-            self._flush()
         with self._lock:
-            while self._completed_upto < seq:
+            wait = self._completed_upto < seq
+            if wait:  # counted first, then the check for covered positions (_submit_inline)
                 self._blocked += 1
-                try:
-                    self._done_cv.wait()
-                finally:
+        if wait:
+            try:
+                if self._covered:
+                    self._flush()
+                with self._lock:
+                    while self._completed_upto < seq:
+                        self._done_cv.wait()
+            finally:
+                with self._lock:
                     self._blocked -= 1
         self.raise_errors(seq)
 

@@ -117,6 +117,8 @@ class SubmissionThread:
         self.context = 0
         #: CuPy's driver module (set on the thread): ``ctxGetCurrent`` / ``ctxSetCurrent``.
         self._driver: Any = None
+        #: Whether the turn's holder had no context current and was lent the device's.
+        self._borrowed = False
         #: What the thread keeps for cuBLAS (:mod:`accelkit_cuda.blas`) and cuBLASLt
         #: (:mod:`accelkit_cuda.blaslt`): made on the thread, used by whoever holds the turn.
         self.blas_state: Any = None
@@ -181,35 +183,44 @@ class SubmissionThread:
                 return
         threading.Thread(target=_guarded(fn), name="accelkit-cuda-late", daemon=True).start()
 
-    def enter(self) -> bool:
-        """On a caller's thread: take the thread's turn, to make CUDA calls in place (True),
-        where the thread waits with nothing queued, the caller's thread has the device's
-        context current (or none, which is then made the device's: what a first CUDA call
-        there would do), and no turn is held. Work submitted meanwhile runs after
-        :meth:`leave`, in order. False: nothing taken; queue the work."""
+    def enter(self) -> int | None:
+        """On a caller's thread: take the thread's turn, to make CUDA calls in place, where the
+        thread waits with nothing queued, the caller's thread has the device's context current
+        (or none: it is made current until :meth:`leave`), and no turn is held; returns
+        :attr:`queued` at that moment (work queued later must run first: compare before
+        launching). Work submitted meanwhile runs after :meth:`leave`, in order. None: nothing
+        taken; queue the work."""
         context = self.context
         if not context:
-            return False
+            return None
         with self._lock:
             if not self._bell.idle or self._closed or not self._turn.acquire(False):
-                return False
+                return None
+            queued = self.queued
         try:
             driver = self._driver
             current = driver.ctxGetCurrent()
             if current != context:
                 if current:  # another device's (or context's): its thread, not this one
                     self._turn.release()
-                    return False
+                    return None
                 driver.ctxSetCurrent(context)
-        except BaseException:
+                self._borrowed = True
+        except Exception:  # (a driver error: the submission thread will meet it, and say so)
             self._turn.release()
-            raise
+            return None
         _holder.thread = self
-        return True
+        return queued
 
     def leave(self) -> None:
-        """Give back the turn :meth:`enter` took."""
+        """Give back the turn :meth:`enter` took (and the caller's thread its context: none)."""
         _holder.thread = None
+        if self._borrowed:
+            self._borrowed = False
+            try:
+                self._driver.ctxSetCurrent(0)
+            except Exception:  # nothing to give back then
+                _log.debug("cannot unset the CUDA context of a caller's thread", exc_info=True)
         self._turn.release()
 
     def start_trace(

@@ -28,6 +28,7 @@ from accelkit_cuda.submit import CUDAComponent, block_error, numpy_dtype, storag
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
+    from accelkit_cuda.stream import CUDAStream
 
 __all__ = ["CUDATensorKernels", "range_error"]
 
@@ -339,12 +340,32 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             _kept(self._linear_configs, key, config)
         stream = self.current_stream
         run = partial(_linear, config, stream, x, weight, bias, out, tf32)
-        # A plain launch once the submission thread has its cuBLAS handle and this stream's
-        # workspace, unless a bias cuBLASLt declines would take CuPy's path (whose cuBLAS
-        # handle is per OS thread).
-        inline = (bias is None or config[6] is not None) and blas.ready_on(stream.thread, stream.cp)
+        inline = self._plain_linear(config, stream, x, weight, bias, out)
         self.launch(run, (x, weight, bias), (out,), what="linear", inline=inline)
         return True
+
+    def _plain_linear(
+        self, config: tuple[Any, ...], stream: CUDAStream, x: Tensor, weight: Tensor,
+        bias: Tensor | None, out: Tensor,
+    ) -> bool:  # fmt: skip
+        """Whether :func:`_linear` is a plain launch for these tensors (it may then be made on
+        the caller's thread, :data:`accelkit_cuda.stream.INLINE`): the submission thread has
+        made its cuBLAS handle and this stream's workspace, and, with a bias, has looked for
+        cuBLASLt's plan for these pointers (its heuristic runs once, there) and has the bias
+        kernel a declined plan falls back to (not CuPy's path, whose cuBLAS handle is per OS
+        thread)."""
+        thread = stream.thread
+        if not blas.ready_on(thread, stream.cp):
+            return False
+        if bias is None:
+            return True
+        lt = config[7]
+        if config[6] is None:
+            return False
+        if lt is None:
+            return True
+        ptr = [buffer_of(t).handle.ptr for t in (x, weight, bias, out)]
+        return blaslt.planned(thread, lt, ptr[0], ptr[1], ptr[2], ptr[3])
 
     def _linear_config(
         self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, tf32: bool
