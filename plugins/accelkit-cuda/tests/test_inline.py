@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -68,6 +69,21 @@ async def _idle(backend: Any) -> None:
     with anyio.fail_after(10):
         while not thread._bell.idle or thread._queue:  # noqa: ASYNC110 - a thread's state
             await anyio.sleep(0.001)
+
+
+async def _steady(
+    backend: Any, a_h: np.ndarray[Any, Any], step: Callable[[Any, Any], Any] | None = None
+) -> tuple[Any, Any]:
+    """Ready for inline launches: the kernels loaded, ``a_h`` uploaded, ``step(ops, a)`` (an
+    add) run and read twice (the blocks it takes are the pool's cached ones from then on), and
+    the submission thread idle. Returns the TensorOps and the uploaded tensor."""
+    await _warm(backend)
+    ops = backend.tensor_ops
+    a = backend.tensor_factory.from_host(a_h)
+    for _ in range(2):
+        await (step(ops, a) if step is not None else ops.add(a, a)).to_host()
+    await _idle(backend)
+    return ops, a
 
 
 async def test_plain_launches_are_made_on_the_callers_thread_when_the_thread_is_idle(
@@ -214,12 +230,7 @@ async def test_an_inline_launch_error_is_raised_by_its_await(
         run(self, grid, block, args, **kwargs)
 
     try:
-        await _warm(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        a = f.from_host(a_h)
-        for _ in range(2):
-            await ops.mul(a, a).to_host()
-        await _idle(backend)
+        ops, a = await _steady(backend, a_h, lambda ops, a: ops.mul(a, a))
         before = backend.default_stream.inline_launches
         monkeypatch.setattr(fake_cupy.Function, "__call__", failing)
         y = ops.mul(a, a)  # returns: the error waits for the await
@@ -467,12 +478,7 @@ async def test_a_blocking_call_made_in_the_turn_runs_in_place(
         run(self, grid, block, args, **kwargs)
 
     try:
-        await _warm(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        a = f.from_host(a_h)
-        for _ in range(2):
-            await ops.add(a, a).to_host()
-        await _idle(backend)
+        ops, a = await _steady(backend, a_h)
         before = backend.default_stream.inline_launches
         seen.clear()
         monkeypatch.setattr(fake_cupy.Function, "__call__", calling)
@@ -506,12 +512,7 @@ async def test_the_thread_waits_for_the_turn(
         run(self, grid, block, args, **kwargs)
 
     try:
-        await _warm(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        a = f.from_host(a_h)
-        for _ in range(2):
-            await ops.add(a, a).to_host()
-        await _idle(backend)
+        ops, a = await _steady(backend, a_h)
         before = backend.default_stream.inline_launches
         monkeypatch.setattr(fake_cupy.Function, "__call__", slow)
         y = ops.add(a, a)
@@ -533,13 +534,8 @@ async def test_an_inline_chain_records_an_end_event_every_cover_max_positions(
     a_h = np.ones((8, 8), np.float32)
     cover = inline.stream.COVER_MAX
     try:
-        await _warm(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        a = f.from_host(a_h)
-        for _ in range(2):
-            await ops.add(ops.add(a, a), a).to_host()
+        ops, a = await _steady(backend, a_h, lambda ops, a: ops.add(ops.add(a, a), a))
         stream = backend.default_stream
-        await _idle(backend)
         before = (stream.inline_launches, stream.events_recorded)
         y = ops.add(a, a)
         for _ in range(cover):
@@ -611,12 +607,7 @@ async def test_a_blocking_wait_racing_an_inline_launch_returns(
         run(self, grid, block, args, **kwargs)
 
     try:
-        await _warm(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        a = f.from_host(a_h)
-        for _ in range(2):
-            await ops.add(a, a).to_host()
-        await _idle(backend)
+        ops, a = await _steady(backend, a_h)
         before = stream.inline_launches
         monkeypatch.setattr(fake_cupy.Function, "__call__", racing)
         y = ops.add(a, a)
@@ -660,12 +651,7 @@ async def test_work_queued_after_the_turn_began_goes_first(
         run(self, grid, block, args, **kwargs)
 
     try:
-        await _warm(backend)
-        f, ops = backend.tensor_factory, backend.tensor_ops
-        a = f.from_host(a_h)
-        for _ in range(2):
-            await ops.add(a, a).to_host()
-        await _idle(backend)
+        ops, a = await _steady(backend, a_h)
         before = stream.inline_launches
         monkeypatch.setattr(type(thread), "enter", entering)
         monkeypatch.setattr(fake_cupy.Function, "__call__", launch)
