@@ -427,3 +427,36 @@ async def test_queued_work_keeps_the_tensors_it_uses_out_of_the_pool(
     np.testing.assert_array_equal(await e.to_host(), np.full(n, 8.0, np.float32))
     for x in others:
         np.testing.assert_array_equal(await x.to_host(), np.full(n, 100.0, np.float32))
+
+
+def test_a_waiter_unregistered_never_shows_a_wrong_first_position(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ``Waiters.first`` is read without the lock (a stream's hint: is this position awaited?).
+    # Unregistering a waiter rebuilds the heap; a reader between the removal and the heapify
+    # must not see a later position first (the CUDA backend's inline launch would then skip
+    # recording the end of a position someone waits for, and that waiter would hang).
+    import heapq
+
+    from accelkit._core import positions
+
+    lock = threading.Lock()
+    waiters = positions.Waiters(lock)
+    never = lambda: 0  # noqa: E731 - nothing completes
+    remove_first = waiters.add(5, lambda: None, never)
+    waiters.add(10, lambda: None, never)
+    waiters.add(5, lambda: None, never)
+    seen: list[int | None] = []
+    heapify = heapq.heapify
+
+    def observed(heap: list[Any]) -> None:
+        seen.append(waiters.first())  # what another thread could read at this moment
+        heapify(heap)
+
+    monkeypatch.setattr(heapq, "heapify", observed)  # (the module positions uses)
+    assert remove_first is not None
+    remove_first()
+    assert seen
+    assert all(first == 5 for first in seen), seen
+    assert waiters.first() == 5
+    assert len(waiters) == 2

@@ -573,14 +573,19 @@ async def test_a_quiet_stream_does_not_hold_back_frees(inline: Plugin) -> None:
             keep = ops.add(a, a)  # inline on the side stream, never awaited
             assert side.inline_launches == before + 1
         del keep
-        mallocs = len(fake_cupy.MALLOCED)
-        for _ in range(30):
+        mallocs = 0
+        for i in range(30):
             y = ops.mul(ops.add(a, a), a)
             await y.to_host()
             mm.free(y)
             del y
+            if i == 4:  # the polls have found the side stream quiet and marked its position
+                with anyio.fail_after(10):
+                    while side.completed < side.submitted:  # noqa: ASYNC110 - the completer's
+                        await anyio.sleep(0.001)
+                mallocs = len(fake_cupy.MALLOCED)
         assert len(backend._deferred) <= 1  # (the last free's: the next allocation's prune)
-        assert len(fake_cupy.MALLOCED) - mallocs <= 4
+        assert len(fake_cupy.MALLOCED) - mallocs <= 2
     finally:
         await backend.shutdown()
 
@@ -661,3 +666,55 @@ async def test_work_queued_after_the_turn_began_goes_first(
         assert order == ["other", "add"]
     finally:
         await backend.shutdown()
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["queued", "inline"])
+async def test_frees_polling_busy_streams_queue_nothing_and_record_little(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
+    # With two streams every free's point is polled before each allocation. The polls mark a
+    # stream's inline positions only once it has gone quiet: they queue no closure, make no
+    # CUDA call on the loop's thread with inline launches off, and with them on do not record
+    # an end event per allocation (a busy stream's chain gets one within COVER_MAX positions).
+    monkeypatch.setattr(plugin.stream, "INLINE", on)
+    backend = await _open(plugin)
+    me = threading.get_ident()
+    a_h = np.ones((64, 64), np.float32)
+    queued: list[Any] = []
+    try:
+        await _warm(backend)
+        f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+        backend.create_stream()
+        a = f.from_host(a_h)
+        for _ in range(3):
+            y = ops.mul(ops.add(a, a), a)
+            await y.to_host()
+            mm.free(y)
+            del y
+        await _idle(backend)
+        submit = backend.thread.submit
+        monkeypatch.setattr(
+            backend.thread, "submit", lambda fn, owner=None: (queued.append(fn), submit(fn, owner))
+        )
+        stream = backend.default_stream
+        events = stream.events_recorded
+        fake_cupy.CALLS.clear()
+        for _ in range(40):
+            y = a
+            for _ in range(8):
+                y = ops.add(y, a)
+                mm.free(ops.mul(y, a))  # a free (deferred: two streams) and an allocation
+            await y.to_host()
+            del y
+        calls = _on(me)
+    finally:
+        await backend.shutdown()
+    flushes = [fn for fn in queued if getattr(fn, "func", None) is plugin.stream._flush_covered]
+    if not on:
+        assert not flushes
+        assert not [c for c in calls if c.startswith("driver.ctx")], calls
+    else:
+        # Polls queue none; an await that finds the thread busy (its read) queues one at most.
+        assert len(flushes) <= 40, len(flushes)
+        # each round: 16 positions, one await; an event a COVER_MAX + 1 positions at most
+        assert stream.events_recorded - events <= 40 * 3, stream.events_recorded - events

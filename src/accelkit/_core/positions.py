@@ -57,8 +57,11 @@ class Waiters:
                 def unregister() -> None:
                     with self._lock:
                         if entry in self._heap:
-                            self._heap.remove(entry)
-                            heapq.heapify(self._heap)
+                            # A new heap swapped in whole: :meth:`first` reads without the
+                            # lock, and a list mid-heapify may have the wrong first entry.
+                            heap = [e for e in self._heap if e is not entry]
+                            heapq.heapify(heap)
+                            self._heap = heap
 
                 return unregister
         callback()

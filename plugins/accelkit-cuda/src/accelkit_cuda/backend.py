@@ -117,6 +117,9 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         # Here before every allocation and statistics query: a poisoned backend stops here,
         # and a fault first seen by an event query is told as one.
         self._check_usable()
+        if self.deferred_pending:  # frees wait for every stream to pass their points
+            for s in self.streams:
+                s.poll_quiet()
         try:
             super().prune_streams()
         except CUDA_ERRORS as exc:

@@ -248,12 +248,7 @@ class Position:
 
     @property
     def done(self) -> bool:
-        stream = self.stream
-        if stream._completed_upto >= self.seq:
-            return True
-        if stream._covered:  # inline positions no event marks yet: deferred frees poll this
-            stream._flush()
-        return stream._completed_upto >= self.seq
+        return self.stream._completed_upto >= self.seq
 
 
 def _work(
@@ -280,7 +275,7 @@ def _work(
 
 def _flush_covered(stream: CUDAStream) -> None:
     """On the submission thread: mark the end of ``stream``'s covered positions, if any."""
-    if stream._covered:
+    if stream._inline_covered and stream._covered:
         stream._end_covered()
 
 
@@ -348,6 +343,11 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.polled_done = 0
         #: Positions launched on their caller's thread (:data:`INLINE`).
         self.inline_launches = 0
+        #: Whether :attr:`_covered` holds a position launched inline (which only a wait, a
+        #: later event or a quiet stream's poll marks: :meth:`_flush`, :meth:`poll_quiet`).
+        self._inline_covered = False
+        #: ``submitted`` at the last :meth:`poll_quiet`.
+        self._polled_at = -1
         others = tuple(after)
 
         def open_stream() -> None:
@@ -377,17 +377,18 @@ class CUDAStream(DeviceErrors, PositionStream):
         keepalive: object = (),
         after: Deps = (),
         what: str = "a kernel",
-        inline: bool = False,
+        inline: bool | Callable[[], bool] = False,
     ) -> int:
         """Queue ``fn`` (which launches on :attr:`cp`) for the submission thread; returns its
         position at once. ``after``: the ``(stream, position)`` of pending writers on other
         streams; the work waits (on the device) for everything queued on those streams when it
         is launched. ``fn``'s result and ``keepalive`` stay referenced until the work is done.
         ``inline``: ``fn`` is a plain launch (see the module docstring), which with
-        :data:`INLINE` is made here where the submission thread is idle."""
+        :data:`INLINE` is made here where the submission thread is idle; a function says
+        whether it is, asked in the thread's turn (what it reads, the thread may change)."""
         self.check_usable()
         if inline and INLINE and not after:
-            seq = self._submit_inline(fn, keepalive, what)
+            seq = self._submit_inline(fn, keepalive, what, inline)
             if seq:
                 return seq
         deps: tuple[CUDAStream, ...] = ()
@@ -406,7 +407,10 @@ class CUDAStream(DeviceErrors, PositionStream):
             self.thread.submit(partial(_work, self, seq, deps, fn, keepalive, what), self)
         return seq
 
-    def _submit_inline(self, fn: Callable[[], object], keepalive: object, what: str) -> int:
+    def _submit_inline(
+        self, fn: Callable[[], object], keepalive: object, what: str,
+        plain: bool | Callable[[], bool],
+    ) -> int:  # fmt: skip
         """Launch ``fn`` here, in the submission thread's turn, and return its position; 0
         (nothing done) where the thread is busy or has work queued, the calling thread has
         another device's context current, or :data:`INLINE_DEPTH` positions are in flight."""
@@ -417,6 +421,8 @@ class CUDAStream(DeviceErrors, PositionStream):
         if queued is None:
             return 0
         try:
+            if callable(plain) and not plain():
+                return 0
             with self._lock:
                 if thread.queued != queued:  # work queued since the turn began goes first
                     return 0
@@ -428,7 +434,7 @@ class CUDAStream(DeviceErrors, PositionStream):
             # before it was covered (a blocking wait on another thread while the launch let
             # the interpreter lock go): a waiter registers before it checks, so one of the two
             # sees the other.
-            if self._covered and (self._blocked or self._awaited(seq)):
+            if self._inline_covered and (self._blocked or self._awaited(seq)):
                 self._end_covered()
         finally:
             thread.leave()
@@ -459,6 +465,8 @@ class CUDAStream(DeviceErrors, PositionStream):
             and not self._abandoned
             and self._usable()
         ):
+            if inline:
+                self._inline_covered = True
             return
         self._end_covered()
 
@@ -474,6 +482,7 @@ class CUDAStream(DeviceErrors, PositionStream):
                 self._fail(
                     covered[0][0], as_accel_error(exc, f"work on {self.name}", self.on_error)
                 )
+        self._inline_covered = False
         with self._lock:
             seq, keep = covered.pop()
             if covered:
@@ -489,10 +498,11 @@ class CUDAStream(DeviceErrors, PositionStream):
             else:
                 self._work_bell.ring()
 
-    def _flush(self) -> None:
-        """Mark the end of the positions launched inline that no event marks yet: here, in the
-        submission thread's turn where it is free, else by a closure queued for it."""
-        if not self._covered or self._abandoned:
+    def _flush(self, queue: bool = True) -> None:
+        """Mark the end of the positions launched inline that no event marks yet (none: a
+        queued chain's end is the thread's to mark): here, in the submission thread's turn
+        where it is free, else (``queue``) by a closure queued for it."""
+        if not self._inline_covered or self._abandoned:
             return
         thread = self.thread
         if thread.enter() is not None:
@@ -501,8 +511,19 @@ class CUDAStream(DeviceErrors, PositionStream):
                     self._end_covered()
             finally:
                 thread.leave()
-        else:
+        elif queue:
             thread.submit(partial(_flush_covered, self))
+
+    def poll_quiet(self) -> None:
+        """Before an allocation while frees wait for the streams to pass their points (the
+        backend's ``prune_streams``): mark the end of positions launched inline on a stream
+        that has had no submission since the last such poll. Nobody may ever wait for them,
+        and a free waits for them; a busy stream's chain gets its event within
+        :data:`COVER_MAX` positions. Never queues anything (the next poll tries again)."""
+        submitted = self.submitted
+        if self._inline_covered and submitted == self._polled_at:
+            self._flush(queue=False)
+        self._polled_at = submitted
 
     def _end_event(self) -> Any:
         """A blocking-sync event recorded now at the end of the stream (submission thread): a
@@ -651,7 +672,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         """Call ``callback`` (from any thread) once position ``seq`` has completed."""
         # Registered first, then the check (see _submit_inline: one of the two sees the other)
         remove = self._waiters.add(seq, callback, lambda: self._completed_upto)
-        if self._covered:
+        if self._inline_covered:
             self._flush()
         return remove
 
@@ -671,7 +692,7 @@ class CUDAStream(DeviceErrors, PositionStream):
                 self._blocked += 1
         if wait:
             try:
-                if self._covered:
+                if self._inline_covered:
                     self._flush()
                 with self._lock:
                     while self._completed_upto < seq:
@@ -710,7 +731,7 @@ class CUDAStream(DeviceErrors, PositionStream):
 
     def query(self) -> bool:
         self.check_usable()
-        if self._covered:
+        if self._inline_covered:
             self._flush()
         return self._completed_upto >= self.submitted
 
@@ -723,6 +744,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         with self._lock:
             self.checks = []
             self._covered = []
+            self._inline_covered = False
             self._closed = True
             self._work_bell.ring()
 
@@ -738,6 +760,7 @@ class CUDAStream(DeviceErrors, PositionStream):
             self.checks = []
             self._pending.clear()
             self._covered = []  # launched inline and never awaited: what they kept goes now
+            self._inline_covered = False
             self._completed_upto = self.submitted
             ready = self._due_locked()
         for cb in ready:
@@ -768,7 +791,7 @@ class CUDAEvent(Event):
     def query(self) -> bool:
         stream = self._stream
         stream.check_usable()
-        if stream._covered:
+        if stream._inline_covered:
             stream._flush()
         return stream._completed_upto >= self.seq
 
@@ -790,9 +813,6 @@ class CUDAEvent(Event):
 
         return thread.call_blocking(elapsed)
 
-    def __repr__(self) -> str:
-        try:
-            state = "done" if self.query() else "pending"
-        except AccelError:
-            state = "failed"
+    def __repr__(self) -> str:  # (no query: it may mark inline positions' ends)
+        state = "done" if self._stream._completed_upto >= self.seq else "pending"
         return f"<CUDAEvent on {self._stream.name} {state}>"

@@ -206,22 +206,28 @@ class SubmissionThread:
                     return None
                 driver.ctxSetCurrent(context)
                 self._borrowed = True
-        except Exception:  # (a driver error: the submission thread will meet it, and say so)
-            self._turn.release()
-            return None
+        except BaseException as exc:  # a driver error (the thread will meet it), an interrupt
+            self._give_back()
+            if isinstance(exc, Exception):
+                return None
+            raise
         _holder.thread = self
         return queued
 
     def leave(self) -> None:
         """Give back the turn :meth:`enter` took (and the caller's thread its context: none)."""
         _holder.thread = None
-        if self._borrowed:
-            self._borrowed = False
-            try:
+        self._give_back()
+
+    def _give_back(self) -> None:
+        try:
+            if self._borrowed:
+                self._borrowed = False
                 self._driver.ctxSetCurrent(0)
-            except Exception:  # nothing to give back then
-                _log.debug("cannot unset the CUDA context of a caller's thread", exc_info=True)
-        self._turn.release()
+        except Exception:  # nothing to give back then
+            _log.debug("cannot unset the CUDA context of a caller's thread", exc_info=True)
+        finally:
+            self._turn.release()
 
     def start_trace(
         self, clock: Callable[[], float] = time.perf_counter

@@ -156,7 +156,7 @@ class CUDAComponent(KernelBase[CUDAStream]):
         hold: tuple[Any, ...],
         what: str = "a kernel",
         keepalive: tuple[Any, ...] = (),
-        inline: bool = False,
+        inline: bool | Callable[[], bool] = False,
         **options: Any,
     ) -> int:
         """Queue ``fn`` (which launches CuPy or NVRTC kernels) on ``stream``, after the pending
@@ -164,8 +164,9 @@ class CUDAComponent(KernelBase[CUDAStream]):
         thread, and its errors are raised by the await that covers the outputs (``what`` names
         it there). ``keepalive`` (and, with more than one stream, the tensors in ``hold``) stay
         referenced until the work has completed; with one stream, stream order alone keeps a
-        recycled block from being reused early. ``inline``: ``fn`` is a plain launch, which
-        the stream may make on this thread (:data:`accelkit_cuda.stream.INLINE`)."""
+        recycled block from being reused early. ``inline``: ``fn`` is a plain launch (or a
+        function saying so in the submission thread's turn), which the stream may make on this
+        thread (:data:`accelkit_cuda.stream.INLINE`)."""
         keep = (hold, keepalive) if stream.track else keepalive
         return stream.submit(fn, keep, deps, what, inline)
 

@@ -347,13 +347,14 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
     def _plain_linear(
         self, config: tuple[Any, ...], stream: CUDAStream, x: Tensor, weight: Tensor,
         bias: Tensor | None, out: Tensor,
-    ) -> bool:  # fmt: skip
+    ) -> bool | Callable[[], bool]:  # fmt: skip
         """Whether :func:`_linear` is a plain launch for these tensors (it may then be made on
         the caller's thread, :data:`accelkit_cuda.stream.INLINE`): the submission thread has
-        made its cuBLAS handle and this stream's workspace, and, with a bias, has looked for
-        cuBLASLt's plan for these pointers (its heuristic runs once, there) and has the bias
+        made its cuBLAS handle and this stream's workspace, and, with a bias, has the bias
         kernel a declined plan falls back to (not CuPy's path, whose cuBLAS handle is per OS
-        thread)."""
+        thread) and has looked for cuBLASLt's plan for these pointers (its heuristic runs
+        there): asked in the thread's turn (a function), since the thread may drop its plans
+        meanwhile."""
         thread = stream.thread
         if not blas.ready_on(thread, stream.cp):
             return False
@@ -365,7 +366,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
         if lt is None:
             return True
         ptr = [buffer_of(t).handle.ptr for t in (x, weight, bias, out)]
-        return blaslt.planned(thread, lt, ptr[0], ptr[1], ptr[2], ptr[3])
+        return partial(blaslt.planned, thread, lt, ptr[0], ptr[1], ptr[2], ptr[3])
 
     def _linear_config(
         self, x: Tensor, weight: Tensor, bias: Tensor | None, out: Tensor, tf32: bool
