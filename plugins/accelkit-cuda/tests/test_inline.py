@@ -249,7 +249,8 @@ async def test_an_inline_launch_error_is_raised_by_its_await(
 async def test_a_caller_on_another_context_queues(inline: Plugin) -> None:
     # The caller's thread has another device's context current: its launches go to the
     # submission thread (a launch needs the kernel's context current); with none current, the
-    # device's is made current for the launch and unset after it (the user's CUDA code on that
+    # device's is made current: cuda:0's stays (what the runtime makes current on a thread's
+    # first call), another device's is unset after the launch (the user's CUDA code on that
     # thread finds the runtime's default, not this backend's device).
     backend = await _open(inline)
     a_h = np.ones((8, 8), np.float32)
@@ -278,13 +279,21 @@ async def test_a_caller_on_another_context_queues(inline: Plugin) -> None:
 
         fake_cupy.Function.__call__ = launch  # type: ignore[method-assign]
         try:
+            y = ops.add(a, a)  # cuda:0: its context stays (the runtime's default anyway)
+            np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+            assert seen == [fake_cupy.CONTEXT]
+            assert stub.current == fake_cupy.CONTEXT
+            stub.current = 0
+            backend.thread.device_index = 1  # as if cuda:1: its context is lent for the launch
+            del y  # (its block serves the next add: no allocation queued ahead of it)
+            await _idle(backend)
             y = ops.add(a, a)
+            np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+            assert seen == [fake_cupy.CONTEXT] * 2
+            assert stub.current == 0  # and taken back
         finally:
             fake_cupy.Function.__call__ = run  # type: ignore[method-assign]
-        np.testing.assert_array_equal(await y.to_host(), a_h * 2)
-        assert stream.inline_launches == before + 1
-        assert seen == [fake_cupy.CONTEXT]  # lent for the launch
-        assert stub.current == 0  # and given back
+        assert stream.inline_launches == before + 2
     finally:
         stub.current = 0
         await backend.shutdown()

@@ -434,7 +434,9 @@ class CUDAStream(DeviceErrors, PositionStream):
             # before it was covered (a blocking wait on another thread while the launch let
             # the interpreter lock go): a waiter registers before it checks, so one of the two
             # sees the other.
-            if self._inline_covered and (self._blocked or self._awaited(seq)):
+            if self._inline_covered and (
+                self._blocked or ((first := self._waiters.first()) is not None and first <= seq)
+            ):
                 self._end_covered()
         finally:
             thread.leave()

@@ -186,7 +186,9 @@ class SubmissionThread:
     def enter(self) -> int | None:
         """On a caller's thread: take the thread's turn, to make CUDA calls in place, where the
         thread waits with nothing queued, the caller's thread has the device's context current
-        (or none: it is made current until :meth:`leave`), and no turn is held; returns
+        (or none: it is made current, until :meth:`leave` unless the device is cuda:0, whose
+        primary context the runtime makes current on a thread anyway), and no turn is held;
+        returns
         :attr:`queued` at that moment (work queued later must run first: compare before
         launching). Work submitted meanwhile runs after :meth:`leave`, in order. None: nothing
         taken; queue the work."""
@@ -205,7 +207,9 @@ class SubmissionThread:
                     self._turn.release()
                     return None
                 driver.ctxSetCurrent(context)
-                self._borrowed = True
+                # Device 0's primary context stays: it is what the CUDA runtime makes current
+                # on a thread's first call anyway. Another device's is lent for the turn only.
+                self._borrowed = self.device_index != 0
         except BaseException as exc:  # a driver error (the thread will meet it), an interrupt
             self._give_back()
             if isinstance(exc, Exception):
@@ -215,9 +219,12 @@ class SubmissionThread:
         return queued
 
     def leave(self) -> None:
-        """Give back the turn :meth:`enter` took (and the caller's thread its context: none)."""
+        """Give back the turn :meth:`enter` took (and a lent context)."""
         _holder.thread = None
-        self._give_back()
+        if self._borrowed:
+            self._give_back()
+        else:
+            self._turn.release()
 
     def _give_back(self) -> None:
         try:

@@ -15,6 +15,7 @@ from accelkit.sdk import Operand, TensorKernels, buffer_of
 from accelkit.tensor import Tensor
 from accelkit_cuda import blas, blaslt
 from accelkit_cuda import cupy_tensor as ck
+from accelkit_cuda import stream as cuda_stream
 from accelkit_cuda.fast_elementwise import (
     BIAS_DTYPES,
     BLOCK,
@@ -340,7 +341,7 @@ class CUDATensorKernels(CUDAComponent, TensorKernels):
             _kept(self._linear_configs, key, config)
         stream = self.current_stream
         run = partial(_linear, config, stream, x, weight, bias, out, tf32)
-        inline = self._plain_linear(config, stream, x, weight, bias, out)
+        inline = cuda_stream.INLINE and self._plain_linear(config, stream, x, weight, bias, out)
         self.launch(run, (x, weight, bias), (out,), what="linear", inline=inline)
         return True
 
