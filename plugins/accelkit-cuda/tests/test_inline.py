@@ -727,3 +727,76 @@ async def test_frees_polling_busy_streams_queue_nothing_and_record_little(
         assert len(flushes) <= 40, len(flushes)
         # each round: 16 positions, one await; an event a COVER_MAX + 1 positions at most
         assert stream.events_recorded - events <= 40 * 3, stream.events_recorded - events
+
+
+async def test_a_quiet_stream_does_not_hold_back_frees_while_the_thread_is_busy(
+    inline: Plugin,
+) -> None:
+    # As above, with the submission thread kept busy by other work at every allocation: the
+    # poll queues one closure for the quiet stream (not one an allocation, and not none).
+    backend = await _open(inline)
+    a_h = np.ones((64, 64), np.float32)
+    stop = threading.Event()
+    try:
+        await _warm(backend)
+        f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+        side = backend.create_stream()
+        a = f.from_host(a_h)
+        with backend.use_stream(side):
+            for _ in range(3):
+                await ops.add(a, a).to_host()
+        await backend.synchronize()
+        await _idle(backend)
+        with backend.use_stream(side):
+            before = side.inline_launches
+            keep = ops.add(a, a)  # inline on the side stream, never awaited
+            assert side.inline_launches == before + 1
+        del keep
+        thread = backend.thread
+
+        def busy() -> None:  # other work keeping the thread busy
+            time.sleep(0.0005)
+            if not stop.is_set():
+                thread.requeue(busy)
+
+        thread.submit(busy)
+        for _ in range(40):
+            y = ops.mul(ops.add(a, a), a)
+            await y.to_host()
+            mm.free(y)
+            del y
+        assert side.completed == side.submitted
+        assert len(backend._deferred) <= 2, len(backend._deferred)
+    finally:
+        stop.set()
+        await backend.shutdown()
+
+
+async def test_an_interrupt_in_an_inline_launch_is_the_callers(
+    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C lands in a launch made in place: the caller gets its KeyboardInterrupt (not a
+    # DeviceError at a later await), the turn is given back, and the stream goes on.
+    backend = await _open(inline)
+    a_h = np.ones((8, 8), np.float32)
+    run = fake_cupy.Function.__call__
+
+    def interrupted(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        ops, a = await _steady(backend, a_h)
+        stream = backend.default_stream
+        before = stream.inline_launches
+        monkeypatch.setattr(fake_cupy.Function, "__call__", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            ops.add(a, a)
+        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
+        assert stream.inline_launches == before + 1
+        assert not backend.thread._turn._is_owned()
+        with anyio.fail_after(10), pytest.raises(DeviceError, match="KeyboardInterrupt"):
+            await stream.wait_for(stream.submitted)  # the position's own report
+        await _idle(backend)
+        np.testing.assert_array_equal(await ops.add(a, a).to_host(), a_h * 2)
+    finally:
+        await backend.shutdown()

@@ -260,6 +260,7 @@ def _work(
     its error is kept for the await that covers the position, and its end marked for the
     completer either way."""
     result: object = None
+    interrupt: BaseException | None = None
     try:
         if stream._abandoned:
             return
@@ -270,7 +271,11 @@ def _work(
             result = fn()
     except BaseException as exc:
         stream._fail(seq, as_accel_error(exc, what, stream.on_error))
+        if inline and not isinstance(exc, Exception):  # the caller's interrupt: its own
+            interrupt = exc
     stream._recorded(seq, (keepalive, result), inline)
+    if interrupt is not None:
+        raise interrupt
 
 
 def _flush_covered(stream: CUDAStream) -> None:
@@ -346,8 +351,9 @@ class CUDAStream(DeviceErrors, PositionStream):
         #: Whether :attr:`_covered` holds a position launched inline (which only a wait, a
         #: later event or a quiet stream's poll marks: :meth:`_flush`, :meth:`poll_quiet`).
         self._inline_covered = False
-        #: ``submitted`` at the last :meth:`poll_quiet`.
+        #: ``submitted`` at the last :meth:`poll_quiet`, and when it last queued a flush.
         self._polled_at = -1
+        self._flush_queued_at = -1
         others = tuple(after)
 
         def open_stream() -> None:
@@ -460,6 +466,8 @@ class CUDAStream(DeviceErrors, PositionStream):
         submission and loop threads then wait for). Covered inline positions are marked when
         someone waits for them (:meth:`_flush`) or by the next event recorded."""
         covered = self._covered
+        if inline:  # (before the append: a flag left set costs one needless flush at most)
+            self._inline_covered = True
         covered.append((seq, keep))
         if (
             len(covered) <= COVER_MAX
@@ -467,8 +475,6 @@ class CUDAStream(DeviceErrors, PositionStream):
             and not self._abandoned
             and self._usable()
         ):
-            if inline:
-                self._inline_covered = True
             return
         self._end_covered()
 
@@ -476,6 +482,9 @@ class CUDAStream(DeviceErrors, PositionStream):
         """In the submission thread's turn: record one event at the end of the stream, which
         marks the end of every covered position, and hand them to the completer."""
         covered = self._covered
+        if not covered:  # (closed or abandoned meanwhile: nothing is left to mark)
+            self._inline_covered = False
+            return
         event: Any = None
         if not self._abandoned and self._usable():
             try:
@@ -484,13 +493,13 @@ class CUDAStream(DeviceErrors, PositionStream):
                 self._fail(
                     covered[0][0], as_accel_error(exc, f"work on {self.name}", self.on_error)
                 )
-        self._inline_covered = False
         with self._lock:
             seq, keep = covered.pop()
             if covered:
                 self._pending.extend([(s, COVERED, k) for s, k in covered])
                 covered.clear()
             self._pending.append((seq, event, keep))
+            self._inline_covered = False  # (once they are the completer's)
             del keep
             if self._completer is None:
                 self._completer = threading.Thread(
@@ -521,10 +530,13 @@ class CUDAStream(DeviceErrors, PositionStream):
         backend's ``prune_streams``): mark the end of positions launched inline on a stream
         that has had no submission since the last such poll. Nobody may ever wait for them,
         and a free waits for them; a busy stream's chain gets its event within
-        :data:`COVER_MAX` positions. Never queues anything (the next poll tries again)."""
+        :data:`COVER_MAX` positions. Marked in the submission thread's turn where it is free,
+        else by one closure queued for it a quiet spell (the thread may stay busy)."""
         submitted = self.submitted
         if self._inline_covered and submitted == self._polled_at:
-            self._flush(queue=False)
+            # In the turn where the thread is free, else by one closure a quiet spell
+            self._flush(queue=self._flush_queued_at != submitted)
+            self._flush_queued_at = submitted
         self._polled_at = submitted
 
     def _end_event(self) -> Any:

@@ -111,7 +111,9 @@ class SubmissionThread:
         self._bell = Bell()
         #: Held while closures run (a round on the thread) or while a caller launches in place
         #: (:meth:`enter` to :meth:`leave`): CUDA calls of the device are made one turn at a time.
-        self._turn = threading.Lock()
+        #: An RLock for its ``_is_owned`` (an interrupt in :meth:`enter` must not keep it); never
+        #: taken twice by one thread (:meth:`enter` refuses a holder).
+        self._turn = threading.RLock()
         #: The device's CUDA context (its primary context), read on the thread once it is
         #: current there; 0 until then (:meth:`enter` refuses).
         self.context = 0
@@ -193,30 +195,34 @@ class SubmissionThread:
         launching). Work submitted meanwhile runs after :meth:`leave`, in order. None: nothing
         taken; queue the work."""
         context = self.context
-        if not context:
+        turn = self._turn
+        if not context or turn._is_owned():  # type: ignore[attr-defined]  # (no re-entry)
             return None
-        with self._lock:
-            if not self._bell.idle or self._closed or not self._turn.acquire(False):
-                return None
-            queued = self.queued
         try:
+            with self._lock:
+                if not self._bell.idle or self._closed or not turn.acquire(False):
+                    return None
+                queued = self.queued
             driver = self._driver
             current = driver.ctxGetCurrent()
             if current != context:
                 if current:  # another device's (or context's): its thread, not this one
-                    self._turn.release()
+                    turn.release()
                     return None
                 driver.ctxSetCurrent(context)
                 # Device 0's primary context stays: it is what the CUDA runtime makes current
                 # on a thread's first call anyway. Another device's is lent for the turn only.
                 self._borrowed = self.device_index != 0
+            _holder.thread = self
+            return queued
         except BaseException as exc:  # a driver error (the thread will meet it), an interrupt
-            self._give_back()
+            # (wherever it lands, the turn is not kept: an RLock knows whether it is held)
+            if turn._is_owned():  # type: ignore[attr-defined]
+                _holder.thread = None
+                self._give_back()
             if isinstance(exc, Exception):
                 return None
             raise
-        _holder.thread = self
-        return queued
 
     def leave(self) -> None:
         """Give back the turn :meth:`enter` took (and a lent context)."""
