@@ -561,27 +561,35 @@ async def test_an_inline_chain_records_an_end_event_every_cover_max_positions(
         await backend.shutdown()
 
 
+async def _quiet_side(backend: Any, a_h: np.ndarray[Any, Any]) -> tuple[Any, Any, Any, Any]:
+    """A second stream with one position launched inline and never awaited (no end event
+    marks it), the thread idle: returns the TensorOps, the memory manager, ``a_h`` uploaded,
+    and that stream."""
+    await _warm(backend)
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    side = backend.create_stream()
+    a = f.from_host(a_h)
+    with backend.use_stream(side):
+        for _ in range(3):
+            await ops.add(a, a).to_host()
+    await backend.synchronize()
+    await _idle(backend)
+    with backend.use_stream(side):
+        before = side.inline_launches
+        ops.add(a, a)
+        assert side.inline_launches == before + 1
+    return ops, mm, a, side
+
+
 async def test_a_quiet_stream_does_not_hold_back_frees(inline: Plugin) -> None:
     # With two streams a freed block waits until every stream has passed the point of its
-    # free. A position launched inline on a stream nobody awaits has no end event: the free's
-    # poll marks it (Position.done), so frees do not pile up and the pool reuses its blocks.
+    # free. A position launched inline on a stream nobody awaits has no end event: the poll
+    # before an allocation marks it once the stream has stayed quiet (poll_quiet), so frees do
+    # not pile up and the pool reuses its blocks.
     backend = await _open(inline)
     a_h = np.ones((64, 64), np.float32)
     try:
-        await _warm(backend)
-        f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
-        side = backend.create_stream()
-        a = f.from_host(a_h)
-        with backend.use_stream(side):
-            for _ in range(3):
-                await ops.add(a, a).to_host()
-        await backend.synchronize()
-        await _idle(backend)
-        with backend.use_stream(side):
-            before = side.inline_launches
-            keep = ops.add(a, a)  # inline on the side stream, never awaited
-            assert side.inline_launches == before + 1
-        del keep
+        ops, mm, a, side = await _quiet_side(backend, a_h)
         mallocs = 0
         for i in range(30):
             y = ops.mul(ops.add(a, a), a)
@@ -738,20 +746,7 @@ async def test_a_quiet_stream_does_not_hold_back_frees_while_the_thread_is_busy(
     a_h = np.ones((64, 64), np.float32)
     stop = threading.Event()
     try:
-        await _warm(backend)
-        f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
-        side = backend.create_stream()
-        a = f.from_host(a_h)
-        with backend.use_stream(side):
-            for _ in range(3):
-                await ops.add(a, a).to_host()
-        await backend.synchronize()
-        await _idle(backend)
-        with backend.use_stream(side):
-            before = side.inline_launches
-            keep = ops.add(a, a)  # inline on the side stream, never awaited
-            assert side.inline_launches == before + 1
-        del keep
+        ops, mm, a, side = await _quiet_side(backend, a_h)
         thread = backend.thread
 
         def busy() -> None:  # other work keeping the thread busy
