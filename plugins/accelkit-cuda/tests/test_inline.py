@@ -19,6 +19,7 @@ import anyio
 import fake_cupy
 import numpy as np
 import pytest
+import test_graphs
 import test_offloop
 from test_offloop import Plugin, _open
 
@@ -26,8 +27,10 @@ from accelkit.errors import DeviceError
 
 pytestmark = pytest.mark.anyio
 
-#: The plugin's modules over the stand-in (test_offloop's fixture, found here by its name).
+#: The plugin's modules over the stand-in (test_offloop's fixture, found here by its name), and
+#: the stand-in's cuBLAS where the plugin's blas module finds it (test_graphs').
 plugin = test_offloop.plugin
+cublas = test_graphs.cublas
 
 #: What the caller's thread may call in the submission thread's turn: launches, CuPy's current
 #: stream, the end events, the context check, and cuBLAS/cuBLASLt calls on a handle made before.
@@ -327,13 +330,11 @@ async def test_a_deep_stream_queues(inline: Plugin, monkeypatch: pytest.MonkeyPa
 
 
 async def test_gemms_in_the_turn_use_the_submission_threads_cublas_handle(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+    inline: Plugin, cublas: fake_cupy.Cublas
 ) -> None:
     # A linear is launched in place once the submission thread has made its cuBLAS handle and
     # the stream's workspace (the first GEMM, queued): the caller's thread then makes cuBLAS
     # calls on that handle, and no handle, workspace or plan allocation of its own.
-    lib = fake_cupy.Cublas()
-    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blas"), "_cublas", lib)
     backend = await _open(inline)
     me = threading.get_ident()
     rng = np.random.default_rng(1)
@@ -355,23 +356,21 @@ async def test_gemms_in_the_turn_use_the_submission_threads_cublas_handle(
         _check_caller_calls(me)  # the first two made none of theirs here
         before = stream.inline_launches
         fake_cupy.CALLS.clear()
-        lib.calls.clear()
+        cublas.calls.clear()
         got = await ops.linear(x, w, b).to_host()
         assert stream.inline_launches == before + 1
         assert np.all(np.abs(got - want) <= bound)
         names = _check_caller_calls(me)
         assert any(n.startswith("cublas") for n in names), names
-        assert all(c[1][0] == fake_cupy.CUBLAS_HANDLE for c in lib.calls if c[1])
+        assert all(c[1][0] == fake_cupy.CUBLAS_HANDLE for c in cublas.calls if c[1])
     finally:
         await backend.shutdown()
 
 
 async def test_a_graph_is_launched_in_place_once_it_has_run(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+    inline: Plugin, cublas: fake_cupy.Cublas
 ) -> None:
     # A CUDA graph's first launch uploads it (queued); later replays are plain launches.
-    lib = fake_cupy.Cublas()
-    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blas"), "_cublas", lib)
     backend = await _open(inline)
     me = threading.get_ident()
     a_h = np.arange(64, dtype=np.float32).reshape(8, 8) / 16
@@ -419,14 +418,12 @@ def test_the_switch_reads_the_environment(
 
 
 async def test_a_service_mix_makes_only_plain_launches_on_the_loop_thread(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
+    inline: Plugin, cublas: fake_cupy.Cublas
 ) -> None:
     # test_offloop's mix of ops, three times: in the last round (blocks cached, kernels loaded,
     # cuBLAS found) the loop's thread launches in place whatever is a plain launch, and makes
     # no other CUDA call; the rest (CuPy's paths, checked launches, copies) is queued as
     # before; the answers are NumPy's either way.
-    lib = fake_cupy.Cublas()
-    monkeypatch.setattr(importlib.import_module("accelkit_cuda.blas"), "_cublas", lib)
     backend = await _open(inline)
     me = threading.get_ident()
     host = np.arange(24, dtype=np.float32).reshape(4, 6) / 10

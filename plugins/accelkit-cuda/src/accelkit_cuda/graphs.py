@@ -123,17 +123,17 @@ async def capture_graph(backend: CUDABackend, recording: GraphRecording) -> Nati
     inputs, outputs = recording.inputs, recording.outputs
     keep = (graph, pool, kept, recording)
 
-    launched: list[bool] = []
+    uploaded = False
 
     def run() -> None:
+        nonlocal uploaded
         graph.launch(stream.cp)
-        if not launched:
-            launched.append(True)
+        uploaded = True
 
     def launch() -> None:
         # A plain launch once it has run (its first launch uploads the graph to the device).
         writers = other_writers(stream, inputs)
-        seq = stream.submit(run, keep, writers, "a CUDA graph", bool(launched))
+        seq = stream.submit(run, keep, writers, "a CUDA graph", uploaded)
         mark_written(outputs, stream, seq)
 
     return NativeGraph(launch, "cuda-graph")

@@ -190,10 +190,9 @@ class SubmissionThread:
         thread waits with nothing queued, the caller's thread has the device's context current
         (or none: it is made current, until :meth:`leave` unless the device is cuda:0, whose
         primary context the runtime makes current on a thread anyway), and no turn is held;
-        returns
-        :attr:`queued` at that moment (work queued later must run first: compare before
-        launching). Work submitted meanwhile runs after :meth:`leave`, in order. None: nothing
-        taken; queue the work."""
+        returns :attr:`queued` at that moment (work queued later must run first: compare
+        before launching). Work submitted meanwhile runs after :meth:`leave`, in order. None:
+        nothing taken; queue the work."""
         context = self.context
         turn = self._turn
         if not context or turn._is_owned():  # type: ignore[attr-defined]  # (no re-entry)
