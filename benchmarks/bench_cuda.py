@@ -321,8 +321,9 @@ async def _inline_modes(
     SMALL_CALLS back-to-back adds, the synchronization after each untimed) and its round trip
     (an add, then ``synchronize``) with plain launches queued for the submission thread and
     made on the caller's thread (``accelkit_cuda.stream.INLINE``), interleaved, PyTorch's
-    beside; the block's answer with inline launches against PyTorch's (``want``), and how many
-    of a block's positions were launched inline. The setting is put back after each run."""
+    beside; the block's answer with inline launches against PyTorch's (``want``), how many
+    of a block's positions were launched inline, and the block's step timeline with them
+    (``block()`` submits a block). The setting is put back after each run."""
     from accelkit_cuda import stream
 
     current = stream.INLINE
@@ -374,6 +375,13 @@ async def _inline_modes(
         await backend.synchronize()
 
     r_off, r_on = await interleaved(at(False, trip), at(True, trip), BLOCK_ROUNDS)
+    timeline: list[str] = []
+
+    async def steps() -> None:  # the block's step timeline with the switch on
+        m = await block_timeline(backend, block, 15)
+        timeline.extend(f"block inline {line}" for line in describe_timeline(m, 15))
+
+    await at(True, steps)()
     med = statistics.median
     return [
         f"inline launches (ACCELKIT_CUDA_INLINE; the figures above ran with {current}): block"
@@ -382,6 +390,7 @@ async def _inline_modes(
         f"inline launches: add 64x64 caller time {med(times[False]) * 1e6:.1f} us queued,"
         f" {med(times[True]) * 1e6:.1f} us inline (torch {med(t_th) * 1e6:.1f} us, launch"
         f" included); add round trip {r_off * 1e3:.3f} ms queued, {r_on * 1e3:.3f} ms inline",
+        *timeline,
     ]
 
 

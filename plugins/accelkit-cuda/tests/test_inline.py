@@ -10,6 +10,7 @@ on a GPU is ``benchmarks/bench_cuda.py``'s to say (unmeasured when written)."""
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -70,7 +71,7 @@ async def _idle(backend: Any) -> None:
     allocation's, may still be running when the await returns)."""
     thread = backend.thread
     with anyio.fail_after(10):
-        while not thread._bell.idle or thread._queue:  # noqa: ASYNC110 - a thread's state
+        while not thread.idle:  # noqa: ASYNC110 - a thread's state
             await anyio.sleep(0.001)
 
 
@@ -792,3 +793,108 @@ async def test_an_interrupt_in_an_inline_launch_is_the_callers(
         np.testing.assert_array_equal(await ops.add(a, a).to_host(), a_h * 2)
     finally:
         await backend.shutdown()
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["queued", "inline"])
+async def test_the_step_timeline_sees_inline_launches(
+    plugin: Plugin, cublas: fake_cupy.Cublas, monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
+    """The step timeline (``accelkit_cuda.timeline``) waits for an idle submission thread
+    before a step, so that the step's launches go inline with the switch on (its first timing
+    event, queued just before them, kept them all queued), and counts them: the positions and
+    the caller's time in the thread's turn; none with the switch off. Tracing leaves nothing
+    behind on the thread."""
+    from test_timeline import BENCHMARKS
+
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    monkeypatch.setattr(plugin.stream, "INLINE", on)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.delitem(sys.modules, "bench_core", raising=False)
+    bench_core = importlib.import_module("bench_core")
+    backend = await _open(plugin)
+    try:
+        await _warm(backend)
+        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+        for _ in range(2):  # the pool's blocks and the GEMM plans, made now
+            await transformer_block(backend, x, w, cfg).to_host()
+        m = await bench_core.block_timeline(
+            backend, lambda: transformer_block(backend, x, w, cfg), 5
+        )
+        leftover = {"submit", "enter", "leave"} & set(vars(backend.thread))
+    finally:
+        await backend.shutdown()
+    assert not leftover
+    assert m["first_launch_ms"] <= m["launched_ms"] <= m["done_ms"]
+    if on:
+        # The block's launches (not the await's copy) on the caller's thread, at once.
+        assert 10 <= m["inline_positions"] < m["positions"]
+        assert 0 < m["inline_ms"] <= m["submit_ms"] + m["done_ms"]
+        assert m["first_launch_ms"] <= m["submit_ms"]
+    else:
+        assert m["inline_positions"] == 0
+        assert m["inline_ms"] == 0
+    line = bench_core.describe_timeline(m, 5)[1]
+    assert f"({m['inline_positions']:.0f} inline," in line
+    assert len(line) < 390
+
+
+async def test_the_benchmarks_inline_experiment_runs(
+    plugin: Plugin, cublas: fake_cupy.Cublas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_cuda.py's queued-against-inline lines over the stand-in: the answer is checked
+    (the stand-in runs only some kernels, so the step checked and timed here is a chain of
+    them, against NumPy), the block's inline positions are counted, the add figures and the
+    inline step timeline follow, in lines the GPU check keeps whole, and the switch is put
+    back."""
+    import types
+
+    from test_completer import _bench_cuda
+
+    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+
+    bench_cuda = _bench_cuda(monkeypatch)
+    monkeypatch.setattr(bench_cuda, "SMALL_CALLS", 5)
+    setting = plugin.stream.INLINE  # (ACCELKIT_CUDA_INLINE's)
+    torch = types.SimpleNamespace(
+        ones=lambda shape, device: np.ones(shape, np.float32),
+        cuda=types.SimpleNamespace(synchronize=lambda: None),
+    )
+    backend = await _open(plugin)
+    try:
+        await _warm(backend)
+        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+        w = upload_weights(backend, block_weights(cfg))
+        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+        ops = backend.tensor_ops
+        a_h = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
+        a = backend.tensor_factory.from_host(a_h)
+
+        async def ak_block() -> None:
+            transformer_block(backend, x, w, cfg)
+            await backend.synchronize()
+
+        def chain() -> Any:
+            return ops.sub(ops.mul(ops.add(a, a), a), a)
+
+        lines = await bench_cuda._inline_modes(
+            backend, torch, ak_block, (a_h + a_h) * a_h - a_h, chain
+        )
+    finally:
+        await backend.shutdown()
+    assert plugin.stream.INLINE is setting  # put back
+    assert len(lines) == 4
+    assert lines[0].startswith("inline launches (ACCELKIT_CUDA_INLINE; the figures above ran")
+    counts = lines[0].split("x; ")[1].split(" positions")[0]
+    inline, positions = (int(v) for v in counts.split(" of its "))
+    # How many depends on whether the thread has caught up: over the stand-in, whose queued
+    # kernels run NumPy, the first op after a read often finds it still busy, and the rest of
+    # the block queues behind that one (the step timeline waits for an idle thread instead).
+    assert 1 <= inline < positions
+    assert lines[1].startswith("inline launches: add 64x64 caller time")
+    assert lines[2].startswith("block inline step timeline (median of 15")
+    assert lines[3].startswith("block inline step: submission thread busy")
+    assert "positions (3 inline," in lines[3]
+    assert all(len(line) < 390 for line in lines)

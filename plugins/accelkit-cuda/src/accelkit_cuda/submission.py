@@ -151,6 +151,13 @@ class SubmissionThread:
         except IndexError:
             return False
 
+    @property
+    def idle(self) -> bool:
+        """Whether the thread waits with nothing queued (read without the lock: a hint; the
+        step timeline waits for it before a step, so that the step's plain launches may be
+        made inline, :meth:`enter`)."""
+        return self._bell.idle and not self._queue
+
     def has_queued(self) -> bool:
         """Whether closures wait to run behind the running one (if any); read without the
         lock, so a hint (the completer's polling, :data:`accelkit_cuda.stream.SPIN_US`)."""
@@ -242,18 +249,22 @@ class SubmissionThread:
             self._turn.release()
 
     def start_trace(
-        self, clock: Callable[[], float] = time.perf_counter
+        self,
+        clock: Callable[[], float] = time.perf_counter,
+        turns: list[tuple[float, float]] | None = None,
     ) -> list[tuple[float, float, float]]:
         """Until :meth:`stop_trace`, time each closure queued: the list returned gets one
         ``(queued, started, ended)`` of ``clock`` per closure, in the order they run (appended
         as they end; ``queued`` is read on the submitting thread, the others on this one: with
         a per-thread clock such as ``time.thread_time``, ``ended - started`` is this thread's
-        CPU time in the closure). For the step timeline (``accelkit_cuda.timeline``) and the
-        benchmarks' submission-thread figure: the wrapped ``submit`` is an attribute of this
-        instance, so nothing costs anything while no trace runs; while one does, each closure
-        costs three clock reads and a wrapper."""
+        CPU time in the closure). Given ``turns``, each turn a caller takes to launch in place
+        (:meth:`enter` to :meth:`leave`) appends ``(entered, left)`` to it. For the step
+        timeline (``accelkit_cuda.timeline``) and the benchmarks' submission-thread figure:
+        the wrapped methods are attributes of this instance, so nothing costs anything while
+        no trace runs; while one does, each closure costs three clock reads and a wrapper."""
         trace: list[tuple[float, float, float]] = []
-        plain = SubmissionThread.submit
+        cls = SubmissionThread
+        plain = cls.submit
 
         def submit(fn: Callable[[], None], owner: object = None) -> None:
             queued = clock()
@@ -268,11 +279,30 @@ class SubmissionThread:
             plain(self, timed, owner)
 
         self.__dict__["submit"] = submit
+        if turns is not None:
+            entered = [0.0]  # one turn at a time
+
+            def enter() -> int | None:
+                t = clock()
+                queued = cls.enter(self)
+                if queued is not None:
+                    entered[0] = t
+                return queued
+
+            def leave() -> None:
+                try:
+                    cls.leave(self)
+                finally:
+                    turns.append((entered[0], clock()))
+
+            self.__dict__["enter"] = enter
+            self.__dict__["leave"] = leave
         return trace
 
     def stop_trace(self) -> None:
         """End :meth:`start_trace` (closures already queued are still timed)."""
-        self.__dict__.pop("submit", None)
+        for name in ("submit", "enter", "leave"):
+            self.__dict__.pop(name, None)
 
     def _work(self) -> None:
         self.ident = threading.get_ident()

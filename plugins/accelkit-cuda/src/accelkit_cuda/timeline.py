@@ -5,7 +5,9 @@ one step, :class:`StepProbe` measures, in milliseconds from the moment the calle
 submitting (``begin``):
 
 - ``submit_ms``: when the caller's last op returned (``submitted``);
-- ``first_launch_ms``: when the submission thread started the step's first closure;
+- ``first_launch_ms``: when the step's first launch began: the submission thread starting
+  the step's first closure, or the caller taking the thread's turn to launch in place
+  (inline launches, ``accelkit_cuda.stream.INLINE``), whichever came first;
 - ``launched_ms``: when the submission thread reached a probe closure queued right after the
   step's ops, i.e. had launched them all;
 - ``completed_ms``: when the stream's completer thread saw the step's last position complete;
@@ -13,6 +15,9 @@ submitting (``begin``):
 - ``gpu_ms``: device time between two timing events recorded on the stream around the step's
   ops (it includes any time the GPU sat idle waiting for launches);
 - ``thread_busy_ms``: time the submission thread spent in the step's closures;
+- ``inline_positions`` and ``inline_ms``: the step's positions launched on the caller's thread,
+  and the time callers held the thread's turn during the step (those launches, and the end
+  events recorded in place when the step's positions are awaited);
 - ``thread_waited_ms`` (and ``thread_max_wait_ms``): time a closure was queued while the
   submission thread was free but had not started it yet, summed (and the longest): its wake-up
   from the queue's condition plus its wait for the GIL (the caller or the completer running
@@ -22,8 +27,11 @@ submitting (``begin``):
   events), ``completer_rounds`` and ``thread_rounds`` (times the completer and the submission
   thread took work off their queues).
 
-Nothing here runs unless a benchmark makes a probe: the submission thread's tracing is an
-attribute it sets for the step (:meth:`SubmissionThread.start_trace`), the counters are plain
+:meth:`StepProbe.begin` waits (blocking, briefly) until the submission thread is idle, as it
+is after an await: the step starts as a real one does, and its plain launches can be made
+inline where that is switched on (a timing event queued just before them would keep them all
+queued). Nothing here runs unless a benchmark makes a probe: the submission thread's tracing is made of
+attributes it sets for the step (:meth:`SubmissionThread.start_trace`), the counters are plain
 integers the stream and thread keep anyway. A traced step is a little slower than an untraced
 one (a wrapper and three clock reads per closure, two timing events, a probe closure): read the
 timeline next to the untraced figure, for its proportions. Unverified on a GPU: written and
@@ -46,8 +54,9 @@ __all__ = ["FIELDS", "StepProbe", "describe", "medians"]
 #: The figures of one step, in the order :func:`medians` reports them.
 FIELDS = (
     "submit_ms", "first_launch_ms", "launched_ms", "completed_ms", "done_ms", "gpu_ms",
-    "thread_busy_ms", "thread_waited_ms", "thread_max_wait_ms", "closures", "positions",
-    "events_created", "events_recorded", "completer_rounds", "thread_rounds",
+    "thread_busy_ms", "thread_waited_ms", "thread_max_wait_ms", "inline_ms", "closures",
+    "positions", "inline_positions", "events_created", "events_recorded", "completer_rounds",
+    "thread_rounds",
 )  # fmt: skip
 
 
@@ -64,14 +73,20 @@ class StepProbe:
         s = self.stream
         return (
             s.submitted, s.events_created, s.events_recorded, s.completer_rounds,
-            self.thread.rounds,
+            self.thread.rounds, s.inline_launches,
         )  # fmt: skip
 
-    def begin(self) -> None:
-        """Before the step's first op."""
+    def begin(self, idle_timeout: float = 1.0) -> None:
+        """Before the step's first op: records the first timing event, then waits (at most
+        ``idle_timeout`` seconds) until the submission thread is idle."""
         self._counts0 = self._counts()
         self._ev0 = self.stream.record_event()
-        self._trace = self.thread.start_trace()
+        thread = self.thread
+        deadline = time.perf_counter() + idle_timeout
+        while not thread.idle and time.perf_counter() < deadline:
+            time.sleep(0.0001)
+        self._turns: list[tuple[float, float]] = []
+        self._trace = thread.start_trace(turns=self._turns)
         self._t0 = time.perf_counter()
 
     def submitted(self) -> None:
@@ -103,7 +118,11 @@ class StepProbe:
             free_since = ended
         c0, c1 = self._counts0, self._counts()
         d = [b - a for a, b in zip(c0, c1, strict=True)]
-        first = trace[0][1] if trace else float("nan")
+        turns = [t for t in self._turns if t[0] >= t0]  # (a turn taken before begin: none)
+        starts = [trace[0][1]] if trace else []
+        if turns:
+            starts.append(turns[0][0])
+        first = min(starts) if starts else float("nan")
         return {
             "submit_ms": 1e3 * (self._t_submit - t0),
             "first_launch_ms": 1e3 * (first - t0),
@@ -114,8 +133,10 @@ class StepProbe:
             "thread_busy_ms": 1e3 * busy,
             "thread_waited_ms": 1e3 * waited,
             "thread_max_wait_ms": 1e3 * longest,
+            "inline_ms": 1e3 * sum(left - entered for entered, left in turns),
             "closures": float(len(trace)),
             "positions": float(d[0]),
+            "inline_positions": float(d[5]),
             "events_created": float(d[1]),
             "events_recorded": float(d[2]),
             "completer_rounds": float(d[3]),
@@ -138,7 +159,8 @@ def describe(m: dict[str, Any], steps: int) -> list[str]:
         f" {m['done_ms']:.2f}; GPU {m['gpu_ms']:.2f} ms event to event",
         f"step: submission thread busy {m['thread_busy_ms']:.2f} ms, waited with work queued"
         f" {m['thread_waited_ms']:.2f} ms (longest {m['thread_max_wait_ms']:.2f}); per step"
-        f" {m['closures']:.0f} closures, {m['positions']:.0f} positions,"
+        f" {m['closures']:.0f} closures, {m['positions']:.0f} positions"
+        f" ({m['inline_positions']:.0f} inline, {m['inline_ms']:.2f} ms in the caller's turns),"
         f" {m['events_recorded']:.0f} events recorded ({m['events_created']:.0f} new),"
         f" {m['completer_rounds']:.0f} completer rounds, {m['thread_rounds']:.0f} submission"
         " rounds",
