@@ -9,7 +9,8 @@ Run with ``python benchmarks/bench_cuda_attention.py`` where accelkit-cuda, CuPy
   ``torch.nn.functional.scaled_dot_product_attention`` [cuDNN >= 0.9x];
 - one decode step over a paged KV cache (batch 16, 32 query heads, 8 KV heads, head_dim 128,
   4096 tokens a sequence in blocks of 16), ``paged_attention`` on the split-KV decode kernel
-  (where its on-device check passed) and without it (cuDNN's paged graph, or the warp-per-row
+  (where its on-device check passed), plain and pipelined (``ACCELKIT_CUDA_DECODE_PIPELINE``),
+  and without it (cuDNN's paged graph, or the warp-per-row
   kernel) vs SDPA over the same keys held densely (PyTorch has no paged attention: its dense
   decode is the yardstick) [>= 0.9x];
 - GEMM 8192x8192x8192 in f16, bf16 and f32 (f32 exact, then TF32 with ``allow_tf32`` on both
@@ -197,11 +198,16 @@ async def main() -> None:
         d_th = torch_device_ms(
             lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), 20
         )
-        # The split-KV kernel (where verified), then cuDNN's paged graph (or the warp kernel).
-        for label, enabled in (("split-KV", True), ("without split-KV", False)):
-            if label == "split-KV" and not decode.verified:
+        # The split-KV kernel (where verified), plain and pipelined, then cuDNN's paged graph
+        # (or the warp kernel).
+        pipelined = decode.pipelined
+        for label, enabled, pipe in (
+            ("split-KV", True, False), ("split-KV pipelined", True, True),
+            ("without split-KV", False, False),
+        ):  # fmt: skip
+            if enabled and not decode.verified:
                 continue
-            decode.enabled = enabled
+            decode.enabled, decode.pipelined = enabled, pipe
             kops.paged_attention(*args)  # queues cuDNN's graph build where that route is next
             await backend.synchronize()
             await ak_decode()
@@ -218,7 +224,7 @@ async def main() -> None:
                 f"      {label}: device time a step (CUDA events) accelkit {d_ak * 1e3:.1f} us,"
                 f" SDPA {d_th * 1e3:.1f} us: {d_th / d_ak:.2f}x"
             )
-        decode.enabled = True
+        decode.enabled, decode.pipelined = True, pipelined
         args.clear()
 
         print("[3/3] GEMM 8192 ...", flush=True)

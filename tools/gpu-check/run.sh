@@ -52,6 +52,11 @@ sanitize() {  # compute-sanitizer's TOOL over the fuzz properties on cuda
   compute-sanitizer --tool "$1" --error-exitcode 3 $PY -m pytest --pyargs accelkit.testing.test_fuzz --accelkit-backend cuda -x -q -p no:cacheprovider
 }
 export -f sanitize
+sanitize_decode() {  # compute-sanitizer's TOOL over the split-KV decode kernels, plain and pipelined
+  compute-sanitizer --tool "$1" --error-exitcode 3 $PY -m pytest "$ROOT/plugins/accelkit-cuda/tests/test_gpu_cudnn.py" -k split_kv -x -q -p no:cacheprovider
+}
+export -f sanitize_decode
+export ROOT
 TAILN=20 step sanitizer 150 bash -c 'sanitize memcheck'
 cd "$ROOT"
 TAILN=40 step service 120 env ACCELKIT_STRICT_TIMING=1 $PY -m pytest tests/test_service.py -v -s -p no:cacheprovider -rfE
@@ -62,7 +67,7 @@ step doctor 90 $PY -m accelkit doctor
 TAILN=120 step profile 90 $PY benchmarks/profile_cuda_block.py
 # its summary (about 24 lines: GEMMs, attention, host times, the block, its step timelines)
 TAILN=40 step bench 120 $PY benchmarks/bench_cuda.py
-TAILN=24 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
+TAILN=28 step attention_bench 120 $PY benchmarks/bench_cuda_attention.py
 # the tensor-core attention kernel vs the warp-per-row kernel vs SDPA (about 20 s)
 TAILN=10 step flash_bench 60 $PY benchmarks/bench_cuda_flash.py
 TAILN=16 step webgpu_bench 90 $PY benchmarks/bench_webgpu.py
@@ -70,7 +75,7 @@ cd /tmp
 TAILN=8 step webgpu_conformance 240 $PY -m pytest --pyargs accelkit.testing --accelkit-backend webgpu -q -p no:cacheprovider -rfE --timeout 90 -n "$NPROC"
 # compute-sanitizer's shared-memory race and barrier checks over the fuzz properties (issue 27
 # asked for them beside memcheck; never run yet: last, so that a default budget keeps the rest)
-TAILN=12 step racecheck 150 bash -c 'sanitize racecheck'
+TAILN=12 step racecheck 150 bash -c 'sanitize racecheck && sanitize_decode racecheck'
 TAILN=12 step synccheck 150 bash -c 'sanitize synccheck'
 echo "=== done" >>"$OUT/summary.txt"
 cd "$OUT" && tar -czf all.tgz logs && rm -rf logs

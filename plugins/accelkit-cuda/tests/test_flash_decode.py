@@ -128,6 +128,89 @@ def test_the_scores_loop_writes_each_score_once(gg: int) -> None:
             assert written == want, (gn, cnt)
 
 
+#: The lines of SOURCE's pipelined loops that :func:`_pipelined_lane` steps through (each twice:
+#: keys, then values).
+_PIPELINE_LINES = (
+    "for (int i = 0; i < ST - 1; ++i) {",
+    "if (i < iters)",
+    "fetch<K, SL>(mine + i * RING, ",
+    "cp_commit();",
+    "for (int i = 0; i < iters; ++i) {",
+    "int ahead = i + ST - 1;",
+    "if (ahead < iters)",
+    "fetch<K, SL>(mine + (ahead % ST) * RING, ",
+    "(warp + ahead * NWARPS) * UNROLL, cnt, lane);",
+    "cp_wait<ST - 1>();",
+    "r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]",
+)
+
+
+def _pipelined_lane(st: int, iters: int, early: bool) -> list[tuple[str, int]]:
+    """One lane of a pipelined split variant, as SOURCE runs it: the key loop (ST - 1 stages
+    copied ahead, then at each iteration the one ST - 1 ahead, a commit and ``cp_wait<ST - 1>``
+    before the stage is read), the value prologue (before the softmax), the value loop. A
+    copy lands when it is issued (``early``: a later copy must not overwrite a stage not read
+    yet) or as late as ``cp.async.wait_group`` allows (only when a wait needs its group: a read
+    must not find a stage not landed yet). Returns what each read found."""
+    ring: list[tuple[str, int] | None] = [None] * st
+    pending: list[list[tuple[int, tuple[str, int]]]] = []  # committed groups not landed
+    group: list[tuple[int, tuple[str, int]]] = []
+    found: list[tuple[str, int]] = []
+
+    def fetch(stage: int, rows: tuple[str, int]) -> None:
+        group.append((stage, rows))
+        if early:
+            ring[stage] = rows
+
+    def commit() -> None:
+        pending.append(list(group))
+        group.clear()
+
+    def wait(newest: int) -> None:
+        while len(pending) > newest:
+            for stage, rows in pending.pop(0):
+                ring[stage] = rows
+
+    def prologue(name: str) -> None:
+        for i in range(st - 1):
+            if i < iters:
+                fetch(i, (name, i))
+            commit()
+
+    def loop(name: str) -> None:
+        for i in range(iters):
+            ahead = i + st - 1
+            if ahead < iters:
+                fetch(ahead % st, (name, ahead))
+            commit()
+            wait(st - 1)
+            got = ring[i % st]
+            assert got is not None
+            found.append(got)
+
+    prologue("k")
+    loop("k")
+    prologue("v")  # issued before the softmax
+    loop("v")
+    return found
+
+
+@pytest.mark.parametrize("iters", [0, 1, 2, 3, 4, 5, 9, 16])
+@pytest.mark.parametrize("st", [2, 4])
+def test_the_pipelined_loops_read_each_iterations_rows(st: int, iters: int) -> None:
+    """The pipelined variants' ring of stages (SOURCE's lines, stepped by
+    :func:`_pipelined_lane`): iteration i reads iteration i's key rows, then its value rows,
+    however early or late within the PTX rules each copy lands; ST of SOURCE is 4 (8-byte
+    rows) or 2 (16-byte rows)."""
+    for line in _PIPELINE_LINES:
+        assert fd.SOURCE.count(line) >= 2, line
+    assert re.search(r"ST = sizeof\(typename K::Raw\) > 8 \? STAGES / 2 : STAGES", fd.SOURCE)
+    assert st in (int(re.search(r"#define STAGES (\d+)", fd.SOURCE).group(1)) // k for k in (1, 2))  # type: ignore[union-attr]
+    want = [("k", i) for i in range(iters)] + [("v", i) for i in range(iters)]
+    for early in (False, True):
+        assert _pipelined_lane(st, iters, early) == want
+
+
 def test_the_source_and_python_agree() -> None:
     defines = dict(re.findall(r"#define (\w+) (\d+)", fd.SOURCE))
     assert int(defines["CHUNK"]) == fd.CHUNK
@@ -136,32 +219,42 @@ def test_the_source_and_python_agree() -> None:
     assert int(defines["THREADS"]) == fd.THREADS
     assert int(defines["NWARPS"]) * 32 == fd.THREADS
     assert int(defines["SLICES"]) * 128 == fd.MAX_HEAD_DIM  # 4 dims a lane a slice
+    assert int(defines["STAGES"]) >= 2
     assert sorted(fd.kernel_names()) == sorted(
         [f"decode_combine_{s}" for s in ("f16", "bf16", "f32")]
         + [f"decode_split_g{g}s{sl}_{s}" for g in (1, 2, 4, 8) for sl in (1, 2)
            for s in ("f16", "bf16", "f32")]
+        + [f"decode_split_g{g}s1p_{s}" for g in (1, 2, 4, 8) for s in ("f16", "bf16", "f32")]
     )  # fmt: skip
     # Every split variant is instantiated, and the on-device check runs every one of them.
     for g, sl in fd.SPLIT_VARIANTS:
         assert f"SPLIT(K, S, {g}, {sl})" in fd.SOURCE
-    checked = {fd.split_kind(h, hk, d, dv) for _b, h, hk, d, dv, _bs, _n in fd.CHECK_SHAPES}
-    assert checked == {f"split_g{g}s{sl}" for g, sl in fd.SPLIT_VARIANTS}
+    for g, _sl in fd.PIPE_VARIANTS:
+        assert re.search(rf"SPLIT_PIPE\(K, S, {g}, \w+\)", fd.SOURCE), g
+    checked = {
+        fd.split_kind(h, hk, d, dv, pipe)
+        for _b, h, hk, d, dv, _bs, _n in fd.CHECK_SHAPES for pipe in (False, True)
+    }  # fmt: skip
+    assert checked == {f"split_g{g}s{sl}" for g, sl in fd.SPLIT_VARIANTS} | {
+        f"split_g{g}s{sl}p" for g, sl in fd.PIPE_VARIANTS
+    }
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "d", "dv", "kind"),
+    ("heads", "kv_heads", "d", "dv", "kind", "pipelined"),
     [
-        (32, 8, 128, 128, "split_g4s1"),  # the bench's decode step
-        (32, 32, 64, 64, "split_g1s1"),  # MHA
-        (18, 1, 64, 64, "split_g8s1"),  # MQA: blocks of GROUP heads
-        (12, 4, 128, 132, "split_g4s2"),  # a value head past 128: two slices
-        (6, 2, 256, 64, "split_g4s2"),  # three heads a block: registers for four
+        (32, 8, 128, 128, "split_g4s1", "split_g4s1p"),  # the bench's decode step
+        (32, 32, 64, 64, "split_g1s1", "split_g1s1p"),  # MHA
+        (18, 1, 64, 64, "split_g8s1", "split_g8s1p"),  # MQA: blocks of GROUP heads
+        (12, 4, 128, 132, "split_g4s2", "split_g4s2"),  # a value head past 128: two slices
+        (6, 2, 256, 64, "split_g4s2", "split_g4s2"),  # three heads a block: registers for four
     ],
 )
 def test_the_split_variant_holds_the_block_in_the_fewest_registers(
-    heads: int, kv_heads: int, d: int, dv: int, kind: str
+    heads: int, kv_heads: int, d: int, dv: int, kind: str, pipelined: str
 ) -> None:
     assert fd.split_kind(heads, kv_heads, d, dv) == kind
+    assert fd.split_kind(heads, kv_heads, d, dv, pipelined=True) == pipelined  # (one slice)
 
 
 def test_launch_args_follow_the_kernel_signatures() -> None:
@@ -182,7 +275,11 @@ def test_launch_args_follow_the_kernel_signatures() -> None:
     assert a1[14] == np.float32(0.125 * math.log2(math.e))
     assert a1[15] == chunks
     assert a2 == (po, pm, out, 32, chunks)
-    for name, args in (("split_g##GG##s##SL##_##S", a1), ("combine_##S", a2)):
+    piped = fd.launches(q, kc, vc, table, lens, po, pm, out, err, 0.125, pipelined=True)
+    assert [p[:3] for p in piped] == [("split_g4s1p", g1, b1), ("combine", g2, b2)]
+    assert piped[0][3][:7] == a1[:7]  # the same parameters
+    assert piped[0][3][7:] == a1[7:]
+    for name, args in (("split_g##GG##s##SL##TAG##_##S", a1), ("combine_##S", a2)):
         sig = re.search(rf"decode_{name}\((.*?)\)", fd.SOURCE, re.S)
         assert sig is not None
         params = [p.split()[-1] for p in sig.group(1).replace("\\", " ").split(",")]
@@ -282,9 +379,12 @@ def _launch_models(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("passed", [True, False])
+@pytest.mark.parametrize(
+    ("passed", "pipelined"), [(True, False), (True, True), (False, False)],
+    ids=["verified", "verified-pipelined", "failed"],
+)  # fmt: skip
 async def test_decode_runs_on_the_split_kernel_once_verified(
-    plugin: Any, passed: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    plugin: Any, passed: bool, pipelined: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import importlib
 
@@ -292,11 +392,13 @@ async def test_decode_runs_on_the_split_kernel_once_verified(
     fa = importlib.import_module("accelkit_cuda.flash_attention")  # over the stand-in
     answer = None if passed else "decode_f16 on ...: max error 2"
     monkeypatch.setattr(fa, "_run_child", lambda *a: (answer, True))
+    monkeypatch.setenv("ACCELKIT_CUDA_DECODE_PIPELINE", "1" if pipelined else "0")
     launched = _launch_models(monkeypatch)
     backend = plugin.backend.CUDABackend()
     await backend.initialize("cuda:0")
     try:
         decode = backend.flash_decode
+        assert decode.pipelined is pipelined
         assert decode.state == ("verified" if passed else "failed")
         assert backend.capabilities.extra["flash_decode"] == decode.describe()
         f, kops, engines = backend.tensor_factory, backend.kernel_ops, backend.attention_engines
@@ -315,9 +417,11 @@ async def test_decode_runs_on_the_split_kernel_once_verified(
             await out.to_host()
             return
         assert route.engine == "flash_decode", route
+        assert route.reason.endswith("kernel, pipelined" if pipelined else "kernel"), route
         got = (await out.to_host()).astype(np.float64)
         names = [n for n, _ in launched if n.startswith("decode_")]
-        assert names == ["decode_split_g8s1_f16", "decode_combine_f16"]  # 9 heads a KV head
+        split = "decode_split_g8s1p_f16" if pipelined else "decode_split_g8s1_f16"
+        assert names == [split, "decode_combine_f16"]  # 9 heads a KV head
         ref = fd.reference(*host, table, lens, scale)
         bound = fd.tolerance(DType.F16, 300, 64) * float(np.abs(host[2]).max())
         np.testing.assert_array_less(np.abs(got - ref), bound)
@@ -378,9 +482,33 @@ def test_the_on_device_check_passes_the_model_and_fails_a_wrong_kernel(plugin: A
 
     good = {n: Kernel(n) for n in module.kernel_names()}
     assert module._check(good) is None
-    wrong = "decode_split_g4s1_f16"  # the first check shape's (4 heads a KV head, d 128)
-    bad = dict(good, **{wrong: Kernel(wrong, wrong=True)})
-    failure = module._check(bad)
-    assert failure is not None
-    assert "decode_f16" in failure
-    assert "max error" in failure
+    # The first check shape's (4 heads a KV head, d 128), plain and pipelined: each is checked.
+    for wrong in ("decode_split_g4s1_f16", "decode_split_g4s1p_f16"):
+        bad = dict(good, **{wrong: Kernel(wrong, wrong=True)})
+        failure = module._check(bad)
+        assert failure is not None
+        assert failure.startswith(f"{wrong} on (3, 8, 2, 128, 128, 16)"), failure
+        assert "max error" in failure
+
+
+@pytest.mark.parametrize(
+    ("value", "on", "warned"),
+    [(None, False, False), ("1", True, False), ("off", False, False), ("pipe", False, True)],
+)
+def test_the_pipelined_switch_reads_the_environment(
+    value: str | None, on: bool, warned: bool, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """``ACCELKIT_CUDA_DECODE_PIPELINE`` sets a backend's ``flash_decode.pipelined`` when the
+    backend is made; a value that is no flag is warned about and read as off."""
+    if value is None:
+        monkeypatch.delenv("ACCELKIT_CUDA_DECODE_PIPELINE", raising=False)
+    else:
+        monkeypatch.setenv("ACCELKIT_CUDA_DECODE_PIPELINE", value)
+    with caplog.at_level("WARNING", logger="accelkit.cuda"):
+        decode = fd.FlashDecode(None, None)  # type: ignore[arg-type]
+    assert decode.pipelined is on
+    assert (
+        any("ACCELKIT_CUDA_DECODE_PIPELINE='pipe'" in r.getMessage() for r in caplog.records)
+        is warned
+    )

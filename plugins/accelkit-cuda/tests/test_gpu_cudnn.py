@@ -116,14 +116,25 @@ def _paged_reference(q: Any, kc: Any, vc: Any, table: Any, lens: Any) -> Any:
     return want
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
-async def test_split_kv_decode_matches_numpy(backend: Any, dtype: str) -> None:
-    """The split-KV decode kernel (accelkit_cuda.flash_decode) through paged_attention: a long
-    sequence (many chunks), a short one, an empty one, 32/8 and 12/1 heads, head dims 128/64."""
+async def test_split_kv_decode_matches_numpy(backend: Any, dtype: str, pipelined: bool) -> None:
+    """The split-KV decode kernel (accelkit_cuda.flash_decode) through paged_attention, its
+    plain and its pipelined variants: a long sequence (many chunks), a short one, an empty one,
+    32/8 and 12/1 heads, head dims 128/64."""
     decode = backend.flash_decode
     if decode.state == "unavailable":
         pytest.skip(f"the split-KV decode kernel is unavailable: {decode.reason}")
     assert decode.verified, decode.describe()  # its on-device check must pass on a GPU
+    setting = decode.pipelined
+    decode.pipelined = pipelined
+    try:
+        await _split_kv_decode(backend, dtype)
+    finally:
+        decode.pipelined = setting
+
+
+async def _split_kv_decode(backend: Any, dtype: str) -> None:
     f, kops, engines = backend.tensor_factory, backend.kernel_ops, backend.attention_engines
     rng = np.random.default_rng(4)
     np_dt = np.float32 if dtype == "f32" else np.float16

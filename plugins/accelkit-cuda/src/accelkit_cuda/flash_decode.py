@@ -28,6 +28,13 @@ keys, in two launches:
   lane keeps half its values at each xor step, so that lane ``L`` ends with value ``L >> s``:
   18 shuffles for those 80, each sum bit for bit warp_sum's), 64 registers for ``g4s1`` still,
   96 for ``g8s1`` (80 before). Its time on a GPU: unmeasured.
+- ``decode_split_g<GG>s1p_<dtype>``, the pipelined variants (head dims up to 128; used where
+  :attr:`FlashDecode.pipelined`, off by default: ``ACCELKIT_CUDA_DECODE_PIPELINE=1``): the same
+  arithmetic, but a warp's key and value rows go through a ring of shared-memory stages
+  (``cp.async`` from sm_80: :data:`STAGES`, two for f32's 16-byte rows), copied ``ST - 1``
+  iterations ahead, the first value rows while the chunk's softmax runs: at 1.7 TB/s the plain
+  variant was latency-bound, four rows a warp in flight and none while it computes. 64
+  registers and 24 KiB a block at the bench's shape (eight blocks an SM). Unmeasured.
 - ``decode_combine_<dtype>``: one block per (sequence, query head) merges the chunks'
   partial results (rescaled by ``exp2(m_c - M)``) into the output; a sequence without keys gets
   zeros (the contract).
@@ -58,16 +65,20 @@ import numpy as np
 from accelkit.dtype import DType
 from accelkit.sdk import env_str
 from accelkit_cuda.flash_attention import GatedKernel, check_child, from_bits, to_bits
+from accelkit_cuda.switches import env_switch
 
 if TYPE_CHECKING:
     from accelkit.tensor import Tensor
+    from accelkit_cuda.driver import DeviceProps
 
 __all__ = [
     "CHUNK",
     "GROUP",
     "MAX_HEAD_DIM",
     "SOURCE",
+    "PIPE_VARIANTS",
     "SPLIT_VARIANTS",
+    "STAGES",
     "SUMS",
     "THREADS",
     "FlashDecode",
@@ -86,6 +97,7 @@ __all__ = [
 
 CHUNK = 256  # keys a block
 SUMS = 8  # dot products a warp sums in one butterfly (SOURCE's SUMS)
+STAGES = 4  # a pipelined variant's ring of shared-memory stages (SOURCE's STAGES; f32: 2)
 GROUP = 8  # query heads a block (of one KV head)
 THREADS = 128  # four warps
 MAX_HEAD_DIM = 256  # two 4-element slices a lane
@@ -96,15 +108,18 @@ _GRID_YZ_MAX = 65535
 
 #: The split kernel's variants: (query heads a block holds registers for, 128-dim slices).
 SPLIT_VARIANTS = tuple((g, sl) for sl in (1, 2) for g in (1, 2, 4, 8))
+#: The pipelined split variants (``"split_g<GG>s1p"``), head dims up to 128 (one slice).
+PIPE_VARIANTS = tuple((g, 1) for g in (1, 2, 4, 8))
 
 
-def split_kind(heads: int, kv_heads: int, d: int, dv: int) -> str:
+def split_kind(heads: int, kv_heads: int, d: int, dv: int, pipelined: bool = False) -> str:
     """The split kernel variant of a call (``"split_g<GG>s<SL>"``): the fewest registers that
-    hold a block's query heads (at most GROUP) and its head dims."""
+    hold a block's query heads (at most GROUP) and its head dims; with ``pipelined``, the
+    variant whose rows go through shared memory (``...p``) where there is one (one slice)."""
     per_block = min(GROUP, max(1, heads // kv_heads))
     gg = next(g for g, _sl in SPLIT_VARIANTS if g >= per_block)
     sl = 1 if max(d, dv) <= 128 else 2
-    return f"split_g{gg}s{sl}"
+    return f"split_g{gg}s{sl}" + ("p" if pipelined and (gg, sl) in PIPE_VARIANTS else "")
 
 
 def kernel_names() -> list[str]:
@@ -112,6 +127,7 @@ def kernel_names() -> list[str]:
     names = []
     for s in _SUFFIX.values():
         names += [f"decode_split_g{g}s{sl}_{s}" for g, sl in SPLIT_VARIANTS]
+        names += [f"decode_split_g{g}s{sl}p_{s}" for g, sl in PIPE_VARIANTS]
         names.append(f"decode_combine_{s}")
     return names
 
@@ -177,7 +193,7 @@ def reference(
 
 def launches(
     q: Any, kc: Any, vc: Any, table32: Any, lens32: Any, part_o: Any, part_ml: Any, out: Any,
-    err: Any, scale: float,
+    err: Any, scale: float, pipelined: bool = False,
 ) -> list[tuple[str, tuple[int, int, int], tuple[int, int, int], tuple[Any, ...]]]:  # fmt: skip
     """The two launches of one call, ``(kind, grid, block, args)`` (``kind``: the split
     variant, :func:`split_kind`, then ``"combine"``), the arguments in the kernels' parameter
@@ -193,7 +209,7 @@ def launches(
         np.int32(chunks), err,
     )  # fmt: skip
     combine = (part_o, part_ml, out, np.int32(dv), np.int32(chunks))
-    kind = split_kind(h, hk, d, dv)
+    kind = split_kind(h, hk, d, dv, pipelined)
     return [(kind, grid, (THREADS, 1, 1), split), ("combine", grid2, (THREADS, 1, 1), combine)]
 
 
@@ -361,7 +377,19 @@ def tolerance(dtype: DType, keys: int, head_dim: int) -> float:
 class FlashDecode(GatedKernel):
     """The split-KV decode kernel of one backend: compiled, checked on the device (a child
     process, the verdict stored) and loaded by :meth:`load`, as the tensor-core kernel is.
-    ``enabled = False`` routes decode to cuDNN's paged graph or the warp-per-row kernel."""
+    ``enabled = False`` routes decode to cuDNN's paged graph or the warp-per-row kernel;
+    :attr:`pipelined` picks the split variants whose rows go through shared memory."""
+
+    def __init__(self, backend: Any, props: DeviceProps) -> None:
+        super().__init__(backend, props)
+        #: Whether head dims up to 128 take the pipelined split variants (``...p``: each warp's
+        #: key and value rows copied into shared memory STAGES iterations ahead, ``cp.async``
+        #: from sm_80), checked on the device with the others. Off by default until a GPU run
+        #: says it pays (``ACCELKIT_CUDA_DECODE_PIPELINE=1`` at start;
+        #: ``benchmarks/bench_cuda_attention.py`` compares both).
+        self.pipelined = env_switch(
+            "ACCELKIT_CUDA_DECODE_PIPELINE", "the decode kernel's plain variants are used"
+        )
 
     async def load(self) -> None:
         """Compile (a worker thread; cached on disk), check in a child, load on the submission
@@ -391,11 +419,12 @@ class FlashDecode(GatedKernel):
 
 def run(
     functions: Any, q: Any, kc: Any, vc: Any, table: Any, lens: Any, out: Any, dtype: DType,
-    scale: float, stream: Any = None,
+    scale: float, stream: Any = None, pipelined: bool = False,
 ) -> Any:  # fmt: skip
     """Launch both kernels on CuPy arrays (the submission thread, or the check's child):
     returns the int64 ``err`` pair (the scratch is kept alive by CuPy's stream-ordered pool
-    until the launches are done). ``functions(kind, dtype)`` gives a kernel."""
+    until the launches are done). ``functions(kind, dtype)`` gives a kernel; ``pipelined``
+    takes the pipelined split variant where there is one (:func:`split_kind`)."""
     import cupy as cp
 
     b, h, _ = q.shape
@@ -410,7 +439,7 @@ def run(
     part_ml = cp.empty(n_ml, cp.float32)
     err = cp.zeros(2, cp.int64)
     kw = {} if stream is None else {"stream": stream}
-    plan = launches(q, kc, vc, table32, lens32, part_o, part_ml, out, err, scale)
+    plan = launches(q, kc, vc, table32, lens32, part_o, part_ml, out, err, scale, pipelined)
     for kind, grid, block, args in plan:
         functions(kind, dtype)(grid, block, args, **kw)
     return err
@@ -447,9 +476,13 @@ def _check(functions: dict[str, Any]) -> str | None:
 
     rng = np.random.default_rng(31)
     stream = cp.cuda.Stream(non_blocking=True)
+    cases = [
+        (shape, pipe) for shape in CHECK_SHAPES for pipe in (False, True)
+        if not pipe or split_kind(*shape[1:5], True) != split_kind(*shape[1:5])
+    ]  # fmt: skip
     with stream:
         for dtype in _SUFFIX:
-            for shape in CHECK_SHAPES:
+            for shape, pipe in cases:
                 (qh, kh, vh, table, lens), scale = _check_case(rng, dtype, shape)
                 b, h = qh.shape[:2]
                 dv = vh.shape[3]
@@ -457,7 +490,7 @@ def _check(functions: dict[str, Any]) -> str | None:
                               cp.uint16 if dtype is not DType.F32 else cp.float32)  # fmt: skip
                 err = run(
                     fn, device(qh, dtype), device(kh, dtype), device(vh, dtype),
-                    cp.asarray(table), cp.asarray(lens), out, dtype, scale,
+                    cp.asarray(table), cp.asarray(lens), out, dtype, scale, None, pipe,
                 )  # fmt: skip
                 got = out.get()
                 got = got.astype(np.float64) if dtype is DType.F32 else from_bits(
@@ -466,7 +499,8 @@ def _check(functions: dict[str, Any]) -> str | None:
                 ref = reference(qh, kh, vh, table, lens, scale)
                 bound = tolerance(dtype, max(shape[6]), shape[3]) * float(np.max(np.abs(vh)))
                 e = np.abs(got - ref)
-                name = f"decode_{_SUFFIX[dtype]} on {shape[:6]} lens {shape[6]}"
+                kind = split_kind(*shape[1:5], pipe)
+                name = f"decode_{kind}_{_SUFFIX[dtype]} on {shape[:6]} lens {shape[6]}"
                 if int(err.get()[0]) != 0:
                     return f"{name}: an error was flagged on good input: {err.get().tolist()}"
                 if not np.all(e <= bound):
@@ -476,7 +510,7 @@ def _check(functions: dict[str, Any]) -> str | None:
                 bad[-1, 0] = kh.shape[0] + 5
                 err = run(
                     fn, device(qh, dtype), device(kh, dtype), device(vh, dtype),
-                    cp.asarray(bad), cp.asarray(lens), out, dtype, scale,
+                    cp.asarray(bad), cp.asarray(lens), out, dtype, scale, None, pipe,
                 )  # fmt: skip
                 if err.get().tolist() != [2, kh.shape[0] + 5]:
                     return f"{name}: a bad block id gave err {err.get().tolist()}"
@@ -484,7 +518,7 @@ def _check(functions: dict[str, Any]) -> str | None:
                 long[0] = table.shape[1] * kh.shape[1] + 1
                 err = run(
                     fn, device(qh, dtype), device(kh, dtype), device(vh, dtype),
-                    cp.asarray(table), cp.asarray(long), out, dtype, scale,
+                    cp.asarray(table), cp.asarray(long), out, dtype, scale, None, pipe,
                 )  # fmt: skip
                 if err.get().tolist()[0] not in (1, 2):
                     return f"{name}: a bad length gave err {err.get().tolist()}"
@@ -578,6 +612,35 @@ __device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
     if (atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)code) == 0ull) err[1] = value;
 }
 
+// Copies into shared memory that run while the thread goes on (sm_80's cp.async; 8 bytes through
+// L1, 16 bytes straight from L2), in groups: wait<N> returns once at most the N newest groups of
+// this thread are still in flight, and its copies are then visible to it. Before sm_80, plain
+// loads and stores (the same results, nothing in flight).
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void cp_async(uint2* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;"
+                 :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async(float4* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+#else
+__device__ __forceinline__ void cp_async(uint2* d, const void* src) { *d = *(const uint2*)src; }
+__device__ __forceinline__ void cp_async(float4* d, const void* src) { *d = *(const float4*)src; }
+__device__ __forceinline__ void cp_commit() {}
+template <int N> __device__ __forceinline__ void cp_wait() {}
+#endif
+
 #define CHUNK 256
 #define GROUP 8
 #define THREADS 128
@@ -585,20 +648,48 @@ __device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
 #define SLICES 2
 #define UNROLL 4  // key rows a warp has in flight
 #define SUMS 8  // dot products a warp sums in one butterfly (registers: a lane holds them all)
+#define STAGES 4  // a pipelined variant's rows in flight a warp: STAGES * UNROLL (8-byte rows)
+
+// The pipelined variants (PIPE): a warp's key and value rows go through shared memory in a
+// ring of ST stages of UNROLL rows (each lane its own slots: no barrier), copied ST - 1
+// iterations ahead, and the first value rows are on their way while the scores' softmax runs.
+template <typename K> struct Stages {
+    enum { ST = sizeof(typename K::Raw) > 8 ? STAGES / 2 : STAGES };  // 16 KiB a block (SL 1)
+};
+
+// A warp's rows j0 .. j0 + UNROLL - 1 of the chunk (roff; -1: none) into one stage ``buf``
+// ([UNROLL][SL][32] raw slots, this lane's ``lane``): the lane's four elements of each slice.
+template <typename K, int SL> __device__ __forceinline__ void fetch(
+        typename K::Raw* buf, const typename K::T* src, int dm, const i64* roff, int j0, int cnt,
+        int lane) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        i64 o = j0 + u < cnt ? roff[j0 + u] : -1;
+#pragma unroll
+        for (int it = 0; it < SL; ++it) {
+            int i0 = 4 * lane + 128 * it;
+            if (o >= 0 && i0 < dm) cp_async(&buf[(u * SL + it) * 32 + lane], src + o * dm + i0);
+        }
+    }
+}
 
 // grid (chunks, Hkv * groups, B), THREADS threads. part_o [B*H*chunks, Dv], part_ml [.., 2]
 // (the chunk's max score, log2 domain, and its sum of exp2(s - max)).
 // GG: query heads a block holds registers for (a power of two >= its heads, <= GROUP); SL:
 // 128-dim slices a lane holds (1: head dims <= 128). Fewer make fewer registers (128 with
 // GROUP and two slices: four blocks an SM, latency-bound on an H100, 2026-11-27).
-template <typename K, int GG, int SL> __device__ void split_impl(
+template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
         const typename K::T* q, const typename K::T* kc, const typename K::T* vc,
         const int* table, const int* lens, float* part_o, float* part_ml, int H, int Hkv, int D,
         int Dv, i64 NB, int BS, int MB, float scale_log2, int chunks, i64* err) {
     __shared__ float s[GG][CHUNK];
     __shared__ float red[GG][128 * SL];
     __shared__ i64 roff[CHUNK];
+    typedef typename K::Raw Raw;
+    enum { ST = Stages<K>::ST, RING = UNROLL * SL * 32 };  // a stage: RING raw slots
+    __shared__ Raw ring[PIPE ? NWARPS * ST * RING : 1];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    Raw* mine = ring + (PIPE ? warp * ST * RING : 0);  // this warp's stages
     int G = H / Hkv, groups = (G + GROUP - 1) / GROUP;
     int kvh = blockIdx.y / groups, g0 = (blockIdx.y % groups) * GROUP;
     int gn = min(GROUP, G - g0);
@@ -619,7 +710,7 @@ template <typename K, int GG, int SL> __device__ void split_impl(
         return;
     }
     for (int j = tid; j < cnt; j += THREADS) {
-        i64 t = start + j;
+        int t = (int)start + j;  // < n <= INT_MAX (lens are int32): a 32-bit division
         i64 blk = table[b * MB + t / BS];
         if (blk < 0 || blk >= NB) {
             set_error(err, 2, blk);
@@ -644,17 +735,38 @@ template <typename K, int GG, int SL> __device__ void split_impl(
             for (int e = 0; e < 4; ++e) qr[gi][it][e] = x[e] * scale_log2;
         }
     __syncthreads();
-    // Scores: warps take UNROLL keys in turn, lanes four dims of each slice.
-    for (int j0 = warp * UNROLL; j0 < cnt; j0 += NWARPS * UNROLL) {
-        typename K::Raw r[UNROLL][SL];
+    // Scores: warps take UNROLL keys in turn (iterations i: keys j0 = (warp + i NWARPS) UNROLL
+    // onwards), lanes four dims of each slice.
+    const int iters =
+        cnt > warp * UNROLL ? (cnt - warp * UNROLL + NWARPS * UNROLL - 1) / (NWARPS * UNROLL) : 0;
+    if (PIPE)
+#pragma unroll
+        for (int i = 0; i < ST - 1; ++i) {
+            if (i < iters)
+                fetch<K, SL>(mine + i * RING, kc, D, roff, (warp + i * NWARPS) * UNROLL, cnt, lane);
+            cp_commit();
+        }
+    for (int i = 0; i < iters; ++i) {
+        const int j0 = (warp + i * NWARPS) * UNROLL;
+        Raw r[UNROLL][SL];
         i64 ro[UNROLL];
+        if (PIPE) {  // the stage ST - 1 iterations ahead (the one read last time); wait for i's
+            int ahead = i + ST - 1;
+            if (ahead < iters)
+                fetch<K, SL>(mine + (ahead % ST) * RING, kc, D, roff,
+                             (warp + ahead * NWARPS) * UNROLL, cnt, lane);
+            cp_commit();
+            cp_wait<ST - 1>();
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
 #pragma unroll
             for (int it = 0; it < SL; ++it) {
                 int i0 = 4 * lane + 128 * it;
-                if (ro[u] >= 0 && i0 < D) r[u][it] = raw4(kc, ro[u] * D + i0);
+                if (ro[u] >= 0 && i0 < D)
+                    r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]
+                                    : raw4(kc, ro[u] * D + i0);
             }
         }
         // The dot products summed over the warp UB keys at a time (UB x GG values, at most
@@ -689,6 +801,14 @@ template <typename K, int GG, int SL> __device__ void split_impl(
         }
     }
     __syncthreads();
+    if (PIPE)  // the first value rows, on their way during the softmax (the key stages are read)
+#pragma unroll
+        for (int i = 0; i < ST - 1; ++i) {
+            if (i < iters)
+                fetch<K, SL>(mine + i * RING, vc, Dv, roff, (warp + i * NWARPS) * UNROLL, cnt,
+                             lane);
+            cp_commit();
+        }
     // The chunk's softmax statistics: a warp a head.
     for (int gi = warp; gi < gn; gi += NWARPS) {
         float m = -__int_as_float(0x7f800000);
@@ -719,16 +839,27 @@ template <typename K, int GG, int SL> __device__ void split_impl(
         for (int it = 0; it < SL; ++it)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[gi][it][e] = 0.0f;
-    for (int j0 = warp * UNROLL; j0 < cnt; j0 += NWARPS * UNROLL) {
-        typename K::Raw r[UNROLL][SL];
+    for (int i = 0; i < iters; ++i) {
+        const int j0 = (warp + i * NWARPS) * UNROLL;
+        Raw r[UNROLL][SL];
         i64 ro[UNROLL];
+        if (PIPE) {
+            int ahead = i + ST - 1;
+            if (ahead < iters)
+                fetch<K, SL>(mine + (ahead % ST) * RING, vc, Dv, roff,
+                             (warp + ahead * NWARPS) * UNROLL, cnt, lane);
+            cp_commit();
+            cp_wait<ST - 1>();
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
 #pragma unroll
             for (int it = 0; it < SL; ++it) {
                 int i0 = 4 * lane + 128 * it;
-                if (ro[u] >= 0 && i0 < Dv) r[u][it] = raw4(vc, ro[u] * Dv + i0);
+                if (ro[u] >= 0 && i0 < Dv)
+                    r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]
+                                    : raw4(vc, ro[u] * Dv + i0);
             }
         }
 #pragma unroll
@@ -785,24 +916,29 @@ template <typename K> __device__ void combine_impl(
 }
 
 // (THREADS, 2): ptxas's register allocation without spills for every variant (with THREADS alone,
-// split_g8s1 spilled 12 bytes on sm_80 and sm_90).
-#define SPLIT(K, S, GG, SL)                                                                       \
-extern "C" __global__ void __launch_bounds__(THREADS, 2) decode_split_g##GG##s##SL##_##S(         \
+// split_g8s1 spilled 12 bytes on sm_80 and sm_90). The pipelined variants of up to four heads
+// ask for eight blocks an SM where that costs no spill (64 registers: 72 otherwise, seven
+// blocks, and the bench's 2048 blocks in three rounds on 132 SMs instead of two).
+#define SPLIT_AS(K, S, GG, SL, PIPE, TAG, MINB)                                                   \
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split_g##GG##s##SL##TAG##_##S( \
         const K::T* q, const K::T* kc, const K::T* vc, const int* table, const int* lens,       \
         float* part_o, float* part_ml, int H, int Hkv, int D, int Dv, i64 NB, int BS, int MB,    \
         float scale_log2, int chunks, i64* err)                                                   \
-    { split_impl<K, GG, SL>(q, kc, vc, table, lens, part_o, part_ml, H, Hkv, D, Dv, NB, BS, MB,   \
-                            scale_log2, chunks, err); }
-#define INSTANTIATE(K, S)                                                                         \
+    { split_impl<K, GG, SL, PIPE>(q, kc, vc, table, lens, part_o, part_ml, H, Hkv, D, Dv, NB,   \
+                                  BS, MB, scale_log2, chunks, err); }
+#define SPLIT(K, S, GG, SL) SPLIT_AS(K, S, GG, SL, false, , 2)
+#define SPLIT_PIPE(K, S, GG, MINB) SPLIT_AS(K, S, GG, 1, true, p, MINB)
+#define INSTANTIATE(K, S, MINB4)                                                                  \
 SPLIT(K, S, 1, 1) SPLIT(K, S, 2, 1) SPLIT(K, S, 4, 1) SPLIT(K, S, 8, 1)                          \
 SPLIT(K, S, 1, 2) SPLIT(K, S, 2, 2) SPLIT(K, S, 4, 2) SPLIT(K, S, 8, 2)                          \
+SPLIT_PIPE(K, S, 1, 8) SPLIT_PIPE(K, S, 2, 8) SPLIT_PIPE(K, S, 4, MINB4) SPLIT_PIPE(K, S, 8, 2)  \
 extern "C" __global__ void __launch_bounds__(THREADS) decode_combine_##S(                        \
         const float* part_o, const float* part_ml, K::T* out, int Dv, int chunks)                \
     { combine_impl<K>(part_o, part_ml, out, Dv, chunks); }
 
-INSTANTIATE(F16, f16)
-INSTANTIATE(BF16, bf16)
-INSTANTIATE(F32, f32)
+INSTANTIATE(F16, f16, 8)
+INSTANTIATE(BF16, bf16, 8)
+INSTANTIATE(F32, f32, 2)  // (eight blocks: 24 bytes spilled)
 """
 
 

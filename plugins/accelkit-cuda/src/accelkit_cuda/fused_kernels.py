@@ -346,7 +346,10 @@ class CUDAAttentionKernels(_Fused):
                 decode, q, k_cache, v_cache, block_table, context_lens, scale, out, error
             )
             if why_not is None:
-                engines.record("paged_attention", "flash_decode", "the split-KV decode kernel")
+                engines.record(
+                    "paged_attention", "flash_decode",
+                    "the split-KV decode kernel" + (", pipelined" if decode.pipelined else ""),
+                )  # fmt: skip
                 return
         declined = engines.paged_attention(
             self, q, k_cache, v_cache, block_table, context_lens, scale, out, error
@@ -388,6 +391,7 @@ class CUDAAttentionKernels(_Fused):
 
         stream = self.current_stream
         dtype = q.dtype
+        pipelined = decode.pipelined  # (as it is when submitted)
 
         def aligned(a: Any) -> Any:
             # The kernel loads 8 or 16 bytes at a time: a view at an odd offset is copied (a
@@ -401,7 +405,7 @@ class CUDAAttentionKernels(_Fused):
             err = run_decode(
                 decode.function, aligned(storage(q)), aligned(storage(k_cache)),
                 aligned(storage(v_cache)), storage(block_table), storage(context_lens), dst,
-                dtype, scale, stream.cp,
+                dtype, scale, stream.cp, pipelined,
             )  # fmt: skip
             if dst is not o:
                 cp.copyto(o, dst)

@@ -57,6 +57,7 @@ from accelkit.errors import (
 from accelkit.sdk import DeviceErrors, Event, PositionStream, Waiters
 from accelkit_cuda.errors import translate
 from accelkit_cuda.submission import Bell, SubmissionThread
+from accelkit_cuda.switches import env_switch
 
 _log = logging.getLogger("accelkit.cuda")
 
@@ -116,15 +117,7 @@ SPIN_US = _spin_us()
 def _inline() -> bool:
     """``ACCELKIT_CUDA_INLINE`` as a flag (1/true/yes/on); anything else but 0/false/no/off is
     warned about and read as off."""
-    raw = os.environ.get("ACCELKIT_CUDA_INLINE", "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw not in ("", "0", "false", "no", "off"):
-        _log.warning(
-            "ACCELKIT_CUDA_INLINE=%r: expected 1/true/yes/on or 0/false/no/off; inline launches"
-            " stay off", raw,
-        )  # fmt: skip
-    return False
+    return env_switch("ACCELKIT_CUDA_INLINE", "inline launches stay off")
 
 
 #: Whether a plain launch is made on the caller's thread while the submission thread is idle
