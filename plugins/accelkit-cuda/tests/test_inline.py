@@ -90,6 +90,15 @@ async def _steady(
     return ops, a
 
 
+def _small_block(backend: Any) -> tuple[Any, Any, Any]:
+    """A small transformer block's config, weights and input on ``backend``."""
+    from accelkit.workloads import BlockConfig, block_weights, upload_weights
+
+    cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
+    w = upload_weights(backend, block_weights(cfg))
+    return cfg, w, backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+
+
 async def test_plain_launches_are_made_on_the_callers_thread_when_the_thread_is_idle(
     inline: Plugin,
 ) -> None:
@@ -806,7 +815,7 @@ async def test_the_step_timeline_sees_inline_launches(
     behind on the thread."""
     from test_timeline import BENCHMARKS
 
-    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+    from accelkit.workloads import transformer_block
 
     monkeypatch.setattr(plugin.stream, "INLINE", on)
     monkeypatch.syspath_prepend(str(BENCHMARKS))
@@ -815,9 +824,7 @@ async def test_the_step_timeline_sees_inline_launches(
     backend = await _open(plugin)
     try:
         await _warm(backend)
-        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
-        w = upload_weights(backend, block_weights(cfg))
-        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+        cfg, w, x = _small_block(backend)
         for _ in range(2):  # the pool's blocks and the GEMM plans, made now
             await transformer_block(backend, x, w, cfg).to_host()
         m = await bench_core.block_timeline(
@@ -853,7 +860,7 @@ async def test_the_benchmarks_inline_experiment_runs(
 
     from test_completer import _bench_cuda
 
-    from accelkit.workloads import BlockConfig, block_weights, transformer_block, upload_weights
+    from accelkit.workloads import transformer_block
 
     bench_cuda = _bench_cuda(monkeypatch)
     monkeypatch.setattr(bench_cuda, "SMALL_CALLS", 5)
@@ -865,9 +872,7 @@ async def test_the_benchmarks_inline_experiment_runs(
     backend = await _open(plugin)
     try:
         await _warm(backend)
-        cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
-        w = upload_weights(backend, block_weights(cfg))
-        x = backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+        cfg, w, x = _small_block(backend)
         ops = backend.tensor_ops
         a_h = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
         a = backend.tensor_factory.from_host(a_h)
