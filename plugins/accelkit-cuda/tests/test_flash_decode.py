@@ -29,9 +29,12 @@ from accelkit.errors import InvalidArgumentError
 plugin = test_offloop.plugin
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "with-pipelined"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_both_kernels_compile_without_spills(arch: str) -> None:
-    assert_compiles_without_spills(fd.SOURCE, arch, fd.kernel_names(), "decode.cu")
+def test_both_kernels_compile_without_spills(arch: str, pipelined: bool) -> None:
+    assert_compiles_without_spills(
+        fd.source(pipelined), arch, fd.kernel_names(pipelined), "decode.cu"
+    )
 
 
 def _xor_tree(lanes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -128,21 +131,34 @@ def test_the_scores_loop_writes_each_score_once(gg: int) -> None:
             assert written == want, (gn, cnt)
 
 
-#: The lines of SOURCE's pipelined loops that :func:`_pipelined_lane` steps through (each twice:
-#: keys, then values).
+#: The lines of SOURCE's pipelined loops that :func:`_pipelined_lane` steps through, in their
+#: order (twice: keys, then values).
 _PIPELINE_LINES = (
     "for (int i = 0; i < ST - 1; ++i) {",
     "if (i < iters)",
-    "fetch<K, SL>(mine + i * RING, ",
+    "fetch<K>(mine + i * RING, ",
     "cp_commit();",
     "for (int i = 0; i < iters; ++i) {",
+    "__syncwarp();  // the stage refilled next",
     "int ahead = i + ST - 1;",
     "if (ahead < iters)",
-    "fetch<K, SL>(mine + (ahead % ST) * RING, ",
+    "fetch<K>(mine + (ahead % ST) * RING, ",
     "(warp + ahead * NWARPS) * UNROLL, cnt, lane);",
+    "cp_commit();",
     "cp_wait<ST - 1>();",
+    "__syncwarp();  // the rest of the warp's copies",
     "r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]",
 )
+
+
+def _in_order(text: str, lines: tuple[str, ...], start: int = 0) -> int:
+    """Where the last of ``lines`` ends in ``text``, each found after the one before it."""
+    at = start
+    for line in lines:
+        found = text.find(line, at)
+        assert found >= 0, f"{line!r} not found after offset {at}"
+        at = found + len(line)
+    return at
 
 
 def _pipelined_lane(st: int, iters: int, early: bool) -> list[tuple[str, int]]:
@@ -202,13 +218,50 @@ def test_the_pipelined_loops_read_each_iterations_rows(st: int, iters: int) -> N
     :func:`_pipelined_lane`): iteration i reads iteration i's key rows, then its value rows,
     however early or late within the PTX rules each copy lands; ST of SOURCE is 4 (8-byte
     rows) or 2 (16-byte rows)."""
-    for line in _PIPELINE_LINES:
-        assert fd.SOURCE.count(line) >= 2, line
+    body = fd.SOURCE[fd.SOURCE.index("split_impl(") :]
+    keys = _in_order(body, _PIPELINE_LINES)  # the key loop
+    assert "(warp + i * NWARPS) * UNROLL" in body[: body.index("fetch<K>(mine + (ahead")]
+    prologue = _in_order(body, _PIPELINE_LINES[:4], keys)  # the value prologue,
+    assert prologue < body.index("// The chunk's softmax statistics")  # before the softmax
+    _in_order(body, _PIPELINE_LINES[4:], body.index("// P V:"))  # the value loop
     assert re.search(r"ST = sizeof\(typename K::Raw\) > 8 \? STAGES / 2 : STAGES", fd.SOURCE)
     assert st in (int(re.search(r"#define STAGES (\d+)", fd.SOURCE).group(1)) // k for k in (1, 2))  # type: ignore[union-attr]
     want = [("k", i) for i in range(iters)] + [("v", i) for i in range(iters)]
     for early in (False, True):
         assert _pipelined_lane(st, iters, early) == want
+
+
+@pytest.mark.parametrize("raw_bytes", [8, 16], ids=["2-byte", "f32"])
+@pytest.mark.parametrize("dm", [4, 32, 60, 64, 68, 96, 128])
+def test_a_stage_holds_exactly_the_slots_its_readers_read(dm: int, raw_bytes: int) -> None:
+    """SOURCE's ``fetch`` (ported line by line below) fills, of each row of a stage, exactly the
+    raw slots the lanes read afterwards (lane L reads slot L where ``4 L < dm``), nothing past
+    the row's ``dm`` elements: 16-byte pieces (two slots each, ``dm`` a multiple of 8, 2-byte
+    types) or a lane's own slot."""
+    for line in (
+        "if (sizeof(typename K::Raw) == 8 && (dm & 7) == 0) {",
+        "const int per_row = dm >> 3;",
+        "for (int k = lane; k < UNROLL * per_row; k += 32) {",
+        "int u = k / per_row, c = k - u * per_row;",
+        "if (o >= 0) cp_async((uint4*)&buf[u * 32 + 2 * c], src + o * dm + 8 * c);",
+        "if (o >= 0 && i0 < dm) cp_async(&buf[u * 32 + lane], src + o * dm + i0);",
+        "if (ro[u] >= 0 && i0 < D)",
+        "r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]",
+    ):
+        assert line in fd.SOURCE, line
+    unroll = int(re.search(r"#define UNROLL (\d+)", fd.SOURCE).group(1))  # type: ignore[union-attr]
+    written: list[tuple[int, int]] = []
+    if raw_bytes == 8 and dm % 8 == 0:
+        per_row = dm >> 3
+        for lane in range(32):
+            for k in range(lane, unroll * per_row, 32):
+                u, c = k // per_row, k - (k // per_row) * per_row
+                assert 8 * c + 8 <= dm  # elements 8c .. 8c + 7 of the row
+                written += [(u, 2 * c), (u, 2 * c + 1)]
+    else:
+        written = [(u, lane) for u in range(unroll) for lane in range(32) if 4 * lane < dm]
+    read = [(u, lane) for u in range(unroll) for lane in range(32) if 4 * lane < dm]
+    assert sorted(written) == read  # each slot read is written once, and no other
 
 
 def test_the_source_and_python_agree() -> None:
@@ -220,12 +273,16 @@ def test_the_source_and_python_agree() -> None:
     assert int(defines["NWARPS"]) * 32 == fd.THREADS
     assert int(defines["SLICES"]) * 128 == fd.MAX_HEAD_DIM  # 4 dims a lane a slice
     assert int(defines["STAGES"]) >= 2
-    assert sorted(fd.kernel_names()) == sorted(
-        [f"decode_combine_{s}" for s in ("f16", "bf16", "f32")]
-        + [f"decode_split_g{g}s{sl}_{s}" for g in (1, 2, 4, 8) for sl in (1, 2)
-           for s in ("f16", "bf16", "f32")]
-        + [f"decode_split_g{g}s1p_{s}" for g in (1, 2, 4, 8) for s in ("f16", "bf16", "f32")]
-    )  # fmt: skip
+    plain = [f"decode_combine_{s}" for s in ("f16", "bf16", "f32")] + [
+        f"decode_split_g{g}s{sl}_{s}" for g in (1, 2, 4, 8) for sl in (1, 2)
+        for s in ("f16", "bf16", "f32")
+    ]  # fmt: skip
+    assert sorted(fd.kernel_names()) == sorted(plain)
+    assert sorted(fd.kernel_names(True)) == sorted(
+        plain + [f"decode_split_g{g}s1p_{s}" for g in (1, 2, 4, 8) for s in ("f16", "bf16", "f32")]
+    )
+    assert fd.source(True) == "#define PIPELINED 1\n" + fd.SOURCE
+    assert fd.source() == "#define PIPELINED 0\n" + fd.SOURCE
     # Every split variant is instantiated, and the on-device check runs every one of them.
     for g, sl in fd.SPLIT_VARIANTS:
         assert f"SPLIT(K, S, {g}, {sl})" in fd.SOURCE
@@ -277,8 +334,7 @@ def test_launch_args_follow_the_kernel_signatures() -> None:
     assert a2 == (po, pm, out, 32, chunks)
     piped = fd.launches(q, kc, vc, table, lens, po, pm, out, err, 0.125, pipelined=True)
     assert [p[:3] for p in piped] == [("split_g4s1p", g1, b1), ("combine", g2, b2)]
-    assert piped[0][3][:7] == a1[:7]  # the same parameters
-    assert piped[0][3][7:] == a1[7:]
+    assert piped[0][3][7:] == a1[7:]  # the same parameters
     for name, args in (("split_g##GG##s##SL##TAG##_##S", a1), ("combine_##S", a2)):
         sig = re.search(rf"decode_{name}\((.*?)\)", fd.SOURCE, re.S)
         assert sig is not None
@@ -354,6 +410,11 @@ def test_check_cases_cover_what_the_kernel_splits() -> None:
     assert any(s[1] // s[2] > fd.GROUP for s in fd.CHECK_SHAPES)
     assert any(s[3] > 128 for s in fd.CHECK_SHAPES)
     assert any(s[3] != s[4] for s in fd.CHECK_SHAPES)
+    # The pipelined variants' two ways of copying 2-byte rows: 16-byte pieces (head dims that
+    # are multiples of 8) and a lane's 8 bytes (others).
+    piped = [s for s in fd.CHECK_SHAPES if fd.split_kind(*s[1:5], True).endswith("p")]
+    assert any(s[3] % 8 == 0 for s in piped)
+    assert any(s[3] % 8 and s[4] % 8 for s in piped)
 
 
 # -- the route, through the backend over the stand-in for CuPy ------------------------------------
@@ -480,7 +541,9 @@ def test_the_on_device_check_passes_the_model_and_fails_a_wrong_kernel(plugin: A
                 out = as_values(np.asarray(args[2]), sfx)
                 module.combine_model(grid, (args[0], args[1], out, *args[3:]))
 
-    good = {n: Kernel(n) for n in module.kernel_names()}
+    plain = {n: Kernel(n) for n in module.kernel_names()}
+    assert module._check(plain) is None  # (the plain program: no pipelined case)
+    good = {n: Kernel(n) for n in module.kernel_names(True)}
     assert module._check(good) is None
     # The first check shape's (4 heads a KV head, d 128), plain and pipelined: each is checked.
     for wrong in ("decode_split_g4s1_f16", "decode_split_g4s1p_f16"):
@@ -499,15 +562,32 @@ def test_the_pipelined_switch_reads_the_environment(
     value: str | None, on: bool, warned: bool, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    """``ACCELKIT_CUDA_DECODE_PIPELINE`` sets a backend's ``flash_decode.pipelined`` when the
-    backend is made; a value that is no flag is warned about and read as off."""
+    """``ACCELKIT_CUDA_DECODE_PIPELINE`` asks for the pipelined variants when a backend is made
+    (compiled and used on sm_80 and newer); a value that is no flag is warned about and read
+    as off; ``pipelined`` can be set only where they were compiled."""
     if value is None:
         monkeypatch.delenv("ACCELKIT_CUDA_DECODE_PIPELINE", raising=False)
     else:
         monkeypatch.setenv("ACCELKIT_CUDA_DECODE_PIPELINE", value)
+    from accelkit_cuda.driver import Attr, DeviceProps
+
+    def props(major: int, minor: int) -> DeviceProps:
+        cc = {Attr.COMPUTE_CAPABILITY_MAJOR: major, Attr.COMPUTE_CAPABILITY_MINOR: minor}
+        return DeviceProps(0, "GPU", 1 << 30, cc, 12040)
+
     with caplog.at_level("WARNING", logger="accelkit.cuda"):
-        decode = fd.FlashDecode(None, None)  # type: ignore[arg-type]
+        decode = fd.FlashDecode(None, props(9, 0))
     assert decode.pipelined is on
+    assert decode.has_pipelined is on
+    # Before sm_80 (no cp.async; fewer blocks an SM): never compiled, whatever the switch.
+    assert fd.FlashDecode(None, props(7, 5)).has_pipelined is False
+    decode.pipelined = False  # settable both ways where compiled, only off where not
+    if on:
+        decode.pipelined = True
+        assert decode.pipelined
+    else:
+        with pytest.raises(InvalidArgumentError, match="ACCELKIT_CUDA_DECODE_PIPELINE=1"):
+            decode.pipelined = True
     assert (
         any("ACCELKIT_CUDA_DECODE_PIPELINE='pipe'" in r.getMessage() for r in caplog.records)
         is warned

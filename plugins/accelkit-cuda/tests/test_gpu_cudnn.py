@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import accelkit as ak
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 
@@ -122,19 +123,24 @@ async def test_split_kv_decode_matches_numpy(backend: Any, dtype: str, pipelined
     """The split-KV decode kernel (accelkit_cuda.flash_decode) through paged_attention, its
     plain and its pipelined variants: a long sequence (many chunks), a short one, an empty one,
     32/8 and 12/1 heads, head dims 128/64."""
+    if not pipelined:
+        await _split_kv_decode(backend, dtype, False)
+        return
+    # The pipelined variants are compiled where asked for when a backend opens (sm_80 on).
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("ACCELKIT_CUDA_DECODE_PIPELINE", "1")
+        async with ak.open_backend("cuda:0") as piped:
+            if not piped.flash_decode.has_pipelined:
+                pytest.skip("no pipelined decode variants before compute capability 8.0")
+            await _split_kv_decode(piped, dtype, True)
+
+
+async def _split_kv_decode(backend: Any, dtype: str, pipelined: bool) -> None:
     decode = backend.flash_decode
     if decode.state == "unavailable":
         pytest.skip(f"the split-KV decode kernel is unavailable: {decode.reason}")
     assert decode.verified, decode.describe()  # its on-device check must pass on a GPU
-    setting = decode.pipelined
-    decode.pipelined = pipelined
-    try:
-        await _split_kv_decode(backend, dtype)
-    finally:
-        decode.pipelined = setting
-
-
-async def _split_kv_decode(backend: Any, dtype: str) -> None:
+    assert decode.pipelined is pipelined
     f, kops, engines = backend.tensor_factory, backend.kernel_ops, backend.attention_engines
     rng = np.random.default_rng(4)
     np_dt = np.float32 if dtype == "f32" else np.float16
@@ -151,6 +157,7 @@ async def _split_kv_decode(backend: Any, dtype: str) -> None:
         out = kops.paged_attention(*args)
         assert engines.last_route is not None
         assert engines.last_route.engine == "flash_decode", engines.last_route
+        assert engines.last_route.reason.endswith(", pipelined") is pipelined  # (d <= 128)
         got = (await out.to_host()).astype(np.float64)
         tol = 2 * (eps + (max(lens) + d) * 2.0**-23) * np.abs(vr).max()
         np.testing.assert_allclose(got, want, atol=tol, rtol=0)

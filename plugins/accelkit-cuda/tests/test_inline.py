@@ -838,7 +838,7 @@ async def test_the_step_timeline_sees_inline_launches(
     if on:
         # The block's launches (not the await's copy) on the caller's thread, at once.
         assert 10 <= m["inline_positions"] < m["positions"]
-        assert 0 < m["inline_ms"] <= m["submit_ms"] + m["done_ms"]
+        assert 0 < m["inline_ms"] <= m["submit_ms"]  # (turns while the step is submitted)
         assert m["first_launch_ms"] <= m["submit_ms"]
     else:
         assert m["inline_positions"] == 0

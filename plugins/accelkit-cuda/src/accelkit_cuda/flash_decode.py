@@ -28,13 +28,14 @@ keys, in two launches:
   lane keeps half its values at each xor step, so that lane ``L`` ends with value ``L >> s``:
   18 shuffles for those 80, each sum bit for bit warp_sum's), 64 registers for ``g4s1`` still,
   96 for ``g8s1`` (80 before). Its time on a GPU: unmeasured.
-- ``decode_split_g<GG>s1p_<dtype>``, the pipelined variants (head dims up to 128; used where
-  :attr:`FlashDecode.pipelined`, off by default: ``ACCELKIT_CUDA_DECODE_PIPELINE=1``): the same
-  arithmetic, but a warp's key and value rows go through a ring of shared-memory stages
-  (``cp.async`` from sm_80: :data:`STAGES`, two for f32's 16-byte rows), copied ``ST - 1``
-  iterations ahead, the first value rows while the chunk's softmax runs: at 1.7 TB/s the plain
-  variant was latency-bound, four rows a warp in flight and none while it computes. 64
-  registers and 24 KiB a block at the bench's shape (eight blocks an SM). Unmeasured.
+- ``decode_split_g<GG>s1p_<dtype>``, the pipelined variants (head dims up to 128; compiled and
+  used where :attr:`FlashDecode.has_pipelined`: ``ACCELKIT_CUDA_DECODE_PIPELINE=1`` when the
+  backend opens, sm_80 and newer; off by default): the same arithmetic, but a warp's key and
+  value rows go through a ring of shared-memory stages (``cp.async``: :data:`STAGES`, two for
+  f32), copied ``ST - 1`` iterations ahead, the first value rows while the chunk's softmax
+  runs: at 1.7 TB/s the plain variant was latency-bound, four rows a warp in flight and none
+  while it computes. 64 registers and 24 KiB a block at the bench's shape (eight blocks an SM
+  on an H100). Unmeasured.
 - ``decode_combine_<dtype>``: one block per (sequence, query head) merges the chunks'
   partial results (rescaled by ``exp2(m_c - M)``) into the output; a sequence without keys gets
   zeros (the contract).
@@ -58,11 +59,13 @@ from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from accelkit.dtype import DType
+from accelkit.errors import InvalidArgumentError
 from accelkit.sdk import env_str
 from accelkit_cuda.flash_attention import GatedKernel, check_child, from_bits, to_bits
 from accelkit_cuda.switches import env_switch
@@ -91,6 +94,7 @@ __all__ = [
     "refusal",
     "run",
     "scratch_shapes",
+    "source",
     "split_kind",
     "split_model",
 ]
@@ -122,14 +126,22 @@ def split_kind(heads: int, kv_heads: int, d: int, dv: int, pipelined: bool = Fal
     return f"split_g{gg}s{sl}" + ("p" if pipelined and (gg, sl) in PIPE_VARIANTS else "")
 
 
-def kernel_names() -> list[str]:
-    """Every variant of the split kernel and the combine kernel, of every dtype."""
+def kernel_names(pipelined: bool = False) -> list[str]:
+    """Every variant of the split kernel and the combine kernel, of every dtype; with
+    ``pipelined``, the pipelined split variants too (:func:`source`)."""
     names = []
     for s in _SUFFIX.values():
         names += [f"decode_split_g{g}s{sl}_{s}" for g, sl in SPLIT_VARIANTS]
-        names += [f"decode_split_g{g}s{sl}p_{s}" for g, sl in PIPE_VARIANTS]
+        if pipelined:
+            names += [f"decode_split_g{g}s{sl}p_{s}" for g, sl in PIPE_VARIANTS]
         names.append(f"decode_combine_{s}")
     return names
+
+
+def source(pipelined: bool = False) -> str:
+    """The program to compile: :data:`SOURCE`, with the pipelined split variants where asked
+    (they double its compile time, which a backend opening with a cold cache waits for)."""
+    return f"#define PIPELINED {int(pipelined)}\n{SOURCE}"
 
 
 def geometry(
@@ -345,6 +357,7 @@ CHECK_SHAPES: tuple[tuple[int, int, int, int, int, int, tuple[int, ...]], ...] =
     (2, 6, 3, 160, 128, 16, (40, 270)),  # split_g2s2
     (1, 12, 3, 192, 200, 8, (300,)),  # split_g4s2
     (1, 8, 1, 128, 256, 16, (520,)),  # split_g8s2
+    (2, 4, 2, 68, 36, 16, (300, 41)),  # split_g2s1 on rows of 8-byte copies (pipelined)
 )
 
 
@@ -382,14 +395,33 @@ class FlashDecode(GatedKernel):
 
     def __init__(self, backend: Any, props: DeviceProps) -> None:
         super().__init__(backend, props)
-        #: Whether head dims up to 128 take the pipelined split variants (``...p``: each warp's
-        #: key and value rows copied into shared memory STAGES iterations ahead, ``cp.async``
-        #: from sm_80), checked on the device with the others. Off by default until a GPU run
-        #: says it pays (``ACCELKIT_CUDA_DECODE_PIPELINE=1`` at start;
-        #: ``benchmarks/bench_cuda_attention.py`` compares both).
-        self.pipelined = env_switch(
+        #: Whether the pipelined split variants were asked for (``ACCELKIT_CUDA_DECODE_PIPELINE=1``
+        #: when the backend opens) on a device of compute capability 8.0 or newer (``cp.async``;
+        #: before, shared memory holds fewer blocks an SM and the copies would not overlap):
+        #: they are then compiled, checked on the device with the others, and used
+        #: (:attr:`pipelined`).
+        self.has_pipelined = env_switch(
             "ACCELKIT_CUDA_DECODE_PIPELINE", "the decode kernel's plain variants are used"
-        )
+        ) and props.compute_capability >= (8, 0)
+        self._pipelined = self.has_pipelined
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether head dims up to 128 take the pipelined split variants (``...p``: each warp's
+        key and value rows copied into a ring of shared-memory stages ahead of their use). Off
+        by default until a GPU run says it pays; settable where they were compiled
+        (:attr:`has_pipelined`; ``benchmarks/bench_cuda_attention.py`` compares both)."""
+        return self._pipelined
+
+    @pipelined.setter
+    def pipelined(self, on: bool) -> None:
+        if on and not self.has_pipelined:
+            raise InvalidArgumentError(
+                "the pipelined decode variants were not compiled: set"
+                " ACCELKIT_CUDA_DECODE_PIPELINE=1 before the backend opens (compute capability"
+                " 8.0 or newer)"
+            )
+        self._pipelined = bool(on)
 
     async def load(self) -> None:
         """Compile (a worker thread; cached on disk), check in a child, load on the submission
@@ -399,8 +431,8 @@ class FlashDecode(GatedKernel):
             self.state, self.reason = "unavailable", "switched off (ACCELKIT_CUDA_FLASH_DECODE=0)"
             return
         await self.compile_check_load(
-            SOURCE, "accelkit_flash_decode.cu", "accelkit_cuda.flash_decode", "flash-decode",
-            switch == "recheck", _load,
+            source(self.has_pipelined), "accelkit_flash_decode.cu", "accelkit_cuda.flash_decode",
+            "flash-decode", switch == "recheck", partial(_load, pipelined=self.has_pipelined),
         )  # fmt: skip
 
     def refusal(
@@ -451,12 +483,16 @@ def main(argv: list[str]) -> int:
     return check_child(argv, _load, _check)
 
 
-def _load(binary: bytes) -> dict[str, Any]:
+def _load(binary: bytes, pipelined: bool | None = None) -> dict[str, Any]:
+    """Load the program and its kernels: the pipelined variants too where it was compiled
+    with them (``pipelined``; None, as in the check's child: where the cubin names them)."""
     import cupy as cp
 
     module = cp.cuda.function.Module()
     module.load(binary)
-    return {"": module} | {name: module.get_function(name) for name in kernel_names()}
+    if pipelined is None:
+        pipelined = all(n.encode() + b"\0" in binary for n in kernel_names(True))
+    return {"": module} | {name: module.get_function(name) for name in kernel_names(pipelined)}
 
 
 def _check(functions: dict[str, Any]) -> str | None:
@@ -476,10 +512,13 @@ def _check(functions: dict[str, Any]) -> str | None:
 
     rng = np.random.default_rng(31)
     stream = cp.cuda.Stream(non_blocking=True)
+    piped = any(name.startswith("decode_split_") and name.endswith(("p_f16", "p_bf16", "p_f32"))
+                for name in functions)  # fmt: skip
     cases = [
-        (shape, pipe) for shape in CHECK_SHAPES for pipe in (False, True)
+        (shape, pipe) for shape in CHECK_SHAPES for pipe in (False, piped)
         if not pipe or split_kind(*shape[1:5], True) != split_kind(*shape[1:5])
     ]  # fmt: skip
+    cases = list(dict.fromkeys(cases))  # (without the pipelined ones: each shape once)
     with stream:
         for dtype in _SUFFIX:
             for shape, pipe in cases:
@@ -612,10 +651,17 @@ __device__ __forceinline__ void set_error(i64* err, i64 code, i64 value) {
     if (atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)code) == 0ull) err[1] = value;
 }
 
+// The pipelined split variants are compiled only where asked (PIPELINED 1: the backend asks for
+// them with ACCELKIT_CUDA_DECODE_PIPELINE=1 on sm_80 and newer): they double this program's
+// compile time, which every backend opening with a cold cache waits for.
+#ifndef PIPELINED
+#define PIPELINED 0
+#endif
+
 // Copies into shared memory that run while the thread goes on (sm_80's cp.async; 8 bytes through
 // L1, 16 bytes straight from L2), in groups: wait<N> returns once at most the N newest groups of
-// this thread are still in flight, and its copies are then visible to it. Before sm_80, plain
-// loads and stores (the same results, nothing in flight).
+// this thread are still in flight, and its copies are then visible to it (to the rest of the
+// warp after a __syncwarp). Before sm_80, plain loads and stores (nothing in flight).
 #if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned a;
@@ -630,6 +676,10 @@ __device__ __forceinline__ void cp_async(float4* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
                  :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
+__device__ __forceinline__ void cp_async(uint4* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
@@ -637,6 +687,7 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 #else
 __device__ __forceinline__ void cp_async(uint2* d, const void* src) { *d = *(const uint2*)src; }
 __device__ __forceinline__ void cp_async(float4* d, const void* src) { *d = *(const float4*)src; }
+__device__ __forceinline__ void cp_async(uint4* d, const void* src) { *d = *(const uint4*)src; }
 __device__ __forceinline__ void cp_commit() {}
 template <int N> __device__ __forceinline__ void cp_wait() {}
 #endif
@@ -650,26 +701,36 @@ template <int N> __device__ __forceinline__ void cp_wait() {}
 #define SUMS 8  // dot products a warp sums in one butterfly (registers: a lane holds them all)
 #define STAGES 4  // a pipelined variant's rows in flight a warp: STAGES * UNROLL (8-byte rows)
 
-// The pipelined variants (PIPE): a warp's key and value rows go through shared memory in a
-// ring of ST stages of UNROLL rows (each lane its own slots: no barrier), copied ST - 1
-// iterations ahead, and the first value rows are on their way while the scores' softmax runs.
+// The pipelined variants (PIPE; one slice, head dims up to 128): a warp's key and value rows go
+// through shared memory in a ring of ST stages of UNROLL rows, copied ST - 1 iterations ahead,
+// and the first value rows are on their way while the scores' softmax runs. A stage holds its
+// rows as they lie in the cache ([UNROLL][32] raw slots: lane L reads slot L of a row, its four
+// elements); the copies are 16 bytes where rows allow (straight from L2: f32 always, each lane
+// its own slot; 2-byte types with head dims that are multiples of 8, half a warp a row of 128,
+// and a lane then reads slots another lane copied: a __syncwarp after each wait and before each
+// refill), else 8 bytes a lane (through L1).
 template <typename K> struct Stages {
-    enum { ST = sizeof(typename K::Raw) > 8 ? STAGES / 2 : STAGES };  // 16 KiB a block (SL 1)
+    enum { ST = sizeof(typename K::Raw) > 8 ? STAGES / 2 : STAGES };  // 16 KiB a block
 };
 
-// A warp's rows j0 .. j0 + UNROLL - 1 of the chunk (roff; -1: none) into one stage ``buf``
-// ([UNROLL][SL][32] raw slots, this lane's ``lane``): the lane's four elements of each slice.
-template <typename K, int SL> __device__ __forceinline__ void fetch(
+// A warp's rows j0 .. j0 + UNROLL - 1 of the chunk (roff; -1: none) into one stage ``buf``.
+template <typename K> __device__ __forceinline__ void fetch(
         typename K::Raw* buf, const typename K::T* src, int dm, const i64* roff, int j0, int cnt,
         int lane) {
+    if (sizeof(typename K::Raw) == 8 && (dm & 7) == 0) {  // 16-byte pieces of the rows
+        const int per_row = dm >> 3;  // (at most 16)
+        for (int k = lane; k < UNROLL * per_row; k += 32) {
+            int u = k / per_row, c = k - u * per_row;
+            i64 o = j0 + u < cnt ? roff[j0 + u] : -1;
+            if (o >= 0) cp_async((uint4*)&buf[u * 32 + 2 * c], src + o * dm + 8 * c);
+        }
+        return;
+    }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         i64 o = j0 + u < cnt ? roff[j0 + u] : -1;
-#pragma unroll
-        for (int it = 0; it < SL; ++it) {
-            int i0 = 4 * lane + 128 * it;
-            if (o >= 0 && i0 < dm) cp_async(&buf[(u * SL + it) * 32 + lane], src + o * dm + i0);
-        }
+        int i0 = 4 * lane;
+        if (o >= 0 && i0 < dm) cp_async(&buf[u * 32 + lane], src + o * dm + i0);
     }
 }
 
@@ -686,8 +747,9 @@ template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
     __shared__ float red[GG][128 * SL];
     __shared__ i64 roff[CHUNK];
     typedef typename K::Raw Raw;
-    enum { ST = Stages<K>::ST, RING = UNROLL * SL * 32 };  // a stage: RING raw slots
-    __shared__ Raw ring[PIPE ? NWARPS * ST * RING : 1];
+    static_assert(!PIPE || SL == 1, "the pipelined variants hold one slice (fetch's layout)");
+    enum { ST = Stages<K>::ST, RING = UNROLL * SL * 32 };  // a stage: RING raw slots (SL 1)
+    __shared__ __align__(16) Raw ring[PIPE ? NWARPS * ST * RING : 1];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     Raw* mine = ring + (PIPE ? warp * ST * RING : 0);  // this warp's stages
     int G = H / Hkv, groups = (G + GROUP - 1) / GROUP;
@@ -743,7 +805,7 @@ template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
 #pragma unroll
         for (int i = 0; i < ST - 1; ++i) {
             if (i < iters)
-                fetch<K, SL>(mine + i * RING, kc, D, roff, (warp + i * NWARPS) * UNROLL, cnt, lane);
+                fetch<K>(mine + i * RING, kc, D, roff, (warp + i * NWARPS) * UNROLL, cnt, lane);
             cp_commit();
         }
     for (int i = 0; i < iters; ++i) {
@@ -751,12 +813,14 @@ template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
         Raw r[UNROLL][SL];
         i64 ro[UNROLL];
         if (PIPE) {  // the stage ST - 1 iterations ahead (the one read last time); wait for i's
+            __syncwarp();  // the stage refilled next was read by the whole warp last time
             int ahead = i + ST - 1;
             if (ahead < iters)
-                fetch<K, SL>(mine + (ahead % ST) * RING, kc, D, roff,
+                fetch<K>(mine + (ahead % ST) * RING, kc, D, roff,
                              (warp + ahead * NWARPS) * UNROLL, cnt, lane);
             cp_commit();
             cp_wait<ST - 1>();
+            __syncwarp();  // the rest of the warp's copies of stage i, seen by this lane
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -801,11 +865,12 @@ template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
         }
     }
     __syncthreads();
-    if (PIPE)  // the first value rows, on their way during the softmax (the key stages are read)
+    if (PIPE)  // the first value rows, on their way during the softmax (the key stages are read:
+               // the __syncthreads above)
 #pragma unroll
         for (int i = 0; i < ST - 1; ++i) {
             if (i < iters)
-                fetch<K, SL>(mine + i * RING, vc, Dv, roff, (warp + i * NWARPS) * UNROLL, cnt,
+                fetch<K>(mine + i * RING, vc, Dv, roff, (warp + i * NWARPS) * UNROLL, cnt,
                              lane);
             cp_commit();
         }
@@ -844,12 +909,14 @@ template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
         Raw r[UNROLL][SL];
         i64 ro[UNROLL];
         if (PIPE) {
+            __syncwarp();  // the stage refilled next was read by the whole warp last time
             int ahead = i + ST - 1;
             if (ahead < iters)
-                fetch<K, SL>(mine + (ahead % ST) * RING, vc, Dv, roff,
+                fetch<K>(mine + (ahead % ST) * RING, vc, Dv, roff,
                              (warp + ahead * NWARPS) * UNROLL, cnt, lane);
             cp_commit();
             cp_wait<ST - 1>();
+            __syncwarp();  // the rest of the warp's copies of stage i, seen by this lane
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -928,10 +995,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split_g##GG##
                                   BS, MB, scale_log2, chunks, err); }
 #define SPLIT(K, S, GG, SL) SPLIT_AS(K, S, GG, SL, false, , 2)
 #define SPLIT_PIPE(K, S, GG, MINB) SPLIT_AS(K, S, GG, 1, true, p, MINB)
+#if PIPELINED
+#define PIPES(K, S, MINB4)                                                                        \
+SPLIT_PIPE(K, S, 1, 8) SPLIT_PIPE(K, S, 2, 8) SPLIT_PIPE(K, S, 4, MINB4) SPLIT_PIPE(K, S, 8, 2)
+#else
+#define PIPES(K, S, MINB4)
+#endif
 #define INSTANTIATE(K, S, MINB4)                                                                  \
 SPLIT(K, S, 1, 1) SPLIT(K, S, 2, 1) SPLIT(K, S, 4, 1) SPLIT(K, S, 8, 1)                          \
 SPLIT(K, S, 1, 2) SPLIT(K, S, 2, 2) SPLIT(K, S, 4, 2) SPLIT(K, S, 8, 2)                          \
-SPLIT_PIPE(K, S, 1, 8) SPLIT_PIPE(K, S, 2, 8) SPLIT_PIPE(K, S, 4, MINB4) SPLIT_PIPE(K, S, 8, 2)  \
+PIPES(K, S, MINB4)                                                                                \
 extern "C" __global__ void __launch_bounds__(THREADS) decode_combine_##S(                        \
         const float* part_o, const float* part_ml, K::T* out, int Dv, int chunks)                \
     { combine_impl<K>(part_o, part_ml, out, Dv, chunks); }

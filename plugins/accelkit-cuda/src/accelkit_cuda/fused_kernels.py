@@ -346,9 +346,12 @@ class CUDAAttentionKernels(_Fused):
                 decode, q, k_cache, v_cache, block_table, context_lens, scale, out, error
             )
             if why_not is None:
+                from accelkit_cuda.flash_decode import split_kind
+
+                piped = split_kind(h, hk, d, v_cache.shape[3], decode.pipelined).endswith("p")
                 engines.record(
                     "paged_attention", "flash_decode",
-                    "the split-KV decode kernel" + (", pipelined" if decode.pipelined else ""),
+                    "the split-KV decode kernel" + (", pipelined" if piped else ""),
                 )  # fmt: skip
                 return
         declined = engines.paged_attention(

@@ -290,10 +290,11 @@ class SubmissionThread:
                 return queued
 
             def leave() -> None:
+                start = entered[0]  # (read in the turn: the next holder may set it after)
                 try:
                     cls.leave(self)
                 finally:
-                    turns.append((entered[0], clock()))
+                    turns.append((start, clock()))
 
             self.__dict__["enter"] = enter
             self.__dict__["leave"] = leave

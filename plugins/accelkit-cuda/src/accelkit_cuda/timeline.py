@@ -16,8 +16,8 @@ submitting (``begin``):
   ops (it includes any time the GPU sat idle waiting for launches);
 - ``thread_busy_ms``: time the submission thread spent in the step's closures;
 - ``inline_positions`` and ``inline_ms``: the step's positions launched on the caller's thread,
-  and the time callers held the thread's turn during the step (those launches, and the end
-  events recorded in place when the step's positions are awaited);
+  and the time callers held the thread's turn while the step was submitted (its launches: the
+  trace stops at ``submitted``, before the await's end events);
 - ``thread_waited_ms`` (and ``thread_max_wait_ms``): time a closure was queued while the
   submission thread was free but had not started it yet, summed (and the longest): its wake-up
   from the queue's condition plus its wait for the GIL (the caller or the completer running
@@ -27,10 +27,10 @@ submitting (``begin``):
   events), ``completer_rounds`` and ``thread_rounds`` (times the completer and the submission
   thread took work off their queues).
 
-:meth:`StepProbe.begin` waits (blocking, briefly) until the submission thread is idle, as it
-is after an await: the step starts as a real one does, and its plain launches can be made
-inline where that is switched on (a timing event queued just before them would keep them all
-queued). Nothing here runs unless a benchmark makes a probe: the submission thread's tracing is made of
+:meth:`StepProbe.begin` queues its first timing event, then waits (blocking, briefly) until the
+submission thread is idle again, as it is after an await: the step starts as a real one does,
+and its plain launches can be made inline where that is switched on (the timing event queued
+just before them kept them all queued before). Nothing here runs unless a benchmark makes a probe: the submission thread's tracing is made of
 attributes it sets for the step (:meth:`SubmissionThread.start_trace`), the counters are plain
 integers the stream and thread keep anyway. A traced step is a little slower than an untraced
 one (a wrapper and three clock reads per closure, two timing events, a probe closure): read the
@@ -77,14 +77,17 @@ class StepProbe:
         )  # fmt: skip
 
     def begin(self, idle_timeout: float = 1.0) -> None:
-        """Before the step's first op: records the first timing event, then waits (at most
-        ``idle_timeout`` seconds) until the submission thread is idle."""
+        """Before the step's first op: records the first timing event (queued for the
+        submission thread), then spins (blocking, yielding the interpreter lock, at most
+        ``idle_timeout`` seconds) until that thread is idle again. The event is recorded when
+        the thread runs it, so ``gpu_ms`` counts the few microseconds from there to the idle
+        thread seen here as device idle time."""
         self._counts0 = self._counts()
         self._ev0 = self.stream.record_event()
         thread = self.thread
         deadline = time.perf_counter() + idle_timeout
         while not thread.idle and time.perf_counter() < deadline:
-            time.sleep(0.0001)
+            time.sleep(0)
         self._turns: list[tuple[float, float]] = []
         self._trace = thread.start_trace(turns=self._turns)
         self._t0 = time.perf_counter()
