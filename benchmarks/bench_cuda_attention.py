@@ -105,8 +105,8 @@ async def main() -> None:
     import torch
     import torch.nn.functional as F  # noqa: N812
 
-    # The pipelined decode variants are compiled only where asked for when the backend opens;
-    # the decode figures below pick plain or pipelined per run (the default stays plain).
+    # The pipelined decode variants are compiled only where asked for when the backend opens
+    # (and are then its default); the decode figures below pick plain or pipelined per run.
     os.environ.setdefault("ACCELKIT_CUDA_DECODE_PIPELINE", "1")
     async with ak.open_backend("cuda") as opened:
         backend: Any = opened  # a CUDABackend (attention_engines, allow_tf32)

@@ -415,6 +415,7 @@ def test_check_cases_cover_what_the_kernel_splits() -> None:
     piped = [s for s in fd.CHECK_SHAPES if fd.split_kind(*s[1:5], True).endswith("p")]
     assert any(s[3] % 8 == 0 for s in piped)
     assert any(s[3] % 8 and s[4] % 8 for s in piped)
+    assert any(s[3] % 8 == 0 and s[4] % 8 for s in piped)  # one of each in one call
 
 
 # -- the route, through the backend over the stand-in for CuPy ------------------------------------
@@ -506,6 +507,62 @@ async def test_decode_runs_on_the_split_kernel_once_verified(
         assert engines.last_route.engine != "flash_decode"
         assert "switched off" in engines.last_route.reason
         assert engines.routes["paged_attention"]["flash_decode"] == 4
+    finally:
+        await backend.shutdown()
+
+
+@pytest.mark.anyio
+async def test_pipelined_variants_that_fail_their_check_leave_the_plain_ones(
+    plugin: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Asked for, the pipelined variants are one program with the plain ones, under one
+    verdict: where that program fails its on-device check, the plain program is checked
+    alone and serves decode, and why the pipelined ones were dropped is kept."""
+    import importlib
+
+    from accelkit_cuda import nvrtc
+
+    monkeypatch.setenv("ACCELKIT_CUDA_VERDICTS", str(tmp_path))
+    monkeypatch.setenv("ACCELKIT_CUDA_DECODE_PIPELINE", "1")
+    stand_in = nvrtc.compile_cached
+
+    def compile_cached(source: str, *args: Any, **kwargs: Any) -> Any:
+        compiled = stand_in(source, *args, **kwargs)
+        if source.startswith("#define PIPELINED 1"):  # another binary, as NVRTC's would be
+            return nvrtc.Compiled(compiled.binary + b"-pipelined", "cubin", "", "piped")
+        return compiled
+
+    monkeypatch.setattr(nvrtc, "compile_cached", compile_cached)
+    fa = importlib.import_module("accelkit_cuda.flash_attention")
+    checked: list[bytes] = []
+
+    def run_child(binary: bytes, *args: Any) -> tuple[str | None, bool]:
+        checked.append(binary)
+        if binary.endswith(b"-pipelined"):
+            return "decode_split_g4s1p_f16 on ...: max error 3", True
+        return None, True
+
+    monkeypatch.setattr(fa, "_run_child", run_child)
+    launched = _launch_models(monkeypatch)
+    backend = plugin.backend.CUDABackend()
+    await backend.initialize("cuda:0")
+    try:
+        decode = backend.flash_decode
+        assert decode.verified, decode.describe()
+        assert checked.count(compile_cached(fd.source(True), "sm_90").binary) == 1
+        assert decode.pipelined_failure.startswith("the on-device check failed: decode_split_g4s1p")
+        assert decode.has_pipelined is False
+        assert decode.pipelined is False
+        with pytest.raises(InvalidArgumentError, match="were not compiled"):
+            decode.pipelined = True
+        f, kops = backend.tensor_factory, backend.kernel_ops
+        rng = np.random.default_rng(2)
+        (qh, kc, vc, table, lens), _ = fd._check_case(rng, DType.F16, fd.CHECK_SHAPES[0])
+        args = [f.from_host(x.astype(np.float16)) for x in (qh, kc, vc)]
+        await kops.paged_attention(*args, f.from_host(table), f.from_host(lens)).to_host()
+        names = [n for n, _ in launched if n.startswith("decode_split")]
+        assert names == ["decode_split_g4s1_f16"]
+        assert backend.attention_engines.last_route.engine == "flash_decode"
     finally:
         await backend.shutdown()
 

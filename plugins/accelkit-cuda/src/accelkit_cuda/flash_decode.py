@@ -57,6 +57,7 @@ Unverified on a GPU as written: compiled by NVRTC and its indexing checked by a 
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from functools import partial
@@ -69,6 +70,8 @@ from accelkit.errors import InvalidArgumentError
 from accelkit.sdk import env_str
 from accelkit_cuda.flash_attention import GatedKernel, check_child, from_bits, to_bits
 from accelkit_cuda.switches import env_switch
+
+_log = logging.getLogger("accelkit.cuda")
 
 if TYPE_CHECKING:
     from accelkit.tensor import Tensor
@@ -358,6 +361,7 @@ CHECK_SHAPES: tuple[tuple[int, int, int, int, int, int, tuple[int, ...]], ...] =
     (1, 12, 3, 192, 200, 8, (300,)),  # split_g4s2
     (1, 8, 1, 128, 256, 16, (520,)),  # split_g8s2
     (2, 4, 2, 68, 36, 16, (300, 41)),  # split_g2s1 on rows of 8-byte copies (pipelined)
+    (1, 4, 4, 64, 36, 16, (300,)),  # split_g1s1: keys in 16-byte pieces, values in 8 (pipelined)
 )
 
 
@@ -400,10 +404,19 @@ class FlashDecode(GatedKernel):
         #: before, shared memory holds fewer blocks an SM and the copies would not overlap):
         #: they are then compiled, checked on the device with the others, and used
         #: (:attr:`pipelined`).
-        self.has_pipelined = env_switch(
+        asked = env_switch(
             "ACCELKIT_CUDA_DECODE_PIPELINE", "the decode kernel's plain variants are used"
-        ) and props.compute_capability >= (8, 0)
+        )
+        self.has_pipelined = asked and props.compute_capability >= (8, 0)
+        if asked and not self.has_pipelined:
+            _log.info(
+                "ACCELKIT_CUDA_DECODE_PIPELINE=1: compute capability %d.%d has no cp.async;"
+                " the decode kernel's plain variants are used", *props.compute_capability,
+            )  # fmt: skip
         self._pipelined = self.has_pipelined
+        #: Why the pipelined variants were dropped after failing their on-device check (the
+        #: plain ones are then checked alone), or "".
+        self.pipelined_failure = ""
 
     @property
     def pipelined(self) -> bool:
@@ -430,9 +443,21 @@ class FlashDecode(GatedKernel):
         if switch in ("0", "off", "false", "no"):
             self.state, self.reason = "unavailable", "switched off (ACCELKIT_CUDA_FLASH_DECODE=0)"
             return
+        await self._compile_check_load(self.has_pipelined, switch == "recheck")
+        if self.state == "failed" and self.has_pipelined:
+            # One program, one verdict: a fault of the experiment must not cost the plain kernel.
+            self.pipelined_failure = self.reason
+            self.has_pipelined = self._pipelined = False
+            _log.warning(
+                "the pipelined decode variants failed (%s); checking the plain ones alone",
+                self.reason,
+            )
+            await self._compile_check_load(False, switch == "recheck")
+
+    async def _compile_check_load(self, pipelined: bool, recheck: bool) -> None:
         await self.compile_check_load(
-            source(self.has_pipelined), "accelkit_flash_decode.cu", "accelkit_cuda.flash_decode",
-            "flash-decode", switch == "recheck", partial(_load, pipelined=self.has_pipelined),
+            source(pipelined), "accelkit_flash_decode.cu", "accelkit_cuda.flash_decode",
+            "flash-decode", recheck, partial(_load, pipelined=pipelined),
         )  # fmt: skip
 
     def refusal(
@@ -985,7 +1010,8 @@ template <typename K> __device__ void combine_impl(
 // (THREADS, 2): ptxas's register allocation without spills for every variant (with THREADS alone,
 // split_g8s1 spilled 12 bytes on sm_80 and sm_90). The pipelined variants of up to four heads
 // ask for eight blocks an SM where that costs no spill (64 registers: 72 otherwise, seven
-// blocks, and the bench's 2048 blocks in three rounds on 132 SMs instead of two).
+// blocks, and the bench's 2048 blocks in three rounds on 132 SMs instead of two); of eight
+// heads, five (126 registers and four blocks on sm_90 otherwise; six spill).
 #define SPLIT_AS(K, S, GG, SL, PIPE, TAG, MINB)                                                   \
 extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split_g##GG##s##SL##TAG##_##S( \
         const K::T* q, const K::T* kc, const K::T* vc, const int* table, const int* lens,       \
@@ -997,7 +1023,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) decode_split_g##GG##
 #define SPLIT_PIPE(K, S, GG, MINB) SPLIT_AS(K, S, GG, 1, true, p, MINB)
 #if PIPELINED
 #define PIPES(K, S, MINB4)                                                                        \
-SPLIT_PIPE(K, S, 1, 8) SPLIT_PIPE(K, S, 2, 8) SPLIT_PIPE(K, S, 4, MINB4) SPLIT_PIPE(K, S, 8, 2)
+SPLIT_PIPE(K, S, 1, 8) SPLIT_PIPE(K, S, 2, 8) SPLIT_PIPE(K, S, 4, MINB4) SPLIT_PIPE(K, S, 8, 5)
 #else
 #define PIPES(K, S, MINB4)
 #endif
