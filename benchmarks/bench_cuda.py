@@ -378,7 +378,13 @@ async def _inline_modes(
     timeline: list[str] = []
 
     async def steps() -> None:  # the block's step timeline with the switch on
-        m = await block_timeline(backend, block, 15)
+        try:  # (a figure, never a reason to lose the lines above)
+            m = await block_timeline(backend, block, 15)
+        except Exception as exc:
+            timeline.append(
+                f"block inline step timeline: not measured ({type(exc).__name__}: {exc})"
+            )
+            return
         timeline.extend(f"block inline {line}" for line in describe_timeline(m, 15))
 
     await at(True, steps)()
