@@ -132,18 +132,18 @@ def test_the_scores_loop_writes_each_score_once(gg: int) -> None:
 
 
 #: The lines of SOURCE's pipelined loops that :func:`_pipelined_lane` steps through, in their
-#: order (twice: keys, then values).
-_PIPELINE_LINES = (
+#: order: a prologue (keys, then values), and ``rows``, which each loop calls an iteration.
+_PROLOGUE_LINES = (
     "for (int i = 0; i < ST - 1; ++i) {",
     "if (i < iters)",
     "fetch<K>(mine + i * RING, ",
     "cp_commit();",
-    "for (int i = 0; i < iters; ++i) {",
+)
+_ROWS_LINES = (
     "__syncwarp();  // the stage refilled next",
     "int ahead = i + ST - 1;",
     "if (ahead < iters)",
-    "fetch<K>(mine + (ahead % ST) * RING, ",
-    "(warp + ahead * NWARPS) * UNROLL, cnt, lane);",
+    "fetch<K>(mine + (ahead % ST) * RING, src, dm, roff, (warp + ahead * NWARPS) * UNROLL,",
     "cp_commit();",
     "cp_wait<ST - 1>();",
     "__syncwarp();  // the rest of the warp's copies",
@@ -218,12 +218,16 @@ def test_the_pipelined_loops_read_each_iterations_rows(st: int, iters: int) -> N
     :func:`_pipelined_lane`): iteration i reads iteration i's key rows, then its value rows,
     however early or late within the PTX rules each copy lands; ST of SOURCE is 4 (8-byte
     rows) or 2 (16-byte rows)."""
-    body = fd.SOURCE[fd.SOURCE.index("split_impl(") :]
-    keys = _in_order(body, _PIPELINE_LINES)  # the key loop
-    assert "(warp + i * NWARPS) * UNROLL" in body[: body.index("fetch<K>(mine + (ahead")]
-    prologue = _in_order(body, _PIPELINE_LINES[:4], keys)  # the value prologue,
+    rows = fd.SOURCE[fd.SOURCE.index("void rows(") : fd.SOURCE.index("void split_impl(")]
+    _in_order(rows, _ROWS_LINES)
+    body = fd.SOURCE[fd.SOURCE.index("void split_impl(") :]
+    loop = ("for (int i = 0; i < iters; ++i) {", "const int j0 = (warp + i * NWARPS) * UNROLL;")
+    keys = _in_order(body, (*_PROLOGUE_LINES, *loop, "rows<K, SL, PIPE>(r, ro, mine, kc, D, roff,"))
+    assert "(warp + i * NWARPS) * UNROLL, cnt, lane);" in body[:keys]  # the prologue's rows
+    prologue = _in_order(body, _PROLOGUE_LINES, keys)  # the value prologue,
     assert prologue < body.index("// The chunk's softmax statistics")  # before the softmax
-    _in_order(body, _PIPELINE_LINES[4:], body.index("// P V:"))  # the value loop
+    _in_order(body, (*loop, "rows<K, SL, PIPE>(r, ro, mine, vc, Dv, roff,"), body.index("// P V:"))
+    assert body.count("rows<K, SL, PIPE>(") == 2
     assert re.search(r"ST = sizeof\(typename K::Raw\) > 8 \? STAGES / 2 : STAGES", fd.SOURCE)
     assert st in (int(re.search(r"#define STAGES (\d+)", fd.SOURCE).group(1)) // k for k in (1, 2))  # type: ignore[union-attr]
     want = [("k", i) for i in range(iters)] + [("v", i) for i in range(iters)]
@@ -245,7 +249,7 @@ def test_a_stage_holds_exactly_the_slots_its_readers_read(dm: int, raw_bytes: in
         "int u = k / per_row, c = k - u * per_row;",
         "if (o >= 0) cp_async((uint4*)&buf[u * 32 + 2 * c], src + o * dm + 8 * c);",
         "if (o >= 0 && i0 < dm) cp_async(&buf[u * 32 + lane], src + o * dm + i0);",
-        "if (ro[u] >= 0 && i0 < D)",
+        "if (ro[u] >= 0 && i0 < dm)",
         "r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]",
     ):
         assert line in fd.SOURCE, line

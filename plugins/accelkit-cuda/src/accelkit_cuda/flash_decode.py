@@ -764,6 +764,38 @@ template <typename K> __device__ __forceinline__ void fetch(
 // GG: query heads a block holds registers for (a power of two >= its heads, <= GROUP); SL:
 // 128-dim slices a lane holds (1: head dims <= 128). Fewer make fewer registers (128 with
 // GROUP and two slices: four blocks an SM, latency-bound on an H100, 2026-11-27).
+// Iteration i's rows (keys j0 ..., of ``src``, rows of ``dm`` elements) into registers: the
+// lane's four elements of each slice of each row (ro: the rows' offsets, -1 for none). PIPE:
+// first the copy of the stage ST - 1 iterations ahead (the one the warp read last time), then
+// a wait for stage i's, from the ring; else straight from the cache.
+template <typename K, int SL, bool PIPE> __device__ __forceinline__ void rows(
+        typename K::Raw (&r)[UNROLL][SL], i64 (&ro)[UNROLL], typename K::Raw* mine,
+        const typename K::T* src, int dm, const i64* roff, int i, int iters, int j0, int warp,
+        int cnt, int lane) {
+    enum { ST = Stages<K>::ST, RING = UNROLL * SL * 32 };
+    if (PIPE) {
+        __syncwarp();  // the stage refilled next was read by the whole warp last time
+        int ahead = i + ST - 1;
+        if (ahead < iters)
+            fetch<K>(mine + (ahead % ST) * RING, src, dm, roff, (warp + ahead * NWARPS) * UNROLL,
+                     cnt, lane);
+        cp_commit();
+        cp_wait<ST - 1>();
+        __syncwarp();  // the rest of the warp's copies of stage i, seen by this lane
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
+#pragma unroll
+        for (int it = 0; it < SL; ++it) {
+            int i0 = 4 * lane + 128 * it;
+            if (ro[u] >= 0 && i0 < dm)
+                r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]
+                                : raw4(src, ro[u] * dm + i0);
+        }
+    }
+}
+
 template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
         const typename K::T* q, const typename K::T* kc, const typename K::T* vc,
         const int* table, const int* lens, float* part_o, float* part_ml, int H, int Hkv, int D,
@@ -837,27 +869,7 @@ template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
         const int j0 = (warp + i * NWARPS) * UNROLL;
         Raw r[UNROLL][SL];
         i64 ro[UNROLL];
-        if (PIPE) {  // the stage ST - 1 iterations ahead (the one read last time); wait for i's
-            __syncwarp();  // the stage refilled next was read by the whole warp last time
-            int ahead = i + ST - 1;
-            if (ahead < iters)
-                fetch<K>(mine + (ahead % ST) * RING, kc, D, roff,
-                             (warp + ahead * NWARPS) * UNROLL, cnt, lane);
-            cp_commit();
-            cp_wait<ST - 1>();
-            __syncwarp();  // the rest of the warp's copies of stage i, seen by this lane
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
-#pragma unroll
-            for (int it = 0; it < SL; ++it) {
-                int i0 = 4 * lane + 128 * it;
-                if (ro[u] >= 0 && i0 < D)
-                    r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]
-                                    : raw4(kc, ro[u] * D + i0);
-            }
-        }
+        rows<K, SL, PIPE>(r, ro, mine, kc, D, roff, i, iters, j0, warp, cnt, lane);
         // The dot products summed over the warp UB keys at a time (UB x GG values, at most
         // SUMS) in one butterfly each: UB*GG - 1 shuffles and log2(32 / (UB*GG)) more, not 5 a
         // value. A lane's sum is that of value (lane >> SHIFT), each the very sum warp_sum
@@ -933,27 +945,7 @@ template <typename K, int GG, int SL, bool PIPE> __device__ void split_impl(
         const int j0 = (warp + i * NWARPS) * UNROLL;
         Raw r[UNROLL][SL];
         i64 ro[UNROLL];
-        if (PIPE) {
-            __syncwarp();  // the stage refilled next was read by the whole warp last time
-            int ahead = i + ST - 1;
-            if (ahead < iters)
-                fetch<K>(mine + (ahead % ST) * RING, vc, Dv, roff,
-                             (warp + ahead * NWARPS) * UNROLL, cnt, lane);
-            cp_commit();
-            cp_wait<ST - 1>();
-            __syncwarp();  // the rest of the warp's copies of stage i, seen by this lane
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            ro[u] = j0 + u < cnt ? roff[j0 + u] : -1;
-#pragma unroll
-            for (int it = 0; it < SL; ++it) {
-                int i0 = 4 * lane + 128 * it;
-                if (ro[u] >= 0 && i0 < Dv)
-                    r[u][it] = PIPE ? mine[(i % ST) * RING + (u * SL + it) * 32 + lane]
-                                    : raw4(vc, ro[u] * Dv + i0);
-            }
-        }
+        rows<K, SL, PIPE>(r, ro, mine, vc, Dv, roff, i, iters, j0, warp, cnt, lane);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (ro[u] < 0) continue;
