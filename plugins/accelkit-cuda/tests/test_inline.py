@@ -9,11 +9,12 @@ on a GPU is ``benchmarks/bench_cuda.py``'s to say (unmeasured when written)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -97,6 +98,23 @@ def _small_block(backend: Any) -> tuple[Any, Any, Any]:
     cfg = BlockConfig(batch=1, seq=4, width=16, heads=2)
     w = upload_weights(backend, block_weights(cfg))
     return cfg, w, backend.tensor_factory.from_host(np.ones((1, 4, 16), np.float32))
+
+
+@contextlib.contextmanager
+def _before_launch(hook: Callable[[str], object]) -> Iterator[None]:
+    """Within: each launch of the stand-in first calls ``hook(kernel name)`` (which may raise
+    instead of launching)."""
+    run = fake_cupy.Function.__call__
+
+    def launch(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+        hook(self.name)
+        run(self, grid, block, args, **kwargs)
+
+    fake_cupy.Function.__call__ = launch  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        fake_cupy.Function.__call__ = run  # type: ignore[method-assign]
 
 
 async def test_plain_launches_are_made_on_the_callers_thread_when_the_thread_is_idle(
@@ -228,30 +246,25 @@ async def test_a_wait_marks_the_end_of_inline_positions(inline: Plugin) -> None:
         await backend.shutdown()
 
 
-async def test_an_inline_launch_error_is_raised_by_its_await(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_an_inline_launch_error_is_raised_by_its_await(inline: Plugin) -> None:
     # A launch that fails on the caller's thread is reported as a queued one is: by the await
     # that covers it, not by the call that submitted it; later work is unaffected.
     backend = await _open(inline)
     a_h = np.ones((8, 8), np.float32)
-    run = fake_cupy.Function.__call__
 
-    def failing(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
-        if self.name.startswith("ew_mul"):
+    def failing(name: str) -> None:
+        if name.startswith("ew_mul"):
             raise fake_cupy.CUDARuntimeError(1)  # cudaErrorInvalidValue: not sticky
-        run(self, grid, block, args, **kwargs)
 
     try:
         ops, a = await _steady(backend, a_h, lambda ops, a: ops.mul(a, a))
         before = backend.default_stream.inline_launches
-        monkeypatch.setattr(fake_cupy.Function, "__call__", failing)
-        y = ops.mul(a, a)  # returns: the error waits for the await
-        assert backend.default_stream.inline_launches == before + 1
-        with pytest.raises(DeviceError, match="CUDA error 1"):
-            await y.to_host()
-        del y  # (its block serves the add below: nothing is allocated, nothing queued)
-        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
+        with _before_launch(failing):
+            y = ops.mul(a, a)  # returns: the error waits for the await
+            assert backend.default_stream.inline_launches == before + 1
+            with pytest.raises(DeviceError, match="CUDA error 1"):
+                await y.to_host()
+            del y  # (its block serves the add below: nothing is allocated, nothing queued)
         await _idle(backend)
         np.testing.assert_array_equal(await ops.add(a, a).to_host(), a_h * 2)
         assert backend.default_stream.inline_launches == before + 2
@@ -284,14 +297,7 @@ async def test_a_caller_on_another_context_queues(inline: Plugin) -> None:
         stub.current = 0
         await _idle(backend)
         seen: list[int] = []
-        run = fake_cupy.Function.__call__
-
-        def launch(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
-            seen.append(stub.current)
-            run(self, grid, block, args, **kwargs)
-
-        fake_cupy.Function.__call__ = launch  # type: ignore[method-assign]
-        try:
+        with _before_launch(lambda _name: seen.append(stub.current)):
             y = ops.add(a, a)  # cuda:0: its context stays (the runtime's default anyway)
             np.testing.assert_array_equal(await y.to_host(), a_h * 2)
             assert seen == [fake_cupy.CONTEXT]
@@ -304,8 +310,6 @@ async def test_a_caller_on_another_context_queues(inline: Plugin) -> None:
             np.testing.assert_array_equal(await y.to_host(), a_h * 2)
             assert seen == [fake_cupy.CONTEXT] * 2
             assert stub.current == 0  # and taken back
-        finally:
-            fake_cupy.Function.__call__ = run  # type: ignore[method-assign]
         assert stream.inline_launches == before + 2
     finally:
         stub.current = 0
@@ -477,28 +481,23 @@ async def test_a_service_mix_makes_only_plain_launches_on_the_loop_thread(
     np.testing.assert_allclose(np.log(got["t"].astype(np.float64)).sum(axis=0), 1, atol=64 * eps)
 
 
-async def test_a_blocking_call_made_in_the_turn_runs_in_place(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_blocking_call_made_in_the_turn_runs_in_place(inline: Plugin) -> None:
     # Code that runs inside a launch in place (a finalizer, say) and makes a blocking call on
     # the submission thread runs it itself: the thread cannot run it before the turn is given
     # back (without this, a deadlock).
     backend = await _open(inline)
     a_h = np.ones((8, 8), np.float32)
-    run = fake_cupy.Function.__call__
     seen: list[int] = []
 
-    def calling(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
-        if self.name.startswith("ew_add"):
+    def calling(name: str) -> None:
+        if name.startswith("ew_add"):
             seen.append(backend.thread.call_blocking(threading.get_ident))
-        run(self, grid, block, args, **kwargs)
 
     try:
         ops, a = await _steady(backend, a_h)
         before = backend.default_stream.inline_launches
-        seen.clear()
-        monkeypatch.setattr(fake_cupy.Function, "__call__", calling)
-        y = ops.add(a, a)
+        with _before_launch(calling):
+            y = ops.add(a, a)
         assert backend.default_stream.inline_launches == before + 1
         assert seen == [threading.get_ident()]
         np.testing.assert_array_equal(await y.to_host(), a_h * 2)
@@ -506,18 +505,15 @@ async def test_a_blocking_call_made_in_the_turn_runs_in_place(
         await backend.shutdown()
 
 
-async def test_the_thread_waits_for_the_turn(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_the_thread_waits_for_the_turn(inline: Plugin) -> None:
     # Work queued from another thread while a launch is made in place (the launch lets the
     # interpreter lock go) runs after it, not beside it: the thread runs its rounds in its turn.
     backend = await _open(inline)
     a_h = np.ones((8, 8), np.float32)
-    run = fake_cupy.Function.__call__
     order: list[str] = []
 
-    def slow(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
-        if self.name.startswith("ew_add"):
+    def slow(name: str) -> None:
+        if name.startswith("ew_add"):
             other = threading.Thread(
                 target=backend.thread.submit, args=(lambda: order.append("queued"),)
             )
@@ -525,14 +521,12 @@ async def test_the_thread_waits_for_the_turn(
             other.join()
             time.sleep(0.05)  # the thread, rung, would run the closure now without the turn
             order.append("inline")
-        run(self, grid, block, args, **kwargs)
 
     try:
         ops, a = await _steady(backend, a_h)
         before = backend.default_stream.inline_launches
-        monkeypatch.setattr(fake_cupy.Function, "__call__", slow)
-        y = ops.add(a, a)
-        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
+        with _before_launch(slow):
+            y = ops.add(a, a)
         assert backend.default_stream.inline_launches == before + 1
         np.testing.assert_array_equal(await y.to_host(), a_h * 2)
         await backend.synchronize()
@@ -614,33 +608,28 @@ async def test_a_quiet_stream_does_not_hold_back_frees(inline: Plugin) -> None:
         await backend.shutdown()
 
 
-async def test_a_blocking_wait_racing_an_inline_launch_returns(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_blocking_wait_racing_an_inline_launch_returns(inline: Plugin) -> None:
     # Another thread blocks on the stream while a launch is made in place (the launch lets the
     # interpreter lock go), after the position was numbered and before it was covered: the
     # launch sees the waiter and records the end event, so the wait returns.
     backend = await _open(inline)
     a_h = np.ones((8, 8), np.float32)
-    run = fake_cupy.Function.__call__
     stream = backend.default_stream
     workers: list[threading.Thread] = []
 
-    def racing(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+    def racing(_name: str) -> None:
         t = threading.Thread(target=stream.synchronize_blocking, daemon=True)
         workers.append(t)
         t.start()
         deadline = time.monotonic() + 5
         while not stream._blocked and time.monotonic() < deadline:
             time.sleep(0.001)
-        run(self, grid, block, args, **kwargs)
 
     try:
         ops, a = await _steady(backend, a_h)
         before = stream.inline_launches
-        monkeypatch.setattr(fake_cupy.Function, "__call__", racing)
-        y = ops.add(a, a)
-        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
+        with _before_launch(racing):
+            y = ops.add(a, a)
         assert stream.inline_launches == before + 1
         await anyio.to_thread.run_sync(workers[0].join, 10.0)
         assert not workers[0].is_alive(), "the blocking wait hangs on a covered position"
@@ -673,20 +662,14 @@ async def test_work_queued_after_the_turn_began_goes_first(
             other.join()
         return queued
 
-    run = fake_cupy.Function.__call__
-
-    def launch(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
-        order.append("add")
-        run(self, grid, block, args, **kwargs)
-
     try:
         ops, a = await _steady(backend, a_h)
         before = stream.inline_launches
         monkeypatch.setattr(type(thread), "enter", entering)
-        monkeypatch.setattr(fake_cupy.Function, "__call__", launch)
-        y = ops.add(a, a)
-        assert stream.inline_launches == before
-        np.testing.assert_array_equal(await y.to_host(), a_h * 2)
+        with _before_launch(lambda _name: order.append("add")):  # (queued: run by the thread)
+            y = ops.add(a, a)
+            assert stream.inline_launches == before
+            np.testing.assert_array_equal(await y.to_host(), a_h * 2)
         assert order == ["other", "add"]
     finally:
         await backend.shutdown()
@@ -774,26 +757,21 @@ async def test_a_quiet_stream_does_not_hold_back_frees_while_the_thread_is_busy(
         await backend.shutdown()
 
 
-async def test_an_interrupt_in_an_inline_launch_is_the_callers(
-    inline: Plugin, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_an_interrupt_in_an_inline_launch_is_the_callers(inline: Plugin) -> None:
     # Ctrl-C lands in a launch made in place: the caller gets its KeyboardInterrupt (not a
     # DeviceError at a later await), the turn is given back, and the stream goes on.
     backend = await _open(inline)
     a_h = np.ones((8, 8), np.float32)
-    run = fake_cupy.Function.__call__
 
-    def interrupted(self: Any, grid: Any, block: Any, args: Any, **kwargs: Any) -> None:
+    def interrupted(_name: str) -> None:
         raise KeyboardInterrupt
 
     try:
         ops, a = await _steady(backend, a_h)
         stream = backend.default_stream
         before = stream.inline_launches
-        monkeypatch.setattr(fake_cupy.Function, "__call__", interrupted)
-        with pytest.raises(KeyboardInterrupt):
+        with _before_launch(interrupted), pytest.raises(KeyboardInterrupt):
             ops.add(a, a)
-        monkeypatch.setattr(fake_cupy.Function, "__call__", run)
         assert stream.inline_launches == before + 1
         assert not backend.thread._turn._is_owned()
         with anyio.fail_after(10), pytest.raises(DeviceError, match="KeyboardInterrupt"):
