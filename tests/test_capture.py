@@ -6,6 +6,7 @@ nested capture, another stream; a capture cancelled mid-way leaves the backend u
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import accelkit as ak
+from accelkit._core.host_memory import OFF_LOOP_COPY_BYTES
 from accelkit.errors import CaptureError, StaleHandleError, UnsupportedOperationError
 from accelkit.testing.fixtures import backend_fixture
 from accelkit.testing.graphs import decode_reference, decode_step, make_decode_step, tolerance
@@ -291,3 +293,150 @@ async def test_another_task_on_the_capture_stream_is_not_recorded(
     await graph.write(x, np.full(4, 3, np.float32))
     graph.replay()
     np.testing.assert_array_equal(await y.to_host(), np.full(4, 6, np.float32))
+
+
+async def test_a_graph_whose_tensor_was_freed_is_stale(backend: ak.ComputeBackend) -> None:
+    """A freed block goes to the next allocation: a replay would write into (or read) another
+    tensor's memory. The graph refuses every use once one of its tensors is freed."""
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    x = f.from_host(np.arange(256, dtype=np.float32))
+    async with backend.capture() as graph:
+        y = ops.add(x, 1.0)
+    mm.free(y)
+    z = f.from_host(np.full(256, 7, np.float32))  # may take y's block
+    with pytest.raises(StaleHandleError, match=r"a tensor this graph writes \(\(256,\) f32\)"):
+        graph.replay()
+    np.testing.assert_array_equal(await z.to_host(), np.full(256, 7, np.float32))
+
+    async with backend.capture() as graph:
+        ops.mul(x, 2.0)
+    mm.free(x)
+    with pytest.raises(StaleHandleError, match="a tensor this graph reads"):
+        graph.replay()
+    with pytest.raises(StaleHandleError, match="was freed after the capture"):
+        await graph.write(x, np.zeros(256, np.float32))
+
+
+async def test_a_call_running_on_another_thread_hides_none_of_the_tasks_calls(
+    backend: ak.ComputeBackend,
+) -> None:
+    """from_host_async copies a large array on a worker thread, as a recorded call; the calls
+    the capturing task makes meanwhile on the loop's thread are recorded all the same."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.from_host(np.arange(4, dtype=np.float32))
+    big = np.ones(OFF_LOOP_COPY_BYTES // 4, np.float32)
+    kernels: Any = f.kernels
+    real = kernels.from_host
+    release = threading.Event()
+    inside = anyio.Event()
+    token = anyio.lowlevel.current_token()
+
+    def held_from_host(*args: Any, **kwargs: Any) -> Any:  # the worker's copy, held open
+        if not release.is_set():  # (the replay calls it too, on the loop's thread)
+            anyio.from_thread.run_sync(inside.set, token=token)
+            assert release.wait(10)
+        return real(*args, **kwargs)
+
+    uploaded: list[ak.Tensor] = []
+
+    async def upload() -> None:
+        uploaded.append(await f.from_host_async(big))
+
+    kernels.from_host = held_from_host  # wrapped by the capture, put back when it ends
+    try:
+        async with backend.capture() as graph, anyio.create_task_group() as tg:
+            tg.start_soon(upload)
+            await inside.wait()
+            y = x
+            for _ in range(5):  # while the worker is inside its recorded call
+                y = ops.add(y, 1.0)
+            release.set()
+    finally:
+        release.set()
+        kernels.__dict__.pop("from_host", None)
+    names = [c.name for c in graph._calls]
+    assert names.count("binary") == 5, names
+    assert names.count("from_host") == 1, names
+    await graph.write(x, np.zeros(4, np.float32))
+    graph.replay()
+    np.testing.assert_array_equal(await y.to_host(), np.full(4, 5, np.float32))
+    np.testing.assert_array_equal(await uploaded[0].to_host(), big)
+
+
+def _adam_reference(
+    p: Any, g: Any, m: Any, v: Any, lr: float, step: int, b1: float = 0.9, b2: float = 0.999
+) -> Any:
+    """One AdamW step without weight decay in float64 (the textbook update)."""
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    m_hat, v_hat = m / (1 - b1**step), v / (1 - b2**step)
+    return p - lr * m_hat / (np.sqrt(v_hat) + 1e-8), m, v
+
+
+async def test_a_tensor_updated_in_place_is_an_input_of_the_graph(
+    backend: ak.ComputeBackend,
+) -> None:
+    """adam_update reads and writes param, m and v: the graph reads them, so new values can be
+    written into them before a replay (and a replay waits for their writers)."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rng = np.random.default_rng(5)
+    host = {k: rng.standard_normal(16).astype(np.float32) for k in "pgm"}
+    host["v"] = rng.random(16).astype(np.float32)
+    p, g, m, v = (f.from_host(host[k]) for k in "pgmv")
+    async with backend.capture() as graph:
+        ops.adam_update(p, g, m, v, lr=0.1, step=3, eps=1e-8, weight_decay=0.0)
+    for t in (p, g, m, v):
+        assert any(u is t for u in graph.inputs)
+    assert {id(t) for t in graph.outputs} == {id(p), id(m), id(v)}
+    new = {k: rng.standard_normal(16).astype(np.float32) for k in "pgm"}
+    new["v"] = rng.random(16).astype(np.float32)
+    for k, t in zip("pgmv", (p, g, m, v), strict=True):
+        await graph.write(t, new[k])
+    graph.replay()
+    p64, g64, m64, v64 = (new[k].astype(np.float64) for k in "pgmv")
+    want = _adam_reference(p64, g64, m64, v64, lr=0.1, step=3)
+    # A handful of F32 operations an element: a few units of F32 rounding, relative to the
+    # terms' magnitudes (|p| and lr * |m_hat| / sqrt(v_hat) are O(1) here, up to ~50).
+    tol = 64 * float(np.finfo(np.float32).eps)
+    for t, w in zip((p, m, v), want, strict=True):
+        got = await t.to_host()
+        np.testing.assert_allclose(got, w, rtol=tol, atol=tol * float(np.abs(w).max()))
+
+
+async def test_a_task_started_inside_a_capture_can_capture_later(
+    backend: ak.ComputeBackend,
+) -> None:
+    """A child task keeps a copy of its parent's context, the capture's recorder included;
+    once that capture has ended, the child opens its own."""
+    x = backend.tensor_factory.ones((4,), ak.DType.F32)
+    go = anyio.Event()
+    graphs: list[Any] = []
+
+    async def child() -> None:
+        await go.wait()
+        async with backend.capture() as g:
+            graphs.append((g, backend.tensor_ops.add(x, x)))
+
+    async with anyio.create_task_group() as tg:
+        async with backend.capture():
+            tg.start_soon(child)
+            backend.tensor_ops.add(x, 1.0)
+        go.set()
+    g, y = graphs[0]
+    assert g.num_calls == 1
+    g.replay()
+    np.testing.assert_array_equal(await y.to_host(), np.full(4, 2, np.float32))
+
+
+async def test_a_captured_from_host_replays_the_values_it_read(
+    backend: ak.ComputeBackend,
+) -> None:
+    """from_host snapshots its array when called; its replay writes that snapshot, not what
+    the caller's array holds by then (as a CUDA graph does)."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    host = np.ones(4, np.float32)
+    async with backend.capture() as graph:
+        y = ops.add(f.from_host(host), 1.0)
+    host[:] = 100
+    graph.replay()
+    np.testing.assert_array_equal(await y.to_host(), np.full(4, 2, np.float32))

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -125,6 +127,11 @@ class NativeGraph:
     kind: str
 
 
+class _Inside(threading.local):
+    #: 1 while a recorded call runs on this thread.
+    depth = 0
+
+
 class _Recorder:
     """The state of one open capture."""
 
@@ -132,7 +139,13 @@ class _Recorder:
         self.backend = backend
         self.stream = stream
         self.calls: list[RecordedCall] = []
-        self.depth = 0
+        #: Per thread, whether a recorded call is running there: a call it makes (a fused
+        #: kernel composing TensorOps) runs unrecorded. Per thread, not per capture: another
+        #: task's call running meanwhile on another thread (``from_host_async``'s copy on a
+        #: worker thread) must not hide this task's calls from the recording.
+        self.inside = _Inside()
+        #: The buffers allocated while the capture is open (:meth:`watch_allocations`).
+        self.fresh: weakref.WeakSet[Any] = weakref.WeakSet()
         self.open = True
         self.shadowed: list[tuple[Any, str]] = []
 
@@ -168,6 +181,22 @@ class _Recorder:
                 ) from None
             self.shadowed.append((obj, name))
 
+    def watch_allocations(self, pool: Any) -> None:
+        """Note every buffer ``pool`` hands out while the capture is open (in :attr:`fresh`):
+        an output in new memory is written, not read, by its call."""
+        if pool is None:
+            return
+        real = pool.allocate
+        fresh = self.fresh
+
+        def allocate(nbytes: int) -> Any:
+            buf = real(nbytes)
+            fresh.add(buf)
+            return buf
+
+        pool.allocate = allocate
+        self.shadowed.append((pool, "allocate"))
+
     def guard_waits(self, stream: Any) -> None:
         """Refuse this task's waits on the capture stream (``event.wait()``,
         ``stream.synchronize()``) while the capture is open; best effort (a stream whose class
@@ -193,7 +222,8 @@ class _Recorder:
 
     def _wrapper(self, obj: Any, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if self.depth or not self.open:
+            inside = self.inside
+            if not self.open or inside.depth:
                 return real(*args, **kwargs)
             if _CAPTURING.get() is not self:  # another task: runs, is not recorded
                 return real(*args, **kwargs)
@@ -204,16 +234,32 @@ class _Recorder:
                 )
             tensors = list(_tensors(args))
             tensors.extend(_tensors(kwargs.values()))
-            before = [(t._stream, t._seq) for t in tensors]
-            self.depth += 1
+            before = [(t._stream, t._seq, t._buffer.last_write) for t in tensors]
+            fresh = self.fresh
+            inside.depth = 1
             try:
                 result = real(*args, **kwargs)
             finally:
-                self.depth -= 1
+                inside.depth = 0
             outputs: list[Tensor] = []
             inputs: list[Tensor] = []
-            for t, (s, q) in zip(tensors, before, strict=True):
-                (outputs if t._stream is not s or t._seq != q else inputs).append(t)
+            for t, (s, q, written) in zip(tensors, before, strict=True):
+                if t._stream is not s or t._seq != q:
+                    outputs.append(t)
+                    # Unless it is new memory (allocated in the capture, never written), it held
+                    # values before the call, which the call may read as well (an in-place
+                    # update: adam_update's param, m and v): the graph reads it too.
+                    if written is not None or t._buffer not in fresh:
+                        inputs.append(t)
+                else:
+                    inputs.append(t)
+            # Host arrays (from_host's source) as they are now: a replay submits what the
+            # captured run read, not what the caller's array holds by then (a CUDA graph keeps
+            # its copy of them too).
+            if any(type(a) is np.ndarray for a in args):
+                args = tuple(a.copy() if type(a) is np.ndarray else a for a in args)
+            if any(type(a) is np.ndarray for a in kwargs.values()):
+                kwargs = {k: a.copy() if type(a) is np.ndarray else a for k, a in kwargs.items()}
             self.calls.append(
                 RecordedCall(obj, name, real, args, kwargs, tuple(inputs), tuple(outputs))
             )
@@ -254,6 +300,8 @@ class CapturedGraph:
         self._native: NativeGraph | None = None
         self._ready = False
         self._reads: frozenset[int] = frozenset()
+        #: Every tensor the calls read or write, one per buffer (checked live at each use).
+        self._held: tuple[Tensor, ...] = ()
         #: The tensors the graph reads that it did not write first (write new values here).
         self.inputs: tuple[Tensor, ...] = ()
         #: The tensors the graph writes (those allocated inside the capture belong to it).
@@ -264,6 +312,11 @@ class CapturedGraph:
         self.inputs = recording.inputs
         self.outputs = recording.outputs
         self._reads = frozenset(id(t._buffer) for c in recording.calls for t in c.inputs)
+        held: dict[int, Tensor] = {}
+        for c in recording.calls:
+            for t in (*c.inputs, *c.outputs):
+                held.setdefault(id(t._buffer), t)
+        self._held = tuple(held.values())
         self._native = native
         self._ready = True
 
@@ -302,6 +355,16 @@ class CapturedGraph:
             )
         if not self._ready:
             raise CaptureError(f"{what}: the capture of this graph did not complete")
+        for t in self._held:
+            if t._buffer._pool is None:
+                # Freed (memory_manager.free) since the capture: its block may hold another
+                # tensor by now, which a replay would overwrite (a CUDA graph keeps addresses).
+                role = "reads" if id(t._buffer) in self._reads else "writes"
+                raise StaleHandleError(
+                    f"{what}: a tensor this graph {role} ({t.shape} {t.dtype.value}) was freed"
+                    " after the capture; its memory may hold another tensor now. Keep a graph's"
+                    " tensors while it is replayed, or capture it again"
+                )
         current = backend.current_stream
         target = current if stream is None else stream
         if target is not self.stream:
@@ -385,7 +448,10 @@ class GraphCapture:
         backend.check_ready()
         if self._recorder is not None:
             raise CaptureError("a GraphCapture is entered once; call backend.capture() again")
-        if _CAPTURING.get() is not None or backend._capture is not None:
+        # (A task started inside a capture keeps a copy of its context, and so the recorder,
+        # after the capture has ended: only an open one counts.)
+        outer = _CAPTURING.get()
+        if (outer is not None and outer.open) or backend._capture is not None:
             raise CaptureError(
                 "a graph capture is already open on this backend (captures do not nest; one"
                 " at a time per backend)"
@@ -409,6 +475,7 @@ class GraphCapture:
             mm = backend._memory_manager
             rec.shadow(mm.kernels if mm else None, _MEMORY_WORK)
             rec.shadow(backend._kernel_executor, _EXECUTOR_WORK)
+            rec.watch_allocations(backend._pool)
             rec.guard_waits(stream)
         except BaseException:
             rec.unshadow()

@@ -21,6 +21,7 @@ import pytest
 import test_offloop
 from test_offloop import Plugin, _open
 
+from accelkit.errors import StaleHandleError
 from accelkit.testing.graphs import decode_step, make_decode_step
 
 pytestmark = pytest.mark.anyio
@@ -284,3 +285,60 @@ async def test_a_captured_linear_takes_its_bias_in_cublaslts_epilogue(
     eps = float(np.finfo(np.float32).eps)
     mag = np.abs(x_h) @ np.abs(w_h).T + np.abs(b_h)
     assert np.all(np.abs(got - want) <= 9 * eps * mag)
+
+
+async def test_a_cuda_graph_waits_for_the_writers_of_what_it_updates_in_place(
+    plugin: Plugin, cublas: fake_cupy.Cublas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """adam_update reads and writes param, m and v: another stream's write of them must come
+    before the graph's launch, as it comes before an eager adam_update's."""
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        p, g, m, v = (f.from_host(np.ones(8, np.float32)) for _ in range(4))
+        async with backend.capture() as graph:
+            ops.adam_update(p, g, m, v, lr=0.1, step=1)
+        assert graph.kind == "cuda-graph"
+        s2 = backend.create_stream()
+        with backend.use_stream(s2):  # another stream updates them in place
+            ops.adam_update(p, g, m, v, lr=0.1, step=2)
+        writes = {(t._stream, t._seq) for t in (p, m, v)}
+        assert {s for s, _ in writes} == {s2}
+        after: list[list[tuple[Any, int]]] = []
+        stream_type = type(graph.stream)
+        real = stream_type.submit
+
+        def spy(self: Any, fn: Any, keepalive: Any = (), deps: Any = (), *a: Any) -> int:
+            if self is graph.stream and a and a[0] == "a CUDA graph":
+                after.append(list(deps))
+            return real(self, fn, keepalive, deps, *a)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(stream_type, "submit", spy)
+        graph.replay()
+        assert len(after) == 1
+        assert writes <= set(after[0])
+    finally:
+        await backend.shutdown()
+
+
+async def test_a_cuda_graph_whose_tensor_was_freed_is_not_launched(
+    plugin: Plugin, cublas: fake_cupy.Cublas
+) -> None:
+    """A CUDA graph keeps its tensors' addresses: once one is freed (its block reused), a
+    launch would write into another tensor. The replay is refused before anything launches."""
+    backend = await _open(plugin)
+    try:
+        f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+        x = f.from_host(np.arange(64, dtype=np.float32))
+        async with backend.capture() as graph:
+            y = ops.add(x, x)
+        assert graph.kind == "cuda-graph"
+        mm.free(y)
+        z = f.from_host(np.full(64, 7, np.float32))
+        with pytest.raises(StaleHandleError, match="was freed after the capture"):
+            graph.replay()
+        await z.to_host()
+        assert _calls("Graph.launch") == []
+        np.testing.assert_array_equal(await z.to_host(), np.full(64, 7, np.float32))
+    finally:
+        await backend.shutdown()
