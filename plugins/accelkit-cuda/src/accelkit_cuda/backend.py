@@ -204,10 +204,26 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         self._arch = f"sm_{major}{minor}"
         self._device_obj = device
         self.device_index = device.index
+        made: list[Any] = []  # the streams and the pool, as they are made
+        try:
+            return await self._open_in_context(device, props, made)
+        except BaseException:
+            # Failed or cancelled after the submission thread started: what was opened is
+            # closed here (a shutdown has nothing to close: the backend never became ready).
+            with anyio.CancelScope(shield=True):
+                await self._close_failed_open(thread, made)
+            raise
+
+    async def _open_in_context(
+        self, device: Device, props: DeviceProps, made: list[Any]
+    ) -> Opened[CUDAStream]:
+        """:meth:`_initialize` once the context is open: the components (their streams and
+        pool appended to ``made`` as each is made), the kernels' compiles and checks, the
+        warm-up."""
         from accelkit_cuda.cudnn_attention import load_frontend
 
         self._cudnn = await anyio.to_thread.run_sync(load_frontend)  # loads a library
-        opened = self._build(device, props)
+        opened = self._build(device, props, made)
         from accelkit_cuda.flash_attention import Flash2Attention
         from accelkit_cuda.flash_decode import FlashDecode
         from accelkit_cuda.flash_simt import SimtAttention
@@ -234,11 +250,26 @@ class CUDABackend(QueuedBackend[CUDAStream]):
                 "flash_decode": decode.describe(), "flash_simt_attention": simt.describe(),
             }  # fmt: skip
             opened = replace(opened, capabilities=caps.model_copy(update={"extra": extra}))
-        await thread.call(lambda: _warm_up(draws=not philox.ready))
+        await self.thread.call(lambda: _warm_up(draws=not philox.ready))
         return opened
 
-    def _build(self, device: Device, props: DeviceProps) -> Opened[CUDAStream]:
-        """Everything that lives in the CUDA context."""
+    async def _close_failed_open(self, thread: SubmissionThread, made: list[Any]) -> None:
+        """After a failed or cancelled open: the streams closed after their queued work, the
+        pool's blocks freed, then the submission thread ended (it runs what is queued)."""
+        try:
+            for item in made:
+                if isinstance(item, CUDAStream):
+                    await anyio.to_thread.run_sync(item.close)
+                else:
+                    item.invalidate_all(close=True)  # the pool: frees queued on the thread
+        except Exception:  # a poisoned context, say: the thread still ends
+            _log.debug("closing a failed open of %s", self._device_obj, exc_info=True)
+        finally:
+            await anyio.to_thread.run_sync(thread.close)
+
+    def _build(self, device: Device, props: DeviceProps, made: list[Any]) -> Opened[CUDAStream]:
+        """Everything that lives in the CUDA context (its streams and pool also appended to
+        ``made`` as they are made: an open that fails later closes them)."""
         from accelkit_cuda.cudnn_attention import CudnnAttention
         from accelkit_cuda.executor import CUDAKernelExecutor
         from accelkit_cuda.factory_kernels import CUDAFactoryKernels
@@ -252,9 +283,11 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         )
         default = CUDAStream(device, f"{device}/default", self.thread, self._failed)
         default.check_usable = self._check_usable
+        made.append(default)
         memory = self._memory = CUDAMemoryKernels(
             self, device, props.total_memory, self.pool_config
         )
+        made.append(memory.pool)
         self._executor = CUDAKernelExecutor(self)
         self._fused = FusedProgram(self)
         fused = self._fused_kernels = CUDAFusedKernels(self)

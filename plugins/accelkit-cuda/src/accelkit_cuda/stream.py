@@ -49,8 +49,10 @@ import cupy
 from accelkit.device import Device
 from accelkit.errors import (
     AccelError,
+    ContextPoisonedError,
     DeviceError,
     InvalidArgumentError,
+    NotInitializedError,
     OutOfMemoryError,
     StaleHandleError,
 )
@@ -326,6 +328,11 @@ class CUDAStream(DeviceErrors, PositionStream):
         self._completer: threading.Thread | None = None
         self._closed = False
         self._abandoned = False
+        #: Set once :meth:`close` or :meth:`abandon` began: a submission is refused from then on
+        #: (it could not be waited for: the completer ends).
+        self._ended = False
+        #: ``completed`` when the stream was abandoned: the work of later positions was dropped.
+        self._abandoned_after = 0
         #: Blocking-sync events the completer has seen complete, re-recorded for later positions
         #: (a CUDA event may be recorded again once its last record is done) instead of a new
         #: ``cupy.cuda.Event`` per position. Appended by the completer, popped by the submission
@@ -401,10 +408,18 @@ class CUDAStream(DeviceErrors, PositionStream):
         # queued in order even from several threads, and an inline launch that finds work
         # queued since its turn began queues instead (:meth:`_submit_inline`).
         with self._lock:
+            if self._ended:
+                raise self._ended_error(what)
             self.submitted += 1
             seq = self.submitted
             self.thread.submit(partial(_work, self, seq, deps, fn, keepalive, what), self)
         return seq
+
+    def _ended_error(self, what: str) -> NotInitializedError:
+        return NotInitializedError(
+            f"{what} on {self.name}: the stream was closed (its backend was shut down, or is"
+            " shutting down)"
+        )
 
     def _submit_inline(
         self, fn: Callable[[], object], keepalive: object, what: str,
@@ -423,7 +438,7 @@ class CUDAStream(DeviceErrors, PositionStream):
             if callable(plain) and not plain():
                 return 0
             with self._lock:
-                if thread.queued != queued:  # work queued since the turn began goes first
+                if thread.queued != queued or self._ended:  # queued work first; refusals too
                     return 0
                 self.submitted += 1
                 seq = self.submitted
@@ -712,6 +727,8 @@ class CUDAStream(DeviceErrors, PositionStream):
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> CUDAEvent:
         self.check_usable()
+        if self._ended:
+            raise self._ended_error("record_event")
         event = CUDAEvent(self, self.submitted)
 
         def record() -> None:
@@ -746,17 +763,42 @@ class CUDAStream(DeviceErrors, PositionStream):
     # wait_for_blocking, which check usability).
 
     def abandon(self) -> None:
-        """Forget everything queued (the context died): no CUDA call is made for it."""
+        """Forget everything queued (the context died): no CUDA call is made for it, and every
+        await of a position not yet seen complete returns at once, raising the poisoning (its
+        work was dropped); later submissions are refused."""
         self._abandoned = True
         with self._lock:
+            self._ended = True
+            self._abandoned_after = self._completed_upto
             self.checks = []
             self._covered = []
             self._inline_covered = False
             self._closed = True
             self._work_bell.ring()
+            self._completed_upto = max(self._completed_upto, self.submitted)
+            ready = self._due_locked()
+        for cb in ready:
+            cb()
+
+    def raise_errors(self, seq: int) -> None:
+        if self._abandoned and seq > self._abandoned_after:
+            raise self.on_error(
+                ContextPoisonedError(
+                    f"the work at position {seq} of {self.name} was dropped: its CUDA context"
+                    " is poisoned"
+                )
+            )
+        super().raise_errors(seq)
 
     def close(self) -> None:
-        """End the completer after the work queued so far (blocking: call it off the loop)."""
+        """End the stream after the work queued so far has run and completed (blocking: call
+        it off the loop); a submission is refused from the moment it is called."""
+        with self._lock:
+            self._ended = True
+        # Work queued on the submission thread before now is launched (and its end marked)
+        # before the completer is told to end: its positions complete when it does, not before.
+        if not self._abandoned:
+            self.thread.call_blocking(partial(_flush_covered, self))
         with self._lock:
             self._closed = True
             self._work_bell.ring()
