@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gc
 import random
+import threading
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -489,3 +491,30 @@ def test_a_buffer_that_died_is_swapped_in_only_within_the_limit() -> None:
     assert w.handle is block  # from the cache
     assert pool.info().reserved == size_class(390) + size_class(600)
     del other, w
+
+
+async def test_free_waits_for_every_stream_that_may_read_the_block(
+    backend: ComputeBackend,
+) -> None:
+    """A tensor read by work queued on another stream, freed on this one: its block must not
+    go to a new tensor before that work has run (it went after this stream's work only, and
+    the other stream's add read the new tensor's values). This stream's later work is not held
+    back meanwhile."""
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    n = 1 << 16
+    x = f.from_host(np.ones(n, np.float32))
+    other: Any = backend.create_stream()
+    gate = threading.Event()
+    other.submit(lambda: gate.wait(10), True)  # the other stream busy until the gate opens
+    with backend.use_stream(other):
+        y = ops.add(x, 0.0)  # reads x, queued behind the gate
+    mm.free(x)
+    z = f.from_host(np.full(n, 5, np.float32))  # x's size class: x's block, were it returned
+    with anyio.fail_after(10):
+        np.testing.assert_array_equal(await z.to_host(), np.full(n, 5, np.float32))
+    assert z.buffer.handle is not x.buffer.handle
+    gate.set()
+    np.testing.assert_array_equal(await y.to_host(), np.ones(n, np.float32))
+    await backend.synchronize()
+    w = f.from_host(np.full(n, 3, np.float32))  # every stream passed: x's block is back
+    assert w.buffer.handle is x.buffer.handle

@@ -5,7 +5,8 @@ alive."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -50,17 +51,47 @@ def release_block(handle: Any) -> None:
     reference to the array is dropped."""
 
 
-def free_in_stream_order(pool: CachingPool, buffer: DeviceBuffer, stream: HostStream) -> None:
+def free_in_stream_order(
+    pool: CachingPool,
+    buffer: DeviceBuffer,
+    stream: HostStream,
+    others: Iterable[HostStream] = (),
+) -> None:
     """Free ``buffer`` now (stale and uncounted at once); its block returns to the pool after the
-    work submitted so far on ``stream``, which may still use it."""
-    if stream.query():
-        pool.free(buffer)
+    work submitted so far on ``stream`` and on ``others`` (pass the backend's streams: work
+    queued on any of them may still read the block, and the pool may hand it to any of them
+    next)."""
+    busy = [(s, s.submitted) for s in others if s is not stream and not s.query()]
+    if not busy:
+        if stream.query():
+            pool.free(buffer)
+            return
+
+        def recycle_later(recycle: Callable[[], None]) -> None:
+            stream.submit(recycle, heavy=True)
+
+        pool.free(buffer, recycle_later)
         return
+    if not stream.query():
+        busy.append((stream, stream.submitted))
 
-    def recycle_later(recycle: Callable[[], None]) -> None:
-        stream.submit(recycle, heavy=True)
+    def after_all(recycle: Callable[[], None]) -> None:
+        # The last of the streams to pass its point returns the block (on its own thread, or
+        # here where one passed already), without holding any stream's later work back.
+        left = [len(busy)]
+        lock = threading.Lock()
 
-    pool.free(buffer, recycle_later)
+        def one() -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            recycle()
+
+        for s, seq in busy:
+            s.add_waiter(seq, one)
+
+    pool.free(buffer, after_all)
 
 
 def export_dlpack(buffer: DeviceBuffer, array: Array, **kwargs: Any) -> Any:

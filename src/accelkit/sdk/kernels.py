@@ -560,8 +560,8 @@ class MemoryKernels(ABC):
     @abstractmethod
     def free(self, buffer: DeviceBuffer) -> None:
         """Free ``buffer`` now (``pool.free``: stale and uncounted at once); its block returns to
-        the pool once the work submitted so far, which may still use it, is done
-        (``sdk.host.free_in_stream_order`` on a host stream)."""
+        the pool once the work submitted so far on every stream, which may still use it, is
+        done (``sdk.host.free_in_stream_order`` on host streams)."""
 
     async def stage(self, data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The host bytes ``copy_htod`` writes, as memory of the backend's own: ``data`` is a

@@ -52,8 +52,8 @@ class DaskMemoryKernels(MemoryKernels):
 
     def free(self, buffer: DeviceBuffer) -> None:
         # Stream-ordered: the block (and its chunks on the cluster) go after the work submitted so
-        # far, which may still read it.
-        h.free_in_stream_order(self.pool, buffer, self._stream())
+        # far on every stream, which may still read it.
+        h.free_in_stream_order(self.pool, buffer, self._stream(), self.backend.streams)
 
     # -- host transfers ---------------------------------------------------------------------------
     async def write(self, buffer: DeviceBuffer, data: Array, dst: Tensor | None) -> None:

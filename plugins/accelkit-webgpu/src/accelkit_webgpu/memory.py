@@ -54,8 +54,10 @@ class WebGPUMemoryKernels(MemoryKernels):
         self.backend.tensor_kernels.launch(fn, inputs, outputs)
 
     def free(self, buffer: DeviceBuffer) -> None:
-        # Stream-ordered: the block returns to the pool after the work submitted so far.
-        h.free_in_stream_order(self.pool, buffer, self.backend.current_stream)
+        # Stream-ordered: the block returns to the pool after the work submitted so far on every
+        # stream (any of them may still read it, and the pool may hand it to any of them next).
+        backend = self.backend
+        h.free_in_stream_order(self.pool, buffer, backend.current_stream, backend.streams)
 
     async def write(
         self, buffer: DeviceBuffer, data: np.ndarray[Any, Any], dst: Tensor | None

@@ -44,7 +44,8 @@ class CPUMemoryKernels(MemoryKernels):
         self._copies = CPUComponent(backend)
 
     def free(self, buffer: DeviceBuffer) -> None:
-        free_in_stream_order(self.pool, buffer, self.backend.current_stream)
+        backend = self.backend
+        free_in_stream_order(self.pool, buffer, backend.current_stream, backend.streams)
 
     async def write(
         self, buffer: DeviceBuffer, data: np.ndarray[Any, Any], dst: Tensor | None

@@ -34,8 +34,10 @@ class ExampleMemoryKernels(MemoryKernels):
         self._copies = ExampleComponent(backend)
 
     def free(self, buffer: DeviceBuffer) -> None:
-        # Stream-ordered: the block returns to the pool after the work submitted so far.
-        h.free_in_stream_order(self.pool, buffer, self.backend.current_stream)
+        # Stream-ordered: the block returns to the pool after the work submitted so far on every
+        # stream (any of them may still read it, and the pool may hand it to any of them next).
+        backend = self.backend
+        h.free_in_stream_order(self.pool, buffer, backend.current_stream, backend.streams)
 
     async def write(self, buffer: DeviceBuffer, data: Array, dst: Tensor | None) -> None:
         # ``data`` is the core's snapshot of the caller's bytes (MemoryKernels.stage).
