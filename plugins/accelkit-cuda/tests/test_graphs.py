@@ -342,3 +342,50 @@ async def test_a_cuda_graph_whose_tensor_was_freed_is_not_launched(
         np.testing.assert_array_equal(await z.to_host(), np.full(64, 7, np.float32))
     finally:
         await backend.shutdown()
+
+
+async def test_another_threads_submission_while_the_graph_is_built_runs_as_usual(
+    plugin: Plugin, cublas: fake_cupy.Cublas
+) -> None:
+    """Building the CUDA graph re-issues the recorded calls with the stream's submit shadowed
+    to collect their closures. A submission another thread makes to that stream meanwhile (a
+    worker's copy for another task) is queued and runs; it is not taken into the graph."""
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        x = f.from_host(np.arange(8, dtype=np.float32))
+        stream = backend.default_stream
+        kernels: Any = ops.kernels
+        real = kernels.binary
+        ran: list[int] = []
+        calls = [0]
+        before: list[int] = []
+        seqs: list[int] = []
+
+        def binary(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 2:  # the graph's build re-issues it: another thread submits now
+                before.append(stream.submitted)
+                other = threading.Thread(
+                    target=lambda: seqs.append(stream.submit(lambda: ran.append(1)))
+                )
+                other.start()
+                other.join()
+            return real(*args, **kwargs)
+
+        kernels.binary = binary  # wrapped by the capture, which removes both when it ends
+        try:
+            async with backend.capture() as graph:
+                y = ops.add(x, x)
+        finally:
+            kernels.__dict__.pop("binary", None)
+        assert calls[0] == 2
+        assert graph.kind == "cuda-graph"
+        assert seqs[0] == before[0] + 1  # a position of its own, which an await waits for
+        await stream.wait_for(seqs[0])
+        assert ran == [1]
+        graph.replay()
+        np.testing.assert_array_equal(await y.to_host(), 2 * np.arange(8, dtype=np.float32))
+        assert ran == [1]  # not part of the graph
+    finally:
+        await backend.shutdown()

@@ -4,7 +4,8 @@
 When a capture block ends, its calls have run once on the stream as usual. This hook then:
 
 1. re-issues the recorded calls with the stream's ``submit`` shadowed, collecting the closures
-   they would queue for the submission thread (nothing is queued; no CUDA call is made);
+   they would queue for the submission thread (nothing is queued; no CUDA call is made); a
+   submission another thread makes to the stream meanwhile is queued as usual;
 2. on the submission thread, runs those closures between ``stream.begin_capture()`` and
    ``stream.end_capture()`` on the capture's own CUDA stream (CuPy's relaxed capture mode), so
    that their kernels, cuBLAS calls and copies become the nodes of one ``cupy.cuda.Graph``
@@ -38,6 +39,7 @@ the GEMMs went to blas.py) got ``"calls"``: CuPy refused cuBLAS.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -66,11 +68,17 @@ def _collect(recording: GraphRecording) -> list[Callable[[], object]]:
     """The closures the recorded calls queue, without queueing them (see the module docstring)."""
     stream: CUDAStream = recording.stream  # type: ignore[assignment]  # the CUDA backend's
     collected: list[Callable[[], object]] = []
+    real = stream.submit
+    collecting = threading.get_ident()
 
     def submit(
-        fn: Callable[[], object], keepalive: object = (), after: object = (), what: str = "",
-        inline: bool = False,
+        fn: Callable[[], object], keepalive: Any = (), after: Any = (), what: str = "a kernel",
+        inline: Any = False,
     ) -> int:  # fmt: skip
+        if threading.get_ident() != collecting:
+            # Another thread's submission to the stream meanwhile (a worker's copy for another
+            # task): queued as usual, not taken into the graph.
+            return real(fn, keepalive, after, what, inline)
         collected.append(fn)
         return stream.submitted  # a position already handed out: nothing new is queued
 
