@@ -389,3 +389,35 @@ async def test_another_threads_submission_while_the_graph_is_built_runs_as_usual
         assert ran == [1]  # not part of the graph
     finally:
         await backend.shutdown()
+
+
+async def test_building_a_graph_adds_no_check_of_a_flag_it_never_copied(
+    plugin: Plugin, cublas: fake_cupy.Cublas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedding checks its indices on the device: a flag copied to pinned host memory,
+    read by a check at its position. Building the graph re-issues the launch to collect it;
+    that must add no check: the graph's copy of the flag runs at each replay, so before then
+    the host buffer holds whatever it held, and the position is an old one."""
+    backend = await _open(plugin)
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        weight = f.from_host(np.arange(12, dtype=np.float32).reshape(4, 3))
+        indices = f.from_host(np.array([3, 0, 2], np.int64))
+        stream = backend.default_stream
+        added: list[int] = []
+        real = stream.add_check
+
+        def add_check(seq: int, check: Any) -> None:
+            added.append(seq)
+            real(seq, check)
+
+        monkeypatch.setattr(stream, "add_check", add_check)
+        async with backend.capture() as graph:
+            y = ops.embedding(indices, weight)
+        assert graph.kind == "cuda-graph"
+        assert len(added) == 1  # the capture's own run, not the graph's build
+        assert added[0] == y._seq
+        want = np.arange(12, dtype=np.float32).reshape(4, 3)[[3, 0, 2]]
+        np.testing.assert_array_equal(await y.to_host(), want)
+    finally:
+        await backend.shutdown()

@@ -9,6 +9,11 @@ between ``begin_capture`` and ``end_capture`` inside :func:`capturing`. Meanwhil
 - a block of the backend's pool freed on that thread is freed after the capture
   (:func:`defer`): a ``cudaFree`` may synchronize the device, which would invalidate the capture.
 
+Before that, :func:`accelkit_cuda.graphs.capture_graph` re-issues the recorded calls on the
+loop's thread to collect their closures, inside :func:`collecting`: a launch whose check reads
+a flag the device writes (``_launch_checked``) adds no check then, since the graph's copy of the
+flag runs at each replay, not before the next await.
+
 The state is per thread (a thread-local), so nothing on another thread sees it.
 """
 
@@ -18,12 +23,13 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["active", "capturing", "defer"]
+__all__ = ["active", "capturing", "collecting", "defer", "is_collecting"]
 
 
 class _State(threading.local):
     stream: int | None = None
     deferred: list[Callable[[], object]] | None = None
+    collecting = False
 
 
 _state = _State()
@@ -46,6 +52,21 @@ def capturing(stream: int) -> Iterator[None]:
         _state.stream, _state.deferred = None, None
         for fn in deferred:
             fn()
+
+
+@contextmanager
+def collecting() -> Iterator[None]:
+    """Mark this thread as re-issuing a capture's calls to collect their closures."""
+    _state.collecting = True
+    try:
+        yield
+    finally:
+        _state.collecting = False
+
+
+def is_collecting() -> bool:
+    """Whether this thread is inside :func:`collecting`."""
+    return _state.collecting
 
 
 def defer(fn: Callable[[], object]) -> bool:

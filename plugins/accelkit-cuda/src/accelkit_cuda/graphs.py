@@ -47,7 +47,7 @@ import cupy
 
 from accelkit.sdk import GraphRecording, NativeGraph, env_str, mark_written, other_writers
 from accelkit_cuda import blas
-from accelkit_cuda.capturing import capturing
+from accelkit_cuda.capturing import capturing, collecting
 
 if TYPE_CHECKING:
     from accelkit_cuda.backend import CUDABackend
@@ -69,13 +69,13 @@ def _collect(recording: GraphRecording) -> list[Callable[[], object]]:
     stream: CUDAStream = recording.stream  # type: ignore[assignment]  # the CUDA backend's
     collected: list[Callable[[], object]] = []
     real = stream.submit
-    collecting = threading.get_ident()
+    collector = threading.get_ident()
 
     def submit(
         fn: Callable[[], object], keepalive: Any = (), after: Any = (), what: str = "a kernel",
         inline: Any = False,
     ) -> int:  # fmt: skip
-        if threading.get_ident() != collecting:
+        if threading.get_ident() != collector:
             # Another thread's submission to the stream meanwhile (a worker's copy for another
             # task): queued as usual, not taken into the graph.
             return real(fn, keepalive, after, what, inline)
@@ -84,8 +84,9 @@ def _collect(recording: GraphRecording) -> list[Callable[[], object]]:
 
     setattr(stream, "submit", submit)  # noqa: B010 - an instance attribute, removed below
     try:
-        for call in recording.calls:
-            call()
+        with collecting():
+            for call in recording.calls:
+                call()
     finally:
         delattr(stream, "submit")
     return collected

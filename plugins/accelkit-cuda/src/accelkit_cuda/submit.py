@@ -19,6 +19,7 @@ from accelkit.errors import AccelError, InvalidArgumentError, OutOfMemoryError
 from accelkit.sdk import DeviceBuffer, KernelBase, PositionStream
 from accelkit.sdk import storage as native
 from accelkit.tensor import Tensor
+from accelkit_cuda.capturing import is_collecting
 from accelkit_cuda.stream import CUDAStream, block_failure
 
 if TYPE_CHECKING:
@@ -202,6 +203,11 @@ class CUDAComponent(KernelBase[CUDAStream]):
             return pinned, flag  # alive until the copy has completed
 
         seq = self.launch(run, inputs, outputs)
+        if is_collecting():
+            # Collected for a CUDA graph (graphs._collect): the copy of the flag becomes a node
+            # of the graph, run at each replay; its host buffer holds nothing before that, and
+            # ``seq`` is a position handed out already. No check (a graph does not repeat them).
+            return
 
         def check() -> BaseException | None:
             if not cell or not cell[0][0]:
