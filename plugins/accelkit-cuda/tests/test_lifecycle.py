@@ -200,3 +200,37 @@ async def test_a_cancelled_initialize_ends_its_threads(
     assert scope.cancelled_caught
     assert backend._thread.closed
     await backend.shutdown()
+
+
+async def test_a_result_whose_wait_was_cancelled_is_dropped_on_the_submission_thread(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SubmissionThread.call`` cancelled after its function returned: the result (a loaded
+    module, say, whose destructor is a CUDA call) is dropped on the submission thread, not on
+    the loop's thread by the cancelled frame."""
+    from accelkit_cuda import submission
+
+    backend = await _open(plugin)
+    try:
+        dropped_on: list[int] = []
+
+        class Module:
+            def __del__(self) -> None:
+                dropped_on.append(threading.get_ident())
+
+        real_wait = submission.wait_for_callback
+        with anyio.CancelScope() as scope:
+
+            async def wait_then_cancelled(register: Any) -> None:
+                await real_wait(register)  # the result is in; the wait is cancelled all the same
+                scope.cancel()
+                await anyio.sleep(1)
+
+            monkeypatch.setattr(submission, "wait_for_callback", wait_then_cancelled)
+            await backend.thread.call(Module)
+        assert scope.cancelled_caught
+        monkeypatch.undo()
+        await backend.thread.call(lambda: None)  # after the drop queued behind it
+        assert dropped_on == [backend.thread.ident]
+    finally:
+        await backend.shutdown()

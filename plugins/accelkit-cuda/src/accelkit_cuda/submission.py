@@ -355,15 +355,19 @@ class SubmissionThread:
         done = threading.Event()
         callbacks: list[Callable[[], None]] = []
         lock = threading.Lock()
+        gone: list[bool] = []  # the wait ended without the result (cancelled)
 
         def run() -> None:
             try:
-                box.append((True, fn()))
+                outcome = (True, fn())
             except BaseException as exc:
-                box.append((False, exc))
+                outcome = (False, exc)
             with lock:
+                if not gone:
+                    box.append(outcome)
                 done.set()
                 ready = list(callbacks)
+            del outcome  # (dropped here, on the thread, when nobody waits for it any more)
             for cb in ready:
                 cb()
 
@@ -376,7 +380,19 @@ class SubmissionThread:
             return None
 
         self.submit(run)
-        await wait_for_callback(register)
+        try:
+            await wait_for_callback(register)
+        except BaseException:
+            # Cancelled while waiting: the result is dropped on the thread, never here (a CuPy
+            # module's or array's destructor is a CUDA call, which the loop's thread never makes).
+            with lock:
+                gone.append(True)
+                late = box[:]
+                box.clear()
+            if late:
+                self.submit(late.clear)
+                del late
+            raise
         ok, value = box[0]
         if not ok:
             try:
