@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -180,9 +181,11 @@ async def test_worker_killed_mid_gemm(anyio_backend: str) -> None:
     try:
         pid = b.worker_pid
         assert pid is not None
-        n = 1536
+        # Seconds of GEMMs on any machine the kill below can meet (12 x 17 GFLOP: 6 x 7 was
+        # done before the kill 0.3 s in on a 2-core AVX-512 VM, and no await failed).
+        n = 2048
         a = b.tensor_factory.from_host(np.ones((n, n), np.float32))
-        outs = [b.tensor_ops.matmul(a, a) for _ in range(6)]  # several seconds of GEMMs
+        outs = [b.tensor_ops.matmul(a, a) for _ in range(12)]
         errors: list[BaseException] = []
 
         async def wait(t: Any) -> None:
@@ -447,3 +450,30 @@ def test_worker_exits_when_its_parent_is_killed(tmp_path: Any) -> None:
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(worker), "the worker outlived its parent"
+
+
+def _iso_threads() -> set[Any]:
+    return {t for t in threading.enumerate() if t.name.startswith("accelkit-iso")}
+
+
+async def test_shutdown_and_a_lost_worker_leave_no_thread(anyio_backend: str) -> None:
+    """Each link's flusher thread ends with it: at shutdown and when its worker is lost (it
+    waited on its condition for good, one thread and one link kept per backend opened)."""
+    before = _iso_threads()
+    for _ in range(2):
+        async with ak.open_backend("cpu", isolate=True) as b:
+            await b.tensor_factory.from_host(np.ones(4, np.float32)).to_host()
+    b = await _open_faulty()
+    try:
+        pid = b.worker_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerLostError):
+            with anyio.fail_after(20):
+                await b.tensor_factory.from_host(np.ones(4, np.float32)).to_host()
+    finally:
+        await b.shutdown()
+    deadline = time.monotonic() + 10
+    while (left := _iso_threads() - before) and time.monotonic() < deadline:  # noqa: ASYNC110 - threads ending: no event to await
+        await anyio.sleep(0.05)
+    assert not left, sorted(t.name for t in left)

@@ -16,6 +16,7 @@ from accelkit import (
     ComputeBackend,
     DeviceError,
     InvalidArgumentError,
+    NotInitializedError,
     Tensor,
     TensorFactory,
     TensorOps,
@@ -460,3 +461,23 @@ def test_a_waiter_unregistered_never_shows_a_wrong_first_position(
     assert all(first == 5 for first in seen), seen
     assert waiters.first() == 5
     assert len(waiters) == 2
+
+
+async def test_no_stream_is_created_while_shutdown_runs(anyio_backend: str) -> None:
+    """A stream opened while shutdown drains would never be closed (its thread left running,
+    its work accepted after shutdown): create_stream refuses then."""
+    b = accelkit.create_backend("cpu")
+    await b.initialize()
+    x = b.tensor_factory.ones((1024, 1024))
+    for _ in range(8):
+        x = b.tensor_ops.matmul(x, x)
+    refused: list[BaseException] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(b.shutdown)
+        await anyio.lowlevel.checkpoint()  # shutdown has begun waiting
+        try:
+            b.create_stream()
+        except NotInitializedError as exc:
+            refused.append(exc)
+    assert "shutting down" in str(refused[0])
+    assert b.status.state is accelkit.LifecycleState.SHUT_DOWN

@@ -202,7 +202,7 @@ class HostStream(PositionStream):
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        self._errors.clear()
+        # (Errors stay: an await woken by the last work may not have taken its own yet.)
 
 
 def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Callable[[], None]:

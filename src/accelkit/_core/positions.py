@@ -134,10 +134,11 @@ class PositionStream(Stream):
         self.raise_errors(seq)
 
     async def wait_for_quietly(self, seq: int) -> None:
-        """Wait like :meth:`wait_for`, dropping errors instead of raising them (shutdown)."""
+        """Wait like :meth:`wait_for`, without raising (shutdown): the errors stay for the
+        awaits of their positions (another task's, of work it submitted while shutdown drained,
+        must still raise its own)."""
         if self.completed < seq:
             await wait_for_callback(lambda cb: self.add_waiter(seq, cb))
-        self.discard_errors()
 
     def query(self) -> bool:
         return self.completed >= self.submitted

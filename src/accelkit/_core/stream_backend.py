@@ -115,6 +115,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
         self.supported_dtypes: frozenset[DType] = frozenset()
         self._pool_config = pool_config or MemoryPoolConfig()
         self._streams: list[S] = []
+        #: True while ``shutdown`` runs: ``create_stream`` refuses (the streams are closing).
+        self._closing = False
         self._default: S | None = None
         self._pool: CachingPool | None = None
         self._caps: BackendCapabilities | None = None
@@ -150,8 +152,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
         registers it)."""
 
     async def _shutdown(self) -> None:
-        """Finish the streams' queued work (errors are dropped: nobody is left to tell), close
-        each stream off the loop, then release the pool. A backend that holds more (a device
+        """Finish the streams' queued work (its errors are not raised here; they stay for the
+        awaits of their positions), close each stream off the loop, then release the pool. A backend that holds more (a device
         context, a thread) extends this and calls it. Runs shielded from cancellation."""
         try:
             for stream in list(self._streams):
@@ -350,10 +352,12 @@ class StreamBackend(ComputeBackend, Generic[S]):
         # A backend that opened something (ready, or failed after opening) releases it once.
         if self._state is LifecycleState.SHUT_DOWN or self._memory_manager is None:
             return
+        self._closing = True  # no new stream: one opened now would never be closed
         try:
             with anyio.CancelScope(shield=True):
                 await self._shutdown()
         finally:
+            self._closing = False
             self._state = LifecycleState.SHUT_DOWN
             self._streams = []
             self._tensor_ops = self._tensor_factory = None
@@ -458,6 +462,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
     # -- streams ----------------------------------------------------------------------------------
     def create_stream(self) -> S:
         self.check_ready()
+        if self._closing:
+            raise NotInitializedError(f"backend {self.name!r} is shutting down: no new stream")
         stream = self._open_stream()
         self._streams.append(stream)
         return stream

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import cast
 
+import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 import accelkit
 from accelkit import ComputeBackend, Device, DType, LifecycleState, Requirements
+from accelkit.errors import InvalidArgumentError
 from accelkit.ops.tensor_ops import TENSOR_OPS, UNARY_OPS
 
 from .checks import fetch
@@ -105,3 +108,38 @@ async def test_default_and_current_stream(backend: ComputeBackend) -> None:
         assert used is s
         assert backend.current_stream is s
     assert backend.current_stream is backend.default_stream
+
+
+async def test_work_submitted_while_shutdown_drains_still_reports_its_error(
+    backend: ComputeBackend,
+) -> None:
+    """A request in flight while its backend shuts down: shutdown waits for the work queued
+    when it began without raising its errors, and the request's work, submitted meanwhile,
+    still runs and reports its own error at its await (all errors were dropped at shutdown, and
+    the request read uninitialized memory)."""
+    b = accelkit.create_backend(backend.name)
+    await b.initialize()
+    f, ops = b.tensor_factory, b.tensor_ops
+    x = f.ones((1024, 1024))
+    for _ in range(16):  # a drain of a few hundred ms at least
+        x = ops.matmul(x, f.full((1024, 1024), 1.0 / 1024))
+    weight, index = f.ones((7, 4)), f.from_host([0, 9, 2])
+    outcome: list[BaseException | None] = []
+
+    async def request() -> None:
+        y = ops.embedding(index, weight)  # submitted while shutdown waits for the matmuls
+        try:
+            await y.to_host()
+        except InvalidArgumentError as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(b.shutdown)
+        await anyio.lowlevel.checkpoint()  # shutdown has begun waiting
+        assert b.status.state is LifecycleState.READY
+        tg.start_soon(request)
+    assert b.status.state is LifecycleState.SHUT_DOWN
+    assert isinstance(outcome[0], InvalidArgumentError)
+    assert "9" in str(outcome[0])

@@ -332,9 +332,9 @@ class CUDABackend(QueuedBackend[CUDAStream]):
         thread, streams = self._thread, self.streams
         try:
             for stream in streams:
-                stream.discard_errors()
                 if self._poisoned is None:
-                    await stream.wait_for_quietly(stream.submitted)  # errors: nobody to tell
+                    # Errors stay for their awaits (work another task submitted meanwhile).
+                    await stream.wait_for_quietly(stream.submitted)
                     await anyio.to_thread.run_sync(stream.close)
         except ContextPoisonedError:
             pass  # the fault is noted (status); shutdown still releases what it can

@@ -704,7 +704,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         self.check_usable()
         await super().wait_for(seq)
 
-    # ``wait_for_quietly`` (shutdown: errors dropped, no poison check) is PositionStream's.
+    # ``wait_for_quietly`` (shutdown: no error raised, no poison check) is PositionStream's.
 
     def wait_for_blocking(self, seq: int) -> None:
         self.check_usable()
@@ -806,7 +806,7 @@ class CUDAStream(DeviceErrors, PositionStream):
         if thread is not None:
             thread.join(60.0)
         with self._lock:
-            self.checks = []
+            # (The checks stay: an await woken by the last work may not have taken its own.)
             self._pending.clear()
             self._covered = []  # launched inline and never awaited: what they kept goes now
             self._inline_covered = False

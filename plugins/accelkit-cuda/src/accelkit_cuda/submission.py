@@ -358,6 +358,7 @@ class SubmissionThread:
         gone: list[bool] = []  # the wait ended without the result (cancelled)
 
         def run() -> None:
+            outcome: tuple[bool, Any]
             try:
                 outcome = (True, fn())
             except BaseException as exc:

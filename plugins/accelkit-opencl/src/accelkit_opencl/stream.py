@@ -539,7 +539,7 @@ class CLStream(DeviceErrors, PositionStream):
         except cl.Error as exc:  # a broken device: closing still releases everything
             _log.warning("accelkit-opencl: %s: finishing the queue failed: %s", self.name, exc)
         with self._lock:
-            self.checks = []
+            # (The checks stay: an await woken by the last work may not have taken its own.)
             self._todo.clear()
             self._events.clear()
             self._hooks.clear()

@@ -473,6 +473,7 @@ class _Link:
             if self.fault is not None or self.closing:
                 return
             self.fault = WorkerLostError("(pending)")  # refuse new sends at once
+            self.flush_wake.notify_all()  # the flusher ends
         if kill and self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 self.proc.kill()
@@ -520,7 +521,9 @@ class _Link:
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the worker (it was asked to shut down, or is killed now) and release it."""
-        self.closing = True
+        with self.lock:
+            self.closing = True
+            self.flush_wake.notify_all()  # the flusher ends (it waited for good: a thread a link)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
