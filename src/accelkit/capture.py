@@ -302,6 +302,7 @@ class CapturedGraph:
         self._reads: frozenset[int] = frozenset()
         #: Every tensor the calls read or write, one per buffer (checked live at each use).
         self._held: tuple[Tensor, ...] = ()
+        self._frees = 0
         #: The tensors the graph reads that it did not write first (write new values here).
         self.inputs: tuple[Tensor, ...] = ()
         #: The tensors the graph writes (those allocated inside the capture belong to it).
@@ -317,6 +318,7 @@ class CapturedGraph:
             for t in (*c.inputs, *c.outputs):
                 held.setdefault(id(t._buffer), t)
         self._held = tuple(held.values())
+        self._frees = -1  # the first use looks (a free may have come during the build)
         self._native = native
         self._ready = True
 
@@ -355,16 +357,9 @@ class CapturedGraph:
             )
         if not self._ready:
             raise CaptureError(f"{what}: the capture of this graph did not complete")
-        for t in self._held:
-            if t._buffer._pool is None:
-                # Freed (memory_manager.free) since the capture: its block may hold another
-                # tensor by now, which a replay would overwrite (a CUDA graph keeps addresses).
-                role = "reads" if id(t._buffer) in self._reads else "writes"
-                raise StaleHandleError(
-                    f"{what}: a tensor this graph {role} ({t.shape} {t.dtype.value}) was freed"
-                    " after the capture; its memory may hold another tensor now. Keep a graph's"
-                    " tensors while it is replayed, or capture it again"
-                )
+        if pool.frees != self._frees:  # something was freed since the last look
+            self._check_held(what)
+            self._frees = pool.frees
         current = backend.current_stream
         target = current if stream is None else stream
         if target is not self.stream:
@@ -380,6 +375,19 @@ class CapturedGraph:
         rec = backend._capture
         if rec is not None and rec.mine():
             raise CaptureError(f"{what} inside a graph capture (captures do not nest)")
+
+    def _check_held(self, what: str) -> None:
+        """Raise StaleHandleError if a tensor of the graph was freed since the capture."""
+        for t in self._held:
+            if t._buffer._pool is None:
+                # Freed (memory_manager.free) since the capture: its block may hold another
+                # tensor by now, which a replay would overwrite (a CUDA graph keeps addresses).
+                role = "reads" if id(t._buffer) in self._reads else "writes"
+                raise StaleHandleError(
+                    f"{what}: a tensor this graph {role} ({t.shape} {t.dtype.value}) was freed"
+                    " after the capture; its memory may hold another tensor now. Keep a graph's"
+                    " tensors while it is replayed, or capture it again"
+                )
 
     def _check_input(self, what: str, dst: Tensor) -> None:
         if type(dst) is not Tensor:

@@ -234,3 +234,23 @@ async def test_a_result_whose_wait_was_cancelled_is_dropped_on_the_submission_th
         assert dropped_on == [backend.thread.ident]
     finally:
         await backend.shutdown()
+
+
+async def test_a_stream_closes_in_bounded_time_with_its_thread_stuck(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's close waits for the submission thread to run the work queued before it, but
+    not forever: a thread stuck on a lost device must not hang shutdown or reopen."""
+    monkeypatch.setattr(plugin.stream, "_CLOSE_TIMEOUT", 0.3)
+    backend = await _open(plugin)
+    stream = backend.default_stream
+    gate = _held(backend)
+    try:
+        t0 = time.monotonic()
+        await anyio.to_thread.run_sync(stream.close)
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(NotInitializedError, match="the stream was closed"):
+            stream.submit(lambda: None)
+    finally:
+        gate.set()
+        await backend.shutdown()

@@ -86,6 +86,9 @@ class CachingPool:
         self._cache: dict[int, list[Any]] = {}
         self.generation = 1
         self.closed = False
+        #: Buffers freed explicitly (``free``), ever: a captured graph re-checks its tensors only
+        #: when this moved since it last looked.
+        self.frees = 0
         self._used = 0
         self._reserved = 0
         self._cached = 0
@@ -253,6 +256,7 @@ class CachingPool:
                     " context that was shut down"
                 )
             buffer._pool = None
+            self.frees += 1
             self._used -= buffer.nbytes
             self._active -= 1
             if recycle_later is None:

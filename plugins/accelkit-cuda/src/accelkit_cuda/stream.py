@@ -74,6 +74,9 @@ CUDA_ERRORS = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverEr
 
 #: How many completed end-of-position events a stream keeps for reuse (more are dropped).
 _SPARE_EVENTS = 64
+#: How long a stream's close waits for the submission thread to reach it (seconds): as long
+#: as the thread's own close waits to join it.
+_CLOSE_TIMEOUT = 60.0
 
 #: How a stream's completer thread waits: ``"each"`` position's event in turn (a wake-up, a
 #: round of callbacks and a GIL acquisition per position), or the ``"newest"`` pending
@@ -797,8 +800,15 @@ class CUDAStream(DeviceErrors, PositionStream):
             self._ended = True
         # Work queued on the submission thread before now is launched (and its end marked)
         # before the completer is told to end: its positions complete when it does, not before.
+        # A thread stuck past the join timeout (a lost device) is not waited for longer.
         if not self._abandoned:
-            self.thread.call_blocking(partial(_flush_covered, self))
+            try:
+                self.thread.call_blocking(partial(_flush_covered, self), _CLOSE_TIMEOUT)
+            except TimeoutError:
+                _log.warning(
+                    "%s: the submission thread did not reach the stream's close in %.0f s;"
+                    " its queued work is not waited for", self.name, _CLOSE_TIMEOUT,
+                )  # fmt: skip
         with self._lock:
             self._closed = True
             self._work_bell.ring()

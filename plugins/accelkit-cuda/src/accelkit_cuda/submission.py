@@ -403,10 +403,11 @@ class SubmissionThread:
         result: T = value
         return result
 
-    def call_blocking(self, fn: Callable[[], T]) -> T:
+    def call_blocking(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """:meth:`call` for synchronous callers (``numpy()``, blocking waits). A caller in the
         thread's turn (code a launch in place runs, such as a finalizer) runs ``fn`` itself: the
-        thread cannot run it before the turn is given back."""
+        thread cannot run it before the turn is given back. With ``timeout`` (seconds),
+        TimeoutError where ``fn`` has not run by then (it still runs when its turn comes)."""
         if self.on_thread() or _holder.thread is self:
             return fn()
         box: list[Any] = []
@@ -420,7 +421,10 @@ class SubmissionThread:
             done.set()
 
         self.submit(run)
-        done.wait()
+        if not done.wait(timeout):
+            raise TimeoutError(
+                f"the submission thread of {self.name} did not run it in {timeout} s"
+            )
         ok, value = box[0]
         if not ok:
             raise value

@@ -764,6 +764,9 @@ class _Proxy:
         if pool is None:
             pool = backend.pool
         buf = CachingPool.allocate(pool, size * dtype.itemsize)
+        rec = backend._capture
+        if rec is not None:  # new memory for a capture (past its watch of pool.allocate)
+            rec.fresh.add(buf)
         stream: Any = backend._stream_var.get() or backend._default
         link = self._link
         tid = next(_tensor_ids)
