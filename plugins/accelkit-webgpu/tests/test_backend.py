@@ -162,3 +162,43 @@ async def test_the_large_gemm_tile_is_verified_before_use(backend: WebGPUBackend
     assert verdict == "large (verified)" or (
         verdict.startswith("medium (") and "not verified" not in verdict
     )
+
+
+@pytest.mark.parametrize("ending", ["fails", "is cancelled"])
+async def test_an_initialize_ending_in_its_variant_check_closes_the_device(
+    monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """The variant check runs once the device is open and the backend ready: an initialize
+    that fails or is cancelled there closes what it opened (it stayed ready, its stream's
+    thread running, and open_backend raised without shutting it down)."""
+    import threading
+
+    import anyio
+    from accelkit_webgpu.kernels_linalg import LinalgKernels
+
+    real = LinalgKernels.verify_large_tiles
+
+    async def verify(self: LinalgKernels) -> None:
+        await real(self)  # the stream's thread has run work by now
+        if ending == "fails":
+            raise RuntimeError("not an AccelError")
+        await anyio.sleep(30)
+
+    def threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("accelkit-webgpu")}
+
+    before = threads()
+    monkeypatch.setattr(LinalgKernels, "verify_large_tiles", verify)
+    backend = WebGPUBackend()
+    if ending == "fails":
+        with pytest.raises(RuntimeError, match="not an AccelError"):
+            await backend.initialize("webgpu:0")
+    else:
+        with anyio.move_on_after(5) as scope:
+            await backend.initialize("webgpu:0")
+        assert scope.cancelled_caught
+    assert not backend.is_ready
+    with anyio.fail_after(10):
+        while threads() - before:  # noqa: ASYNC110 - threads ending: no event to await
+            await anyio.sleep(0.05)
+    await backend.shutdown()

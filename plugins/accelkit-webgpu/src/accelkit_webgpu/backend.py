@@ -83,7 +83,14 @@ class WebGPUBackend(StreamBackend[HostStream]):
 
     async def initialize(self, device: Device | str | None = None) -> None:
         await super().initialize(device)
-        await self._verify_variants()
+        try:
+            await self._verify_variants()
+        except BaseException:
+            # Failed or cancelled once the device was open and the backend ready: close what
+            # was opened (the device, the stream's thread), then raise.
+            with anyio.CancelScope(shield=True):
+                await self.shutdown()
+            raise
 
     async def _verify_variants(self) -> None:
         """Device-dependent kernel choices are verified by a run before they are used (the
