@@ -477,3 +477,26 @@ async def test_shutdown_and_a_lost_worker_leave_no_thread(anyio_backend: str) ->
     while (left := _iso_threads() - before) and time.monotonic() < deadline:  # noqa: ASYNC110 - threads ending: no event to await
         await anyio.sleep(0.05)
     assert not left, sorted(t.name for t in left)
+
+
+async def test_a_stream_kept_past_shutdown_refuses_work(anyio_backend: str) -> None:
+    """Its link may serve another backend next (a spare worker): a stream of the shut-down
+    backend refuses work (a call was accepted, sent nowhere, and its synchronize hung)."""
+    b = ak.create_backend("cpu", isolate=True)
+    await b.initialize()
+    stream: Any = b.default_stream
+    other: Any = b.create_stream()
+    event = other.record_event()
+    await b.tensor_factory.from_host(np.ones((4, 4), np.float32)).to_host()
+    submitted = stream.submitted
+    await b.shutdown()
+    for call in (
+        lambda: stream.link.call(stream, ("t", "unary", (), {})),  # what an op's submission does
+        lambda: stream.record_event(),
+        lambda: stream.wait_event(event),
+    ):
+        with pytest.raises(NotInitializedError, match="the stream was closed"):
+            call()
+    assert stream.submitted == submitted
+    with anyio.fail_after(5):
+        await stream.synchronize()

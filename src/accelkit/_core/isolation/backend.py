@@ -362,6 +362,8 @@ class _Link:
         batch, see :meth:`_queue_locked`, or at once when :data:`_BATCH` messages wait)."""
         with self.lock:
             self._check_locked()
+            if stream.closed:
+                raise _closed_error(stream)
             seq = stream.submitted + 1
             self._queue_locked((op, stream.sid, seq, *msg_tail))
             stream.submitted = seq
@@ -639,6 +641,8 @@ class IsoStream(DeviceErrors, PositionStream):
         self.checks = []  # the worker's errors, by position (DeviceErrors)
         self._fault: WorkerLostError | None = None
         self._fault_after = 0
+        #: Set by :meth:`close` (shutdown), under the link's lock: work is refused from then on.
+        self.closed = False
         link.streams[sid] = self
 
     @property
@@ -687,7 +691,24 @@ class IsoStream(DeviceErrors, PositionStream):
             raise _fresh(self._fault)
         super().raise_errors(seq)
 
+    def close(self) -> None:
+        """Refuse work from now on, once the work submitted so far has completed (blocking:
+        shutdown calls it off the loop; at most a minute). The link may serve another backend
+        next (a spare worker): nothing of this stream may reach it."""
+        with self.link.lock:
+            self.closed = True
+            target = self.submitted
+        if self.completed < target:
+            with contextlib.suppress(Exception):  # a lost worker fails the positions instead
+                self.link.flush()
+        deadline = time.monotonic() + 60.0
+        with self._lock:
+            while self.completed < target and (left := deadline - time.monotonic()) > 0:
+                self._cv.wait(left)
+
     def record_event(self) -> IsoEvent:
+        if self.closed:
+            raise _closed_error(self)
         eid = next(_event_ids)
         self.link.send(("ev", self.sid, eid))
         return IsoEvent(self, self.submitted, eid)
@@ -697,9 +718,17 @@ class IsoStream(DeviceErrors, PositionStream):
             raise InvalidArgumentError(
                 f"expected an event of this isolated backend; got {type(event).__name__}"
             )
+        if self.closed:
+            raise _closed_error(self)
         if event.query() or event._stream is self:
             return
         self.link.call(self, (event.eid,), op="we")
+
+
+def _closed_error(stream: IsoStream) -> NotInitializedError:
+    return NotInitializedError(
+        f"{stream.name}: the stream was closed (its backend was shut down, or is shutting down)"
+    )
 
 
 _event_ids = itertools.count(1)
