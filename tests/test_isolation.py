@@ -500,3 +500,29 @@ async def test_a_stream_kept_past_shutdown_refuses_work(anyio_backend: str) -> N
     assert stream.submitted == submitted
     with anyio.fail_after(5):
         await stream.synchronize()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2])
+async def test_a_shutdown_during_an_automatic_recovery_stays_shut_down(
+    anyio_backend: str, delay: float
+) -> None:
+    """The worker dies, the automatic recovery starts a new one on its thread, and the service
+    shuts the backend down meanwhile: the backend stays shut down and the new worker is stopped
+    (the recovery made it ready again, its worker running with nobody to stop it)."""
+    b = IsolatedBackend("cpu", auto_recover=True)
+    await b.initialize()
+    a = b.tensor_factory.from_host(np.ones((4, 4), np.float32))
+    await a.to_host()
+    pid = b.worker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerLostError), anyio.fail_after(20):
+        await b.tensor_ops.add(a, a).to_host()
+    await anyio.sleep(delay)
+    await b.shutdown()
+    with anyio.fail_after(60):
+        while b._recover_thread is not None:  # noqa: ASYNC110 - a thread
+            await anyio.sleep(0.05)
+    assert b.state is ak.LifecycleState.SHUT_DOWN
+    assert b.worker_pid is None
+    _no_leak([pid])

@@ -1235,6 +1235,11 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         return IsoStream(link, sid, self.default_stream.device, f"{self._device}/isolated{sid}")
 
     async def _shutdown(self) -> None:
+        recovering = self._recover_thread
+        if recovering is not None and recovering is not threading.current_thread():
+            # An automatic recovery under way ends first: it sees the shutdown and stops the
+            # worker it started (or, done before, leaves its link to be stopped here).
+            await anyio.to_thread.run_sync(recovering.join, 60.0)
         link = self._link
         try:
             if link is not None and link.fault is None:
@@ -1314,7 +1319,15 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         assert device is not None
         try:
             opened = await self._initialize(device)
+            if self._closing:  # shut down meanwhile: the new worker is stopped, not installed
+                if self._link is not None:
+                    await self._stop(self._link)
+                raise NotInitializedError(
+                    f"backend {self.name!r} was shut down while its worker was restarted"
+                )
             self._install(opened)
+        except NotInitializedError:
+            raise
         except BaseException as exc:
             self.mark_failed(f"restarting the isolated {self.name} worker failed: {exc!r}")
             raise
