@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -525,4 +526,35 @@ async def test_a_shutdown_during_an_automatic_recovery_stays_shut_down(
             await anyio.sleep(0.05)
     assert b.state is ak.LifecycleState.SHUT_DOWN
     assert b.worker_pid is None
+    _no_leak([pid])
+
+
+async def test_a_recover_overlapping_a_shutdown_installs_no_worker(anyio_backend: str) -> None:
+    """recover() starting a new worker while shutdown() runs and returns: it finds the backend
+    shut down and stops that worker (it installed it, ready, once shutdown had cleared its
+    flag)."""
+    b = IsolatedBackend("cpu")
+    await b.initialize()
+    a = b.tensor_factory.from_host(np.ones((4, 4), np.float32))
+    await a.to_host()
+    pid = b.worker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerLostError), anyio.fail_after(20):
+        await b.tensor_ops.add(a, a).to_host()
+    errors: list[BaseException] = []
+
+    async def recover() -> None:
+        try:
+            await b.recover()
+        except NotInitializedError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(recover)
+        await anyio.lowlevel.checkpoint()  # recover has begun restarting the worker
+        await b.shutdown()
+    assert b.state is ak.LifecycleState.SHUT_DOWN
+    assert b.worker_pid is None
+    assert "shut down while its worker was restarted" in str(errors[0])
     _no_leak([pid])

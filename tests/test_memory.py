@@ -518,3 +518,25 @@ async def test_free_waits_for_every_stream_that_may_read_the_block(
     await backend.synchronize()
     w = f.from_host(np.full(n, 3, np.float32))  # every stream passed: x's block is back
     assert w.buffer.handle is x.buffer.handle
+
+
+async def test_after_shutdown_a_dying_tensor_takes_its_block_with_it() -> None:
+    """Kept errors (for their awaits) hold no kernel frames, and a tensor that dies after its
+    backend's shutdown leaves nothing in the closed pool, which nobody drains again: before,
+    an unawaited failed kernel's traceback kept its inputs, and their blocks ended in the
+    pool's queue of released buffers for as long as the backend object lived."""
+    b = accelkit.create_backend("cpu")
+    await b.initialize()
+    f, ops = b.tensor_factory, b.tensor_ops
+    weight = f.ones((1024, 256))
+    bad = ops.embedding(f.from_host(np.array([0, 5000])), weight)  # never awaited
+    pool = b.memory_manager.pool
+    stream: Any = b.default_stream
+    await b.shutdown()
+    del bad
+    kept = [exc for _, exc in stream._errors]
+    assert kept  # the error stays for an await of its position
+    assert all(exc.__traceback__ is None for exc in kept)
+    del weight
+    gc.collect()
+    assert len(pool._released) == 0

@@ -202,7 +202,20 @@ class HostStream(PositionStream):
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        # (Errors stay: an await woken by the last work may not have taken its own yet.)
+        # Errors stay (an await woken by the last work may not have taken its own yet), but not
+        # their tracebacks: the kernels' frames would keep their tensors, and so their memory,
+        # for as long as the stream object lives.
+        with self._lock:
+            for _, exc in self._errors:
+                _drop_tracebacks(exc)
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    seen = 0
+    while exc is not None and seen < 16:
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
 
 
 def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Callable[[], None]:

@@ -63,9 +63,11 @@ class DeviceBuffer:
 
     def __del__(self) -> None:
         pool = self._pool
-        if pool is not None:
+        if pool is not None and not pool.closed:
             # CachingPool.release_later, inlined (every tensor's death comes here): an append to
             # a deque, atomic in CPython, drained under the pool's lock at its next allocation.
+            # A closed pool (its backend shut down) drains nothing again: the block goes with
+            # the buffer.
             pool._released.append(self)
 
     def __repr__(self) -> str:

@@ -1281,10 +1281,12 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         if self._state is _READY:
             self.mark_failed(str(fault).split("\n", 1)[0])
         if self.auto_recover:
-            threading.Thread(target=self._recover_blocking, daemon=True).start()
+            # Named before it starts: a shutdown from now on finds it, and waits for it.
+            thread = threading.Thread(target=self._recover_blocking, daemon=True)
+            self._recover_thread = thread
+            thread.start()
 
     def _recover_blocking(self) -> None:
-        self._recover_thread = threading.current_thread()
         try:
             with contextlib.suppress(Exception):
                 anyio.run(self.recover)
@@ -1319,7 +1321,8 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         assert device is not None
         try:
             opened = await self._initialize(device)
-            if self._closing:  # shut down meanwhile: the new worker is stopped, not installed
+            # Shut down meanwhile (or shutting down): the new worker is stopped, not installed.
+            if self._closing or self._state is LifecycleState.SHUT_DOWN:
                 if self._link is not None:
                     await self._stop(self._link)
                 raise NotInitializedError(
