@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -491,11 +492,12 @@ async def test_a_stream_kept_past_shutdown_refuses_work(anyio_backend: str) -> N
     await b.tensor_factory.from_host(np.ones((4, 4), np.float32)).to_host()
     submitted = stream.submitted
     await b.shutdown()
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: stream.link.call(stream, ("t", "unary", (), {})),  # what an op's submission does
         lambda: stream.record_event(),
         lambda: stream.wait_event(event),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(NotInitializedError, match="the stream was closed"):
             call()
     assert stream.submitted == submitted

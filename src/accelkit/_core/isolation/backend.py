@@ -1322,7 +1322,8 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         try:
             opened = await self._initialize(device)
             # Shut down meanwhile (or shutting down): the new worker is stopped, not installed.
-            if self._closing or self._state is LifecycleState.SHUT_DOWN:
+            state: LifecycleState = self.state  # (read again: shutdown may have run meanwhile)
+            if self._closing or state is LifecycleState.SHUT_DOWN:
                 if self._link is not None:
                     await self._stop(self._link)
                 raise NotInitializedError(
