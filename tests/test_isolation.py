@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -554,7 +553,9 @@ async def test_a_recover_overlapping_a_shutdown_installs_no_worker(anyio_backend
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(recover)
-        await anyio.lowlevel.checkpoint()  # recover has begun restarting the worker
+        with anyio.fail_after(10):
+            while not b._restarts:  # noqa: ASYNC110 - until recover has begun the restart
+                await anyio.sleep(0.001)
         await b.shutdown()
     assert b.state is ak.LifecycleState.SHUT_DOWN
     assert b.worker_pid is None

@@ -4,7 +4,7 @@ cancellation, a free event loop while device work runs, ``use_stream``, and kern
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -474,7 +474,9 @@ async def test_no_stream_is_created_while_shutdown_runs(anyio_backend: str) -> N
     refused: list[BaseException] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(b.shutdown)
-        await anyio.lowlevel.checkpoint()  # shutdown has begun waiting
+        with anyio.fail_after(10):
+            while not cast(Any, b)._closing:  # noqa: ASYNC110 - until shutdown has begun
+                await anyio.sleep(0.001)
         try:
             b.create_stream()
         except NotInitializedError as exc:

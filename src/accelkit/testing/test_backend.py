@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import cast
 
 import anyio
-import anyio.lowlevel
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -137,7 +136,9 @@ async def test_work_submitted_while_shutdown_drains_still_reports_its_error(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(b.shutdown)
-        await anyio.lowlevel.checkpoint()  # shutdown has begun waiting
+        with anyio.fail_after(10):  # until shutdown has begun (the flag every StreamBackend has)
+            while not getattr(b, "_closing", True):  # noqa: ASYNC110 - no event to await
+                await anyio.sleep(0.001)
         assert b.status.state is LifecycleState.READY
         tg.start_soon(request)
     assert b.status.state is LifecycleState.SHUT_DOWN
