@@ -504,14 +504,9 @@ async def test_a_stream_kept_past_shutdown_refuses_work(anyio_backend: str) -> N
         await stream.synchronize()
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.2])
-async def test_a_shutdown_during_an_automatic_recovery_stays_shut_down(
-    anyio_backend: str, delay: float
-) -> None:
-    """The worker dies, the automatic recovery starts a new one on its thread, and the service
-    shuts the backend down meanwhile: the backend stays shut down and the new worker is stopped
-    (the recovery made it ready again, its worker running with nobody to stop it)."""
-    b = IsolatedBackend("cpu", auto_recover=True)
+async def _lost_worker(auto_recover: bool) -> tuple[IsolatedBackend, int]:
+    """An isolated CPU backend whose worker was killed, seen by a failed request."""
+    b = IsolatedBackend("cpu", auto_recover=auto_recover)
     await b.initialize()
     a = b.tensor_factory.from_host(np.ones((4, 4), np.float32))
     await a.to_host()
@@ -520,6 +515,17 @@ async def test_a_shutdown_during_an_automatic_recovery_stays_shut_down(
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerLostError), anyio.fail_after(20):
         await b.tensor_ops.add(a, a).to_host()
+    return b, pid
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2])
+async def test_a_shutdown_during_an_automatic_recovery_stays_shut_down(
+    anyio_backend: str, delay: float
+) -> None:
+    """The worker dies, the automatic recovery starts a new one on its thread, and the service
+    shuts the backend down meanwhile: the backend stays shut down and the new worker is stopped
+    (the recovery made it ready again, its worker running with nobody to stop it)."""
+    b, pid = await _lost_worker(auto_recover=True)
     await anyio.sleep(delay)
     await b.shutdown()
     with anyio.fail_after(60):
@@ -534,15 +540,7 @@ async def test_a_recover_overlapping_a_shutdown_installs_no_worker(anyio_backend
     """recover() starting a new worker while shutdown() runs and returns: it finds the backend
     shut down and stops that worker (it installed it, ready, once shutdown had cleared its
     flag)."""
-    b = IsolatedBackend("cpu")
-    await b.initialize()
-    a = b.tensor_factory.from_host(np.ones((4, 4), np.float32))
-    await a.to_host()
-    pid = b.worker_pid
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    with pytest.raises(WorkerLostError), anyio.fail_after(20):
-        await b.tensor_ops.add(a, a).to_host()
+    b, pid = await _lost_worker(auto_recover=False)
     errors: list[BaseException] = []
 
     async def recover() -> None:
