@@ -42,13 +42,24 @@ ITEMSIZE: dict[DType, int] = {d: d.itemsize for d in DType}
 
 def other_writers(stream: PositionStream, inputs: Iterable[Any]) -> list[tuple[Any, int]]:
     """The ``(stream, position)`` of each input's last writer on another stream whose work has
-    not completed yet: what work on ``stream`` must wait for. Non-tensors are skipped."""
+    not completed yet, and of the last write to its buffer through any view of it (a
+    ``reshape`` or ``narrow`` written on another stream is a write of the tensor it views):
+    what work on ``stream`` must wait for. Non-tensors are skipped. A write's outputs belong
+    here too where they may have been written before (in place: a copy, a scatter), so that
+    two writes of one buffer on two streams land in submission order."""
     deps: list[tuple[Any, int]] = []
     for t in inputs:
         if type(t) is Tensor:
             writer, seq = t._stream, t._seq
             if writer is not stream and seq > writer.completed:
                 deps.append((writer, seq))
+            shared = t._buffer.last_write
+            if shared is not None:
+                other, at = shared
+                if other is not stream and (other is not writer or at != seq) and (
+                    at > other.completed
+                ):
+                    deps.append(shared)
     return deps
 
 
@@ -141,15 +152,16 @@ class KernelBase(Generic[S]):
         outputs: Iterable[Tensor],
         **options: Any,
     ) -> int:
-        """Enqueue ``fn`` on the current stream after the inputs' writers on other streams,
-        and record ``outputs`` as written by it; returns its position."""
+        """Enqueue ``fn`` on the current stream after the writers on other streams of the
+        inputs and outputs (:func:`other_writers`), and record ``outputs`` as written by it;
+        returns its position."""
         backend = self.backend
         stream: Any = backend._stream_var.get() or backend._default
         inputs = tuple(inputs)
         outputs = tuple(outputs)
         # With one stream every input's writer is this stream (streams are only added, and a
         # tensor of an earlier session is refused as stale before it gets here): no deps.
-        deps = [] if len(backend._streams) == 1 else other_writers(stream, inputs)
+        deps = [] if len(backend._streams) == 1 else other_writers(stream, inputs + outputs)
         seq = self.submit(stream, fn, deps, (inputs, outputs), **options)
         write = (stream, seq)
         for o in outputs:

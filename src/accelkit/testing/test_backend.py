@@ -109,6 +109,59 @@ async def test_default_and_current_stream(backend: ComputeBackend) -> None:
     assert backend.current_stream is backend.default_stream
 
 
+def _slow_on(backend: ComputeBackend, stream: object, n: int = 512) -> accelkit.Tensor:
+    """J/n (every entry 1/n, exact in f32 for n a power of two) after a chain of matmuls queued
+    on ``stream``: work that is still running when the caller's next submissions arrive."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    j = f.full((n, n), 1.0 / n)
+    with backend.use_stream(stream):  # type: ignore[arg-type]
+        y = j
+        for _ in range(6):
+            y = ops.matmul(y, j)
+    return y
+
+
+async def test_a_write_through_a_view_on_another_stream_is_a_write_of_the_viewed_tensor(
+    backend: ComputeBackend,
+) -> None:
+    """A copy into a reshape of ``x`` queued on another stream after slow work: an op on
+    the default stream reading ``x`` waits for it, and so does ``x.to_host()`` (both read zeros
+    when only ``x``'s own writer was waited for)."""
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    n = 512
+    expect = np.full(n * n, 1.0 / n, np.float32)
+    s2 = backend.create_stream()
+    for read in ("op", "to_host"):
+        x = f.zeros((n * n,))
+        await backend.synchronize()
+        y = _slow_on(backend, s2, n)
+        with backend.use_stream(s2):
+            mm.copy_dtod(ops.reshape(x, (n, n)), y)
+        if read == "op":
+            got = await ops.add(x, 0.0).to_host()
+        else:
+            got = await x.to_host()
+        np.testing.assert_array_equal(got, expect, err_msg=f"read by {read}")
+
+
+async def test_two_writes_of_a_tensor_on_two_streams_land_in_submission_order(
+    backend: ComputeBackend,
+) -> None:
+    """``copy_dtod`` into ``x`` on another stream after slow work, then into ``x`` on the
+    default stream: the second write waits for the first, so ``x`` holds the second's data."""
+    f, mm = backend.tensor_factory, backend.memory_manager
+    n = 512
+    x, twos = f.zeros((n, n)), f.full((n, n), 2.0)
+    await backend.synchronize()
+    s2 = backend.create_stream()
+    y = _slow_on(backend, s2, n)
+    with backend.use_stream(s2):
+        mm.copy_dtod(x, y)
+    mm.copy_dtod(x, twos)
+    await backend.synchronize()
+    np.testing.assert_array_equal(await x.to_host(), np.full((n, n), 2.0, np.float32))
+
+
 async def test_work_submitted_while_shutdown_drains_still_reports_its_error(
     backend: ComputeBackend,
 ) -> None:

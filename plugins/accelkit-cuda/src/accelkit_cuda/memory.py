@@ -42,6 +42,7 @@ from accelkit.sdk import (
     last_writer,
     mark_written,
     other_writers,
+    pending_writes,
 )
 from accelkit.sdk.host import copy_into
 from accelkit.tensor import Tensor
@@ -458,14 +459,15 @@ class CUDAMemoryKernels(MemoryKernels):
     # -- tensor transfers -------------------------------------------------------------------------
     def _start_read(self, tensor: Tensor) -> tuple[np.ndarray[Any, Any], Any]:
         """The host array to fill, and the copy to staging queued on the writer's stream (in
-        order after the writer, with no cross-stream dependency; None for an empty tensor)."""
+        order after the writer; after a write of its buffer through a view on another stream
+        too; None for an empty tensor)."""
         out = np.empty(tensor.shape, tensor.dtype.to_numpy())
         if out.nbytes == 0:
             return out, None
         # A tensor of this backend (checked) was last written on one of its CUDA streams.
         stream = cast(CUDAStream, last_writer(tensor)[0])
         seq, cell = self._to_staging(
-            stream, buffer_of(tensor), tensor.nbytes, [], "reading a tensor"
+            stream, buffer_of(tensor), tensor.nbytes, [tensor], "reading a tensor"
         )
         return out, (seq, cell, stream)
 
@@ -475,6 +477,8 @@ class CUDAMemoryKernels(MemoryKernels):
             return out
         seq, cell, stream = queued
         await stream.wait_for(seq)
+        for other, at in pending_writes(tensor)[1:]:  # a view's write: done, its error first
+            await other.wait_for(at)
         stream.raise_errors(last_writer(tensor)[1])
         # Out of the pinned staging block, off the event loop when large (sdk.host).
         await copy_into(out.reshape(-1).view(np.uint8), _copied(cell, buffer_of(tensor)))
@@ -486,6 +490,8 @@ class CUDAMemoryKernels(MemoryKernels):
             return out
         seq, cell, stream = queued
         stream.wait_for_blocking(seq)
+        for other, at in pending_writes(tensor)[1:]:
+            other.wait_for_blocking(at)
         stream.raise_errors(last_writer(tensor)[1])
         out.reshape(-1).view(np.uint8)[...] = _copied(cell, buffer_of(tensor))
         return out

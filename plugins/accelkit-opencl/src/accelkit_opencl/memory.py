@@ -28,6 +28,7 @@ from accelkit.sdk import (
     last_writer,
     mark_written,
     other_writers,
+    pending_writes,
     storage,
 )
 from accelkit.tensor import Tensor
@@ -177,18 +178,22 @@ class OpenCLMemoryKernels(MemoryKernels):
         stream: CLStream = last_writer(tensor)[0]  # type: ignore[assignment]
         if out.nbytes == 0:
             return out, 0, stream
-        # Read on the writer's queue: in order after the writer, with no cross-queue dependency.
+        # Read on the writer's queue: in order after the writer, and after a write of its
+        # buffer through a view on another queue (other_writers).
         data = storage(tensor)
 
         def run(queue: Any, wait_for: list[Any] | None) -> Any:
-            return cl.enqueue_copy(queue, out, data, is_blocking=False)
+            return cl.enqueue_copy(queue, out, data, is_blocking=False, wait_for=wait_for)
 
-        return out, stream.submit(run, (buffer_of(tensor), out)), stream
+        deps = other_writers(stream, (tensor,))
+        return out, stream.submit(run, (buffer_of(tensor), out), deps), stream
 
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         out, seq, stream = self._read(tensor)
         if seq:
             await stream.reach(seq)
+        for other, at in pending_writes(tensor)[1:]:  # a view's write: done, its error first
+            await other.wait_for(at)
         self._raise(stream, seq, last_writer(tensor)[1])
         return out
 
@@ -196,6 +201,8 @@ class OpenCLMemoryKernels(MemoryKernels):
         out, seq, stream = self._read(tensor)
         if seq:
             stream.reach_blocking(seq)
+        for other, at in pending_writes(tensor)[1:]:
+            other.wait_for_blocking(at)
         self._raise(stream, seq, last_writer(tensor)[1])
         return out
 

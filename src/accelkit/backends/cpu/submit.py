@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.host_stream import HostStream
-from accelkit._core.kernel_base import ITEMSIZE, KernelBase
+from accelkit._core.kernel_base import ITEMSIZE, KernelBase, other_writers
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.dtype import DType
 from accelkit.sdk.tensors import storage
@@ -89,15 +89,9 @@ class CPUComponent(KernelBase[HostStream]):
         frame (the CPU backend's small ops are a few microseconds in all)."""
         backend = self.backend
         stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]  # set while ready
-        deps: list[tuple[Any, int]] | None = None
-        for t in inputs:
-            if type(t) is Tensor:
-                s = t._stream
-                if s is not stream and s.completed < t._seq:
-                    if deps is None:
-                        deps = []
-                    deps.append((s, t._seq))
-        seq = stream.submit(fn, cost > INLINE_MAX_COST, deps or (), (inputs, outputs))  # type: ignore[arg-type]  # fn's result is dropped
+        # With one stream every writer is this stream (streams are only added): no deps.
+        deps = () if len(backend._streams) == 1 else other_writers(stream, (*inputs, *outputs))
+        seq = stream.submit(fn, cost > INLINE_MAX_COST, deps, (inputs, outputs))  # type: ignore[arg-type]  # fn's result is dropped
         write = (stream, seq)  # mark_written(outputs, stream, seq), inlined
         for o in outputs:
             o._stream = stream

@@ -40,11 +40,10 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
     # -- elementwise ------------------------------------------------------------------------------
     def _submit1(self, run: Any, x: Tensor, out: Tensor, cost: int) -> None:
         """Submit ``run`` (a partial: no frame of ours when it runs) reading ``x`` and writing
-        ``out``: :meth:`_launch`, with the dependency check of one input inlined."""
+        ``out``: :meth:`_launch`, inlined where the backend has one stream (no dependencies)."""
         backend = self.backend
-        stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]  # set while ready
-        sx = x._stream
-        if sx is stream or sx.completed >= x._seq:
+        if len(backend._streams) == 1:
+            stream: HostStream = backend._default  # type: ignore[assignment]  # set while ready
             seq = stream.submit(run, cost > INLINE_MAX_COST, (), (x, out))
             out._stream = stream  # mark_written((out,), stream, seq), inlined
             out._seq = seq
@@ -68,12 +67,8 @@ class CPUTensorKernels(CPUComponent, TensorKernels):
             # through a partial: no Python frame of our own.
             run = partial(ufunc, a._data, b._data, out=out._data)
             backend = self.backend
-            stream: HostStream = backend._stream_var.get() or backend._default  # type: ignore[assignment]  # set while ready
-            sa = a._stream
-            sb = b._stream
-            if (sa is stream or sa.completed >= a._seq) and (
-                sb is stream or sb.completed >= b._seq
-            ):
+            if len(backend._streams) == 1:  # one stream: no dependencies (see _launch)
+                stream: HostStream = backend._default  # type: ignore[assignment]  # set while ready
                 seq = stream.submit(run, out._size > INLINE_MAX_COST, (), (a, b, out))
                 out._stream = stream  # mark_written((out,), stream, seq), inlined
                 out._seq = seq
