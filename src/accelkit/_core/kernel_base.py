@@ -56,8 +56,10 @@ def other_writers(stream: PositionStream, inputs: Iterable[Any]) -> list[tuple[A
             shared = t._buffer.last_write
             if shared is not None:
                 other, at = shared
-                if other is not stream and (other is not writer or at != seq) and (
-                    at > other.completed
+                if (
+                    other is not stream
+                    and (other is not writer or at != seq)
+                    and (at > other.completed)
                 ):
                     deps.append(shared)
     return deps
