@@ -109,24 +109,54 @@ class _Holder:
         self.__array_interface__ = data.__array_interface__
 
 
-async def copy_to_host(array: Array) -> Array:
+async def copy_to_host(array: Array, stream: HostStream | None = None) -> Array:
     """A new host array equal to ``array``, copied on a worker thread when it is large (at least
     :data:`OFF_LOOP_COPY_BYTES`), so that a ``to_host`` never stalls the event loop. Cancelling
     the wait lets the copy finish (it is short) and raises; the source must stay alive, which
-    the caller's reference ensures."""
+    the caller's reference ensures.
+
+    ``stream``: a large copy of device memory is work queued on that stream (the tensor's
+    writer's: after what was submitted on it before), not on anyio's threads, so that a
+    stream-ordered free of the block meanwhile (:func:`free_in_stream_order`) keeps it out of
+    the pool until the copy has read it (the next allocation wrote into it while it was
+    copied)."""
     if array.nbytes < OFF_LOOP_COPY_BYTES:
         return _copy(array)
-    copied: Array = await anyio.to_thread.run_sync(_copy, array)
-    return copied
+    if stream is None:
+        copied: Array = await anyio.to_thread.run_sync(_copy, array)
+        return copied
+    out = np.empty_like(array)
+    await _queued_copy(stream, out, array)
+    return out
 
 
 def _copy(array: Array) -> Array:
     return np.array(array, copy=True)
 
 
-async def copy_into(dst: Array, src: Array) -> None:
-    """``dst[...] = src`` (same shape), on a worker thread when large, as :func:`copy_to_host`."""
+async def copy_into(dst: Array, src: Array, stream: HostStream | None = None) -> None:
+    """``dst[...] = src`` (same shape), on a worker thread when large, as :func:`copy_to_host`
+    (on ``stream`` where given)."""
     if src.nbytes < OFF_LOOP_COPY_BYTES:
         dst[...] = src
-    else:
+    elif stream is None:
         await anyio.to_thread.run_sync(np.copyto, dst, src)
+    else:
+        await _queued_copy(stream, dst, src)
+
+
+async def _queued_copy(stream: HostStream, dst: Array, src: Array) -> None:
+    """``np.copyto(dst, src)`` as the next position of ``stream`` (on its worker thread), and
+    its own error raised here (the errors of other work stay for the awaits of theirs)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            np.copyto(dst, src)
+        except BaseException as exc:  # MemoryError, a KeyboardInterrupt on the thread
+            failed.append(exc)
+
+    seq = stream.submit(run, True, (), (dst, src))
+    await stream.wait_for_quietly(seq)
+    if failed:
+        raise failed[0]

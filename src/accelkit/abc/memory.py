@@ -90,6 +90,12 @@ class DeviceMemoryManager(ABC):
     def free(self, buffer: DeviceBuffer | Tensor) -> None:
         """Return the memory now (stream-ordered); later use of the buffer raises StaleHandleError.
 
+        Stream-ordered: the block goes back to the pool once the work submitted so far, which
+        may still read or write it (a ``to_host`` copying it included), is done. It is the
+        caller saying nothing else reads the memory: an array exported through DLPack
+        (``np.from_dlpack(t)``) views the block, and after a free it may show another tensor's
+        data (drop the tensor instead, and the exported array keeps the block).
+
         Freeing a buffer twice raises StaleHandleError.
         """
 

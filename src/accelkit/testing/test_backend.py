@@ -162,6 +162,31 @@ async def test_two_writes_of_a_tensor_on_two_streams_land_in_submission_order(
     np.testing.assert_array_equal(await x.to_host(), np.full((n, n), 2.0, np.float32))
 
 
+async def test_a_free_while_to_host_copies_keeps_the_block_until_the_copy_is_done(
+    backend: ComputeBackend,
+) -> None:
+    """``free(x)`` while another task's ``x.to_host()`` copies it (64 MiB: a copy of
+    milliseconds), then a tensor of the same size: the free is stream-ordered, so the new tensor
+    does not get ``x``'s block before the copy has read it (the copy returned the new tensor's
+    sevens where its block was handed on at once)."""
+    f, mm = backend.tensor_factory, backend.memory_manager
+    n = 16 << 20
+    x = f.zeros((n,))
+    await backend.synchronize()
+    got: list[np.ndarray] = []
+
+    async def read() -> None:
+        got.append(await x.to_host())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await anyio.sleep(0.005)  # the copy has begun
+        mm.free(x)
+        y = f.full((n,), 7.0)  # the same size class as x's block
+    assert int(np.count_nonzero(got[0])) == 0
+    np.testing.assert_array_equal((await y.to_host())[:: 1 << 16], 7.0)
+
+
 async def test_work_submitted_while_shutdown_drains_still_reports_its_error(
     backend: ComputeBackend,
 ) -> None:

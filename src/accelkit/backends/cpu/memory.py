@@ -6,7 +6,7 @@ argument and waits for the writers of what it reads; this says how the memory is
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from accelkit._core.host_memory import (
     free_in_stream_order,
     release_block,
 )
+from accelkit._core.host_stream import HostStream
 from accelkit._core.pool import CachingPool
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.backends.cpu.probe import system_memory_bytes
@@ -63,8 +64,10 @@ class CPUMemoryKernels(MemoryKernels):
     async def read(
         self, out: np.ndarray[Any, Any], buffer: DeviceBuffer, src: Tensor | None
     ) -> None:
-        # The core waited for the writers and the current stream.
-        await copy_into(out, buffer.handle[: out.nbytes])
+        # The core waited for the writers and the current stream. A large copy is queued on a
+        # stream: a free meanwhile waits for it (copy_into).
+        stream = self.backend.current_stream if src is None else src._stream
+        await copy_into(out, buffer.handle[: out.nbytes], cast(HostStream, stream))
 
     def copy(
         self,
@@ -85,7 +88,7 @@ class CPUMemoryKernels(MemoryKernels):
     def read_tensor(self, tensor: Tensor) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
         # The copy's coroutine itself, awaited by the core: no coroutine of its own around it
         # (reading a small tensor is common, and each layer costs).
-        return copy_to_host(tensor._data)
+        return copy_to_host(tensor._data, cast(HostStream, tensor._stream))
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         return np.array(tensor._data, copy=True)
