@@ -34,6 +34,33 @@ __all__ = ["TensorFactory"]
 ShapeLike = int | tuple[int, ...] | list[int]
 
 
+#: The range of I64 (arange computes integer arguments in it).
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+#: What from_host reads as Python numbers (the rest is typed data, whose dtype is kept).
+_PYTHON_DATA = frozenset({list, tuple, float, int, bool})
+
+
+def _big_int(data: Any, arr: np.ndarray[Any, Any]) -> bool:
+    """Whether Python ints NumPy read as float64 (ints that fit no 64-bit type together, as
+    ``[2**63, -1]``) or as objects (``[2**64]``) hold one beyond I64, with no float among them:
+    looked for in float64 data only where a value is that large."""
+    if arr.dtype.kind == "f" and (
+        not arr.size or not np.isfinite(arr).all() or np.abs(arr).max() < 2.0**63
+    ):
+        return False
+    stack, big = [data], False
+    while stack:
+        item = stack.pop()
+        if type(item) is float:  # floats among them: the data is F32's, as any float list
+            return False
+        if type(item) is int and not _I64_MIN <= item <= _I64_MAX:
+            big = True
+        elif type(item) in (list, tuple):
+            stack.extend(item)
+    return big
+
+
 class TensorFactory(OpsBase[FactoryKernels]):
     """Creates tensors: validates, allocates through the backend's FactoryKernels (``accelkit.sdk``)
     and calls its ``fill``, ``from_host`` or ``generate``."""
@@ -95,7 +122,23 @@ class TensorFactory(OpsBase[FactoryKernels]):
             raise InvalidArgumentError(
                 f"arange: ({stop} - {start}) / {step} elements is more than any device holds"
             )
-        n = check_shape((max(0, math.ceil(count)),), "arange: length")[0]
+        # ceil((stop - start) / step), exactly for integers (the float quotient rounds).
+        length = -((start - stop) // step) if all_int else math.ceil(count)
+        n = check_shape((max(0, length),), "arange: length")[0]
+        if all_int:
+            # In integers, exactly (in float64, 2**53 + 1 came out as 2**53).
+            last = start + (n - 1) * step if n else start
+            if not (_I64_MIN <= min(start, last) and max(start, last) <= _I64_MAX):
+                raise InvalidArgumentError(
+                    f"arange: the values {start} .. {last} do not fit in 64-bit integers"
+                )
+            # Modulo 2**64, where every value in between fits (start + i * step wraps back).
+            i0, di = np.uint64(start % (1 << 64)), np.uint64(step % (1 << 64))
+            out = self._empty((n,), dt)
+            self.kernels.generate(
+                out, lambda: (np.arange(n, dtype=np.uint64) * di + i0).view(np.int64)
+            )
+            return out
         out = self._empty((n,), dt)
         self.kernels.generate(out, lambda: np.arange(n, dtype=np.float64) * step + start)
         return out
@@ -124,9 +167,15 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 f"from_host: cannot read {type(data).__name__}: {exc}"
             ) from None
         if dtype is None:
-            if arr.dtype == np.float64 and not isinstance(data, np.ndarray | np.generic):
-                dt = DType.F32
-            else:
+            if type(data) in _PYTHON_DATA:  # Python numbers: floats give F32, ints I64
+                kind = arr.dtype.kind
+                if kind == "u" or (kind in "fO" and _big_int(data, arr)):
+                    raise InvalidArgumentError(
+                        "from_host: Python ints beyond the range of I64 (-2**63 .. 2**63 - 1);"
+                        " pass dtype= (for example 'u64') to convert them"
+                    )
+                dt = DType.F32 if arr.dtype == np.float64 else DType.from_any(arr.dtype)
+            else:  # typed data (an array, a buffer, anything with __array__) keeps its dtype
                 dt = DType.from_any(arr.dtype)
         else:
             dt = DType.from_any(dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,15 @@ async def test_like_constructors(backend: ComputeBackend, dtype: DType) -> None:
         ((0, 4), {"dtype": DType.F64}, np.arange(4.0), DType.F64),
         ((3, 1), {}, np.arange(0), DType.I64),
         ((-3, 3, 2), {"dtype": "i8"}, np.array([-3, -1, 1]), DType.I8),
+        # Integers beyond float64's 2**53, exactly (range's values, and its length).
+        ((2**53, 2**53 + 4), {}, np.array(range(2**53, 2**53 + 4)), DType.I64),
+        (
+            (-(2**63), 2**63 - 1, 2**62 + 1),
+            {},
+            np.array(range(-(2**63), 2**63 - 1, 2**62 + 1)),
+            DType.I64,
+        ),
+        ((0, 2**60 + 1, 2**60), {}, np.array([0, 2**60]), DType.I64),
     ],
 )
 async def test_arange(
@@ -115,6 +125,13 @@ async def test_arange(
     require_dtype(backend, dtype)
     t = backend.tensor_factory.arange(*args, **kwargs)
     assert_close(await fetch(t, dtype), expected, dtype)
+
+
+async def test_arange_beyond_int64_is_refused(backend: ComputeBackend) -> None:
+    f = backend.tensor_factory
+    for args in [(2**63, 2**63 + 1), (0, 2**64, 2**63), (-(2**63) - 1, 0, 2**62)]:
+        with pytest.raises(accelkit.InvalidArgumentError, match="64-bit"):
+            f.arange(*args)
 
 
 @pytest.mark.parametrize(("n", "m"), [(3, None), (2, 4), (4, 2), (0, None)])
@@ -173,6 +190,30 @@ async def test_from_host_non_contiguous_and_bytes(backend: ComputeBackend) -> No
     # ndarray is a Buffer, but numpy's stubs say so only for Python 3.12 and later
     b = f.from_host(memoryview(np.array([1, 2, 3], np.int16)))  # type: ignore[arg-type]
     np.testing.assert_array_equal(await fetch(b, DType.I16), [1, 2, 3])
+
+
+async def test_from_host_keeps_typed_data_s_dtype_and_reads_python_numbers(
+    backend: ComputeBackend,
+) -> None:
+    """Typed float64 data (a buffer, array.array, an ``__array__`` object) stays F64; Python
+    floats give F32, Python ints I64, and ints beyond I64 are refused (they became F32)."""
+    f = backend.tensor_factory
+    x64 = np.array([0.1, 1 + 2**-40, 1e300])
+
+    class ArrayLike:
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+            return x64
+
+    if DType.F64 in backend.capabilities.dtypes:
+        for data in (memoryview(x64), array.array("d", x64), ArrayLike()):
+            t = f.from_host(data)  # type: ignore[arg-type]
+            assert t.dtype is DType.F64, type(data)
+            np.testing.assert_array_equal(await fetch(t, DType.F64), x64)
+    assert f.from_host([0.5, 2]).dtype is DType.F32
+    assert f.from_host([[1, 2], [3, 4]]).dtype is DType.I64
+    for big in ([2**63, 1], [2**63], 2**63, [2**64]):
+        with pytest.raises(accelkit.InvalidArgumentError, match="beyond"):
+            f.from_host(big)
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
