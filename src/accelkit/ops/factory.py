@@ -128,7 +128,7 @@ class TensorFactory(OpsBase[FactoryKernels]):
         if all_int:
             # In integers, exactly (in float64, 2**53 + 1 came out as 2**53).
             last = start + (n - 1) * step if n else start
-            if not (_I64_MIN <= min(start, last) and max(start, last) <= _I64_MAX):
+            if not (min(start, last) >= _I64_MIN and max(start, last) <= _I64_MAX):
                 raise InvalidArgumentError(
                     f"arange: the values {start} .. {last} do not fit in 64-bit integers"
                 )
