@@ -220,7 +220,7 @@ class TensorFactory(OpsBase[FactoryKernels]):
             raise InvalidArgumentError(f"uniform: high ({hi}) must be >= low ({lo})")
         dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
         out = self._empty(dims, dt)
-        self.kernels.random(out, RandomDraw("uniform", lo, hi, dims, seed))
+        self.kernels.random(out, RandomDraw("uniform", lo, hi, dims, seed, dt))
         return out
 
     def normal(

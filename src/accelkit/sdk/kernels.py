@@ -321,20 +321,33 @@ _OPTIONAL_KERNELS = (
 class RandomDraw:
     """What :meth:`FactoryKernels.random` draws: ``kind`` is ``"uniform"`` (in ``[a, b)``) or
     ``"normal"`` (mean ``a``, standard deviation ``b``), ``shape`` the output's, ``seed`` an
-    int or None (fresh entropy)."""
+    int or None (fresh entropy), ``dtype`` the output's (None: float64's draw as it is)."""
 
     kind: Literal["uniform", "normal"]
     a: float
     b: float
     shape: tuple[int, ...]
     seed: int | None
+    dtype: DType | None = None
 
     def host(self) -> np.ndarray[Any, Any]:
-        """The draw on the host, from NumPy's PCG64 (float64)."""
+        """The draw on the host, from NumPy's PCG64 (float64). A uniform draw for a ``dtype``
+        stays below ``b`` once rounded to it: a sample that rounds up to ``b`` (1968 in a
+        million in BF16 over [0, 1)) becomes the largest value of the dtype below ``b``."""
         rng = np.random.default_rng(self.seed)
-        if self.kind == "uniform":
-            return rng.uniform(self.a, self.b, size=self.shape)
-        return rng.normal(self.a, self.b, size=self.shape)
+        if self.kind == "normal":
+            return rng.normal(self.a, self.b, size=self.shape)
+        x = rng.uniform(self.a, self.b, size=self.shape)
+        if self.dtype is None or self.dtype is DType.F64 or not self.a < self.b:
+            return x
+        t = self.dtype.to_numpy()
+        top = np.array(self.b, t)
+        while top.astype(np.float64) >= self.b:  # the dtype's largest value below b
+            top = np.nextafter(top, np.array(-np.inf, t))
+        if top.astype(np.float64) >= self.a:  # else no value of the dtype lies in [a, b)
+            # Still float64 (what generate takes from every backend), exact in the dtype.
+            np.copyto(x, top.astype(np.float64), where=x.astype(t).astype(np.float64) >= self.b)
+        return x
 
 
 class FactoryKernels(_Allocating):
