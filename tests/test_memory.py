@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import anyio
 import numpy as np
+import pydantic
 import pytest
 
 import accelkit
@@ -23,6 +24,7 @@ from accelkit import (
     Tensor,
 )
 from accelkit._core.pool import size_class
+from accelkit.backends.cpu.backend import CPUBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -300,6 +302,28 @@ async def test_alignment(backend: ComputeBackend) -> None:
     for bad in (3, 48, 1 << 20):
         with pytest.raises(accelkit.InvalidArgumentError, match=str(bad)):
             mm.allocate(100, alignment=bad)
+
+
+async def test_alignment_is_what_the_backend_was_created_with() -> None:
+    """A config may not raise the alignment later (the allocator's blocks keep the first one:
+    49 of 50 blocks missed a promised 4096), may lower it, and must be a power of two."""
+    with pytest.raises(pydantic.ValidationError, match="power of two"):
+        MemoryPoolConfig(alignment=3)
+    async with accelkit.open_backend("cpu") as b:
+        mm = b.memory_manager
+        with pytest.raises(accelkit.InvalidArgumentError, match="aligned to 64 bytes"):
+            mm.configure_pool(MemoryPoolConfig(alignment=4096))
+        with pytest.raises(accelkit.InvalidArgumentError, match="up to 64"):
+            mm.allocate(100, alignment=4096)
+    b = CPUBackend(pool_config=MemoryPoolConfig(alignment=4096))
+    await b.initialize()
+    try:
+        mm = b.memory_manager
+        mm.configure_pool(MemoryPoolConfig(limit_bytes=1 << 30))  # alignment 64: less, kept
+        bufs = [mm.allocate(100 + i, alignment=4096) for i in range(50)]
+        assert all(buf.handle.ctypes.data % 4096 == 0 for buf in bufs)
+    finally:
+        await b.shutdown()
 
 
 async def test_host_transfers_round_trip(backend: ComputeBackend) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["MemoryInfo", "MemoryPoolConfig", "MemoryPressure"]
 
@@ -59,4 +59,16 @@ class MemoryPoolConfig(BaseModel):
     max_cached_bytes: int | None = Field(
         None, ge=0, description="cap on cached free blocks; older ones are released past it"
     )
-    alignment: int = Field(64, gt=0, description="byte alignment of every block (a power of two)")
+    alignment: int = Field(
+        64,
+        gt=0,
+        description="byte alignment of every block (a power of two; set when the backend is"
+        " created: a later config may ask for less, not more)",
+    )
+
+    @field_validator("alignment")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"alignment must be a power of two; got {value}")
+        return value

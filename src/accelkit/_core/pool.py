@@ -80,6 +80,9 @@ class CachingPool:
         self._is_failed = is_failed
         self._device_total = total_bytes
         self._config = config or MemoryPoolConfig()
+        #: The alignment the blocks have: the allocator's, made with the first config's (a
+        #: later config may ask for less, never more).
+        self.alignment = self._config.alignment
         self._update_total()
         self._lock = threading.Lock()
         self._released: deque[DeviceBuffer] = deque()
@@ -103,6 +106,12 @@ class CachingPool:
     def configure(self, config: MemoryPoolConfig) -> None:
         if not isinstance(config, MemoryPoolConfig):
             raise InvalidArgumentError(f"expected a MemoryPoolConfig; got {type(config).__name__}")
+        if config.alignment > self.alignment:
+            raise InvalidArgumentError(
+                f"the blocks of {self.device} are aligned to {self.alignment} bytes, set when the"
+                f" backend was created; a config cannot raise it to {config.alignment} (pass that"
+                " MemoryPoolConfig to the backend's constructor: pool_config=)"
+            )
         with self._lock:
             self._config = config
             self._update_total()

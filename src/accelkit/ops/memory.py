@@ -69,9 +69,9 @@ class MemoryManager(DeviceMemoryManager):
         n = check_int(nbytes, "nbytes", minimum=0)
         if alignment is not None:
             a = check_int(alignment, "alignment", minimum=1)
-            if a & (a - 1) or a > self.pool.config.alignment:
+            if a & (a - 1) or a > self.pool.alignment:
                 raise InvalidArgumentError(
-                    f"alignment must be a power of two up to {self.pool.config.alignment}; got {a}"
+                    f"alignment must be a power of two up to {self.pool.alignment}; got {a}"
                 )
         return self.pool.allocate(n)
 
