@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from accelkit import InvalidArgumentError
+from accelkit import DType, InvalidArgumentError
 from accelkit.quant import QuantFormat, dequantize, quantize
 from accelkit.testing.test_kernel_ops import dequantize_ref
 
@@ -34,6 +34,18 @@ def test_quantize_round_trip_error_is_bounded(fmt: QuantFormat, scale_dtype: Any
     assert np.all(back[3, :32] == 0)
     assert scales[3, 0] == 0
     assert np.mean(np.abs(back - w)) < (0.01 if fmt == "q8_0" else 0.2)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_quantize_takes_bf16_and_f16_weights_as_their_f32_values(fmt: QuantFormat) -> None:
+    """BF16 (ml_dtypes, NumPy kind "V": it was refused as not a float array) and F16 weights
+    quantize exactly as the same values in F32 do."""
+    w = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    for dtype in (DType.BF16.to_numpy(), np.float16):
+        low = w.astype(dtype)
+        got, want = quantize(low, fmt), quantize(low.astype(np.float32), fmt)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_quantize_matches_the_ggml_layout() -> None:

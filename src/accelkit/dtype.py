@@ -73,6 +73,8 @@ class DType(enum.Enum):
         except TypeError:
             npd = None
         from_numpy = _numpy_maps()[1]
+        if npd is not None and npd.byteorder in "<>":
+            npd = npd.newbyteorder("=")  # '>f4' is F32 too: the data's values are what count
         if npd is not None and npd in from_numpy:
             return from_numpy[npd]
         accepted = ", ".join(d.value for d in cls)

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 
 __all__ = ["BLOCK_SIZE", "FORMATS", "QuantFormat", "dequantize", "quantize"]
@@ -71,7 +72,7 @@ def quantize(
     if sdt not in _SCALE_DTYPES:
         raise InvalidArgumentError(f"quantize: scale_dtype must be float16 or float32; got {sdt}")
     w = np.asarray(weight)
-    if w.dtype.kind != "f":
+    if w.dtype.kind != "f" and w.dtype != DType.BF16.to_numpy():  # ml_dtypes' kind is "V"
         raise InvalidArgumentError(f"quantize: weight must be a float array; got {w.dtype}")
     n_in = w.shape[-1] if w.ndim else 0
     if w.ndim < 1 or n_in % BLOCK_SIZE or n_in == 0:

@@ -218,6 +218,10 @@ class TensorFactory(OpsBase[FactoryKernels]):
         seed = check_seed(seed, "uniform")
         if not hi >= lo:
             raise InvalidArgumentError(f"uniform: high ({hi}) must be >= low ({lo})")
+        if not math.isfinite(hi - lo):
+            raise InvalidArgumentError(
+                f"uniform: high - low ({hi} - {lo}) is beyond float64's range"
+            )
         dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
         out = self._empty(dims, dt)
         self.kernels.random(out, RandomDraw("uniform", lo, hi, dims, seed, dt))
@@ -254,7 +258,7 @@ class TensorFactory(OpsBase[FactoryKernels]):
         """Import a DLPack producer (copying it into this backend's memory)."""
         try:
             arr = np.from_dlpack(obj)
-        except (TypeError, BufferError, RuntimeError) as exc:
+        except (TypeError, BufferError, RuntimeError, AttributeError) as exc:
             raise InvalidArgumentError(
                 f"from_dlpack: cannot import {type(obj).__name__}: {exc}"
             ) from None

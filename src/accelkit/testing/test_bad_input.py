@@ -321,6 +321,10 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "seed_bool": (IAE, lambda o, f, t: f.uniform((3,), seed=True), ("seed", "bool")),
     "uniform_inf": (IAE, lambda o, f, t: f.uniform((3,), 0.0, float("inf")), ("high", "finite")),
     "normal_inf": (IAE, lambda o, f, t: f.normal((3,), float("-inf")), ("mean", "finite")),
+    # Found by a review: a range beyond float64 failed at the await, not at the call; an
+    # object without __dlpack__ raised a bare AttributeError.
+    "uniform_range": (IAE, lambda o, f, t: f.uniform((3,), -1.7e308, 1.7e308), ("high - low",)),
+    "from_dlpack_list": (IAE, lambda o, f, t: f.from_dlpack([1, 2]), ("from_dlpack", "list")),
     # Found by the fuzzing suite (test_fuzz.py): unhashable op names, sections=None, a sigma
     # whose kernel would not fit in memory.
     "unary_op_list": (IAE, lambda o, f, t: o.unary([], t.v3), ("unknown unary op", "[]")),

@@ -190,6 +190,10 @@ async def test_from_host_non_contiguous_and_bytes(backend: ComputeBackend) -> No
     # ndarray is a Buffer, but numpy's stubs say so only for Python 3.12 and later
     b = f.from_host(memoryview(np.array([1, 2, 3], np.int16)))  # type: ignore[arg-type]
     np.testing.assert_array_equal(await fetch(b, DType.I16), [1, 2, 3])
+    # Big-endian data is its values' dtype (it was refused as an unknown dtype).
+    big = f.from_host(np.arange(5, dtype=">f4"))
+    assert big.dtype is DType.F32
+    np.testing.assert_array_equal(await fetch(big), np.arange(5, dtype=np.float32))
 
 
 async def test_from_host_keeps_typed_data_s_dtype_and_reads_python_numbers(
