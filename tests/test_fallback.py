@@ -78,3 +78,30 @@ async def test_fallback_needs_an_initialized_other_backend() -> None:
         spare = ak.create_backend("cpu")
         with pytest.raises(ak.InvalidArgumentError):
             backend.enable_fallback(spare)
+
+
+async def test_an_in_place_op_on_the_fallback_writes_the_caller_s_tensors() -> None:
+    """``adam_update`` (in place on param, m and v) refused and run on the fallback: the
+    caller's param, m and v hold the step's result, as on the CPU backend without a fallback
+    (the fallback updated its own copies, and the optimizer's state never changed), and the
+    result is the caller's param."""
+    rng = np.random.default_rng(3)
+    start = [rng.standard_normal(8).astype(np.float32) for _ in range(4)]  # param, grad, m, v
+    start[3] = np.abs(start[3])
+
+    async def step(backend: ak.ComputeBackend) -> tuple[ak.Tensor, list[ak.Tensor]]:
+        p, g, m, v = (backend.tensor_factory.from_host(a) for a in start)
+        out = backend.tensor_ops.adam_update(p, g, m, v, lr=0.1, step=3, weight_decay=0.01)
+        return out, [p, m, v]
+
+    async with ak.open_backend("cpu") as cpu:
+        _, want = await step(cpu)
+        expected = [await t.to_host() for t in want]
+    async with ak.open_backend("subset", fallback="cpu") as backend:
+        out, got = await step(backend)
+        assert backend.fallback is not None
+        assert backend.fallback.counts["adam_update"] == 1
+        assert out is got[0]
+        for name, t, e in zip(("param", "m", "v"), got, expected, strict=True):
+            assert not np.array_equal(e, start[("param", "grad", "m", "v").index(name)])
+            np.testing.assert_array_equal(await t.to_host(), e, err_msg=name)

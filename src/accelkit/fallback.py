@@ -11,6 +11,7 @@ with gaps, not for speed.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
     from accelkit.ops.tensor_ops import TensorOps
 
-__all__ = ["FallbackEvent", "FallbackTensorOps"]
+__all__ = ["IN_PLACE", "FallbackEvent", "FallbackTensorOps"]
 
 log = logging.getLogger("accelkit.fallback")
 
@@ -79,10 +80,50 @@ class FallbackTensorOps:
             log.warning("%s: %s runs on %s instead (%s)", self._backend.name, op, fb.name, exc)
         self.events.append(event)
         self.counts[op] += 1
-        to_fb = _mapper(lambda t: fb.tensor_factory.from_host(t.numpy(), dtype=t.dtype))
-        result = getattr(fb.tensor_ops, op)(*to_fb(args), **to_fb(kwargs))
+        copies: list[tuple[Tensor, Tensor]] = []  # (the caller's tensor, its fallback copy)
+
+        def to_fb(t: Tensor) -> Tensor:
+            copy = fb.tensor_factory.from_host(t.numpy(), dtype=t.dtype)
+            copies.append((t, copy))
+            return copy
+
+        mapped = _mapper(to_fb)
+        result = getattr(fb.tensor_ops, op)(*mapped(args), **mapped(kwargs))
         primary = self._backend.tensor_factory
-        return _mapper(lambda t: primary.from_host(t.numpy(), dtype=t.dtype))(result)
+        # What the op writes in place is written back into the caller's tensors (an optimizer
+        # step updated host copies, and the caller's state never changed), and a result that is
+        # one of them is the caller's tensor, as without the fallback.
+        written = _written(getattr(self._ops, op), op, args, kwargs)
+        back: dict[int, Tensor] = {}
+        for orig, copy in copies:
+            if id(orig) in written:
+                staged = primary.from_host(copy.numpy(), dtype=orig.dtype)
+                self._backend.memory_manager.copy_dtod(orig, staged)
+                back[id(copy)] = orig
+
+        def to_primary(t: Tensor) -> Tensor:
+            orig = back.get(id(t))
+            return orig if orig is not None else primary.from_host(t.numpy(), dtype=t.dtype)
+
+        return _mapper(to_primary)(result)
+
+
+#: The TensorOps methods that write some of their tensor arguments in place, and which.
+IN_PLACE: dict[str, tuple[str, ...]] = {
+    "adam_update": ("param", "m", "v"),
+    "batch_norm": ("running_mean", "running_var"),
+}
+
+
+def _written(
+    method: Callable[..., Any], op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> set[int]:
+    """The ids of the tensors ``op`` writes in place in this call (:data:`IN_PLACE`)."""
+    names = IN_PLACE.get(op)
+    if not names:
+        return set()
+    bound = inspect.signature(method).bind(*args, **kwargs).arguments
+    return {id(bound[n]) for n in names if isinstance(bound.get(n), Tensor)}
 
 
 def _mapper(convert: Callable[[Tensor], Tensor]) -> Callable[[Any], Any]:

@@ -1,4 +1,5 @@
-"""``SubsetBackend``: the CPU backend's kernels on device ``subset:0``, without attention."""
+"""``SubsetBackend``: the CPU backend's kernels on device ``subset:0``, without attention and
+without ``adam_update``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from accelkit_testplug_subset.probe import capabilities
 
 
 class SubsetTensorKernels(CPUTensorKernels):
-    """The CPU kernels, except that ``attention`` is refused before anything is enqueued."""
+    """The CPU kernels, except that ``attention`` and ``adam_update`` (which writes its
+    arguments in place) are refused before anything is enqueued."""
 
     def attention(
         self,
@@ -33,6 +35,12 @@ class SubsetTensorKernels(CPUTensorKernels):
             "backend 'subset' does not implement attention; open it with a fallback backend"
             " (e.g. fallback='cpu') to run it elsewhere"
         )
+
+    def adam_update(
+        self, param: Tensor, grad: Tensor, m: Tensor, v: Tensor, lr: float, beta1: float,
+        beta2: float, eps: float, step: int, weight_decay: float,
+    ) -> None:  # fmt: skip
+        raise UnsupportedOperationError("backend 'subset' does not implement adam_update")
 
 
 class SubsetFusedKernels(CPUFusedKernels):

@@ -8,7 +8,7 @@ from accelkit.dtype import DType
 from accelkit.plugins import KERNEL_OPS, TENSOR_OPS
 
 #: The operations this backend refuses (TensorOps and KernelOps names).
-MISSING_OPS = frozenset({"attention", "paged_attention"})
+MISSING_OPS = frozenset({"attention", "paged_attention", "adam_update"})
 
 _MEMORY = 256 << 20
 
