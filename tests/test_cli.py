@@ -512,6 +512,22 @@ def test_doctor_notes_disabled_plugins(
     assert "'nosuchplugin', which is not installed" in notes[("settings", "ACCELKIT_PLUGINS")]
 
 
+def test_json_output_is_strict_json_with_nan_and_infinities_as_null(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A broken backend's self-test error is infinite; ``--json`` printed ``Infinity``, which
+    strict parsers (JSON.parse, ``json.loads(parse_constant=...)``) refuse."""
+    from accelkit.cli.render import print_json
+
+    print_json({"max_error": float("inf"), "low": float("-inf"), "nan": float("nan"), "ok": 1.5})
+
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    data = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert data == {"max_error": None, "low": None, "nan": None, "ok": 1.5}
+
+
 # -- calibrate, bench, demo -----------------------------------------------------------------------
 
 

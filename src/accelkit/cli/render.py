@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import enum
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import PurePath
@@ -79,13 +80,15 @@ def jsonable(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, (PurePath, Device)):
         return str(value)
-    if isinstance(value, float) and value != value:  # NaN is not JSON
+    if isinstance(value, float) and not math.isfinite(value):  # NaN and infinities are not JSON
         return None
     return value
 
 
 def print_json(data: Any, out: TextIO | None = None) -> None:
-    print(json.dumps(jsonable(data), indent=2), file=out or sys.stdout)
+    """``data`` as strict JSON (NaN and infinities as null: ``Infinity`` is no JSON, and
+    strict parsers refused a broken backend's ``"max_error": Infinity``)."""
+    print(json.dumps(jsonable(data), indent=2, allow_nan=False), file=out or sys.stdout)
 
 
 class Progress:
