@@ -482,6 +482,8 @@ def test_doctor_reports_plugin_api_version_mismatch(
         ("ACCELKIT_DISABLE_PLUGINS", "x-y", "ACCELKIT_DISABLE_PLUGINS"),
         ("ACCELKIT_BACKEND", "cuda", "every selection will fail"),
         ("ACCELKIT_DEVICE", "gpu:x", "malformed device 'gpu:x'"),
+        ("ACCELKIT_LOOP_SLICE_US", "100us", "every backend's initialize will fail"),
+        ("ACCELKIT_ISOLATE_DEADLINE_S", "5s", "every isolated backend's initialize"),
     ],
 )
 def test_doctor_reports_bad_settings(
@@ -510,6 +512,32 @@ def test_doctor_notes_disabled_plugins(
     notes = {(n["check"], n["subject"]): n["message"] for n in data["notes"]}
     assert notes[("plugin", "cpu")] == "disabled by ACCELKIT_DISABLE_PLUGINS"
     assert "'nosuchplugin', which is not installed" in notes[("settings", "ACCELKIT_PLUGINS")]
+
+
+def test_a_malformed_setting_is_the_user_s_error_not_the_plugin_s(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A malformed core setting: calibrate exits 2 with one line (it reported every backend as
+    failed and exited 1), and the plugin is not quarantined (it stayed unusable after the
+    setting was fixed)."""
+    import anyio
+
+    import accelkit
+
+    monkeypatch.setenv("ACCELKIT_LOOP_SLICE_US", "100us")
+    status, _out, err = run(capsys, "calibrate", "--quick")
+    assert status == 2
+    assert_one_line_error(err, "calibrate", "ACCELKIT_LOOP_SLICE_US='100us'")
+
+    async def open_cpu() -> None:
+        async with accelkit.open_backend("cpu"):
+            pass
+
+    with pytest.raises(accelkit.InvalidArgumentError, match="ACCELKIT_LOOP_SLICE_US"):
+        anyio.run(open_cpu)
+    assert not registry.quarantined()
+    monkeypatch.delenv("ACCELKIT_LOOP_SLICE_US")
+    anyio.run(open_cpu)
 
 
 def test_json_output_is_strict_json_with_nan_and_infinities_as_null(

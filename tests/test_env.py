@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from accelkit._core.env import env_flag, env_names, env_str
+from accelkit._core.env import env_flag, env_names, env_seconds, env_str
 from accelkit.errors import InvalidArgumentError
 
 VAR = "ACCELKIT_TEST_SETTING"
@@ -114,3 +114,25 @@ def test_names_malformed_is_an_error_naming_the_bad_item(
     assert f"{VAR}={value!r}" in message
     assert bad in message
     assert "comma-separated list like 'cpu,opencl'" in message
+
+
+# -- env_seconds ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("value", "expected"), [("300", 300.0), (" 2.5 ", 2.5), ("0", 0.0)])
+def test_seconds_parse(monkeypatch: pytest.MonkeyPatch, value: str, expected: float) -> None:
+    monkeypatch.setenv(VAR, value)
+    assert env_seconds(VAR, 7.0) == expected
+
+
+def test_seconds_unset_or_empty_gives_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert env_seconds(VAR, 7.0) == 7.0
+    monkeypatch.setenv(VAR, " ")
+    assert env_seconds(VAR, 7.0) == 7.0
+
+
+@pytest.mark.parametrize("value", ["5s", "five", "-1", "nan", "inf", "-0.5"])
+def test_seconds_malformed_is_an_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """'5s' and 'five' became the default, -1 killed the isolation watchdog's thread, NaN
+    turned hang detection off (ACCELKIT_ISOLATE_DEADLINE_S)."""
+    monkeypatch.setenv(VAR, value)
+    with pytest.raises(InvalidArgumentError, match=f"{VAR}={value!r} is not a number of seconds"):
+        env_seconds(VAR, 7.0)

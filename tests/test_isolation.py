@@ -563,3 +563,18 @@ async def test_a_recover_overlapping_a_shutdown_installs_no_worker(anyio_backend
     if b._restarts:  # the restart overlapped the shutdown: recover said why it stopped
         assert "shut down while its worker was restarted" in str(errors[0])
     _no_leak([pid])
+
+
+@pytest.mark.parametrize("value", ["5s", "-1", "nan"])
+def test_a_malformed_deadline_is_refused_when_the_backend_is_made(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """ACCELKIT_ISOLATE_DEADLINE_S='5s' became 300 s, '-1' killed the watchdog's thread (the
+    backend ran on with no hang detection), 'nan' turned hang detection off."""
+    monkeypatch.setenv("ACCELKIT_ISOLATE_DEADLINE_S", value)
+    with pytest.raises(ak.InvalidArgumentError, match="ACCELKIT_ISOLATE_DEADLINE_S"):
+        ak.create_backend("cpu", isolate=True)
+    monkeypatch.delenv("ACCELKIT_ISOLATE_DEADLINE_S")
+    with pytest.raises(ak.InvalidArgumentError, match="deadline"):
+        IsolatedBackend("cpu", deadline=-1.0)
+    assert IsolatedBackend("cpu", deadline=0.0).deadline == 0.0

@@ -211,6 +211,8 @@ async def _open_backend(
     )
     try:
         await backend.initialize(backend.selected_device)
+    except InvalidArgumentError:  # the caller's input or settings: no fault of the plugin's
+        raise
     except Exception as exc:
         reg.quarantine(backend.name, "initialize", exc)
         raise

@@ -11,7 +11,7 @@ import re
 
 from accelkit.errors import InvalidArgumentError
 
-__all__ = ["env_flag", "env_names", "env_str"]
+__all__ = ["env_flag", "env_names", "env_seconds", "env_str"]
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -38,6 +38,22 @@ def env_flag(name: str, default: bool = False) -> bool:
     raise InvalidArgumentError(
         f"{name}={value!r} is not a boolean; use 1/true/yes/on or 0/false/no/off"
     )
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A finite number of seconds >= 0, or ``default`` when unset or empty."""
+    value = env_str(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds < float("inf"):  # NaN too
+        raise InvalidArgumentError(
+            f"{name}={value!r} is not a number of seconds >= 0 (like 300 or 2.5)"
+        )
+    return seconds
 
 
 def env_names(name: str) -> frozenset[str] | None:

@@ -30,6 +30,7 @@ async def _calibrate(
 ) -> tuple[list[CalibrationEntry], list[dict[str, str]]]:
     from accelkit import calibration, registry
     from accelkit.dtype import DType
+    from accelkit.errors import InvalidArgumentError
 
     entries, failures = [], []
     for info in infos:
@@ -40,6 +41,8 @@ async def _calibrate(
             backend = registry.backend_class(info.backend)()
             try:
                 await backend.initialize(info.device)
+            except InvalidArgumentError:  # a malformed setting: every device's, exit 2
+                raise
             except Exception as exc:  # as open_backend does: doctor shows why
                 dist = registry.descriptor(info.backend).distribution
                 registry.quarantine(info.backend, "initialize", exc, distribution=dist)
@@ -56,6 +59,8 @@ async def _calibrate(
                 )
             finally:
                 await backend.shutdown()
+        except InvalidArgumentError:
+            raise
         except Exception as exc:
             failures.append(
                 {"backend": info.backend, "device": str(info.device), "error": str(exc)}

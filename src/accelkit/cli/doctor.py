@@ -71,6 +71,7 @@ def diagnose(
 
     findings: list[Finding] = []
     settings_ok = _check_plugin_settings(findings)
+    core_ok = _check_core_settings(findings)
     statuses = []
     reports: list[selftest.SelfTestReport] = []
     if settings_ok:
@@ -79,7 +80,7 @@ def diagnose(
         statuses = registry.statuses()
         _check_plugins(findings, statuses)
         _check_overrides(findings)
-        if selftests:
+        if selftests and core_ok:  # else every self-test fails on the setting, said above
             reports = _run_selftests(findings, statuses, selftest_timeout, on_event)
     _check_calibration(findings)
     _check_isolation(findings)
@@ -349,6 +350,38 @@ def _check_overrides(findings: list[Finding]) -> None:
                 fix=f"correct or unset {' and '.join(names)}",
             )
         )
+
+
+def _core_settings() -> list[tuple[str, Callable[[], object], str]]:
+    """The core's settings read when a backend opens: each with its strict parser and the
+    backends whose initialize fails on a malformed value ("every": all of them)."""
+    from accelkit._core import sched
+    from accelkit._core.isolation.backend import deadline_s
+
+    return [
+        ("ACCELKIT_LOOP_SLICE_US", sched.loop_slice_us, "every"),
+        ("ACCELKIT_SWITCH_INTERVAL_US", sched.switch_interval_us, "every"),
+        ("ACCELKIT_ISOLATE_DEADLINE_S", deadline_s, "every isolated"),
+    ]
+
+
+def _check_core_settings(findings: list[Finding]) -> bool:
+    """A malformed core setting makes every backend's initialize fail: said once, here, with
+    the variable to fix (not as every plugin being broken); False then."""
+    ok = True
+    for name, parse, which in _core_settings():
+        try:
+            parse()
+        except AccelError as exc:
+            ok = ok and which != "every"
+            findings.append(
+                Finding(
+                    "problem", "settings", name,
+                    f"{exc}; {which} backend's initialize will fail",
+                    fix=f"correct or unset {name}",
+                )
+            )  # fmt: skip
+    return ok
 
 
 def _check_calibration(findings: list[Finding]) -> None:

@@ -48,6 +48,7 @@ import numpy as np
 
 from accelkit._core.child import signal_name
 from accelkit._core.device_errors import DeviceErrors
+from accelkit._core.env import env_seconds
 from accelkit._core.isolation import faults
 from accelkit._core.isolation import worker as _worker
 from accelkit._core.isolation.proto import SHM_THRESHOLD, Segment, decode_error
@@ -90,11 +91,10 @@ _BATCH = 256
 _READY = LifecycleState.READY
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
+def deadline_s() -> float:
+    """The hang deadline ``ACCELKIT_ISOLATE_DEADLINE_S`` sets (seconds; 0: never), strictly
+    parsed ('5s' and 'five' became 300, -1 killed the watchdog thread, NaN turned it off)."""
+    return env_seconds("ACCELKIT_ISOLATE_DEADLINE_S", DEFAULT_DEADLINE)
 
 
 # -- the pipe to the worker ------------------------------------------------------------------------
@@ -1148,11 +1148,9 @@ class IsolatedBackend(StreamBackend[IsoStream]):
                 default_registry.descriptor(inner).device_kinds
             )
         super().__init__(pool_config)
-        self.deadline = (
-            deadline
-            if deadline is not None
-            else _env_float("ACCELKIT_ISOLATE_DEADLINE_S", DEFAULT_DEADLINE)
-        )
+        if deadline is not None and not 0.0 <= deadline < float("inf"):
+            raise InvalidArgumentError(f"deadline must be seconds >= 0 (0: never); got {deadline}")
+        self.deadline = deadline if deadline is not None else deadline_s()
         self.auto_recover = auto_recover
         self.max_restarts = max_restarts
         self.restart_window = restart_window
