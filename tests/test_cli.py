@@ -505,13 +505,32 @@ def test_doctor_reports_bad_settings(
 def test_doctor_notes_disabled_plugins(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ACCELKIT_PLUGINS", "cpu,nosuchplugin")
+    monkeypatch.setenv("ACCELKIT_PLUGINS", "cpu,example,nosuchplugin")
     monkeypatch.setenv("ACCELKIT_DISABLE_PLUGINS", "cpu")
     status, data = run_json(capsys, "doctor")
     assert status == 0  # disabling is a choice, not a problem
     notes = {(n["check"], n["subject"]): n["message"] for n in data["notes"]}
     assert notes[("plugin", "cpu")] == "disabled by ACCELKIT_DISABLE_PLUGINS"
     assert "'nosuchplugin', which is not installed" in notes[("settings", "ACCELKIT_PLUGINS")]
+
+
+@pytest.mark.parametrize(("allow", "deny"), [("cpuu", ""), (",", ""), ("cpu", "CPU")])
+def test_disabling_every_plugin_is_a_problem_said_as_such(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, allow: str, deny: str
+) -> None:
+    """A typo in the allow-list, a list naming nothing, or the deny-list (compared without
+    case) leaving no plugin: doctor said "healthy" and exited 0, select said "no plugin is
+    installed"."""
+    monkeypatch.setenv("ACCELKIT_PLUGINS", allow)
+    monkeypatch.setenv("ACCELKIT_DISABLE_PLUGINS", deny)
+    status, data = run_json(capsys, "doctor")
+    assert status == 1
+    problems = {(p["check"], p["subject"]): p["message"] for p in data["problems"]}
+    assert "no backend can be opened" in problems[("plugin", "every plugin")]
+    status, _out, err = run(capsys, "select")
+    assert status != 0
+    assert "installed plugins disabled by ACCELKIT_PLUGINS or ACCELKIT_DISABLE_PLUGINS" in err
+    assert "no plugin is installed" not in err
 
 
 def test_a_malformed_setting_is_the_user_s_error_not_the_plugin_s(

@@ -132,13 +132,36 @@ class Registry:
 
     @staticmethod
     def _allowed(name: str) -> tuple[bool, str]:
+        """Whether plugin ``name`` passes ACCELKIT_PLUGINS and ACCELKIT_DISABLE_PLUGINS (names
+        compared case-insensitively, as the lists are read: an entry point named 'WebGPU2' was
+        imported under ACCELKIT_DISABLE_PLUGINS=webgpu2)."""
         allow = env_names("ACCELKIT_PLUGINS")
         deny = env_names("ACCELKIT_DISABLE_PLUGINS") or frozenset()
-        if name in deny:
+        key = name.lower()
+        if key in deny:
             return False, "disabled by ACCELKIT_DISABLE_PLUGINS"
-        if allow is not None and name not in allow:
+        if allow is not None and key not in allow:
             return False, "not listed in ACCELKIT_PLUGINS"
         return True, ""
+
+    def why_none(self) -> str:
+        """Why no plugin can serve at all, in words: none installed, or every installed one
+        disabled or quarantined (said as "no plugin is installed" before, with twelve
+        installed)."""
+        names = self.names()
+        if not names:
+            return "no plugin is installed"
+        disabled = [n for n in names if not self._allowed(n)[0]]
+        quarantined = sorted({r.name for r in self.quarantined()} - set(disabled))
+        parts = []
+        if disabled:
+            parts.append(
+                f"{len(disabled)} of {len(names)} installed plugins disabled by"
+                " ACCELKIT_PLUGINS or ACCELKIT_DISABLE_PLUGINS"
+            )
+        if quarantined:
+            parts.append(f"quarantined: {', '.join(quarantined)} ('accelkit doctor' says why)")
+        return "; ".join(parts) or "no installed plugin can serve"
 
     def _load(self, name: str) -> PluginDescriptor | None:
         """The descriptor of entry point ``name`` (loading it once), or None if quarantined."""

@@ -269,7 +269,7 @@ def select(
             hint = f"; no installed plugin drives {want_kind}" + not_found_hint(want_kind, kinds)
         raise BackendNotFoundError(
             f"no backend can serve {what or 'this request'}"
-            + (f" ({reasons})" if reasons else " (no plugin is installed)")
+            + (f" ({reasons})" if reasons else f" ({reg.why_none()})")
             + hint
         )
     best = scored[0]

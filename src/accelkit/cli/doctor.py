@@ -79,6 +79,15 @@ def diagnose(
 
         statuses = registry.statuses()
         _check_plugins(findings, statuses)
+        if statuses and not any(st.status == "ok" for st in statuses):
+            findings.append(
+                Finding(
+                    "problem", "plugin", "every plugin",
+                    f"no backend can be opened: {registry.default_registry.why_none()}",
+                    fix="correct ACCELKIT_PLUGINS or ACCELKIT_DISABLE_PLUGINS, or fix the"
+                    " quarantined plugins",
+                )
+            )  # fmt: skip
         _check_overrides(findings)
         if selftests and core_ok:  # else every self-test fails on the setting, said above
             reports = _run_selftests(findings, statuses, selftest_timeout, on_event)
