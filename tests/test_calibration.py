@@ -65,6 +65,15 @@ def test_the_file_lives_in_accelkit_cache_dir_read_when_used(
     assert calibration.calibration_path() == cache / "calibration.json"
     monkeypatch.setenv("ACCELKIT_CACHE_DIR", str(tmp_path / "elsewhere"))
     assert calibration.cache_dir() == tmp_path / "elsewhere"
+    # '~' is the home folder and a relative path is made absolute (they named './~/...' and a
+    # different folder from every working directory).
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ACCELKIT_CACHE_DIR", "~/.cache/mine")
+    assert calibration.cache_dir() == tmp_path / "home" / ".cache" / "mine"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCELKIT_CACHE_DIR", "rel")
+    assert calibration.cache_dir() == tmp_path / "rel"
+    assert calibration.cache_dir().is_absolute()
 
 
 @pytest.mark.skipif(sys.platform in ("win32", "darwin"), reason="the XDG layout is for Linux")

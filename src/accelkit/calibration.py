@@ -81,7 +81,9 @@ def cache_dir() -> Path:
     ``~/Library/Caches/accelkit`` on macOS, ``%LOCALAPPDATA%\\accelkit\\Cache`` on Windows."""
     override = env_str("ACCELKIT_CACHE_DIR")
     if override:
-        return Path(override)
+        # '~' expanded, and a relative path made absolute once, here: it named a different
+        # folder from each working directory ('./~/.cache/...').
+        return Path(override).expanduser().absolute()
     if sys.platform == "win32":
         local = env_str("LOCALAPPDATA")
         return Path(local or Path.home() / "AppData" / "Local") / "accelkit" / "Cache"
