@@ -166,6 +166,11 @@ FOREIGN = [
     json.dumps({"format": "accelkit-calibration", "version": 1, "entries": {"x": {"a": 1}}}),
     json.dumps({"format": "accelkit-calibration", "version": 1, "entries": {}, "extra": 1}),
     "\xff\xfe not UTF-8",
+    # Figures no measurement gives (a 1e400 was accepted as inf, and select printed Infinity).
+    '{"format": "accelkit-calibration", "version": 1, "entries": {"cpu/cpu:0": {"backend":'
+    ' "cpu", "device": "cpu:0", "device_name": "x", "backend_version": "1", "gflops": {"f32":'
+    ' 1e400}, "bandwidth_gbs": 1.0, "launch_latency_us": 1.0, "measured_at":'
+    ' "2026-01-01T00:00:00Z"}}}',
 ]
 
 

@@ -138,6 +138,21 @@ def test_ties_go_to_the_priority_then_the_name(
 
 
 # -- requirements -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "hints",
+    [
+        {"peak_gflops": {DType.F32: float("nan")}},  # was ranked first, scored nan
+        {"peak_gflops": {DType.F32: -5.0}},
+        {"peak_gflops": {DType.F32: float("inf")}},
+        {"bandwidth_gbs": float("inf")},
+        {"power_watts": float("nan")},
+    ],
+)
+def test_performance_figures_are_finite_and_not_negative(hints: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="finite|greater than or equal to 0"):
+        PerformanceHints(**hints)  # type: ignore[arg-type]
+
+
 def test_requirements_no_backend_meets_list_every_rejection(reg: Registry) -> None:
     with pytest.raises(BackendNotFoundError) as info:
         accelkit.select(requires=Requirements(ops={"warp_drive"}), registry=reg)

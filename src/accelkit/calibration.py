@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from accelkit._core.env import env_str
+from accelkit.capabilities import Figure
 from accelkit.dtype import DType
 
 if TYPE_CHECKING:
@@ -61,9 +62,9 @@ class CalibrationEntry(BaseModel):
     device: str
     device_name: str = Field(description="the probe's device name: a swapped card invalidates it")
     backend_version: str
-    gflops: dict[DType, float] = Field(description="GEMM throughput per dtype")
-    bandwidth_gbs: float = Field(ge=0.0, description="host <-> device copy bandwidth")
-    launch_latency_us: float = Field(ge=0.0, description="submitting and completing a small op")
+    gflops: dict[DType, Figure] = Field(description="GEMM throughput per dtype")
+    bandwidth_gbs: Figure = Field(description="host <-> device copy bandwidth")
+    launch_latency_us: Figure = Field(description="submitting and completing a small op")
     measured_at: datetime
 
 

@@ -50,15 +50,20 @@ class Limits(BaseModel):
     max_work_group_size: int = Field(0, ge=0)
 
 
+#: A performance figure: finite and not negative (a NaN peak ranked first, above every real
+#: figure, and an infinite one made ``select --json`` print ``Infinity``).
+Figure = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
 class PerformanceHints(BaseModel):
     """Declared (or calibrated) performance figures the selector ranks by."""
 
     model_config = ConfigDict(frozen=True)
 
-    peak_gflops: dict[DType, float] = Field(default_factory=dict, description="per dtype")
-    bandwidth_gbs: float = Field(0.0, ge=0.0, description="device memory bandwidth, GB/s")
-    launch_latency_us: float = Field(0.0, ge=0.0, description="cost of submitting one op")
-    power_watts: float = Field(0.0, ge=0.0, description="typical board power (0: unknown)")
+    peak_gflops: dict[DType, Figure] = Field(default_factory=dict, description="per dtype")
+    bandwidth_gbs: Figure = Field(0.0, description="device memory bandwidth, GB/s")
+    launch_latency_us: Figure = Field(0.0, description="cost of submitting one op")
+    power_watts: Figure = Field(0.0, description="typical board power (0: unknown)")
     calibrated: bool = Field(False, description="figures measured by `accelkit calibrate`")
 
 
