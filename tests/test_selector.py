@@ -138,6 +138,11 @@ def test_ties_go_to_the_priority_then_the_name(
 
 
 # -- requirements -----------------------------------------------------------------------------------
+def test_a_backend_name_is_found_without_case(reg: Registry) -> None:
+    """As on the command line and in ACCELKIT_BACKEND ("CPU" was "not installed")."""
+    assert accelkit.select(backend="CPU", registry=reg).backend == "cpu"
+
+
 @pytest.mark.parametrize(
     "hints",
     [
@@ -149,7 +154,7 @@ def test_ties_go_to_the_priority_then_the_name(
     ],
 )
 def test_performance_figures_are_finite_and_not_negative(hints: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match="finite|greater than or equal to 0"):
+    with pytest.raises(ValueError, match=r"finite|greater than or equal to 0"):
         PerformanceHints(**hints)  # type: ignore[arg-type]
 
 

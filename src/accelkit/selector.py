@@ -177,6 +177,8 @@ def select(
     env_backend, env_device = env_str("ACCELKIT_BACKEND"), env_str("ACCELKIT_DEVICE")
     if env_backend:
         backend = env_backend.lower()
+    elif isinstance(backend, str) and backend not in (names := reg.names()):
+        backend = next((n for n in names if n.lower() == backend.lower()), backend)  # "CPU"
     if env_device:
         try:
             device = (
