@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from accelkit import ComputeBackend, DType
+from accelkit import ComputeBackend, DType, InvalidArgumentError
 
 from . import reference as ref
 from .checks import assert_close, f64, fetch, require_dtype
@@ -182,6 +182,34 @@ async def test_sharpen(backend: ComputeBackend, layout: str, dtype: DType, amoun
     img = _image(LAYOUTS[layout], dtype, seed=9)
     y = backend.tensor_ops.sharpen(backend.tensor_factory.from_host(img), amount)
     _check(await fetch(y, dtype), ref.sharpen(img, amount), dtype)
+
+
+@pytest.mark.parametrize("dtype", [DType.I32, DType.U32, DType.I64, DType.U64], ids=str)
+@pytest.mark.parametrize("layout", ["hwc", "nchw"])
+async def test_the_white_of_wide_integer_images_stays_white(
+    backend: ComputeBackend, dtype: DType, layout: str
+) -> None:
+    """Computed in F32, I32's white rounds up to 2**31, out of its range: clipped there, the
+    brightest pixels came back 0 (black) from brightness(x, 1.0), a saturating brightness and
+    a sharpen of a white image."""
+    require_dtype(backend, dtype)
+    white = int(np.iinfo(dtype.to_numpy()).max)
+    px = np.array([0, 100, white], dtype.to_numpy())
+    img = px.reshape(1, 1, 3) if layout == "hwc" else px.reshape(1, 1, 1, 3)
+    ops, x = backend.tensor_ops, backend.tensor_factory.from_host(img)
+    np.testing.assert_array_equal(await fetch(ops.brightness(x, 1.0), dtype), img)
+    saturated = img.copy()
+    saturated.reshape(-1)[1:] = [300, white]
+    np.testing.assert_array_equal(await fetch(ops.brightness(x, 3.0), dtype), saturated)
+    flat = np.full((1, 1, 3, 3), white, dtype.to_numpy())
+    got = await fetch(ops.sharpen(backend.tensor_factory.from_host(flat), 0.5), dtype)
+    np.testing.assert_array_equal(got, flat)
+
+
+async def test_threshold_refuses_a_bool_image(backend: ComputeBackend) -> None:
+    img = backend.tensor_factory.from_host(np.zeros((2, 2, 3), bool))
+    with pytest.raises(InvalidArgumentError, match="bool"):
+        backend.tensor_ops.threshold(img, 0.5)
 
 
 async def test_float_image_ops_that_brighten_clip_to_unit_range(backend: ComputeBackend) -> None:

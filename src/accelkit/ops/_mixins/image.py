@@ -59,15 +59,29 @@ class ImageOps(OpsBase[TensorKernels]):
 
     def _restore(self, y: Tensor, hwc: bool, dtype: DType, clip: bool) -> Tensor:
         ops = self
+        saturated = None
         if clip or not dtype.is_floating:
             hi = _max_value(dtype)
+            top = float(hi)
             if not dtype.is_floating:
                 y = ops.round(y)  # type: ignore[attr-defined]
-            y = ops.minimum(ops.maximum(y, 0.0), float(hi))  # type: ignore[attr-defined]
+                work = y.dtype.to_numpy()
+                if float(np.array(hi, work)) > hi:
+                    # The white of I32/U32/I64/U64 is no value of the float it is computed in
+                    # (I32's rounds up to 2**31, out of range: the cast made the brightest
+                    # pixels 0). Clip to the largest value below it; what reached it is white.
+                    saturated = ops.ge(y, top)  # type: ignore[attr-defined]
+                    top = float(np.nextafter(np.array(hi, work), work.type(0)))
+            y = ops.minimum(ops.maximum(y, 0.0), top)  # type: ignore[attr-defined]
         if hwc:
             _, c, h, w = y.shape
             y = ops.permute(ops.reshape(y, (c, h, w)), (1, 2, 0))  # type: ignore[attr-defined]
-        return y if y.dtype is dtype else ops.cast(y, dtype)  # type: ignore[attr-defined]
+            if saturated is not None:
+                saturated = ops.permute(ops.reshape(saturated, (c, h, w)), (1, 2, 0))  # type: ignore[attr-defined]
+        y = y if y.dtype is dtype else ops.cast(y, dtype)  # type: ignore[attr-defined]
+        if saturated is not None:
+            y = ops.where(saturated, _max_value(dtype), y)  # type: ignore[attr-defined]
+        return y
 
     def _const(self, array: np.ndarray[Any, Any], dtype: DType) -> Tensor:
         return self.backend.tensor_factory.from_host(array, dtype=dtype)
@@ -182,6 +196,10 @@ class ImageOps(OpsBase[TensorKernels]):
         """``max_value`` where ``img > thresh``, else 0 (``max_value`` defaults to the dtype's
         white: 255 for U8, 1.0 for floats)."""
         check_tensor(self.backend, img, "img")
+        if img.dtype is DType.BOOL:  # as the other image ops (NumPy's iinfo raised for it)
+            raise InvalidArgumentError(
+                "threshold: img is bool; cast it to u8 or a float dtype first"
+            )
         t = check_float_param(thresh, "thresh")
         hi = (
             float(_max_value(img.dtype))
