@@ -190,6 +190,12 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "gather_rank": (IAE, lambda o, f, t: o.gather(t.a23, 0, t.i64), ("(2,)", "(2, 3)")),
     "gather_too_wide": (IAE, lambda o, f, t: o.gather(t.a23, 0, t.i14), ("(1, 4)", "(2, 3)")),
     "scatter_src": (IAE, lambda o, f, t: o.scatter(t.a23, 0, t.i23, t.a13), ("(1, 3)", "(2, 3)")),
+    # Found by a review: OpenCL read an I32 src's bits as F32 (the CPU converted the values).
+    "scatter_src_dtype": (
+        IAE,
+        lambda o, f, t: o.scatter(t.a23, 0, t.i23, t.i23),
+        ("src is i32", "x is f32"),
+    ),
     "axis_range": (IAE, lambda o, f, t: o.sum(t.a23, axis=2), ("axis 2", "2-d")),
     "axis_repeat": (IAE, lambda o, f, t: o.sum(t.a23, axis=(0, 0)), ("(0, 0)",)),
     "argmax_axes": (IAE, lambda o, f, t: o.argmax(t.a23, axis=(0, 1)), ("argmax", "(0, 1)")),

@@ -250,6 +250,10 @@ class ShapeOps(OpsBase[TensorKernels]):
         self._check_index_shape("scatter", x, index, ax)
         if isinstance(src, Tensor):
             check_tensor(self.backend, src, "src")
+            if src._dtype is not x._dtype:  # as with reduce= (OpenCL read src's bits as x's)
+                raise InvalidArgumentError(
+                    f"scatter: src is {src._dtype.value}, x is {x._dtype.value}; cast one"
+                )
             if src.ndim != index.ndim or any(
                 s < i for s, i in zip(src._shape, index._shape, strict=True)
             ):
