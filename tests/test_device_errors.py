@@ -20,18 +20,24 @@ def _failing(error: BaseException) -> Callable[[], BaseException | None]:
     return lambda: error
 
 
-def test_each_error_is_raised_once_and_later_ones_stay() -> None:
+def test_an_await_raises_every_failure_it_covers_once_and_later_ones_stay() -> None:
+    """The first failure at or before the awaited position is raised, with the others it
+    covers as notes (the second was left for the next await, of later work that had not
+    failed); a failure after the position stays for the await that covers it."""
     s = Stream()
-    first, second = ValueError("first"), ValueError("second")
+    first, second, third = ValueError("first"), ValueError("second"), ValueError("third")
     s.add_check(2, _failing(first))
     s.add_check(3, lambda: None)  # work that found nothing
     s.add_check(5, _failing(second))
+    s.add_check(12, _failing(third))
     s.raise_errors(1)  # nothing at or before 1
-    with pytest.raises(ValueError, match="first"):
+    with pytest.raises(ValueError, match="first") as info:
         s.raise_errors(9)
-    with pytest.raises(ValueError, match="second"):
-        s.raise_errors(9)
+    assert info.value.__notes__ == ["also failed before this await: ValueError: second"]
     s.raise_errors(9)  # each raised once (the clean check went on the way)
+    assert [seq for seq, _ in s.checks] == [12]
+    with pytest.raises(ValueError, match="third"):
+        s.raise_errors(12)
     assert s.checks == []
 
 
@@ -68,11 +74,10 @@ def test_the_hook_drops_what_the_raised_error_covers_under_the_lock() -> None:
         s.failure_of[id(error)] = "block A"
         s.add_check(seq, _failing(error))
     s.add_check(3, _failing(other))
-    with pytest.raises(MemoryError, match="use 0"):
-        s.raise_errors(4)  # covers the uses at 1 and 2; the use at 6 and `other` stay
+    with pytest.raises(MemoryError, match="use 0") as info:
+        s.raise_errors(4)  # covers the uses at 1 and 2 and `other` (a note); the use at 6 stays
     assert s.held == [True]  # the hook ran in the hold of the lock the error was taken under
-    with pytest.raises(ValueError, match="other"):
-        s.raise_errors(4)
+    assert info.value.__notes__ == ["also failed before this await: ValueError: other"]
     s.raise_errors(4)  # nothing more at or before 4
     with pytest.raises(MemoryError, match="use 2"):
         s.raise_errors(6)  # after the awaited position: its own report

@@ -11,9 +11,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["DeviceErrors"]
+__all__ = ["DeviceErrors", "note_others"]
 
 Check = Callable[[], BaseException | None]
+
+
+def note_others(error: BaseException, others: list[BaseException]) -> None:
+    """Add to ``error``, the one an await raises, a note naming each other failure the same
+    await covers (two kernels of one composition that both met a bad index): each failure is
+    reported by the await that covers it, once (a second one was raised by the next await of
+    unrelated, valid work)."""
+    for other in others:
+        error.add_note(f"also failed before this await: {type(other).__name__}: {other}")
 
 
 class DeviceErrors:
@@ -31,8 +40,9 @@ class DeviceErrors:
             self.checks.append((seq, check))
 
     def raise_errors(self, seq: int) -> None:
-        """Raise the first error of a check at or before ``seq`` (its work has completed); each
-        error is raised once, and later ones stay for the next await."""
+        """Raise the first error of a check at or before ``seq`` (its work has completed), once;
+        the other failures this await covers go with it as notes (:func:`note_others`), not to
+        the next await of some later, unrelated work. Errors after ``seq`` stay."""
         # Taken in a frame of its own: the traceback holds this frame, and a check that returns
         # an error it keeps would make a cycle through the loop's locals here.
         error = self._take_error(seq)
@@ -47,15 +57,22 @@ class DeviceErrors:
             if not self.checks:
                 return None
             error: BaseException | None = None
-            keep = []
-            for entry in self.checks:
-                if error is None and entry[0] <= seq:
-                    error = entry[1]()
-                    continue
-                keep.append(entry)
-            if error is not None:
-                error = self.claim_error_locked(error)
-                keep = self.covered_checks_locked(error, seq, keep)
+            rest: list[tuple[int, Check]] = []
+            for i, entry in enumerate(self.checks):
+                if entry[0] <= seq and (found := entry[1]()) is not None:
+                    error = self.claim_error_locked(found)
+                    rest = self.checks[i + 1 :]
+                    break
+            if error is None:  # the clean checks at or before seq go
+                self.checks = [entry for entry in self.checks if entry[0] > seq]
+                return None
+            keep, others = [], []
+            for entry in self.covered_checks_locked(error, seq, rest):
+                if entry[0] > seq:
+                    keep.append(entry)
+                elif (found := entry[1]()) is not None:
+                    others.append(self.claim_error_locked(found))
+            note_others(error, [e for e in others if e is not error])
             self.checks = keep
         return error
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from accelkit._core.device_errors import note_others
 from accelkit._core.positions import PositionEvent, PositionStream, Waiters
 from accelkit.abc.stream import Event
 from accelkit.device import Device
@@ -164,22 +165,32 @@ class HostStream(PositionStream):
         self._errors.clear()
 
     def raise_errors(self, seq: int) -> None:
-        """Raise (once) the error of a failed operation at or before ``seq``."""
+        """Raise (once) the error of the first failed operation at or before ``seq``, with the
+        other failures at or before it as notes (``device_errors.note_others``: they were
+        raised by the next await of later, valid work)."""
         if not self._errors:
             return
-        for i, (err_seq, exc) in enumerate(self._errors):
-            if err_seq <= seq:
-                del self._errors[i]
-                try:
-                    if isinstance(exc, AccelError):
-                        raise exc
-                    raise DeviceError(
-                        f"an operation on {self.name} ({self._device}) failed: {exc!r}"
-                    ) from exc
-                finally:
-                    # Break the cycle exc -> traceback -> this frame -> exc, which would keep the
-                    # failed kernel's tensors (and their device memory) alive until a gc pass.
-                    del exc
+        with self._lock:  # the worker appends under it
+            covered = [exc for err_seq, exc in self._errors if err_seq <= seq]
+            if not covered:
+                return
+            self._errors[:] = [(s, e) for s, e in self._errors if s > seq]
+        error: BaseException | None = None
+        first: BaseException | None = covered[0]
+        try:
+            if isinstance(first, AccelError):
+                error = first
+            else:
+                error = DeviceError(
+                    f"an operation on {self.name} ({self._device}) failed: {first!r}"
+                )
+                error.__cause__ = first
+            note_others(error, covered[1:])
+            raise error
+        finally:
+            # Break the cycle error -> traceback -> this frame -> error, which would keep the
+            # failed kernel's tensors (and their device memory) alive until a gc pass.
+            del error, first, covered
 
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> HostEvent:

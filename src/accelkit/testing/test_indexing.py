@@ -158,6 +158,24 @@ async def test_nd_indices_out_of_range_are_reported(backend: ComputeBackend) -> 
         await ops.scatter(x, 0, f.from_host(np.array([[3, 0]])), 1.0, "add").to_host()
 
 
+async def test_every_failure_an_await_covers_is_its_own_not_the_next_await_s(
+    backend: ComputeBackend,
+) -> None:
+    """A scatter_nd with an index out of range fails in two kernels of its composition (the
+    index check and the scatter after it): its await raises, and the await of a later, valid
+    add returns the add's result (it raised the scatter's leftover error, with a message read
+    from uninitialized memory)."""
+    require_op(backend, "scatter_nd")
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.from_host(np.arange(6, dtype=np.float32).reshape(2, 3))
+    bad = ops.scatter_nd(x, f.from_host(np.array([[0, 7]])), f.from_host(np.array([9.0], "f4")))
+    with pytest.raises(InvalidArgumentError):
+        await bad.to_host()
+    good = ops.add(x, 1.0)
+    np.testing.assert_array_equal(await good.to_host(), np.arange(1.0, 7.0).reshape(2, 3))
+    await backend.synchronize()
+
+
 BAD_CALLS: list[tuple[str, Any, str]] = [
     ("scatter", lambda o, t: o.scatter(t["x"], 0, t["i"], t["x"], "mean"), "reduce must be"),
     ("scatter", lambda o, t: o.scatter(t["flags"], 0, t["i"], True, "add"), "bool"),
