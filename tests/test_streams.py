@@ -225,13 +225,19 @@ async def test_a_large_to_host_copies_off_the_event_loop(
     from accelkit._core import host_memory
 
     copies: list[tuple[int, int]] = []
-    real = host_memory._copy
+    real, real_into = host_memory._copy, host_memory._copyto
 
     def spy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         copies.append((array.nbytes, threading.get_native_id()))
         return real(array)
 
+    def spy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+        # The large copy: work queued on the tensor's stream (a free waits for it).
+        copies.append((src.nbytes, threading.get_native_id()))
+        real_into(dst, src)
+
     monkeypatch.setattr(host_memory, "_copy", spy)
+    monkeypatch.setattr(host_memory, "_copyto", spy_into)
     loop_thread = threading.get_native_id()
     f = backend.tensor_factory
     small = f.full((64,), 2.0)

@@ -134,6 +134,10 @@ def _copy(array: Array) -> Array:
     return np.array(array, copy=True)
 
 
+def _copyto(dst: Array, src: Array) -> None:
+    np.copyto(dst, src)
+
+
 async def copy_into(dst: Array, src: Array, stream: HostStream | None = None) -> None:
     """``dst[...] = src`` (same shape), on a worker thread when large, as :func:`copy_to_host`
     (on ``stream`` where given)."""
@@ -152,7 +156,7 @@ async def _queued_copy(stream: HostStream, dst: Array, src: Array) -> None:
 
     def run() -> None:
         try:
-            np.copyto(dst, src)
+            _copyto(dst, src)
         except BaseException as exc:  # MemoryError, a KeyboardInterrupt on the thread
             failed.append(exc)
 
