@@ -83,6 +83,13 @@ async def test_scans_of_empty_and_single_axes(backend: ComputeBackend) -> None:
     require_op(backend, "cumsum")
     f, ops = backend.tensor_factory, backend.tensor_ops
     assert (await fetch(ops.cumsum(f.zeros((0, 3)), 0))).shape == (0, 3)
+    # An empty scan has the dtype a non-empty one has (F16/BF16 came back F32 when composed).
+    for dtype in (DType.F16, DType.BF16, DType.F32, DType.I32):
+        if dtype in backend.capabilities.dtypes:
+            for shape, axis in (((2, 0), 1), ((0, 3), 0)):
+                empty, full = f.zeros(shape, dtype), f.zeros((2, 3), dtype)
+                for scan in (ops.cumsum, ops.cumprod):
+                    assert scan(empty, axis).dtype is scan(full, axis).dtype, (dtype, scan)
     one = await fetch(ops.cumsum(f.full((2, 1), 4.0), 1, exclusive=True))
     np.testing.assert_array_equal(one, [[0.0], [0.0]])
 

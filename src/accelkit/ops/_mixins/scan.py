@@ -82,8 +82,8 @@ class ScanOps(OpsBase[TensorKernels]):
         acc = DType.F32 if dt in (DType.F16, DType.BF16) else dt
         y = x if x._dtype is acc else ops.cast(x, acc)
         n = x._shape[ax]
-        if n == 0 or x._size == 0:
-            return y if y is not x else ops.where(self._all_true(), x, x)
+        if n == 0 or x._size == 0:  # nothing to compute: an empty result of the scan's dtype
+            return self._empty(x._shape, dt)  # (F16/BF16 came back as the F32 accumulator's)
         if reverse:
             y = ops.flip(y, ax)
         identity = 0 if op == "sum" else 1
