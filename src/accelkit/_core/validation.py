@@ -204,6 +204,16 @@ def check_axis(axis: object, ndim: int, name: str = "axis") -> int:
     return a % ndim if ndim else 0
 
 
+def check_dim(axis: object, ndim: int, op: str, name: str = "axis") -> int:
+    """:func:`check_axis` for an op that indexes the axis's length (concat, narrow, split,
+    gather, scatter, flip): a 0-d tensor has none (check_axis takes axis 0 or -1 of a 0-d
+    tensor, as PyTorch's reductions and softmax do, and these ops raised a bare IndexError)."""
+    if ndim == 0:
+        check_int(axis, name)
+        raise InvalidArgumentError(f"{op}: a 0-d tensor has no {name} {axis}; reshape it to [1]")
+    return check_axis(axis, ndim, name)
+
+
 def check_axes(axis: object, ndim: int, name: str = "axis") -> tuple[int, ...]:
     """None (all axes), an int, or a sequence of distinct ints -> sorted non-negative axes."""
     if axis is None:

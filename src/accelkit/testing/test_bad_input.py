@@ -67,6 +67,7 @@ def _tensors(backend: ComputeBackend) -> SimpleNamespace:
         s=f.ones(()),
         i23=f.zeros((2, 3), DType.I32),
         i64=f.zeros((2,), DType.I64),
+        i0=f.zeros((), DType.I64),
         u8=f.zeros((4,), DType.U8),
         b3=f.zeros((3,), DType.BOOL),
         f64_23=f.ones((2, 3), DType.F64),
@@ -190,6 +191,13 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "gather_rank": (IAE, lambda o, f, t: o.gather(t.a23, 0, t.i64), ("(2,)", "(2, 3)")),
     "gather_too_wide": (IAE, lambda o, f, t: o.gather(t.a23, 0, t.i14), ("(1, 4)", "(2, 3)")),
     "scatter_src": (IAE, lambda o, f, t: o.scatter(t.a23, 0, t.i23, t.a13), ("(1, 3)", "(2, 3)")),
+    # Found by a review: ops that index an axis's length raised a bare IndexError for a 0-d
+    # tensor (and the CPU's gather accepted it).
+    "concat_0d": (IAE, lambda o, f, t: o.concat([t.s, t.s], 0), ("concat", "0-d")),
+    "split_0d": (IAE, lambda o, f, t: o.split(t.s, 1, 0), ("split", "0-d")),
+    "narrow_0d": (IAE, lambda o, f, t: o.narrow(t.s, 0, 0, 1), ("narrow", "0-d")),
+    "flip_0d": (IAE, lambda o, f, t: o.flip(t.s, 0), ("flip", "0-d")),
+    "gather_0d": (IAE, lambda o, f, t: o.gather(t.s, 0, t.i0), ("gather", "0-d")),
     # Found by a review: OpenCL read an I32 src's bits as F32 (the CPU converted the values).
     "scatter_src_dtype": (
         IAE,

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.shapes import prod
-from accelkit._core.validation import check_axis, check_dtype, check_int, check_scalar, check_tensor
+from accelkit._core.validation import (
+    check_dim,
+    check_dtype,
+    check_int,
+    check_scalar,
+    check_tensor,
+)
 from accelkit.dtype import DType, scalar_result_type
 from accelkit.errors import InvalidArgumentError
 from accelkit.ops._mixins.base import OpsBase, check_result_fits
@@ -80,7 +86,7 @@ class ArrangeOps(OpsBase[TensorKernels]):
         if axis is None:
             axes = list(range(x.ndim))
         else:
-            axes = [check_axis(a, x.ndim) for a in _int_list(axis, "axis", "flip")]
+            axes = [check_dim(a, x.ndim, "flip") for a in _int_list(axis, "axis", "flip")]
             if len(set(axes)) != len(axes):
                 raise InvalidArgumentError(f"flip: axis {axis!r} repeats an axis")
         y = x

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from accelkit._core.shapes import prod
-from accelkit._core.validation import check_axis, check_index, check_scalar, check_tensor
+from accelkit._core.validation import check_dim, check_index, check_scalar, check_tensor
 from accelkit.dtype import DType, scalar_result_type
 from accelkit.errors import InvalidArgumentError
 from accelkit.ops._mixins.base import OpsBase
@@ -56,7 +56,7 @@ class IndexingOps(OpsBase[TensorKernels]):
             raise InvalidArgumentError(
                 f"scatter: reduce={reduce!r} takes no bool tensor; cast first"
             )
-        ax = check_axis(axis, x.ndim)
+        ax = check_dim(axis, x.ndim, "scatter")
         self._check_index_shape("scatter", x, index, ax)  # type: ignore[attr-defined]
         if isinstance(src, Tensor):
             check_tensor(b, src, "src")
@@ -149,7 +149,7 @@ class IndexingOps(OpsBase[TensorKernels]):
         check_tensor(b, index, "index")
         check_tensor(b, src, "src")
         check_index(index, "index_add", "index")
-        ax = check_axis(axis, x.ndim)
+        ax = check_dim(axis, x.ndim, "index_add")
         if index.ndim != 1:
             raise InvalidArgumentError(f"index_add: index must be 1-d; got {index._shape}")
         want = tuple(index._shape[0] if a == ax else d for a, d in enumerate(x._shape))

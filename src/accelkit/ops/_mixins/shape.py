@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from accelkit._core.shapes import prod
 from accelkit._core.validation import (
     check_axis,
+    check_dim,
     check_index,
     check_int,
     check_scalar,
@@ -113,7 +114,7 @@ class ShapeOps(OpsBase[TensorKernels]):
         """Join along an existing axis; all other dimensions and the dtype must match."""
         ts = check_tensors(self.backend, tensors, "tensors")
         first = ts[0]
-        ax = check_axis(axis, first.ndim)
+        ax = check_dim(axis, first.ndim, "concat")
         for i, t in enumerate(ts[1:], 1):
             if t._dtype is not first._dtype:
                 raise InvalidArgumentError(
@@ -152,7 +153,7 @@ class ShapeOps(OpsBase[TensorKernels]):
         ``start, start+step, ..., start+(length-1)*step``. A negative ``start`` counts from
         the end; a negative ``step`` walks backwards (``narrow(x, 0, -1, n, -1)`` reverses)."""
         check_tensor(self.backend, x)
-        ax = check_axis(axis, x.ndim)
+        ax = check_dim(axis, x.ndim, "narrow")
         start = check_int(start, "start")
         length = check_int(length, "length", minimum=0)
         step = check_int(step, "step")
@@ -183,7 +184,7 @@ class ShapeOps(OpsBase[TensorKernels]):
     def split(self, x: Tensor, sections: int | Sequence[int], axis: int = 0) -> list[Tensor]:
         """Split into ``sections`` equal parts, or into parts of the listed sizes."""
         check_tensor(self.backend, x)
-        ax = check_axis(axis, x.ndim)
+        ax = check_dim(axis, x.ndim, "split")
         dim = x._shape[ax]
         if isinstance(sections, int) and not isinstance(sections, bool):
             n = check_int(sections, "sections", minimum=1)
@@ -219,7 +220,7 @@ class ShapeOps(OpsBase[TensorKernels]):
         check_tensor(self.backend, x)
         check_tensor(self.backend, index, "index")
         check_index(index, "gather", "index")
-        ax = check_axis(axis, x.ndim)
+        ax = check_dim(axis, x.ndim, "gather")
         self._check_index_shape("gather", x, index, ax)
         out = self._empty(index._shape, x._dtype)
         self.kernels.gather(x, ax, index, out)
@@ -246,7 +247,7 @@ class ShapeOps(OpsBase[TensorKernels]):
         check_tensor(self.backend, x)
         check_tensor(self.backend, index, "index")
         check_index(index, "scatter", "index")
-        ax = check_axis(axis, x.ndim)
+        ax = check_dim(axis, x.ndim, "scatter")
         self._check_index_shape("scatter", x, index, ax)
         if isinstance(src, Tensor):
             check_tensor(self.backend, src, "src")
