@@ -191,6 +191,10 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
     "gather_rank": (IAE, lambda o, f, t: o.gather(t.a23, 0, t.i64), ("(2,)", "(2, 3)")),
     "gather_too_wide": (IAE, lambda o, f, t: o.gather(t.a23, 0, t.i14), ("(1, 4)", "(2, 3)")),
     "scatter_src": (IAE, lambda o, f, t: o.scatter(t.a23, 0, t.i23, t.a13), ("(1, 3)", "(2, 3)")),
+    # Found by a review: keepdims="yes" was True on OpenCL and WebGPU, a DeviceError at the
+    # await on the CPU (after allocating).
+    "keepdims_str": (IAE, lambda o, f, t: o.sum(t.a23, 0, keepdims="yes"), ("keepdims", "'yes'")),
+    "keepdims_none": (IAE, lambda o, f, t: o.max(t.a23, 1, keepdims=None), ("keepdims", "None")),
     # Found by a review: ops that index an axis's length raised a bare IndexError for a 0-d
     # tensor (and the CPU's gather accepted it).
     "concat_0d": (IAE, lambda o, f, t: o.concat([t.s, t.s], 0), ("concat", "0-d")),

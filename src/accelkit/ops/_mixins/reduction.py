@@ -55,6 +55,8 @@ class ReductionOps(OpsBase[TensorKernels]):
                 out = self._empty(shape, dt)
                 self.kernels.reduce(op, x, axes, keepdims, out)
                 return out
+        if type(keepdims) is not bool:  # "yes" was True on OpenCL, a DeviceError on the CPU
+            raise InvalidArgumentError(f"{op}: keepdims must be a bool; got {keepdims!r}")
         if op in ("argmax", "argmin"):
             if axis is not None and not isinstance(axis, int):
                 raise InvalidArgumentError(f"{op} takes one axis or None; got {axis!r}")
