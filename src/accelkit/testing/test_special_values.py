@@ -227,6 +227,19 @@ async def test_special_values_table(backend: ComputeBackend, case: str) -> None:
         np.testing.assert_array_equal(got, expected.astype(got.dtype), err_msg=case)
 
 
+async def test_tanh_reaches_one_and_gelu_tanh_zero_far_out(backend: ComputeBackend) -> None:
+    """tanh is exactly +-1 where F32 holds nothing closer (PoCL's stopped at 1 - 2**-24, at
+    the infinities too), so gelu_tanh of a large negative is 0 (it was -29.8 at -1e9), and
+    gelu_tanh(-inf) is NaN (-inf x 0), as silu(-inf)."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    big = np.array([-INF, -1e9, -100.0, -20.0, -10.0, 10.0, 20.0, 1e9, INF], np.float32)
+    np.testing.assert_array_equal(await fetch(ops.tanh(f.from_host(big))), np.sign(big))
+    far = np.array([-1e9, -1e6, -1e4, -100.0, -20.0], np.float32)
+    got = await fetch(ops.gelu(f.from_host(far), approximate="tanh"))
+    assert np.all(np.abs(got) < 1e-30), got
+    assert np.isnan(await fetch(ops.gelu(f.from_host(np.array([-INF], np.float32)), "tanh")))
+
+
 INT_CASES: dict[str, tuple[Any, Any]] = {
     # two's complement: add, mul, neg and abs wrap; sums of int64 wrap too
     "add wraps": (lambda o, t: o.add(t, t), lambda x: x + x),

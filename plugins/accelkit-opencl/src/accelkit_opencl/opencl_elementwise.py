@@ -32,7 +32,7 @@ UNARY: dict[str, dict[str, str]] = {
     "ceil": {"f": "ceil(a)", "iub": "a"},
     "round": {"f": "rint(a)", "iub": "a"},
     "sigmoid": {"f": "(1.0{f} / (1.0{f} + exp(-a)))"},
-    "tanh": {"f": "tanh(a)"},
+    "tanh": {"f": "ak_tanh(a)"},
     "exp": {"f": "exp(a)"},
     "log": {"f": "log(a)"},
     "sqrt": {"f": "sqrt(a)"},
@@ -43,7 +43,7 @@ UNARY: dict[str, dict[str, str]] = {
     "erf": {"f": "erf(a)"},
     "gelu": {"f": "(0.5{f} * a * (1.0{f} + erf(a * 0.7071067811865476{f})))"},
     "gelu_tanh": {
-        "f": "(0.5{f} * a * (1.0{f} + tanh(0.7978845608028654{f} * (a + 0.044715{f} * a * a * a))))"
+        "f": "(0.5{f} * a * (1.0{f} + ak_tanh(0.7978845608028654{f} * (a + 0.044715{f} * a * a * a))))"
     },
     "silu": {"f": "(a / (1.0{f} + exp(-a)))"},
     "bitwise_not": {"iu": "(T)(~a)", "b": "(!a)"},
@@ -81,6 +81,13 @@ BINARY: dict[str, dict[str, str]] = {
 
 # Helpers an expression may call (each defined for the compute type T of the kernel).
 _HELPERS = {
+    # tanh reaches +-1 where the float holds no value closer (|a| > 9.02 in float, 19.06 in
+    # double): PoCL's tanh stopped at 1 - 2**-24 even at +-inf, so gelu_tanh(-1e9) was -29.8.
+    "ak_tanh": """
+T ak_tanh(T a) {
+    return fabs(a) > (sizeof(T) == 8 ? (T)19.1 : (T)9.1) ? copysign((T)1, a) : tanh(a);
+}
+""",
     "ak_ipow": """
 T ak_ipow(T a, T b) {
     if (b < 0) return a == 1 ? (T)1 : (a == (T)-1 ? ((b & 1) ? (T)-1 : (T)1) : (T)0);
