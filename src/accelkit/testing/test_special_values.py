@@ -190,6 +190,10 @@ FLOAT_CASES: dict[str, tuple[Any, Any]] = {
     "abs": (lambda o, t: o.abs(t), np.abs),
     "round": (lambda o, t: o.round(t), np.round),
     "pow 0": (lambda o, t: o.pow(t, 0.0), lambda x: x**0.0),
+    # C99's pow: (-inf) ** 2.5 is +inf and (-inf) ** -0.5 is +0 (WebGPU gave NaN); a finite
+    # negative base with a non-integer exponent is NaN
+    "pow 2.5": (lambda o, t: o.pow(t, 2.5), lambda x: x**2.5),
+    "pow -0.5": (lambda o, t: o.pow(t, -0.5), lambda x: x**-0.5),
     "div by 0": (lambda o, t: o.div(t, 0.0), lambda x: x / 0.0),
     # norms: a NaN in a row makes the row NaN; an infinity too (layer_norm), or the infinite
     # entries (rms_norm: the finite ones scale by 1/inf to 0)

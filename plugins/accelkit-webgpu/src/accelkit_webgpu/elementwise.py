@@ -129,8 +129,9 @@ fn ak_powf(a: f32, b: f32) -> f32 {
         if ((m > 1.0) == (b > 0.0)) { return ak_inf(); }
         return 0.0;
     }
-    // (a negative base with a non-integer exponent is NaN, -inf included, as NumPy's power)
-    if (a < 0.0 && !ak_is_int(b)) { return ak_nan(); }
+    // A finite negative base with a non-integer exponent is NaN, as NumPy's power; -inf is
+    // not (C99: +inf for b > 0, +0 for b < 0; the sign below is kept for odd integers only).
+    if (a < 0.0 && !ak_isinf(m) && !ak_is_int(b)) { return ak_nan(); }
     var r: f32;
     if (ak_isinf(m)) {
         r = select(0.0, ak_inf(), b > 0.0);
