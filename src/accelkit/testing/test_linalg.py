@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from accelkit import ComputeBackend, DType
+from accelkit import ComputeBackend, DType, InvalidArgumentError
 
 from .checks import FLOATS, assert_close, f64, fetch, ids, require_dtype, sample
 
@@ -48,6 +48,26 @@ async def test_gemm_transposes(
     a64, b64 = f64(a_h), f64(b_h)
     expected = (a64.T if trans_a else a64) @ (b64.T if trans_b else b64)
     assert_close(await fetch(y, dtype), expected, dtype, scale=_scale(k))
+
+
+async def test_an_integer_gemm_computes_in_its_dtype(backend: ComputeBackend) -> None:
+    """alpha and beta of an integer GEMM are whole, and the result wraps as the products do,
+    on every backend (alpha=0.5 gave zeros on OpenCL and rounded halves on the CPU; the CPU
+    computed in float64: INT32_MAX * 2 became INT_MIN, and I64 lost its low bits past 2**53)."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    a = f.from_host(np.array([[1, 2], [3, -5]], np.int32))
+    eye = f.from_host(np.eye(2, dtype=np.int32))
+    for kwargs in ({"alpha": 0.5}, {"beta": 0.5, "c": a}, {"alpha": 2.0**40}):
+        with pytest.raises(InvalidArgumentError, match=r"alpha|beta"):
+            ops.gemm(a, eye, **kwargs)  # type: ignore[arg-type]
+    big = f.from_host(np.array([[2**31 - 1]], np.int32))
+    one = f.from_host(np.array([[1]], np.int32))
+    assert (await fetch(ops.gemm(big, one, alpha=2.0), DType.I32)).item() == -2
+    if DType.I64 in backend.capabilities.dtypes:
+        x = f.from_host(np.array([[2**53 + 1]], np.int64))
+        one64 = f.from_host(np.array([[1]], np.int64))
+        got = await fetch(ops.gemm(x, one64, one64, alpha=3.0, beta=-1.0), DType.I64)
+        assert got.item() == 3 * (2**53 + 1) - 1
 
 
 @pytest.mark.parametrize("dtype", NUMERIC, ids=ids(NUMERIC))

@@ -62,10 +62,18 @@ def gemm(
         res = out
     else:
         res = np.matmul(av, bv)
-    if alpha != 1.0:
-        res = res * alpha if res is not out or ct.kind != "f" else np.multiply(res, alpha, out=out)
-    if c is not None:
-        res = res + beta * up(c)
+    if ct.kind in "iu":
+        # Whole alpha and beta (checked by the core), in the integer type: it wraps, as the
+        # products do (in float64, I64 beyond 2**53 lost its low bits and overflow gave INT_MIN).
+        if alpha != 1.0:
+            res = np.multiply(res, ct.type(int(alpha)))
+        if c is not None:
+            res = res + up(c).astype(ct, copy=False) * ct.type(int(beta))
+    else:
+        if alpha != 1.0:
+            res = res * alpha if res is not out else np.multiply(res, alpha, out=out)
+        if c is not None:
+            res = res + beta * up(c)
     if res is not out:
         _store(out, res)
 

@@ -12,6 +12,7 @@ from accelkit._core.validation import (
 from accelkit.dtype import DType, result_type
 from accelkit.errors import InvalidArgumentError
 from accelkit.ops._mixins.base import OpsBase
+from accelkit.ops._mixins.elementwise import check_int_scalar
 from accelkit.sdk.kernels import TensorKernels
 from accelkit.tensor import Tensor
 
@@ -111,6 +112,17 @@ class LinalgOps(OpsBase[TensorKernels]):
                     f"{op}: c of shape {c._shape} does not broadcast to the product's {shape}"
                 )
             dt = result_type(dt, c._dtype)
+        if not dt.is_floating:
+            # An integer GEMM computes in its dtype (wrapping, as its products and sums do):
+            # alpha and beta are whole numbers that fit it (0.5 gave zeros on OpenCL and
+            # rounded halves on the CPU).
+            for name, v in (("alpha", alpha), ("beta", beta)):
+                if not v.is_integer():
+                    raise InvalidArgumentError(
+                        f"{op}: an integer ({dt.value}) gemm takes whole alpha and beta; got"
+                        f" {name}={v} (cast the operands to a float dtype)"
+                    )
+                check_int_scalar(op, name, int(v), dt)
         out = self._empty(shape, dt)
         self.kernels.gemm(a, b, c if beta != 0.0 else None, out, trans_a, trans_b, alpha, beta)
         return out
