@@ -376,6 +376,17 @@ def test_a_probe_returning_garbage_is_quarantined(reg: Registry) -> None:
     assert "ValidationError" in record.error
 
 
+def test_a_probe_reporting_another_backend_s_device_is_quarantined(reg: Registry) -> None:
+    """Its devices were listed (and selected) as the other backend's, even with that backend
+    disabled."""
+    other = DeviceInfo(backend="cpu", device="cpu:0", name="borrowed")
+    reg.register(_manual("borrower"), probe=lambda: [other])
+    assert reg.probe("borrower") == []
+    record = {r.name: r for r in reg.quarantined()}["borrower"]
+    assert record.stage == "probe"
+    assert "reported a device of backend 'cpu'" in record.error
+
+
 def test_a_backend_class_that_fails_to_import_is_quarantined_at_stage_import(
     reg: Registry,
 ) -> None:

@@ -155,7 +155,7 @@ def test_a_backend_name_is_found_without_case(reg: Registry) -> None:
 )
 def test_performance_figures_are_finite_and_not_negative(hints: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=r"finite|greater than or equal to 0"):
-        PerformanceHints(**hints)  # type: ignore[arg-type]
+        PerformanceHints(**hints)
 
 
 def test_requirements_no_backend_meets_list_every_rejection(reg: Registry) -> None:

@@ -333,6 +333,12 @@ class Registry:
                 infos = [
                     d if isinstance(d, DeviceInfo) else DeviceInfo.model_validate(d) for d in found
                 ]
+                for info in infos:  # listed as another backend's, they were selected as that
+                    if info.backend != name:
+                        raise PluginLoadError(
+                            f"the probe of plugin {name!r} reported a device of backend"
+                            f" {info.backend!r} ({info.device}); a probe reports its own"
+                        )
             except DeviceError as exc:  # the plugin's clean "no device here, because..."
                 self._unavailable[name] = str(exc)
                 self._probes[name] = []
