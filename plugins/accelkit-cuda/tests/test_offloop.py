@@ -308,13 +308,17 @@ def _reference(
 ) -> Any:
     """What CUDAFactoryKernels.random computes, in NumPy: the Philox kernel's port (or, with
     ``philox`` false, the stand-in's CuPy generator, NumPy's PCG64): U or Z in float32 (float64
-    for f64 or huge bounds), then a + (b - a) * U or a + b * Z in that dtype, cast once."""
+    for f64 or huge bounds), then a + scale * U (the scale that keeps every value below b in
+    the output's dtype: ``factory_kernels.uniform_scale``) or a + b * Z in that dtype, cast
+    once."""
+    from accelkit_cuda.factory_kernels import uniform_scale
+
     huge = max(abs(a), abs(b), abs(b - a)) > float(np.finfo(np.float32).max)
     wide = np.float64 if dt == np.float64 or huge else np.float32
-    scale = b - a if kind == "uniform" else b
+    acc = "f64" if wide is np.float64 else "f32"
+    scale = uniform_scale(a, b, acc, np.dtype(dt)) if kind == "uniform" else b
     if philox:
         n = int(np.prod(shape))
-        acc = "f64" if wide is np.float64 else "f32"
         key = (seed & 0xFFFFFFFF, seed >> 32)
         return philox_reference.draw(kind, n, key, acc, a, scale, dt).reshape(shape)
     rng = np.random.default_rng(seed)  # the stand-in's generator
@@ -411,7 +415,7 @@ async def test_random_numbers_are_drawn_on_the_device_in_stream_order(
     assert np.isfinite(got_wide).all()
     np.testing.assert_allclose(
         got_wide,
-        _reference("uniform", -3e38, 3e38, (64,), 2, np.float64, philox).astype(np.float32),
+        _reference("uniform", -3e38, 3e38, (64,), 2, np.float32, philox),
     )
 
 

@@ -130,6 +130,40 @@ def test_draws_are_scaled_in_the_accumulator_then_rounded_once(out: Any) -> None
     assert got.astype(np.float64).max() <= 5.0  # f16/bf16: rounding may reach b itself
 
 
+@pytest.mark.parametrize(
+    ("a", "b", "acc", "out"),
+    [
+        (0.0, 1.0, "f32", "bfloat16"),  # 2166 of 2**20 rounded up to 1.0 with scale b - a
+        (0.0, 1.0, "f32", np.float16),  # 281
+        (-3.0, 5.0, "f32", "bfloat16"),
+        (1e6, 1e6 + 1, "f32", np.float32),  # 33149: a spacing of 1/16 there
+        (1e6, 1e6 + 1, "f64", np.float32),  # through float32 from float64
+        (0.0, 1.0, "f32", np.float32),  # no value reaches b: the scale stays b - a
+        (0.0, 1.0, "f64", np.float64),
+    ],
+)
+def test_the_uniform_scale_keeps_every_rounded_value_below_b(
+    a: float, b: float, acc: str, out: Any
+) -> None:
+    """``factory_kernels.uniform_scale`` over the kernels' NumPy port: every value of a
+    million-sample draw lies in [a, b) in the output's dtype, and the scale is b - a wherever
+    that already holds."""
+    import ml_dtypes
+    from accelkit_cuda.factory_kernels import uniform_scale
+
+    dtype = np.dtype(ml_dtypes.bfloat16 if out == "bfloat16" else out)
+    key = philox.key_of(0)
+    scale = uniform_scale(a, b, acc, dtype)
+    x = ref.draw("uniform", 1 << 20, key, acc, a, scale, dtype).astype(np.float64)
+    assert x.min() >= a
+    assert x.max() < b
+    plain = ref.draw("uniform", 1 << 20, key, acc, a, b - a, dtype).astype(np.float64)
+    if plain.max() < b:
+        assert scale == b - a
+    else:  # shrunk by about a spacing of the dtype at b, no more
+        assert b - a - scale <= 2 * float(np.spacing(np.array(b, dtype)).astype(np.float64))
+
+
 def test_different_seeds_give_different_streams() -> None:
     a = ref.uniforms(1024, philox.key_of(1), "f32")
     b = ref.uniforms(1024, philox.key_of(2), "f32")

@@ -85,8 +85,10 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
         self._upload(out, make, "generate")
 
     def random(self, out: Tensor, draw: RandomDraw) -> None:
-        """Draw on the device (:func:`device_draw`): ``out`` gets ``a + (b - a) * U``
-        (uniform) or ``a + b * Z`` (normal), computed in float32 (float64 for f64 tensors, and
+        """Draw on the device (:func:`device_draw`): ``out`` gets ``a + scale * U`` (uniform;
+        ``scale`` is ``b - a``, or a little less where that rounded a value up to ``b`` in
+        ``out``'s dtype: :func:`uniform_scale`) or ``a + b * Z`` (normal), computed in float32
+        (float64 for f64 tensors, and
         where a bound or the scale exceeds float32's range: :func:`random_dtype`) and written
         in ``out``'s dtype by the one Philox launch. It runs on the submission thread, in
         stream order like every launch; nothing here touches CUDA on the caller's thread."""
@@ -126,7 +128,7 @@ def device_draw(draw: RandomDraw, dtype: Any, out: Any = None, program: Any = No
     if out is None:
         out = cupy.empty(draw.shape, dtype)
     a, b = draw.a, draw.b
-    scale = b - a if draw.kind == "uniform" else b
+    scale = uniform_scale(a, b, acc, out.dtype) if draw.kind == "uniform" else b
     fn = None
     if program is not None:
         fn = program.function(draw.kind, acc, OUTS.get(np.dtype(out.dtype).name, ""))
@@ -144,11 +146,49 @@ def device_draw(draw: RandomDraw, dtype: Any, out: Any = None, program: Any = No
     rng = cupy.random.default_rng(draw.seed)
     draw_fn = rng.random if draw.kind == "uniform" else rng.standard_normal
     x = draw_fn(draw.shape, dtype=dtype, out=out if direct else None)
-    x *= scale  # a + (b - a) * U, a + b * Z, in x's dtype (the scalars rounded to it)
+    x *= scale  # a + scale * U, a + b * Z, in x's dtype (the scalars rounded to it)
     x += a
     if not direct:
         cast_into(x, out)
     return out
+
+
+#: The largest uniform ``U`` of each accumulator: ``(2**24 - 1) * 2**-24`` from 24 bits in
+#: float32, ``(2**53 - 1) * 2**-53`` in float64 (:mod:`accelkit_cuda.philox`; CuPy's generator
+#: keeps to the same bounds).
+_U_MAX = {"f32": 1.0 - 2.0**-24, "f64": 1.0 - 2.0**-53}
+
+
+def uniform_scale(a: float, b: float, acc: str, out: Any) -> float:
+    """The ``scale`` of a uniform draw ``a + scale * U`` (each operation rounded in ``acc``,
+    then the result rounded to ``out``'s dtype, through float32 from float64) whose every value
+    lies in ``[a, b)`` once rounded: ``b - a``, unless its largest value rounds up to ``b``
+    (``a + (b - a) * (1 - 2**-24)`` is 1.0 in BF16 over [0, 1), and ``1e6 + 1`` in float32
+    over [1e6, 1e6 + 1)); then the largest scale whose largest value stays at or below the
+    dtype's largest value under ``b``. (Where no value of the dtype lies in ``[a, b)``, ``b -
+    a``.)"""
+    wide = np.float32 if acc == "f32" else np.float64
+    t = np.dtype(out)
+    u = wide(_U_MAX[acc])
+
+    def top_of(scale: Any) -> float:
+        v = wide(a) + wide(scale) * u  # NumPy's float32 arithmetic rounds as the kernel does
+        if t not in (np.dtype(np.float64), np.dtype(wide)):
+            v = np.float32(v)
+        return float(np.array(v).astype(t))
+
+    scale = wide(b - a)
+    if not a < b or top_of(scale) < b:
+        return float(scale)
+    below = np.array(b, t)
+    while float(below) >= b:  # the dtype's largest value below b
+        below = np.nextafter(below, np.array(-np.inf, t))
+    if float(below) < a:
+        return float(scale)
+    scale = wide(float(below) - a)
+    while scale > 0 and top_of(scale) >= b:
+        scale = np.nextafter(scale, wide(0))
+    return float(scale)
 
 
 #: The largest finite float32: bounds beyond it are computed in float64.
