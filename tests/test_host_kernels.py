@@ -230,3 +230,19 @@ async def test_a_backend_with_nothing_to_prepare_returns_none(anyio_backend: str
         assert lines == []
     finally:
         await example.shutdown()
+
+
+def test_the_numpy_norms_sum_squares_in_float64_as_the_jit_does() -> None:
+    """A finite F32 row of 1e20s: its sum of squares overflows float32. NumPy's bodies made
+    it 0 (NaN for layer_norm) and the JIT's (float64 sums) the right answer, so one call gave
+    two results on the CPU backend, before and after the JIT had compiled."""
+    x = np.array([[1e20, 1e20, -1e20, 1e20], [1.0, 2.0, 3.0, 4.0]], np.float32)
+    x64 = x.astype(np.float64)
+    rms = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6)
+    centred = x64 - x64.mean(-1, keepdims=True)
+    ln = centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5)
+    out = np.empty_like(x)
+    h.rms_norm(x, None, 1e-6, out, accel=h.NUMPY_ONLY)
+    np.testing.assert_allclose(out, rms, rtol=4 * np.finfo(np.float32).eps)
+    h.layer_norm(x, None, None, 1e-5, out, accel=h.NUMPY_ONLY)
+    np.testing.assert_allclose(out, ln, rtol=8 * np.finfo(np.float32).eps, atol=1e-6)

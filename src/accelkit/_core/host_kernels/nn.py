@@ -302,7 +302,9 @@ def _layer_norm_numpy(
     res = out if out.dtype == ct else np.empty(out.shape, ct)
     np.subtract(xf, np.mean(xf, axis=-1, keepdims=True), out=res)
     r2 = res.reshape(-1, d)
-    var = np.einsum("ij,ij->i", r2, r2) / d
+    # The sum of squares in float64, as the JIT kernels sum it (in float32 a finite row of
+    # 1e20s overflowed to inf and came out 0, until the JIT had compiled and made it right).
+    var = np.einsum("ij,ij->i", r2, r2, dtype=np.float64) / d
     rstd = (1.0 / np.sqrt(var + eps)).astype(ct).reshape(*x.shape[:-1], 1)
     res *= rstd
     if w is not None:
@@ -326,7 +328,7 @@ def _rms_norm_numpy(x: Array, w: Array | None, eps: float, out: Array) -> None:
     xf = x.astype(ct, copy=False)
     d = x.shape[-1]
     x2 = xf.reshape(-1, d)
-    ms = np.einsum("ij,ij->i", x2, x2) / d
+    ms = np.einsum("ij,ij->i", x2, x2, dtype=np.float64) / d  # float64, as the JIT (above)
     rstd = (1.0 / np.sqrt(ms + eps)).astype(ct).reshape(*x.shape[:-1], 1)
     res = out if out.dtype == ct else np.empty(out.shape, ct)
     np.multiply(xf, rstd, out=res)
