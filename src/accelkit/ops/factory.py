@@ -37,8 +37,9 @@ ShapeLike = int | tuple[int, ...] | list[int]
 #: The range of I64 (arange computes integer arguments in it).
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
-#: What from_host reads as Python numbers (the rest is typed data, whose dtype is kept).
-_PYTHON_DATA = frozenset({list, tuple, float, int, bool})
+#: The Python scalars from_host reads as Python numbers (exact types: NumPy's float64 scalar
+#: is a float too, and keeps its dtype), besides lists and tuples.
+_PYTHON_SCALARS = frozenset({float, int, bool})
 
 
 def _big_int(data: Any, arr: np.ndarray[Any, Any]) -> bool:
@@ -49,6 +50,8 @@ def _big_int(data: Any, arr: np.ndarray[Any, Any]) -> bool:
         not arr.size or not np.isfinite(arr).all() or np.abs(arr).max() < 2.0**63
     ):
         return False
+    if arr.dtype.kind == "u" and (not arr.size or int(arr.max()) <= _I64_MAX):
+        return False  # typed unsigned data (u8 image planes in a list): no Python int beyond
     stack, big = [data], False
     while stack:
         item = stack.pop()
@@ -56,7 +59,7 @@ def _big_int(data: Any, arr: np.ndarray[Any, Any]) -> bool:
             return False
         if type(item) is int and not _I64_MIN <= item <= _I64_MAX:
             big = True
-        elif type(item) in (list, tuple):
+        elif isinstance(item, list | tuple):
             stack.extend(item)
     return big
 
@@ -167,9 +170,10 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 f"from_host: cannot read {type(data).__name__}: {exc}"
             ) from None
         if dtype is None:
-            if type(data) in _PYTHON_DATA:  # Python numbers: floats give F32, ints I64
+            if type(data) in _PYTHON_SCALARS or isinstance(data, list | tuple):
+                # Python numbers (a list or tuple may hold typed ones): floats give F32
                 kind = arr.dtype.kind
-                if kind == "u" or (kind in "fO" and _big_int(data, arr)):
+                if kind in "ufO" and _big_int(data, arr):
                     raise InvalidArgumentError(
                         "from_host: Python ints beyond the range of I64 (-2**63 .. 2**63 - 1);"
                         " pass dtype= (for example 'u64') to convert them"

@@ -216,6 +216,15 @@ async def test_from_host_keeps_typed_data_s_dtype_and_reads_python_numbers(
             np.testing.assert_array_equal(await fetch(t, DType.F64), x64)
     assert f.from_host([0.5, 2]).dtype is DType.F32
     assert f.from_host([[1, 2], [3, 4]]).dtype is DType.I64
+    # A list of typed data keeps its dtype (u8 planes were refused as big Python ints), and a
+    # list subclass or a namedtuple of floats is Python floats (it became F64).
+    planes = [np.zeros((2, 2), np.uint8), np.ones((2, 2), np.uint8)]
+    assert f.from_host(planes).dtype is DType.U8
+
+    class Floats(list[float]):
+        pass
+
+    assert f.from_host(Floats([0.5, 1.5])).dtype is DType.F32
     for big in ([2**63, 1], [2**63], 2**63, [2**64]):
         with pytest.raises(accelkit.InvalidArgumentError, match="beyond"):
             f.from_host(big)

@@ -63,6 +63,17 @@ async def test_an_integer_gemm_computes_in_its_dtype(backend: ComputeBackend) ->
     big = f.from_host(np.array([[2**31 - 1]], np.int32))
     one = f.from_host(np.array([[1]], np.int32))
     assert (await fetch(ops.gemm(big, one, alpha=2.0), DType.I32)).item() == -2
+    # Integer a and b with a float c: a float result, fractional alpha and beta allowed; and
+    # narrow a and b with a wider c compute in the result's dtype (I8 products overflowed).
+    ones = f.from_host(np.ones((2, 2), np.int32))
+    quarter = f.from_host(np.full((2, 2), 0.25, np.float32))
+    got = await fetch(ops.gemm(ones, ones, quarter, alpha=0.5, beta=0.5))
+    np.testing.assert_array_equal(got, np.full((2, 2), 1.125, np.float32))
+    if DType.I8 in backend.capabilities.dtypes:
+        i8 = f.from_host(np.full((1, 2), 100, np.int8))
+        c32 = f.from_host(np.array([[100000]], np.int32))
+        wide = ops.gemm(i8, ops.permute(i8, (1, 0)), c32, beta=1.0)
+        assert (await fetch(wide, DType.I32)).item() == 120000
     if DType.I64 in backend.capabilities.dtypes:
         x = f.from_host(np.array([[2**53 + 1]], np.int64))
         one64 = f.from_host(np.array([[1]], np.int64))

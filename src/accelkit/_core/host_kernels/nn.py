@@ -51,7 +51,13 @@ def gemm(
     alpha: float,
     beta: float,
 ) -> None:
-    ct = _compute_dtype(a, b) if out.dtype not in _LOW else np.dtype(np.float32)
+    if out.dtype.kind in "iu":
+        # An integer result: computed in its dtype (products and sums wrap there), with whole
+        # alpha and beta (checked by the core). A narrower a and b are widened first (I8 x I8
+        # into I32 overflowed in I8).
+        ct = out.dtype
+    else:
+        ct = _compute_dtype(a, b) if out.dtype not in _LOW else np.dtype(np.float32)
     av, bv = a.astype(ct, copy=False), b.astype(ct, copy=False)
     if trans_a:
         av = np.swapaxes(av, -1, -2)
@@ -62,9 +68,10 @@ def gemm(
         res = out
     else:
         res = np.matmul(av, bv)
-    if ct.kind in "iu":
-        # Whole alpha and beta (checked by the core), in the integer type: it wraps, as the
-        # products do (in float64, I64 beyond 2**53 lost its low bits and overflow gave INT_MIN).
+    if out.dtype.kind in "iu":
+        # In the integer type: it wraps, as the products do (in float64, I64 beyond 2**53 lost
+        # its low bits and overflow gave INT_MIN). A float result (integer a and b with a float
+        # c) takes the float path below.
         if alpha != 1.0:
             res = np.multiply(res, ct.type(int(alpha)))
         if c is not None:
