@@ -315,6 +315,13 @@ async def test_alignment_is_what_the_backend_was_created_with() -> None:
             mm.configure_pool(MemoryPoolConfig(alignment=4096))
         with pytest.raises(accelkit.InvalidArgumentError, match="up to 64"):
             mm.allocate(100, alignment=4096)
+    small = CPUBackend(pool_config=MemoryPoolConfig(alignment=16))
+    await small.initialize()
+    try:  # a config that does not name the alignment keeps the pool's (it raised it to 64)
+        small.memory_manager.configure_pool(MemoryPoolConfig(limit_bytes=64 << 20))
+        assert small.memory_manager.pool.config.alignment == 16
+    finally:
+        await small.shutdown()
     b = CPUBackend(pool_config=MemoryPoolConfig(alignment=4096))
     await b.initialize()
     try:

@@ -106,7 +106,11 @@ class CachingPool:
     def configure(self, config: MemoryPoolConfig) -> None:
         if not isinstance(config, MemoryPoolConfig):
             raise InvalidArgumentError(f"expected a MemoryPoolConfig; got {type(config).__name__}")
-        if config.alignment > self.alignment:
+        if "alignment" not in config.model_fields_set:
+            # Not asked for (the field's default): the blocks keep theirs (a plain limit change
+            # was refused for raising a pool made with 16 to the default 64).
+            config = config.model_copy(update={"alignment": self.alignment})
+        elif config.alignment > self.alignment:
             raise InvalidArgumentError(
                 f"the blocks of {self.device} are aligned to {self.alignment} bytes, set when the"
                 f" backend was created; a config cannot raise it to {config.alignment} (pass that"
