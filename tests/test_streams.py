@@ -225,19 +225,13 @@ async def test_a_large_to_host_copies_off_the_event_loop(
     from accelkit._core import host_memory
 
     copies: list[tuple[int, int]] = []
-    real, real_into = host_memory._copy, host_memory._copyto
+    real = host_memory._copy
 
     def spy(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         copies.append((array.nbytes, threading.get_native_id()))
         return real(array)
 
-    def spy_into(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
-        # The large copy: work queued on the tensor's stream (a free waits for it).
-        copies.append((src.nbytes, threading.get_native_id()))
-        real_into(dst, src)
-
     monkeypatch.setattr(host_memory, "_copy", spy)
-    monkeypatch.setattr(host_memory, "_copyto", spy_into)
     loop_thread = threading.get_native_id()
     f = backend.tensor_factory
     small = f.full((64,), 2.0)
@@ -489,3 +483,19 @@ async def test_no_stream_is_created_while_shutdown_runs(anyio_backend: str) -> N
             refused.append(exc)
     assert "shutting down" in str(refused[0])
     assert b.status.state is accelkit.LifecycleState.SHUT_DOWN
+
+
+async def test_a_large_to_host_waits_for_its_writer_not_for_later_work(
+    backend: ComputeBackend,
+) -> None:
+    """A 4 MiB tensor already written, read while the stream runs a long chain queued after
+    it: the copy waits for its writer only (queued on the stream behind the chain, it took the
+    chain's second instead of milliseconds), and a free meanwhile still keeps its block."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.full((1 << 20,), 2.0)
+    await x.to_host()
+    y = _chain(ops, _idempotent(f), 12)  # queued after x: seconds of matmuls here
+    got = await x.to_host()
+    assert not backend.default_stream.query(), "to_host waited for the later chain"
+    np.testing.assert_array_equal(got, np.full(1 << 20, 2.0, np.float32))
+    np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))

@@ -64,11 +64,14 @@ def free_in_stream_order(
     busy = [(s, s.submitted) for s in others if s is not stream and not s.query()]
     if not busy:
         if stream.query():
-            pool.free(buffer)
+            if not _being_read(buffer):
+                pool.free(buffer)
+            else:  # a to_host copying it off the loop: the block returns when it is done
+                pool.free(buffer, lambda recycle: _after_reads(buffer, recycle))
             return
 
         def recycle_later(recycle: Callable[[], None]) -> None:
-            stream.submit(recycle, heavy=True)
+            stream.submit(lambda: _after_reads(buffer, recycle), heavy=True)
 
         pool.free(buffer, recycle_later)
         return
@@ -86,12 +89,52 @@ def free_in_stream_order(
                 left[0] -= 1
                 if left[0]:
                     return
-            recycle()
+            _after_reads(buffer, recycle)
 
         for s, seq in busy:
             s.add_waiter(seq, one)
 
     pool.free(buffer, after_all)
+
+
+# -- blocks read by host copies off the event loop --------------------------------------------------
+# A large to_host copies on a worker thread after its writers have completed, while other work
+# of the stream goes on (it waits for nothing else). A stream-ordered free meanwhile sees an
+# idle stream: the block must still wait for the copy (the next allocation wrote into it while
+# it was copied, and the copy returned the new tensor's data).
+_reads_lock = threading.Lock()
+#: id(buffer) -> [copies reading it, what runs once the last one is done]
+_reads: dict[int, list[Any]] = {}
+
+
+def _being_read(buffer: DeviceBuffer) -> bool:
+    return id(buffer) in _reads
+
+
+def _begin_read(buffer: DeviceBuffer) -> None:
+    with _reads_lock:
+        _reads.setdefault(id(buffer), [0, []])[0] += 1
+
+
+def _end_read(buffer: DeviceBuffer) -> None:
+    with _reads_lock:
+        entry = _reads[id(buffer)]
+        entry[0] -= 1
+        if entry[0]:
+            return
+        del _reads[id(buffer)]
+    for fn in entry[1]:
+        fn()
+
+
+def _after_reads(buffer: DeviceBuffer, fn: Callable[[], None]) -> None:
+    """Run ``fn`` once no host copy reads ``buffer`` (now, where none does)."""
+    with _reads_lock:
+        entry = _reads.get(id(buffer))
+        if entry is not None:
+            entry[1].append(fn)
+            return
+    fn()
 
 
 def export_dlpack(buffer: DeviceBuffer, array: Array, **kwargs: Any) -> Any:
@@ -109,58 +152,39 @@ class _Holder:
         self.__array_interface__ = data.__array_interface__
 
 
-async def copy_to_host(array: Array, stream: HostStream | None = None) -> Array:
+async def copy_to_host(array: Array, buffer: DeviceBuffer | None = None) -> Array:
     """A new host array equal to ``array``, copied on a worker thread when it is large (at least
     :data:`OFF_LOOP_COPY_BYTES`), so that a ``to_host`` never stalls the event loop. Cancelling
     the wait lets the copy finish (it is short) and raises; the source must stay alive, which
-    the caller's reference ensures.
-
-    ``stream``: a large copy of device memory is work queued on that stream (the tensor's
-    writer's: after what was submitted on it before), not on anyio's threads, so that a
-    stream-ordered free of the block meanwhile (:func:`free_in_stream_order`) keeps it out of
-    the pool until the copy has read it (the next allocation wrote into it while it was
-    copied)."""
+    the caller's reference ensures. ``buffer``: the pooled buffer ``array`` views, which a
+    stream-ordered free (:func:`free_in_stream_order`) keeps out of the pool until the copy is
+    done."""
     if array.nbytes < OFF_LOOP_COPY_BYTES:
         return _copy(array)
-    if stream is None:
+    if buffer is not None:
+        _begin_read(buffer)
+    try:
         copied: Array = await anyio.to_thread.run_sync(_copy, array)
-        return copied
-    out = np.empty_like(array)
-    await _queued_copy(stream, out, array)
-    return out
+    finally:
+        if buffer is not None:
+            _end_read(buffer)
+    return copied
 
 
 def _copy(array: Array) -> Array:
     return np.array(array, copy=True)
 
 
-def _copyto(dst: Array, src: Array) -> None:
-    np.copyto(dst, src)
-
-
-async def copy_into(dst: Array, src: Array, stream: HostStream | None = None) -> None:
+async def copy_into(dst: Array, src: Array, buffer: DeviceBuffer | None = None) -> None:
     """``dst[...] = src`` (same shape), on a worker thread when large, as :func:`copy_to_host`
-    (on ``stream`` where given)."""
+    (``buffer``: the pooled buffer ``src`` views)."""
     if src.nbytes < OFF_LOOP_COPY_BYTES:
         dst[...] = src
-    elif stream is None:
+        return
+    if buffer is not None:
+        _begin_read(buffer)
+    try:
         await anyio.to_thread.run_sync(np.copyto, dst, src)
-    else:
-        await _queued_copy(stream, dst, src)
-
-
-async def _queued_copy(stream: HostStream, dst: Array, src: Array) -> None:
-    """``np.copyto(dst, src)`` as the next position of ``stream`` (on its worker thread), and
-    its own error raised here (the errors of other work stay for the awaits of theirs)."""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            _copyto(dst, src)
-        except BaseException as exc:  # MemoryError, a KeyboardInterrupt on the thread
-            failed.append(exc)
-
-    seq = stream.submit(run, True, (), (dst, src))
-    await stream.wait_for_quietly(seq)
-    if failed:
-        raise failed[0]
+    finally:
+        if buffer is not None:
+            _end_read(buffer)

@@ -6,7 +6,7 @@ argument and waits for the writers of what it reads; this says how the memory is
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,7 +18,6 @@ from accelkit._core.host_memory import (
     free_in_stream_order,
     release_block,
 )
-from accelkit._core.host_stream import HostStream
 from accelkit._core.pool import CachingPool
 from accelkit.abc.memory import DeviceBuffer
 from accelkit.backends.cpu.probe import system_memory_bytes
@@ -64,10 +63,9 @@ class CPUMemoryKernels(MemoryKernels):
     async def read(
         self, out: np.ndarray[Any, Any], buffer: DeviceBuffer, src: Tensor | None
     ) -> None:
-        # The core waited for the writers and the current stream. A large copy is queued on a
-        # stream: a free meanwhile waits for it (copy_into).
-        stream = self.backend.current_stream if src is None else src._stream
-        await copy_into(out, buffer.handle[: out.nbytes], cast(HostStream, stream))
+        # The core waited for the writers and the current stream. A free meanwhile waits for
+        # the copy (copy_into's buffer).
+        await copy_into(out, buffer.handle[: out.nbytes], buffer)
 
     def copy(
         self,
@@ -88,7 +86,7 @@ class CPUMemoryKernels(MemoryKernels):
     def read_tensor(self, tensor: Tensor) -> Coroutine[Any, Any, np.ndarray[Any, Any]]:
         # The copy's coroutine itself, awaited by the core: no coroutine of its own around it
         # (reading a small tensor is common, and each layer costs).
-        return copy_to_host(tensor._data, cast(HostStream, tensor._stream))
+        return copy_to_host(tensor._data, tensor._buffer)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
         return np.array(tensor._data, copy=True)

@@ -8,21 +8,14 @@ reached: blocks are flat ``uint8`` arrays, and every copy is ordered with the st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from accelkit import Tensor
 from accelkit.device import Device
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import (
-    CachingPool,
-    DeviceBuffer,
-    HostStream,
-    MemoryKernels,
-    buffer_of,
-    last_writer,
-)
+from accelkit.sdk import CachingPool, DeviceBuffer, MemoryKernels, buffer_of
 from accelkit.sdk import host as h
 from accelkit_example.probe import MEMORY
 from accelkit_example.submit import Array, ExampleComponent, array
@@ -56,10 +49,9 @@ class ExampleMemoryKernels(MemoryKernels):
         await self.backend.current_stream.synchronize()
 
     async def read(self, out: Array, buffer: DeviceBuffer, src: Tensor | None) -> None:
-        # The core has waited for the writers and the current stream's work. A large copy is
-        # queued on a stream, so that a free meanwhile waits for it.
-        stream = self.backend.current_stream if src is None else last_writer(src)[0]
-        await h.copy_into(out, buffer.handle[: out.nbytes], cast(HostStream, stream))
+        # The core has waited for the writers and the current stream's work. A free meanwhile
+        # waits for the copy (it reads ``buffer``).
+        await h.copy_into(out, buffer.handle[: out.nbytes], buffer)
 
     def copy(
         self,
@@ -80,8 +72,8 @@ class ExampleMemoryKernels(MemoryKernels):
 
     # -- tensor transfers: the core has waited for the tensor's writers ---------------------------
     async def read_tensor(self, tensor: Tensor) -> Array:
-        # Large copies run off the event loop, on the writer's stream (a free waits for them).
-        return await h.copy_to_host(array(tensor), cast(HostStream, last_writer(tensor)[0]))
+        # Large copies run off the event loop; a free meanwhile waits for them.
+        return await h.copy_to_host(array(tensor), buffer_of(tensor))
 
     def read_tensor_blocking(self, tensor: Tensor) -> Array:
         return np.array(array(tensor), copy=True)
