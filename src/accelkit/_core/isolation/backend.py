@@ -361,9 +361,9 @@ class _Link:
         """Queue a call on ``stream``; returns its position there (written with the next
         batch, see :meth:`_queue_locked`, or at once when :data:`_BATCH` messages wait)."""
         with self.lock:
-            self._check_locked()
-            if stream.closed:
+            if stream.closed:  # first: a closed stream says so, whatever became of the link
                 raise _closed_error(stream)
+            self._check_locked()
             seq = stream.submitted + 1
             self._queue_locked((op, stream.sid, seq, *msg_tail))
             stream.submitted = seq
