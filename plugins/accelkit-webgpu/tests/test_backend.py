@@ -202,3 +202,22 @@ async def test_an_initialize_ending_in_its_variant_check_closes_the_device(
         while threads() - before:  # noqa: ASYNC110 - threads ending: no event to await
             await anyio.sleep(0.05)
     await backend.shutdown()
+
+
+async def test_a_copy_of_bytes_not_a_multiple_of_4_keeps_the_bytes_after_it(
+    backend: WebGPUBackend,
+) -> None:
+    """WebGPU copies whole 4-byte words: a write or a copy of 5 bytes into an 8-byte u8 tensor
+    zeroed (or overwrote with the source's) its last three bytes; the CPU keeps them, as the
+    contract says (the data goes into the start of the destination)."""
+    f, mm = backend.tensor_factory, backend.memory_manager
+    x = f.from_host(np.arange(1, 9, dtype=np.uint8))
+    await mm.copy_htod(x, np.full(5, 200, np.uint8))
+    np.testing.assert_array_equal(await x.to_host(), [200] * 5 + [6, 7, 8])
+    half = f.from_host(np.array([-7.0, -7.0, -7.0], np.float16))
+    y = f.from_host(np.array([1.0, 2.0, 3.0, 4.0], np.float16))
+    mm.copy_dtod(y, half)  # 6 bytes of 8
+    np.testing.assert_array_equal(await y.to_host(), np.array([-7, -7, -7, 4], np.float16))
+    flags = f.from_host(np.ones(6, bool))
+    await mm.copy_htod(flags, np.zeros(3, bool))
+    np.testing.assert_array_equal(await flags.to_host(), [False] * 3 + [True] * 3)

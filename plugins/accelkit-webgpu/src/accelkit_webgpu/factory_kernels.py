@@ -28,7 +28,7 @@ class WebGPUFactoryKernels(WebGPUComponent, FactoryKernels):
         typed = np.empty(out.shape, out.dtype.to_numpy())
         h.assign(typed, array)
         gpu, target = self.gpu, block(out)
-        self.launch(lambda: gpu.write(target, typed), (), (out,))
+        self.launch(lambda: gpu.write(target, typed, keep_tail=False), (), (out,))
 
     def generate(self, out: Tensor, make: Callable[[], np.ndarray[Any, Any]]) -> None:
         # Random tensors are generated on the host (in stream order), then written.
@@ -38,6 +38,6 @@ class WebGPUFactoryKernels(WebGPUComponent, FactoryKernels):
         def run() -> None:
             typed = np.empty(out.shape, dt)
             h.assign(typed, make())
-            gpu.write(target, typed)
+            gpu.write(target, typed, keep_tail=False)
 
         self.launch(run, (), (out,))

@@ -195,19 +195,40 @@ class GPU:
                 f"cannot create a {size}-byte buffer on {self.label}: {exc}"
             ) from None
 
-    def write(self, block: Block, data: np.ndarray[Any, Any], offset: int = 0) -> None:
-        """Copy ``data``'s bytes to ``block`` at ``offset`` (a multiple of 4)."""
+    def write(
+        self, block: Block, data: np.ndarray[Any, Any], offset: int = 0, keep_tail: bool = True
+    ) -> None:
+        """Copy ``data``'s bytes to ``block`` at ``offset`` (a multiple of 4). ``keep_tail``
+        false: the bytes after them up to the next multiple of 4 may be zeroed (a whole tensor's
+        write, after which nothing of the block is in use)."""
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if raw.size == 0:
             return
-        if raw.size % 4:
-            raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
+        # WebGPU writes whole 4-byte words: a size that is not a multiple of 4 ends in a word
+        # whose other bytes are the block's own, read back and kept (zero padding overwrote
+        # them: a 5-byte write into an 8-byte u8 tensor zeroed its last three bytes).
+        aligned = raw.size - raw.size % 4
         with self.lock:
             self.check()
             try:
-                self.queue.write_buffer(block.buffer(), offset, raw)
+                buffer = block.buffer()
+                if aligned:
+                    self.queue.write_buffer(buffer, offset, raw[:aligned])
+                if aligned < raw.size and keep_tail:
+                    self._write_tail(buffer, offset + aligned, raw[aligned:])
+                elif aligned < raw.size:
+                    word = np.zeros(4, np.uint8)
+                    word[: raw.size - aligned] = raw[aligned:]
+                    self.queue.write_buffer(buffer, offset + aligned, word)
             except Exception as exc:
                 raise self.failed("a write", exc) from None
+
+    def _write_tail(self, buffer: Any, at: int, tail: np.ndarray[Any, Any]) -> None:
+        """Write ``tail`` (1 to 3 bytes) at ``at`` (a multiple of 4), keeping the rest of that
+        word (a read waits for the work before it; the lock is held)."""
+        word = np.array(np.frombuffer(self.queue.read_buffer(buffer, at, 4), np.uint8))
+        word[: tail.size] = tail
+        self.queue.write_buffer(buffer, at, word)
 
     def read(self, block: Block, nbytes: int) -> np.ndarray[Any, Any]:
         """``nbytes`` of ``block`` as ``uint8`` (waits for the work submitted before)."""
@@ -223,15 +244,21 @@ class GPU:
         return np.frombuffer(data, np.uint8, count=nbytes)
 
     def copy(self, dst: Block, src: Block, nbytes: int) -> None:
-        size = -(-nbytes // 4) * 4
-        if size == 0:
+        """``nbytes`` from the start of ``src`` to the start of ``dst``; the bytes of ``dst``
+        after them are kept (a copy of whole words overwrote up to three with ``src``'s)."""
+        aligned = nbytes - nbytes % 4
+        if nbytes == 0:
             return
         with self.lock:
             self.check()
             try:
-                enc = self.device.create_command_encoder()
-                enc.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, size)
-                self.queue.submit([enc.finish()])
+                if aligned:
+                    enc = self.device.create_command_encoder()
+                    enc.copy_buffer_to_buffer(src.buffer(), 0, dst.buffer(), 0, aligned)
+                    self.queue.submit([enc.finish()])
+                if aligned < nbytes:
+                    tail = np.frombuffer(self.queue.read_buffer(src.buffer(), aligned, 4), np.uint8)
+                    self._write_tail(dst.buffer(), aligned, tail[: nbytes - aligned])
             except Exception as exc:
                 raise self.failed("a copy", exc) from None
 
