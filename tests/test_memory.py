@@ -571,3 +571,31 @@ async def test_after_shutdown_a_dying_tensor_takes_its_block_with_it() -> None:
     del weight
     gc.collect()
     assert len(pool._released) == 0
+
+
+async def test_a_free_while_to_host_waits_for_the_writer_makes_it_stale(
+    backend: ComputeBackend,
+) -> None:
+    """to_host waits for a slow writer; the tensor is freed meanwhile and a new tensor takes
+    its block: the read raises StaleHandleError (it returned the new tensor's data)."""
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    j = f.full((512, 512), 1.0 / 512)
+    x = j
+    for _ in range(8):
+        x = ops.matmul(x, j)
+    outcome: list[BaseException | None] = []
+
+    async def read() -> None:
+        try:
+            await x.to_host()
+            outcome.append(None)
+        except StaleHandleError as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await anyio.sleep(0.005)
+        mm.free(x)
+        await backend.synchronize()
+        _other = f.full((512, 512), 7.0)
+    assert isinstance(outcome[0], StaleHandleError), outcome

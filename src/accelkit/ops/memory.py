@@ -157,6 +157,8 @@ class MemoryManager(DeviceMemoryManager):
             shared = tensor._buffer.last_write
             if shared is not None and (shared[0] is not stream or shared[1] != seq):
                 await shared[0].wait_for(shared[1])
+            if not tensor._buffer.is_alive:  # freed meanwhile: its block may be another's now
+                check_tensor(self.backend, tensor, "tensor")
         return await self._read_tensor(tensor)
 
     def read_tensor_blocking(self, tensor: Tensor) -> np.ndarray[Any, Any]:
