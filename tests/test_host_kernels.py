@@ -243,6 +243,6 @@ def test_the_numpy_norms_sum_squares_in_float64_as_the_jit_does() -> None:
     ln = centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + 1e-5)
     out = np.empty_like(x)
     h.rms_norm(x, None, 1e-6, out, accel=h.NUMPY_ONLY)
-    np.testing.assert_allclose(out, rms, rtol=4 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(out, rms, rtol=4 * float(np.finfo(np.float32).eps))
     h.layer_norm(x, None, None, 1e-5, out, accel=h.NUMPY_ONLY)
-    np.testing.assert_allclose(out, ln, rtol=8 * np.finfo(np.float32).eps, atol=1e-6)
+    np.testing.assert_allclose(out, ln, rtol=8 * float(np.finfo(np.float32).eps), atol=1e-6)
