@@ -187,6 +187,31 @@ async def test_a_free_while_to_host_copies_keeps_the_block_until_the_copy_is_don
     np.testing.assert_array_equal((await y.to_host())[:: 1 << 16], 7.0)
 
 
+async def test_a_partial_copy_writes_the_start_and_keeps_the_rest(backend: ComputeBackend) -> None:
+    """copy_htod and copy_dtod of fewer bytes than the destination: the data goes into its
+    start and the bytes after it are kept (Dask replaced the whole block, dropping them; WebGPU
+    overwrote up to three bytes past a size that is not a multiple of 4)."""
+    f, mm = backend.tensor_factory, backend.memory_manager
+    ten = np.arange(10, dtype=np.float32)
+    want = np.concatenate([np.full(4, -1.0, np.float32), ten[4:]])
+    buf = mm.allocate(40)
+    await mm.copy_htod(buf, ten)
+    await mm.copy_htod(buf, np.full(4, -1.0, np.float32))
+    out = np.zeros(10, np.float32)
+    await mm.copy_dtoh(out, buf)
+    np.testing.assert_array_equal(out, want, err_msg="buffer, copy_htod")
+    t = f.from_host(ten)
+    await mm.copy_htod(t, np.full(4, -1.0, np.float32))
+    np.testing.assert_array_equal(await t.to_host(), want, err_msg="tensor, copy_htod")
+    big = f.from_host(ten)
+    mm.copy_dtod(big, f.full((4,), -1.0))
+    np.testing.assert_array_equal(await big.to_host(), want, err_msg="tensor, copy_dtod")
+    if DType.U8 in backend.capabilities.dtypes:
+        u8 = f.from_host(np.arange(1, 9, dtype=np.uint8))
+        await mm.copy_htod(u8, np.full(5, 200, np.uint8))
+        np.testing.assert_array_equal(await u8.to_host(), [200] * 5 + [6, 7, 8])
+
+
 async def test_work_submitted_while_shutdown_drains_still_reports_its_error(
     backend: ComputeBackend,
 ) -> None:

@@ -59,6 +59,15 @@ class DaskMemoryKernels(MemoryKernels):
     async def write(self, buffer: DeviceBuffer, data: Array, dst: Tensor | None) -> None:
         # ``data`` is the core's snapshot of the caller's bytes (MemoryKernels.stage).
         factory = self.kernels
+        whole = dst.nbytes if dst is not None else buffer.nbytes
+        if data.nbytes < whole:
+            # Into the start of the block, the rest kept: a dask array is replaced whole, so the
+            # block's bytes are read and spliced here (a partial write dropped the tail, and
+            # one into a tensor raised NumPy's reshape error).
+            current = await (
+                self.read_tensor(dst) if dst is not None else self._read_slot(buffer.handle)
+            )
+            data = _spliced(data, current, whole)
         if dst is not None:
             typed = data[: dst.nbytes].view(dst.dtype.to_numpy()).reshape(dst.shape)
             factory.put(dst, typed)
@@ -78,6 +87,7 @@ class DaskMemoryKernels(MemoryKernels):
             data = await self._read_slot(buffer.handle)
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)[: out.nbytes]
         out[: raw.size] = raw
+        out[raw.size :] = 0  # never written: zeros, as a typed read gives (not the caller's bytes)
 
     def copy(
         self,
@@ -88,6 +98,13 @@ class DaskMemoryKernels(MemoryKernels):
         src_tensor: Tensor | None,
     ) -> None:
         kernels = self.kernels
+        if nbytes < dst.nbytes or (
+            dst_tensor is not None
+            and src_tensor is not None
+            and dst_tensor.shape != src_tensor.shape
+        ):
+            self._copy_spliced(dst, src, nbytes, dst_tensor, src_tensor)
+            return
         if (
             dst_tensor is not None
             and src_tensor is not None
@@ -106,6 +123,33 @@ class DaskMemoryKernels(MemoryKernels):
             slot: Slot = src.handle
             if slot.array is not None:
                 graphs.store(dst, slot.array) if not slot.lazy else graphs.write(dst, slot.array)
+
+        kernels.run_heavy(run, [dst_tensor] if dst_tensor is not None else [])
+
+    def _copy_spliced(
+        self,
+        dst: DeviceBuffer,
+        src: DeviceBuffer,
+        nbytes: int,
+        dst_tensor: Tensor | None,
+        src_tensor: Tensor | None,
+    ) -> None:
+        """``nbytes`` of ``src`` into the start of ``dst``, the rest of ``dst`` kept: both read
+        on the stream's worker (in stream order), spliced, and uploaded (the destination took
+        the source's whole array: its tail was lost, or zeros in a typed read)."""
+        graphs, kernels = self.backend.graphs, self.kernels
+
+        def host_bytes(tensor: Tensor | None, buffer: DeviceBuffer) -> Array:
+            array = kernels.arr(tensor) if tensor is not None else buffer.handle.array
+            if array is None:
+                return np.zeros(0, np.uint8)
+            graphs.flush(array)
+            return np.ascontiguousarray(fetch(graphs, graphs.extra)).reshape(-1).view(np.uint8)
+
+        def run() -> None:
+            head = host_bytes(src_tensor, src)[:nbytes]
+            merged = _spliced(head, host_bytes(dst_tensor, dst), dst.nbytes)
+            graphs.upload(dst, merged, ((merged.size,),))
 
         kernels.run_heavy(run, [dst_tensor] if dst_tensor is not None else [])
 
@@ -186,6 +230,16 @@ class DaskMemoryKernels(MemoryKernels):
     def export_dlpack(self, tensor: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
         # The tensor lives on the cluster: DLPack gets a host copy of it.
         return self.read_tensor_blocking(tensor).__dlpack__(**kwargs)
+
+
+def _spliced(head: Array, current: Array, nbytes: int) -> Array:
+    """``nbytes`` bytes: ``head``'s, then ``current``'s after them (zeros past its end)."""
+    out = np.zeros(nbytes, np.uint8)
+    cur = np.ascontiguousarray(current).reshape(-1).view(np.uint8)[:nbytes]
+    out[: cur.size] = cur
+    raw = np.ascontiguousarray(head).reshape(-1).view(np.uint8)
+    out[: raw.size] = raw
+    return out
 
 
 def fetch(graphs: Graphs, array: Any) -> Array:
