@@ -153,8 +153,14 @@ def paged_attention(
     num_blocks, block_size, hk, _ = k_cache.shape
     max_blocks = block_table.shape[1]
     max_len = max_blocks * block_size
-    if max_len == 0:  # no sequence has a token: every output is zeros (the contract's)
-        return f.zeros(q.shape, q.dtype)
+    # Lengths out of 0..max_len are reported when the result is awaited, as the fused kernels
+    # report them (a length past the table was cut to it, a negative one gave zeros):
+    # ``embedding`` of the numbers 0..max_len passes the lengths through and checks them.
+    lengths = ops.reshape(context_lens, (b,))
+    span = ops.reshape(f.arange(max_len + 1, dtype=lengths.dtype), (max_len + 1, 1))
+    context_lens = ops.reshape(ops.embedding(lengths, span), (b,))
+    if max_len == 0:  # no sequence has a token: every output is zeros (the contract's; queued
+        return f.zeros(q.shape, q.dtype)  # after the check, whose error its await raises)
     # Entries past a sequence's length may hold anything (padding, -1): read block 0 there, and
     # mask those positions out below.
     used = ops.lt(ops.mul(f.arange(max_blocks), block_size), ops.reshape(context_lens, (b, 1)))

@@ -389,6 +389,22 @@ async def test_paged_attention_context_too_long_is_reported_when_awaited(env: En
         await out.to_host()
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("route", ["fused", "composed"])
+@pytest.mark.parametrize("length", [13, -1])
+async def test_paged_attention_lengths_out_of_range_are_reported_on_both_routes(
+    env: Env, route: str, length: int
+) -> None:
+    """With a block table of valid ids only (no padding for the gather to trip on), the
+    composition cut a length past the table to it and gave zeros for a negative one."""
+    a, _ = paged_case(env, DType.F32)
+    a["block_table"] = np.maximum(a["block_table"], 0)
+    a["context_lens"][0] = length  # 3 blocks of 4 hold 12
+    out = getattr(env, route).paged_attention(*(env.t(v) for v in a.values()))
+    with pytest.raises(InvalidArgumentError):
+        await out.to_host()
+
+
 # -- activations ----------------------------------------------------------------------------------
 @pytest.mark.anyio
 @pytest.mark.parametrize("dtype", FLOATS)
