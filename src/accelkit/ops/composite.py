@@ -284,8 +284,15 @@ def _repetition_penalty(
     """CTRL's penalty on ``z`` [B, V] for the ids in ``previous`` [B, n] (negative: padding)."""
     ops, f = backend.tensor_ops, backend.tensor_factory
     rows, vocab = z.shape
-    # Padding ids are sent to a spare column past the vocabulary, which is then dropped.
-    ids = ops.where(ops.lt(previous, 0), vocab, previous)
+    # Padding ids are sent to a spare column past the vocabulary, which is then dropped. The
+    # real ids pass through ``embedding`` of the numbers 0..vocab-1 first, which reports one
+    # out of range when the result is awaited (an id equal to vocab landed in the spare column
+    # and was skipped; the fused kernels refuse it).
+    padding = ops.lt(previous, 0)
+    real = ops.where(padding, 0, previous)
+    span = ops.reshape(f.arange(vocab, dtype=previous.dtype), (vocab, 1))
+    checked = ops.reshape(ops.embedding(ops.reshape(real, (real.size,)), span), previous.shape)
+    ids = ops.where(padding, vocab, checked)
     seen = ops.scatter(f.zeros((rows, vocab + 1), DType.BOOL), 1, ids, True)
     seen = ops.narrow(seen, 1, 0, vocab)
     penalized = ops.where(ops.gt(z, 0.0), ops.div(z, penalty), ops.mul(z, penalty))

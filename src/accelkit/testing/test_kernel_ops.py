@@ -609,11 +609,14 @@ async def test_repetition_penalty(env: Env) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("route", ["fused", "composed"])
-async def test_previous_token_out_of_vocab_is_reported_when_awaited(env: Env, route: str) -> None:
+@pytest.mark.parametrize("token", [9, 4])  # 4: the vocabulary's size (composed: skipped)
+async def test_previous_token_out_of_vocab_is_reported_when_awaited(
+    env: Env, route: str, token: int
+) -> None:
     out = getattr(env, route).sample_token(
         env.t(np.zeros((1, 4), np.float32)),
         repetition_penalty=2.0,
-        previous_tokens=env.t(np.array([[9]])),
+        previous_tokens=env.t(np.array([[token]])),
         seed=0,
     )
     with pytest.raises(InvalidArgumentError):
