@@ -196,10 +196,14 @@ def check_seed(seed: object, op: str) -> int | None:
 
 
 def check_axis(axis: object, ndim: int, name: str = "axis") -> int:
+    """``axis`` of a ``ndim``-d tensor as a non-negative int. A 0-d tensor takes axis 0 or -1
+    (PyTorch's wrapped scalar: a reduction or a softmax over it), returned as 0: the caller
+    treats it as the tensor's only element (see :func:`check_dim` for ops that cannot)."""
     a = check_int(axis, name)
-    if not -ndim <= a < max(ndim, 1):
+    span = max(ndim, 1)
+    if not -span <= a < span:
         raise InvalidArgumentError(
-            f"{name} {a} is out of range for a {ndim}-d tensor (expected {-ndim}..{ndim - 1})"
+            f"{name} {a} is out of range for a {ndim}-d tensor (expected {-span}..{span - 1})"
         )
     return a % ndim if ndim else 0
 

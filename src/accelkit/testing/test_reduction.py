@@ -171,3 +171,26 @@ async def test_extremes_of_an_empty_axis_are_refused_everywhere(backend: Compute
         ops.argmax(x, 0, last=True)
     assert backend.memory_manager.memory_info().used == used
     assert np.isnan(await fetch(ops.mean(x, axis=0))).all()
+
+
+async def test_a_0d_tensor_reduces_and_softmaxes_over_its_one_element(
+    backend: ComputeBackend,
+) -> None:
+    """axis 0 or -1 of a 0-d tensor, as PyTorch takes them (axis 0 passed the checks and then
+    failed in the kernels, -1 was refused): the element, softmax 1, log_softmax 0; axis 1 is
+    out of range."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    s = f.from_host(np.float32(2.0))
+    for axis in (0, -1):
+        for op in ("sum", "max", "mean", "prod"):
+            got = ops.reduce(op, s, axis=axis)
+            assert got.shape == ()
+            assert (await fetch(got)).item() == 2.0, (op, axis)
+        assert ops.sum(s, axis, keepdims=True).shape == ()
+        assert (await fetch(ops.argmax(s, axis))).item() == 0
+        assert (await fetch(ops.softmax(s, axis))).item() == 1.0
+        assert (await fetch(ops.log_softmax(s, axis))).item() == 0.0
+    with pytest.raises(InvalidArgumentError):
+        ops.sum(s, 1)
+    with pytest.raises(InvalidArgumentError):
+        ops.softmax(s, 1)

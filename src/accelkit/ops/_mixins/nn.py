@@ -271,6 +271,9 @@ class NNOps(OpsBase[TensorKernels]):
     def _softmax(self, x: Tensor, axis: int, *, log: bool) -> Tensor:
         check_tensor(self.backend, x)
         ax = check_axis(axis, x.ndim)
+        if x.ndim == 0:  # over the one element of a 0-d tensor (kernels take an axis)
+            ops = self.backend.tensor_ops
+            return ops.reshape(self._softmax(ops.reshape(x, (1,)), 0, log=log), ())
         dt = x._dtype if x._dtype.is_floating else DType.F32
         out = self._empty(x._shape, dt)
         self.kernels.softmax(x, ax, out, log)
