@@ -309,14 +309,17 @@ def _reference(
     """What CUDAFactoryKernels.random computes, in NumPy: the Philox kernel's port (or, with
     ``philox`` false, the stand-in's CuPy generator, NumPy's PCG64): U or Z in float32 (float64
     for f64 or huge bounds), then a + scale * U (the scale that keeps every value below b in
-    the output's dtype: ``factory_kernels.uniform_scale``) or a + b * Z in that dtype, cast
+    the output's dtype: ``factory_kernels.uniform_bounds``) or a + b * Z in that dtype, cast
     once."""
-    from accelkit_cuda.factory_kernels import uniform_scale
+    from accelkit_cuda.factory_kernels import uniform_bounds
 
     huge = max(abs(a), abs(b), abs(b - a)) > float(np.finfo(np.float32).max)
     wide = np.float64 if dt == np.float64 or huge else np.float32
     acc = "f64" if wide is np.float64 else "f32"
-    scale = uniform_scale(a, b, acc, np.dtype(dt)) if kind == "uniform" else b
+    if kind == "uniform":
+        a, scale = uniform_bounds(a, b, acc, np.dtype(dt))
+    else:
+        scale = b
     if philox:
         n = int(np.prod(shape))
         key = (seed & 0xFFFFFFFF, seed >> 32)

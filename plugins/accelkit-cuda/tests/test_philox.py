@@ -140,28 +140,33 @@ def test_draws_are_scaled_in_the_accumulator_then_rounded_once(out: Any) -> None
         (1e6, 1e6 + 1, "f64", np.float32),  # through float32 from float64
         (0.0, 1.0, "f32", np.float32),  # no value reaches b: the scale stays b - a
         (0.0, 1.0, "f64", np.float64),
+        (1.0001, 1.5, "f32", "bfloat16"),  # a low BF16 does not hold: 1.0 was drawn
+        (0.1, 0.2, "f32", np.float16),
+        (1e6 + 0.01, 1e6 + 1, "f32", np.float32),
     ],
 )
-def test_the_uniform_scale_keeps_every_rounded_value_below_b(
+def test_the_uniform_bounds_keep_every_rounded_value_in_a_b(
     a: float, b: float, acc: str, out: Any
 ) -> None:
-    """``factory_kernels.uniform_scale`` over the kernels' NumPy port: every value of a
-    million-sample draw lies in [a, b) in the output's dtype, and the scale is b - a wherever
-    that already holds."""
+    """``factory_kernels.uniform_bounds`` over the kernels' NumPy port: every value of a
+    million-sample draw lies in [a, b) in the output's dtype, the bounds are (a, b - a)
+    wherever that already holds, and they move by about a spacing of the dtype otherwise."""
     import ml_dtypes
-    from accelkit_cuda.factory_kernels import uniform_scale
+    from accelkit_cuda.factory_kernels import uniform_bounds
 
     dtype = np.dtype(ml_dtypes.bfloat16 if out == "bfloat16" else out)
     key = philox.key_of(0)
-    scale = uniform_scale(a, b, acc, dtype)
-    x = ref.draw("uniform", 1 << 20, key, acc, a, scale, dtype).astype(np.float64)
+    offset, scale = uniform_bounds(a, b, acc, dtype)
+    x = ref.draw("uniform", 1 << 20, key, acc, offset, scale, dtype).astype(np.float64)
     assert x.min() >= a
     assert x.max() < b
     plain = ref.draw("uniform", 1 << 20, key, acc, a, b - a, dtype).astype(np.float64)
-    if plain.max() < b:
-        assert scale == b - a
-    else:  # shrunk by about a spacing of the dtype at b, no more
-        assert b - a - scale <= 2 * float(np.spacing(np.array(b, dtype)).astype(np.float64))
+    spacing = 2 * max(float(np.spacing(np.array(v, dtype)).astype(np.float64)) for v in (a, b))
+    if plain.min() >= a and plain.max() < b:
+        assert (offset, scale) == (a, float(np.float32(b - a)) if acc == "f32" else b - a)
+    else:
+        assert 0 <= offset - a <= spacing
+        assert abs((b - a) - scale) <= 2 * spacing
 
 
 def test_different_seeds_give_different_streams() -> None:

@@ -332,8 +332,9 @@ class RandomDraw:
 
     def host(self) -> np.ndarray[Any, Any]:
         """The draw on the host, from NumPy's PCG64 (float64). A uniform draw for a ``dtype``
-        stays below ``b`` once rounded to it: a sample that rounds up to ``b`` (1968 in a
-        million in BF16 over [0, 1)) becomes the largest value of the dtype below ``b``."""
+        stays in ``[a, b)`` once rounded to it: a sample that rounds up to ``b`` (1968 in a
+        million in BF16 over [0, 1)) becomes the largest value of the dtype below ``b``, one
+        that rounds below ``a`` the smallest from ``a`` on."""
         rng = np.random.default_rng(self.seed)
         if self.kind == "normal":
             return rng.normal(self.a, self.b, size=self.shape)
@@ -341,12 +342,18 @@ class RandomDraw:
         if self.dtype is None or self.dtype is DType.F64 or not self.a < self.b:
             return x
         t = self.dtype.to_numpy()
-        top = np.array(self.b, t)
+        top, bottom = np.array(self.b, t), np.array(self.a, t)
         while top.astype(np.float64) >= self.b:  # the dtype's largest value below b
             top = np.nextafter(top, np.array(-np.inf, t))
-        if top.astype(np.float64) >= self.a:  # else no value of the dtype lies in [a, b)
-            # Still float64 (what generate takes from every backend), exact in the dtype.
-            np.copyto(x, top.astype(np.float64), where=x.astype(t).astype(np.float64) >= self.b)
+        while bottom.astype(np.float64) < self.a:  # and its smallest from a on
+            bottom = np.nextafter(bottom, np.array(np.inf, t))
+        if bottom.astype(np.float64) <= top.astype(np.float64):  # a value lies in [a, b)
+            # Still float64 (what generate takes from every backend), exact in the dtype. A
+            # low the dtype does not hold rounded samples below it (BF16 [1.0001, 1.5): 7959
+            # in a million at 1.0).
+            rounded = x.astype(t).astype(np.float64)
+            np.copyto(x, top.astype(np.float64), where=rounded >= self.b)
+            np.copyto(x, bottom.astype(np.float64), where=rounded < self.a)
         return x
 
 

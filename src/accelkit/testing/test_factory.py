@@ -256,14 +256,21 @@ async def test_uniform_stays_below_high_in_the_output_dtype(
 ) -> None:
     """``[low, high)`` holds once the samples are rounded to the output's dtype: of 2**20
     samples over [0, 1), BF16 rounded about 2,000 up to 1.0 and F16 about 270; over
-    [1e6, 1e6 + 1) F32 (a spacing of 1/16 there) about 31,000 up to 1e6 + 1."""
+    [1e6, 1e6 + 1) F32 (a spacing of 1/16 there) about 31,000 up to 1e6 + 1; and a low the
+    dtype does not hold drew samples below it."""
     require_dtype(backend, dtype)
     f = backend.tensor_factory
-    for low in (0.0, 1e6) if dtype in (DType.F32, DType.F64) else (0.0,):
-        x = await fetch(f.uniform((1 << 20,), low, low + 1.0, seed=0, dtype=dtype), dtype)
+    wide = dtype in (DType.F32, DType.F64)
+    # A low the dtype does not hold: samples rounded below it (BF16 [1.0001, 1.5): 7959 of
+    # 2**20 at 1.0; F16 [0.1, 0.2): 73; F32 [1e6 + 0.01, 1e6 + 1): 22497 at 1e6).
+    bounds = [(0.0, 1.0), (1.0001, 1.5)] + ([(1e6, 1e6 + 1), (1e6 + 0.01, 1e6 + 1)] if wide else [])
+    if dtype is DType.F16:
+        bounds.append((0.1, 0.2))
+    for low, high in bounds:
+        x = await fetch(f.uniform((1 << 20,), low, high, seed=0, dtype=dtype), dtype)
         x = x.astype(np.float64)
-        assert x.min() >= low
-        assert x.max() < low + 1.0, f"{int(np.sum(x >= low + 1.0))} samples equal high"
+        assert x.min() >= low, f"{int(np.sum(x < low))} samples below low {low}"
+        assert x.max() < high, f"{int(np.sum(x >= high))} samples equal high {high}"
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))

@@ -85,9 +85,10 @@ class CUDAFactoryKernels(CUDAComponent, FactoryKernels):
         self._upload(out, make, "generate")
 
     def random(self, out: Tensor, draw: RandomDraw) -> None:
-        """Draw on the device (:func:`device_draw`): ``out`` gets ``a + scale * U`` (uniform;
-        ``scale`` is ``b - a``, or a little less where that rounded a value up to ``b`` in
-        ``out``'s dtype: :func:`uniform_scale`) or ``a + b * Z`` (normal), computed in float32
+        """Draw on the device (:func:`device_draw`): ``out`` gets ``offset + scale * U``
+        (uniform; ``a`` and ``b - a``, or nudged by a spacing where that rounded a value out of
+        ``[a, b)`` in ``out``'s dtype: :func:`uniform_bounds`) or ``a + b * Z`` (normal),
+        computed in float32
         (float64 for f64 tensors, and
         where a bound or the scale exceeds float32's range: :func:`random_dtype`) and written
         in ``out``'s dtype by the one Philox launch. It runs on the submission thread, in
@@ -128,7 +129,10 @@ def device_draw(draw: RandomDraw, dtype: Any, out: Any = None, program: Any = No
     if out is None:
         out = cupy.empty(draw.shape, dtype)
     a, b = draw.a, draw.b
-    scale = uniform_scale(a, b, acc, out.dtype) if draw.kind == "uniform" else b
+    if draw.kind == "uniform":
+        a, scale = uniform_bounds(a, b, acc, out.dtype)
+    else:
+        scale = b
     fn = None
     if program is not None:
         fn = program.function(draw.kind, acc, OUTS.get(np.dtype(out.dtype).name, ""))
@@ -146,7 +150,7 @@ def device_draw(draw: RandomDraw, dtype: Any, out: Any = None, program: Any = No
     rng = cupy.random.default_rng(draw.seed)
     draw_fn = rng.random if draw.kind == "uniform" else rng.standard_normal
     x = draw_fn(draw.shape, dtype=dtype, out=out if direct else None)
-    x *= scale  # a + scale * U, a + b * Z, in x's dtype (the scalars rounded to it)
+    x *= scale  # offset + scale * U, a + b * Z, in x's dtype (the scalars rounded to it)
     x += a
     if not direct:
         cast_into(x, out)
@@ -159,36 +163,44 @@ def device_draw(draw: RandomDraw, dtype: Any, out: Any = None, program: Any = No
 _U_MAX = {"f32": 1.0 - 2.0**-24, "f64": 1.0 - 2.0**-53}
 
 
-def uniform_scale(a: float, b: float, acc: str, out: Any) -> float:
-    """The ``scale`` of a uniform draw ``a + scale * U`` (each operation rounded in ``acc``,
-    then the result rounded to ``out``'s dtype, through float32 from float64) whose every value
-    lies in ``[a, b)`` once rounded: ``b - a``, unless its largest value rounds up to ``b``
+def uniform_bounds(a: float, b: float, acc: str, out: Any) -> tuple[float, float]:
+    """The ``(offset, scale)`` of a uniform draw ``offset + scale * U`` (each operation rounded
+    in ``acc``, then the result rounded to ``out``'s dtype, through float32 from float64) whose
+    every value lies in ``[a, b)`` once rounded: ``(a, b - a)`` unless a value would round out
+    of it. Then the offset is the dtype's smallest value from ``a`` on (a low the dtype does
+    not hold rounded samples below it: BF16 over [1.0001, 1.5) drew 1.0), and the scale the
+    largest whose largest value stays at or below the dtype's largest value under ``b``
     (``a + (b - a) * (1 - 2**-24)`` is 1.0 in BF16 over [0, 1), and ``1e6 + 1`` in float32
-    over [1e6, 1e6 + 1)); then the largest scale whose largest value stays at or below the
-    dtype's largest value under ``b``. (Where no value of the dtype lies in ``[a, b)``, ``b -
-    a``.)"""
+    over [1e6, 1e6 + 1)). Where no value of the dtype lies in ``[a, b)``: ``(a, b - a)``."""
     wide = np.float32 if acc == "f32" else np.float64
     t = np.dtype(out)
     u = wide(_U_MAX[acc])
 
-    def top_of(scale: Any) -> float:
-        v = wide(a) + wide(scale) * u  # NumPy's float32 arithmetic rounds as the kernel does
+    def rounded(v: Any) -> float:
         if t not in (np.dtype(np.float64), np.dtype(wide)):
             v = np.float32(v)
         return float(np.array(v).astype(t))
 
-    scale = wide(b - a)
-    if not a < b or top_of(scale) < b:
-        return float(scale)
-    below = np.array(b, t)
+    def top_of(offset: Any, scale: Any) -> float:
+        return rounded(wide(offset) + wide(scale) * u)  # NumPy's rounding is the kernel's
+
+    plain = (a, float(wide(b - a)))
+    if not a < b:
+        return plain
+    below, bottom = np.array(b, t), np.array(a, t)
     while float(below) >= b:  # the dtype's largest value below b
         below = np.nextafter(below, np.array(-np.inf, t))
-    if float(below) < a:
-        return float(scale)
-    scale = wide(float(below) - a)
-    while scale > 0 and top_of(scale) >= b:
+    while float(bottom) < a:  # and its smallest from a on
+        bottom = np.nextafter(bottom, np.array(np.inf, t))
+    if float(bottom) > float(below):
+        return plain
+    if rounded(wide(a)) >= a and top_of(a, plain[1]) < b:
+        return plain
+    offset = float(bottom)  # exact in acc: the dtype's values are acc's
+    scale = wide(float(below) - offset)
+    while scale > 0 and top_of(offset, scale) >= b:
         scale = np.nextafter(scale, wide(0))
-    return float(scale)
+    return offset, float(scale)
 
 
 #: The largest finite float32: bounds beyond it are computed in float64.

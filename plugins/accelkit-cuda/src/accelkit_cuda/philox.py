@@ -23,8 +23,8 @@ What a counter makes (``acc`` is the dtype the draw is computed in, :func:`rando
   uniforms). ``|Z|`` is at most ``sqrt(2 ln 2**24)``, about 5.77, in f32 (``sqrt(2 ln 2**53)``,
   about 8.57, in f64): tails beyond are not drawn (5.77 sigma: probability about 8e-9).
 
-The output is ``a + s * U`` (uniform; ``s`` is ``b - a``, or a little less where that rounded a
-value up to ``b`` in the output's dtype: ``factory_kernels.uniform_scale``) or ``a + b * Z``
+The output is ``o + s * U`` (uniform; ``a`` and ``b - a``, or nudged by a spacing where that
+rounded a value out of ``[a, b)`` in the output's dtype: ``factory_kernels.uniform_bounds``) or ``a + b * Z``
 (normal), each operation rounded once in ``acc`` (no contraction into an FMA, so NumPy
 computes the same uniform bits), and
 written straight in the output's dtype (f16, bf16, f32 or f64: rounded to nearest even), so a
