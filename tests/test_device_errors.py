@@ -122,3 +122,30 @@ def test_the_default_claim_is_the_error_itself() -> None:
     s = Stream()
     error = ValueError("mine")
     assert s.claim_error_locked(error) is error
+
+
+def test_a_failure_named_in_a_note_is_raised_by_an_earlier_await_and_dropped_by_a_later_one() -> (
+    None
+):
+    """Task A's await of later work (position 9) covers task B's failure at 5: it raises A's
+    failure at 2 and names B's in a note. B's own await (position 6) still raises B's failure
+    (it returned B's garbage without raising), and an await after 9 raises nothing stale."""
+    s = Stream()
+    a_err, b_err = ValueError("A failed"), KeyError("B failed")
+    s.add_check(2, _failing(a_err))
+    s.add_check(5, _failing(b_err))
+    with pytest.raises(ValueError, match="A failed") as info:
+        s.raise_errors(9)
+    assert info.value.__notes__ == ["also failed before this await: KeyError: 'B failed'"]
+    with pytest.raises(KeyError, match="B failed"):
+        s.raise_errors(6)
+    s.raise_errors(6)
+    s.raise_errors(12)
+    assert s.checks == []
+    # Named at 9 and not taken by an earlier await: an await at or after 9 drops it.
+    s.add_check(20, _failing(a_err))
+    s.add_check(21, _failing(b_err))
+    with pytest.raises(ValueError, match="A failed"):
+        s.raise_errors(25)
+    s.raise_errors(25)
+    assert s.checks == []

@@ -11,9 +11,36 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["DeviceErrors", "note_others"]
+__all__ = ["DeviceErrors", "note_others", "pick_errors"]
 
 Check = Callable[[], BaseException | None]
+
+
+def pick_errors(
+    entries: list[tuple[int, BaseException, int | None]], seq: int
+) -> tuple[BaseException | None, list[BaseException], list[tuple[int, BaseException, int | None]]]:
+    """For an await of position ``seq``: the error to raise, the others it names in notes, and
+    the entries that stay. ``entries`` are ``(position, error, noted_at)``, oldest first;
+    ``noted_at`` is the position of the await that named the error in a note (None: not yet).
+
+    The first error at or before ``seq`` is raised, and gone. The others at or before ``seq``
+    are named in its notes and stay, marked, for an await of an *earlier* position than this
+    one (another task's own await, which covers them too: it raises one of them, so no failure
+    is lost to a task that awaited later work first); an await at or after the one that named
+    them drops them (a failed composition's second error was raised by the next await of
+    unrelated, valid work)."""
+    live = [e for e in entries if not (e[0] <= seq and e[2] is not None and e[2] <= seq)]
+    covered = [e for e in live if e[0] <= seq]
+    if not covered:
+        return None, [], live
+    first = covered[0]
+    others = [e[1] for e in covered[1:] if e[1] is not first[1]]
+    keep = [
+        (e[0], e[1], seq if e[2] is None else min(e[2], seq)) if e[0] <= seq else e
+        for e in live
+        if e is not first
+    ]
+    return first[1], others, keep
 
 
 def note_others(error: BaseException, others: list[BaseException]) -> None:
@@ -23,6 +50,20 @@ def note_others(error: BaseException, others: list[BaseException]) -> None:
     unrelated, valid work)."""
     for other in others:
         error.add_note(f"also failed before this await: {type(other).__name__}: {other}")
+
+
+class _Noted:
+    """A check whose failure an await named in a note (it raised another): ``error``, and
+    ``at``, the position of that await (:func:`pick_errors`' rule)."""
+
+    __slots__ = ("at", "error")
+
+    def __init__(self, error: BaseException, at: int) -> None:
+        self.error = error
+        self.at = at
+
+    def __call__(self) -> BaseException:
+        return self.error
 
 
 class DeviceErrors:
@@ -40,9 +81,10 @@ class DeviceErrors:
             self.checks.append((seq, check))
 
     def raise_errors(self, seq: int) -> None:
-        """Raise the first error of a check at or before ``seq`` (its work has completed), once;
-        the other failures this await covers go with it as notes (:func:`note_others`), not to
-        the next await of some later, unrelated work. Errors after ``seq`` stay."""
+        """Raise the first error of a check at or before ``seq`` (its work has completed), once,
+        with the other failures this await covers as notes; they stay for an await of an
+        earlier position, and go with one at or after this one (:func:`pick_errors`' rule).
+        Errors after ``seq`` stay."""
         # Taken in a frame of its own: the traceback holds this frame, and a check that returns
         # an error it keeps would make a cycle through the loop's locals here.
         error = self._take_error(seq)
@@ -53,26 +95,47 @@ class DeviceErrors:
                 del error  # no cycle through the traceback keeping the work's objects alive
 
     def _take_error(self, seq: int) -> BaseException | None:
+        # The rule of pick_errors, over checks: a failure named in a note is kept as a _Noted
+        # check (its error, and the position of the await that named it).
         with self._lock:
             if not self.checks:
                 return None
+            checks = [
+                e for e in self.checks
+                if not (e[0] <= seq and type(e[1]) is _Noted and e[1].at <= seq)
+            ]  # fmt: skip
             error: BaseException | None = None
             rest: list[tuple[int, Check]] = []
-            for i, entry in enumerate(self.checks):
-                if entry[0] <= seq and (found := entry[1]()) is not None:
+            for i, (at, check) in enumerate(checks):
+                if at > seq:
+                    continue
+                if type(check) is _Noted:
+                    error = check.error
+                elif (found := check()) is not None:
                     error = self.claim_error_locked(found)
-                    rest = self.checks[i + 1 :]
+                if error is not None:
+                    rest = checks[i + 1 :]
                     break
             if error is None:  # the clean checks at or before seq go
-                self.checks = [entry for entry in self.checks if entry[0] > seq]
+                self.checks = [entry for entry in checks if entry[0] > seq]
                 return None
-            keep, others = [], []
-            for entry in self.covered_checks_locked(error, seq, rest):
-                if entry[0] > seq:
-                    keep.append(entry)
-                elif (found := entry[1]()) is not None:
-                    others.append(self.claim_error_locked(found))
-            note_others(error, [e for e in others if e is not error])
+            keep: list[tuple[int, Check]] = []
+            others: list[BaseException] = []
+            for at, check in self.covered_checks_locked(error, seq, rest):
+                if at > seq:
+                    keep.append((at, check))
+                    continue
+                if type(check) is _Noted:
+                    named = check.error
+                    keep.append((at, _Noted(named, min(check.at, seq))))
+                elif (found := check()) is not None:
+                    named = self.claim_error_locked(found)
+                    keep.append((at, _Noted(named, seq)))
+                else:
+                    continue
+                if named is not error:
+                    others.append(named)
+            note_others(error, others)
             self.checks = keep
         return error
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from accelkit._core.device_errors import note_others
+from accelkit._core.device_errors import note_others, pick_errors
 from accelkit._core.positions import PositionEvent, PositionStream, Waiters
 from accelkit.abc.stream import Event
 from accelkit.device import Device
@@ -48,7 +48,8 @@ class HostStream(PositionStream):
         self.completed = 0
         self._waiters = Waiters(self._lock)
         self._thread: threading.Thread | None = None
-        self._errors: list[tuple[int, BaseException]] = []
+        #: (position, error, position of the await that named it in a note, or None)
+        self._errors: list[tuple[int, BaseException, int | None]] = []
         self._closed = False
 
     @property
@@ -90,7 +91,7 @@ class HostStream(PositionStream):
                 try:
                     fn()
                 except BaseException as exc:
-                    self._errors.append((seq, exc))
+                    self._errors.append((seq, exc, None))
                 finally:
                     _np_errstate.reset(quiet)
                 self.completed = seq
@@ -135,7 +136,7 @@ class HostStream(PositionStream):
             try:
                 fn()
             except BaseException as exc:
-                self._errors.append((seq, exc))
+                self._errors.append((seq, exc, None))
             del fn, hold  # drop the closure and the buffers held before marking completion
             self._finish(seq)
 
@@ -166,17 +167,17 @@ class HostStream(PositionStream):
 
     def raise_errors(self, seq: int) -> None:
         """Raise (once) the error of the first failed operation at or before ``seq``, with the
-        other failures at or before it as notes (``device_errors.note_others``: they were
+        other failures at or before it as notes (``device_errors.pick_errors``: they were
         raised by the next await of later, valid work)."""
         if not self._errors:
             return
-        with self._lock:  # the worker appends under it
-            covered = [exc for err_seq, exc in self._errors if err_seq <= seq]
-            if not covered:
+        with self._lock:
+            picked, others, self._errors[:] = pick_errors(self._errors, seq)
+            if picked is None:
                 return
-            self._errors[:] = [(s, e) for s, e in self._errors if s > seq]
+        covered = [picked, *others]
         error: BaseException | None = None
-        first: BaseException | None = covered[0]
+        first: BaseException | None = picked
         try:
             if isinstance(first, AccelError):
                 error = first
@@ -190,7 +191,7 @@ class HostStream(PositionStream):
         finally:
             # Break the cycle error -> traceback -> this frame -> error, which would keep the
             # failed kernel's tensors (and their device memory) alive until a gc pass.
-            del error, first, covered
+            del error, first, covered, picked, others
 
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> HostEvent:
@@ -217,7 +218,7 @@ class HostStream(PositionStream):
         # their tracebacks: the kernels' frames would keep their tensors, and so their memory,
         # for as long as the stream object lives.
         with self._lock:
-            for _, exc in self._errors:
+            for _, exc, _at in self._errors:
                 _drop_tracebacks(exc)
 
 

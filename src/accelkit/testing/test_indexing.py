@@ -176,6 +176,29 @@ async def test_every_failure_an_await_covers_is_its_own_not_the_next_await_s(
     await backend.synchronize()
 
 
+async def test_another_task_s_failure_is_still_raised_by_its_own_await(
+    backend: ComputeBackend,
+) -> None:
+    """Task A's failed scatter_nd, then task B's, then A awaits a later valid op: A's await
+    raises A's failure (B's named in a note), and B's await of its own result still raises
+    (it returned uninitialized memory); an await of later work then raises nothing stale."""
+    require_op(backend, "scatter_nd")
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.from_host(np.arange(6, dtype=np.float32).reshape(2, 3))
+    upd = f.from_host(np.array([9.0], "f4"))
+    a_bad = ops.scatter_nd(x, f.from_host(np.array([[0, 7]])), upd)
+    b_bad = ops.scatter_nd(x, f.from_host(np.array([[5, 0]])), upd)
+    a_later = ops.add(x, 1.0)
+    with pytest.raises(InvalidArgumentError):
+        await a_later.to_host()
+    with pytest.raises(InvalidArgumentError):
+        await b_bad.to_host()
+    np.testing.assert_array_equal(
+        await ops.add(x, 2.0).to_host(), np.arange(2.0, 8.0).reshape(2, 3)
+    )
+    del a_bad
+
+
 BAD_CALLS: list[tuple[str, Any, str]] = [
     ("scatter", lambda o, t: o.scatter(t["x"], 0, t["i"], t["x"], "mean"), "reduce must be"),
     ("scatter", lambda o, t: o.scatter(t["flags"], 0, t["i"], True, "add"), "bool"),
