@@ -99,6 +99,37 @@ async def test_an_external_cluster_keeps_running_after_shutdown(
     await backend.shutdown()
 
 
+async def test_shutdown_releases_the_data_of_tensors_still_held(
+    shared_cluster: Any, anyio_backend: str
+) -> None:
+    """On an external cluster, the chunks of tensors the program still holds after shutdown
+    (stale: they read nothing more) stayed in the cluster's memory until it dropped them."""
+    import gc
+
+    from accelkit_dask.cluster import Cluster
+
+    address = shared_cluster.address.removeprefix("tcp://")
+    client = Cluster.connect(address).client
+
+    async def keys() -> int:
+        return len(await anyio.to_thread.run_sync(client.who_has))
+
+    gc.collect()
+    before = await keys()
+    backend = DaskBackend(chunk_bytes=1 << 16)
+    await backend.initialize("dask://" + address)
+    x = backend.tensor_factory.from_host(np.ones((512, 512), np.float32))
+    y = backend.tensor_ops.add(x, 1.0)
+    assert float((await y.to_host())[0, 0]) == 2.0
+    assert await keys() > before
+    await backend.shutdown()
+    gc.collect()
+    with anyio.fail_after(10):
+        while await keys() > before:  # noqa: ASYNC110 - the scheduler forgets released keys shortly after
+            await anyio.sleep(0.1)
+    assert x.shape == y.shape  # both still held
+
+
 async def test_worker_errors_arrive_as_accelkit_errors(backend: Any) -> None:
     f, ops = backend.tensor_factory, backend.tensor_ops
     y = ops.embedding(f.from_host(np.array([0, 12], np.int64)), f.ones((5, 3)))

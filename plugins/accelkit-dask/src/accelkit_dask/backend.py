@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
@@ -26,6 +26,9 @@ from accelkit_dask import __version__
 from accelkit_dask.cluster import Cluster, LocalSize, WorkerInfo, device_address
 from accelkit_dask.probe import capabilities, capabilities_of, local_info, remote_info
 from accelkit_dask.submit import Graphs, first_error, lost_or, wait_futures
+
+if TYPE_CHECKING:
+    from accelkit_dask.memory import DaskMemoryKernels
 
 #: (scheduler, worker) pairs whose worker has run warm_up for this process.
 _WARM: set[tuple[str, str]] = set()
@@ -88,6 +91,7 @@ class DaskBackend(StreamBackend[HostStream]):
         #: How many partials a reduction combines per task (dask's default when None).
         self.split_every = split_every
         self._local_size = local_size
+        self._memory_kernels: DaskMemoryKernels | None = None
         #: The accelkit backend the workers run GEMM, attention and conv blocks on (None: the
         #: workers' ACCELKIT_DASK_WORKER_BACKEND, else their CPU). See accelkit_dask.worker.
         self.worker_backend = worker_backend
@@ -237,9 +241,10 @@ class DaskBackend(StreamBackend[HostStream]):
         self._cluster = cluster
         self._graphs = Graphs(cluster, self.chunk_bytes, lambda: self.pool.reclaim())
         factory = DaskFactoryKernels(self)
+        self._memory_kernels = DaskMemoryKernels(self, device, memory, self.pool_config, factory)
         return Opened(
             streams=[HostStream(device, f"{device}/default")],
-            memory=DaskMemoryKernels(self, device, memory, self.pool_config, factory),
+            memory=self._memory_kernels,
             tensor=DaskTensorKernels(self),
             factory=factory,
             fused=DaskFusedKernels(self),
@@ -287,6 +292,13 @@ class DaskBackend(StreamBackend[HostStream]):
             try:
                 await super()._shutdown()  # the streams' work, then the pool (its chunks)
             finally:
+                # The blocks of tensors the program still holds (stale now) let go of their
+                # chunks too: on an external cluster they held its memory until dropped.
+                if self._memory_kernels is not None:
+                    self._memory_kernels.release_all()
+                    self._memory_kernels = None
+                if self._graphs is not None:
+                    self._graphs.drop()
                 await self._close_cluster()
         finally:
             self._graphs = None

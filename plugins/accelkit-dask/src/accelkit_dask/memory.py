@@ -4,6 +4,7 @@ go through the client, on a stream's worker thread or awaited without blocking t
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -44,8 +45,22 @@ class DaskMemoryKernels(MemoryKernels):
         config: MemoryPoolConfig,
         kernels: DaskFactoryKernels,
     ) -> None:
-        super().__init__(backend, CachingPool(device, lambda n: Slot(), release, total, config))
+        #: Every block made, live or cached (weakly): :meth:`release_all` empties them.
+        self._slots: weakref.WeakSet[Slot] = weakref.WeakSet()
+
+        def alloc(nbytes: int) -> Slot:
+            slot = Slot()
+            self._slots.add(slot)
+            return slot
+
+        super().__init__(backend, CachingPool(device, alloc, release, total, config))
         self.kernels = kernels
+
+    def release_all(self) -> None:
+        """At shutdown: every block lets go of its array (its chunks on the cluster), those of
+        tensors the program still holds included (they are stale, and read nothing more)."""
+        for slot in list(self._slots):
+            release(slot)
 
     def _stream(self) -> HostStream:
         return self.backend.current_stream

@@ -261,6 +261,14 @@ class Graphs:
     def extra(self, value: Any) -> None:
         self._local.extra = value
 
+    def drop(self) -> None:
+        """At shutdown: let go of every future and pending graph held here (the kernels keep
+        this object, and with it the cluster's memory on an external cluster)."""
+        with self._lock:
+            self._lazy.clear()
+            self._inflight.clear()
+        self._local = threading.local()
+
     def check(self) -> None:
         """ContextPoisonedError once the scheduler is gone (until ``recover``)."""
         if self.lost is None and not self.cluster.connected:
