@@ -565,7 +565,7 @@ async def test_after_shutdown_a_dying_tensor_takes_its_block_with_it() -> None:
     stream: Any = b.default_stream
     await b.shutdown()
     del bad
-    kept = [exc for _, exc in stream._errors]
+    kept = [entry[1] for entry in stream._errors]
     assert kept  # the error stays for an await of its position
     assert all(exc.__traceback__ is None for exc in kept)
     del weight
@@ -599,3 +599,26 @@ async def test_a_free_while_to_host_waits_for_the_writer_makes_it_stale(
         await backend.synchronize()
         _other = f.full((512, 512), 7.0)
     assert isinstance(outcome[0], StaleHandleError), outcome
+
+
+async def test_a_failure_named_in_a_note_holds_no_memory(backend: ComputeBackend) -> None:
+    """A failed op's error kept for another await (named in a note of the error an await
+    raised) held the failed kernel's frames, and with them its 32 MiB tensors, after the
+    program had dropped them."""
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    small = f.from_host(np.arange(6, dtype=np.float32).reshape(2, 3))
+    upd = f.from_host(np.array([9.0], np.float32))
+    n = 8 << 20
+    big = f.zeros((n, 1))
+    await backend.synchronize()
+    gc.collect()
+    baseline = mm.memory_info().used - big.nbytes
+    a_bad = ops.scatter_nd(small, f.from_host(np.array([[0, 7]])), upd)  # fails first
+    b_bad = ops.scatter_nd(
+        big, f.from_host(np.array([[n + 5]])), f.from_host(np.array([[9.0]], np.float32))
+    )
+    with pytest.raises(accelkit.InvalidArgumentError):
+        await ops.add(small, 1.0).to_host()  # raises a_bad's failure, names b_bad's
+    del a_bad, b_bad, big
+    gc.collect()
+    assert mm.memory_info().used - baseline < 1 << 20

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["DeviceErrors", "note_others", "pick_errors"]
+__all__ = ["DeviceErrors", "drop_tracebacks", "note_others", "pick_errors"]
 
 Check = Callable[[], BaseException | None]
 
@@ -40,7 +40,20 @@ def pick_errors(
         for e in live
         if e is not first
     ]
+    for e in keep:  # kept for a later await: no frames (they hold the failed kernels' tensors)
+        if e[0] <= seq and e[1] is not first[1]:
+            drop_tracebacks(e[1])
     return first[1], others, keep
+
+
+def drop_tracebacks(exc: BaseException | None) -> None:
+    """Drop the tracebacks of ``exc`` and its causes: a kept error holds no frames (a failed
+    kernel's frames hold its tensors, and so their memory)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
 
 
 def note_others(error: BaseException, others: list[BaseException]) -> None:
@@ -130,6 +143,8 @@ class DeviceErrors:
                     keep.append((at, _Noted(named, min(check.at, seq))))
                 elif (found := check()) is not None:
                     named = self.claim_error_locked(found)
+                    if named is not error:
+                        drop_tracebacks(named)  # kept: no frames (they hold tensors)
                     keep.append((at, _Noted(named, seq)))
                 else:
                     continue

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from accelkit._core.device_errors import note_others, pick_errors
+from accelkit._core.device_errors import drop_tracebacks, note_others, pick_errors
 from accelkit._core.positions import PositionEvent, PositionStream, Waiters
 from accelkit.abc.stream import Event
 from accelkit.device import Device
@@ -219,15 +219,7 @@ class HostStream(PositionStream):
         # for as long as the stream object lives.
         with self._lock:
             for _, exc, _at in self._errors:
-                _drop_tracebacks(exc)
-
-
-def _drop_tracebacks(exc: BaseException | None) -> None:
-    seen = 0
-    while exc is not None and seen < 16:
-        exc.__traceback__ = None
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
+                drop_tracebacks(exc)
 
 
 def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Callable[[], None]:

@@ -188,6 +188,7 @@ async def test_a_0d_tensor_reduces_and_softmaxes_over_its_one_element(
             assert (await fetch(got)).item() == 2.0, (op, axis)
         assert ops.sum(s, axis, keepdims=True).shape == ()
         assert (await fetch(ops.argmax(s, axis))).item() == 0
+        assert (await fetch(ops.argmin(s, axis, last=True))).item() == 0  # a bare IndexError
         assert (await fetch(ops.softmax(s, axis))).item() == 1.0
         assert (await fetch(ops.log_softmax(s, axis))).item() == 0.0
     with pytest.raises(InvalidArgumentError):

@@ -143,6 +143,8 @@ class ReductionOps(OpsBase[TensorKernels]):
         if last is not True:
             raise InvalidArgumentError(f"{op}: last must be a bool; got {last!r}")
         check_tensor(self.backend, x)
+        if x.ndim == 0:  # one element: its index, 0 (axis 0 or -1, as reduce takes them)
+            return self.reduce(op, x, axis, keepdims)
         if axis is not None and not isinstance(axis, int):
             raise InvalidArgumentError(f"{op} takes one axis or None; got {axis!r}")
         axes = tuple(range(x.ndim)) if axis is None else (check_axis(axis, x.ndim),)
