@@ -175,23 +175,21 @@ class HostStream(PositionStream):
             picked, others, self._errors[:] = pick_errors(self._errors, seq)
             if picked is None:
                 return
-        covered = [picked, *others]
         error: BaseException | None = None
-        first: BaseException | None = picked
         try:
-            if isinstance(first, AccelError):
-                error = first
+            if isinstance(picked, AccelError):
+                error = picked
             else:
                 error = DeviceError(
-                    f"an operation on {self.name} ({self._device}) failed: {first!r}"
+                    f"an operation on {self.name} ({self._device}) failed: {picked!r}"
                 )
-                error.__cause__ = first
-            note_others(error, covered[1:])
+                error.__cause__ = picked
+            note_others(error, others)
             raise error
         finally:
             # Break the cycle error -> traceback -> this frame -> error, which would keep the
             # failed kernel's tensors (and their device memory) alive until a gc pass.
-            del error, first, covered, picked, others
+            del error, picked, others
 
     # -- Stream interface -------------------------------------------------------------------------
     def record_event(self) -> HostEvent:

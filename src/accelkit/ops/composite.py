@@ -154,11 +154,8 @@ def paged_attention(
     max_blocks = block_table.shape[1]
     max_len = max_blocks * block_size
     # Lengths out of 0..max_len are reported when the result is awaited, as the fused kernels
-    # report them (a length past the table was cut to it, a negative one gave zeros):
-    # ``embedding`` of the numbers 0..max_len passes the lengths through and checks them.
-    lengths = ops.reshape(context_lens, (b,))
-    span = ops.reshape(f.arange(max_len + 1, dtype=lengths.dtype), (max_len + 1, 1))
-    context_lens = ops.reshape(ops.embedding(lengths, span), (b,))
+    # report them (a length past the table was cut to it, a negative one gave zeros).
+    context_lens = ops._checked(ops.reshape(context_lens, (b,)), max_len + 1)
     if max_len == 0:  # no sequence has a token: every output is zeros (the contract's; queued
         return f.zeros(q.shape, q.dtype)  # after the check, whose error its await raises)
     # Entries past a sequence's length may hold anything (padding, -1): read block 0 there, and
@@ -285,14 +282,10 @@ def _repetition_penalty(
     ops, f = backend.tensor_ops, backend.tensor_factory
     rows, vocab = z.shape
     # Padding ids are sent to a spare column past the vocabulary, which is then dropped. The
-    # real ids pass through ``embedding`` of the numbers 0..vocab-1 first, which reports one
-    # out of range when the result is awaited (an id equal to vocab landed in the spare column
-    # and was skipped; the fused kernels refuse it).
+    # real ids are checked first (an id equal to vocab landed in the spare column and was
+    # skipped; the fused kernels refuse it).
     padding = ops.lt(previous, 0)
-    real = ops.where(padding, 0, previous)
-    span = ops.reshape(f.arange(vocab, dtype=previous.dtype), (vocab, 1))
-    checked = ops.reshape(ops.embedding(ops.reshape(real, (real.size,)), span), previous.shape)
-    ids = ops.where(padding, vocab, checked)
+    ids = ops.where(padding, vocab, ops._checked(ops.where(padding, 0, previous), vocab))
     seen = ops.scatter(f.zeros((rows, vocab + 1), DType.BOOL), 1, ids, True)
     seen = ops.narrow(seen, 1, 0, vocab)
     penalized = ops.where(ops.gt(z, 0.0), ops.div(z, penalty), ops.mul(z, penalty))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from accelkit._core.op_names import REDUCE_OPS
@@ -59,10 +58,7 @@ class ReductionOps(OpsBase[TensorKernels]):
         if type(keepdims) is not bool:  # "yes" was True on OpenCL, a DeviceError on the CPU
             raise InvalidArgumentError(f"{op}: keepdims must be a bool; got {keepdims!r}")
         if x.ndim == 0 and axis is not None:  # axis 0 or -1 of a 0-d tensor: its one element
-            if isinstance(axis, Sequence) and not isinstance(axis, str):
-                check_axes(axis, 0)
-            else:
-                check_axis(axis, 0)
+            check_axes(axis, 0)
             return self.reduce(op, x, None, keepdims)
         if op in ("argmax", "argmin"):
             if axis is not None and not isinstance(axis, int):
