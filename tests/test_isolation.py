@@ -480,6 +480,37 @@ async def test_shutdown_and_a_lost_worker_leave_no_thread(anyio_backend: str) ->
     assert not left, sorted(t.name for t in left)
 
 
+async def test_a_send_to_a_lost_worker_fails_the_link_before_the_reader_says_so(
+    anyio_backend: str,
+) -> None:
+    """A write to a dead worker's pipe makes the link faulty at once: a shutdown before the
+    reader thread has seen the pipe's end took the healthy path, waited for the streams through
+    the dead pipe, and raised WorkerLostError (CI, once in a few hundred runs). Here the reader
+    is held until the shutdown has begun, so the order is the failing one every time."""
+    b = await _open_faulty()
+    link: Any = b._link
+    real_lost = link.lost
+
+    def late_lost(*args: Any, **kwargs: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not link.closing and time.monotonic() < deadline:
+            time.sleep(0.01)
+        real_lost(*args, **kwargs)
+
+    link.lost = late_lost
+    pid = b.worker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    link.proc.wait(10)
+    with pytest.raises(WorkerLostError, match="cannot be reached"):
+        with anyio.fail_after(20):
+            await b.tensor_factory.from_host(np.ones(4, np.float32)).to_host()
+    assert link.fault is not None
+    assert b.worker_pid is None
+    with anyio.fail_after(30):
+        await b.shutdown()  # raised WorkerLostError
+
+
 async def test_a_stream_kept_past_shutdown_refuses_work(anyio_backend: str) -> None:
     """Its link may serve another backend next (a spare worker): a stream of the shut-down
     backend refuses work (a call was accepted, sent nowhere, and its synchronize hung)."""

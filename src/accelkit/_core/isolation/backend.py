@@ -243,6 +243,8 @@ class _Link:
             collections.deque()
         )
         self.fault: WorkerLostError | None = None
+        #: Whether ``lost`` has run (a failed send sets ``fault`` before it does).
+        self.lost_reported = False
         self.closing = False
         self.last_progress = self.last_ping = time.monotonic()
         self.deadline = owner.deadline
@@ -327,10 +329,17 @@ class _Link:
         try:
             self.conn.send_bytes(data)
         except (OSError, ValueError) as exc:
-            raise WorkerLostError(
+            err = WorkerLostError(
                 f"the isolated {self.owner.name} worker cannot be reached: {exc}",
                 cause="pipe closed",
-            ) from None
+            )
+            if self.fault is None:
+                # The link is faulty from now on, not once the reader has seen the pipe's end
+                # (it then says why, and fails the streams): a shutdown in between waited on
+                # the streams through this pipe, and raised this error.
+                self.fault = err
+                self.flush_wake.notify_all()  # the flusher ends
+            raise _fresh(err) from None
 
     def flush(self) -> None:
         """Write what is queued now."""
@@ -472,9 +481,11 @@ class _Link:
     def lost(self, reason: str | None, *, cause: str, kill: bool = False) -> None:
         """The worker is gone (or is killed now): fail everything pending, say why."""
         with self.lock:
-            if self.fault is not None or self.closing:
+            if self.lost_reported or self.closing:
                 return
-            self.fault = WorkerLostError("(pending)")  # refuse new sends at once
+            self.lost_reported = True
+            if self.fault is None:  # (a failed send may have set it)
+                self.fault = WorkerLostError("(pending)")  # refuse new sends at once
             self.flush_wake.notify_all()  # the flusher ends
         if kill and self.proc.poll() is None:
             with contextlib.suppress(OSError):
