@@ -17,6 +17,8 @@ import pytest
 import test_offloop
 from test_offloop import Plugin, _open
 
+from accelkit.testing import test_special_values as special
+
 pytestmark = pytest.mark.anyio
 
 plugin = test_offloop.plugin
@@ -64,3 +66,19 @@ async def test_fused_and_composed_sampling_agree_for_a_seed(
     assert other.tolist() != a_host.tolist()  # the seed matters (6 rows of 300: not by chance)
     assert len(draws) == 1
     assert threading.get_ident() not in draws
+
+
+@pytest.mark.parametrize("route", ["fused", "composed"])
+@pytest.mark.parametrize("options", list(special.SAMPLING), ids=list(special.SAMPLING))
+async def test_sampling_outside_its_precondition_over_the_stand_in(
+    plugin: Plugin, options: str, route: str
+) -> None:
+    """The conformance suite's special-values rule for sample_token (the first NaN, else the
+    first +inf, 0 for a row of only -inf), on both routes: the fused route's top-k and top-p
+    masks dropped a NaN or +inf to -inf (CuPy's arithmetic is NumPy's, which the stand-in runs;
+    the GPU check runs the same test on the device)."""
+    backend = await _open(plugin)
+    try:
+        await special.test_sampling_outside_its_precondition(backend, options, route)
+    finally:
+        await backend.shutdown()

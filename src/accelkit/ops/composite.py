@@ -258,10 +258,12 @@ def sample_token(
     if params.temperature == 0.0:
         return ops.reshape(ops.argmax(z, axis=-1), logits.shape[:-1])
     z = ops.div(z, params.temperature)
+    # A NaN or +inf (outside the precondition) is never masked: the argmax at the end picks the
+    # first NaN, else the first +inf, as the special-values rule says.
     if 0 < params.top_k < vocab:
         k = params.top_k
         keep = _keep_top(ops, z, lambda sel: ops.ge(ops.sum(sel, axis=-1, keepdims=True), k))
-        z = ops.where(keep, z, float("-inf"))
+        z = ops.where(keep, z, _masked(ops, z))
     if params.top_p < 1.0:
         p, top_p = ops.softmax(z, axis=-1), params.top_p
 
@@ -269,10 +271,15 @@ def sample_token(
             return ops.ge(ops.sum(ops.where(sel, p, 0.0), axis=-1, keepdims=True), top_p)
 
         keep = _keep_top(ops, z, reaches_top_p)
-        z = ops.where(keep, z, float("-inf"))
+        z = ops.where(keep, z, _masked(ops, z))
     u = ops.minimum(f.uniform(z.shape, 0.0, 1.0, seed=params.seed), GUMBEL_UNIFORM_MAX)
     gumbel = ops.neg(ops.log(ops.neg(ops.log(_as(ops, u, ct)))))
     return ops.reshape(ops.argmax(ops.add(z, gumbel), axis=-1), logits.shape[:-1])
+
+
+def _masked(ops: TensorOps, z: Tensor) -> Tensor:
+    """-inf, but NaN and +inf where ``z`` has them (what a top-k or top-p mask drops to)."""
+    return ops.where(ops.lt(z, float("inf")), float("-inf"), z)
 
 
 def _repetition_penalty(

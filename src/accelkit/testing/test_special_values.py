@@ -301,18 +301,32 @@ async def test_int64_mean_does_not_overflow(backend: ComputeBackend) -> None:
     assert_close(got, x.astype(np.float64).mean(), DType.F32)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+SAMPLING: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0.0},
+    "sampled": {},
+    "top_k": {"top_k": 2},
+    "top_p": {"top_p": 0.5},
+    "top_k_and_top_p": {"top_k": 3, "top_p": 0.6},
+}
+
+
+@pytest.mark.parametrize("route", ["fused", "composed"])
+@pytest.mark.parametrize("options", list(SAMPLING), ids=list(SAMPLING))
 async def test_sampling_outside_its_precondition(
-    backend: ComputeBackend, temperature: float
+    backend: ComputeBackend, options: str, route: str
 ) -> None:
-    """Logits must be finite or -inf with one finite per row; outside that, every backend gives
-    the same token: the first NaN (NaN wins, as in argmax), else the first +inf, and 0 for a
-    row of only -inf."""
+    """Logits must be finite or -inf with one finite per row; outside that, every backend and
+    route gives the same token: the first NaN (NaN wins, as in argmax), else the first +inf,
+    and 0 for a row of only -inf. Top-k and top-p masked the NaN or +inf away (token 0, or a
+    finite one)."""
     rows = np.array(
-        [[0.0, 1.0, NAN, 2.0], [-INF, -INF, -INF, -INF], [0.0, INF, 1.0, INF], [0, 5, 1, 2]],
+        [
+            [0.0, 1.0, NAN, 2.0], [-INF, -INF, -INF, -INF], [0.0, INF, 1.0, INF],
+            [1.0, INF, 2.0, NAN], [3.0, 2.0, 1.0, INF], [0, 50, 1, 2],
+        ],
         np.float32,
-    )
-    f, ko = backend.tensor_factory, backend.kernel_ops
-    for row, want in zip(rows, [2, 0, 1, 1], strict=True):
-        got = await ko.sample_token(f.from_host(row), temperature=temperature, seed=1).to_host()
+    )  # fmt: skip
+    f, ko = backend.tensor_factory, backend.kernel_ops.twin(route)  # type: ignore[arg-type]
+    for row, want in zip(rows, [2, 0, 1, 3, 3, 1], strict=True):
+        got = await ko.sample_token(f.from_host(row), seed=1, **SAMPLING[options]).to_host()
         assert int(got) == want, f"{row}: token {int(got)}, expected {want}"

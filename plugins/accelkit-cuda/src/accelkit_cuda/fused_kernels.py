@@ -562,11 +562,12 @@ def _sample(logits: Any, previous: Any, params: SamplingParams, noise: Any, out:
         out[...] = cp.argmax(z, axis=-1).reshape(out.shape)
         return flag
     z = z / ct(params.temperature)
+    special = ~(z < cp.inf)  # a NaN or +inf is never masked (the special-values rule)
     if 0 < params.top_k < vocab:
         kth = cp.partition(z, vocab - params.top_k, axis=-1)[:, vocab - params.top_k, None]
-        z = cp.where(z >= kth, z, -cp.inf).astype(ct)
+        z = cp.where((z >= kth) | special, z, -cp.inf).astype(ct)
     if params.top_p < 1.0:
-        z = cp.where(_nucleus(z, params.top_p), z, -cp.inf).astype(ct)
+        z = cp.where(_nucleus(z, params.top_p) | special, z, -cp.inf).astype(ct)
     u = cp.minimum(cp.asarray(noise), cp.float32(GUMBEL_UNIFORM_MAX)).astype(ct)
     gumbel = -cp.log(-cp.log(u))
     out[...] = cp.argmax(z + gumbel, axis=-1).reshape(out.shape)

@@ -286,7 +286,8 @@ def _keep_top(enough: str, steps: int) -> str:
             {enough}
             if (ok) lo = mid; else hi = mid;
         }}
-        for (long i = lid; i < vocab; i += WG) if (!({zc} >= lo)) zr[i] = -INFINITY;
+        // a NaN or +inf is never masked (the special-values rule: the argmax picks it)
+        for (long i = lid; i < vocab; i += WG) if (!({zc} >= lo) && zr[i] < INFINITY) zr[i] = -INFINITY;
         barrier(CLK_GLOBAL_MEM_FENCE);
     }}
 """

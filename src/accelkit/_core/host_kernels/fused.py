@@ -211,11 +211,14 @@ def sample_token(logits: Array, previous: Array | None, params: SamplingParams, 
         return
     z /= ct.type(params.temperature)
     with np.errstate(all="ignore"):
+        # A NaN or +inf (outside the precondition) is never masked: the argmax below picks
+        # the first NaN, else the first +inf, as the special-values rule says.
+        special = ~(z < np.inf)
         if 0 < params.top_k < vocab:
             kth = np.partition(z, vocab - params.top_k, axis=-1)[:, vocab - params.top_k, None]
-            z = np.where(z >= kth, z, -np.inf).astype(ct, copy=False)
+            z = np.where((z >= kth) | special, z, -np.inf).astype(ct, copy=False)
         if params.top_p < 1.0:
-            z = np.where(_nucleus(z, params.top_p), z, -np.inf).astype(ct, copy=False)
+            z = np.where(_nucleus(z, params.top_p) | special, z, -np.inf).astype(ct, copy=False)
         # The same noise as tensor_factory.uniform(shape, seed=seed): NumPy's PCG64, in f32.
         u = np.random.default_rng(params.seed).uniform(0.0, 1.0, size=z.shape).astype(np.float32)
         u = np.minimum(u, np.float32(GUMBEL_UNIFORM_MAX)).astype(ct, copy=False)
