@@ -112,6 +112,17 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
 # -- info and devices -----------------------------------------------------------------------------
 
 
+def test_a_cell_of_several_lines_keeps_its_row_on_one_line() -> None:
+    """A quarantined plugin's error with its traceback's text broke the info table's rows."""
+    from accelkit.cli.render import table
+
+    out = table(("name", "note"), [["bad", "\nImportError: no module\n  File x.py\n"], ["ok", ""]])
+    lines = out.splitlines()
+    assert len(lines) == 4, out
+    assert lines[2].split() == ["bad", "ImportError:", "no", "module", "..."]
+    assert lines[3].strip() == "ok"
+
+
 def test_info_table(capsys: pytest.CaptureFixture[str]) -> None:
     from accelkit import __version__
 
@@ -459,6 +470,33 @@ def test_doctor_reports_quarantine_records_no_plugin_status_covers(
     assert "RuntimeError: no context" in problem["traceback"]
 
 
+@pytest.mark.parametrize(
+    ("used", "shadowed", "advice"),
+    [
+        ("accelkit-fakegpu", "accelkit-impostor", "pip uninstall 'accelkit-fakegpu' (used now)"),
+        ("accelkit_fakegpu", "accelkit-fakegpu", "'accelkit_fakegpu' is installed twice"),
+    ],
+)
+def test_doctor_s_advice_for_two_plugins_of_one_name_names_both(
+    used: str, shadowed: str, advice: str
+) -> None:
+    """It told the user to uninstall the shadowed one, as if it were the one to remove; and
+    for one distribution installed twice, to uninstall it (which removed the first copy)."""
+    from accelkit.cli.doctor import _report_quarantine
+    from accelkit.registry import QuarantineRecord
+
+    error = (
+        f"two plugins named 'fakegpu': a:DESCRIPTOR (from {used}) and b:DESCRIPTOR (from"
+        f" {shadowed}); the first one is used"
+    )
+    record = QuarantineRecord(name="fakegpu", stage="load", error=error, distribution=shadowed)
+    findings: list[Any] = []
+    _report_quarantine(findings, "fakegpu", shadowed, record, "")
+    (finding,) = findings
+    assert advice in finding.fix
+    assert shadowed.replace("_", "-") in finding.fix.replace("_", "-")
+
+
 def test_doctor_reports_plugin_api_version_mismatch(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -484,6 +522,7 @@ def test_doctor_reports_plugin_api_version_mismatch(
         ("ACCELKIT_DEVICE", "gpu:x", "malformed device 'gpu:x'"),
         ("ACCELKIT_LOOP_SLICE_US", "100us", "every backend's initialize will fail"),
         ("ACCELKIT_ISOLATE_DEADLINE_S", "5s", "every isolated backend's initialize"),
+        ("ACCELKIT_CPU_JIT", "maybe", "the CPU kernels run as with auto"),
     ],
 )
 def test_doctor_reports_bad_settings(

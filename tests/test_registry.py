@@ -489,6 +489,7 @@ def test_two_plugins_with_one_name_the_first_is_used_and_the_other_reported(
     assert len(shadowed) == 1
     assert shadowed[0].name == "fakegpu"
     assert shadowed[0].distribution.replace("_", "-") == "accelkit-testplug-good"
+    assert "(from accelkit-impostor) and" in shadowed[0].error  # both distributions named
     assert {s.name: s.status for s in reg.statuses()}["fakegpu"] == "ok"
 
 

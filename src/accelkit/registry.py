@@ -113,6 +113,8 @@ class Registry:
             for ep in importlib.metadata.entry_points(group=self._group):
                 if ep.name in found:
                     dist = ep.dist.name if ep.dist else "?"
+                    first = found[ep.name]
+                    first_dist = first.dist.name if first.dist else "?"
                     # Keyed apart from the name: the first plugin stays usable, as the message
                     # says; the record only makes the shadowed one visible to `accelkit doctor`.
                     self._quarantine.setdefault(
@@ -120,8 +122,8 @@ class Registry:
                         QuarantineRecord(
                             name=ep.name,
                             stage="load",
-                            error=f"two plugins named {ep.name!r}: {found[ep.name].value} and"
-                            f" {ep.value} (from {dist}); the first one is used",
+                            error=f"two plugins named {ep.name!r}: {first.value} (from"
+                            f" {first_dist}) and {ep.value} (from {dist}); the first one is used",
                             distribution=dist,
                         ),
                     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -294,7 +295,7 @@ def _report_quarantine(
     message = f"quarantined at {record.stage}: {record.error}" if record else reason
     fix = f"pip install --force-reinstall '{dist}', or report it to its authors" if dist else ""
     if record is not None and record.error.startswith("two plugins named"):
-        fix = f"uninstall one of them (pip uninstall '{dist}')"
+        fix = _duplicate_fix(record.error, dist)
     findings.append(
         Finding(
             level,
@@ -304,6 +305,24 @@ def _report_quarantine(
             fix=fix,
             traceback=record.traceback if record else "",
         )
+    )
+
+
+def _duplicate_fix(error: str, shadowed: str) -> str:
+    """The advice for two plugins of one name: which distributions to choose between (the
+    advice named only the shadowed one, as if it were the one to remove)."""
+    match = re.search(r"\(from (.+?)\) and .* \(from (.+?)\); the first one is used", error)
+    used = match.group(1) if match else ""
+    if not used or used == "?":
+        return f"uninstall the one you do not want (this one: pip uninstall '{shadowed}')"
+    if used.replace("_", "-").lower() == shadowed.replace("_", "-").lower():
+        return (
+            f"'{used}' is installed twice (in two folders on sys.path): pip uninstall '{used}'"
+            " until pip finds none, then install it once"
+        )
+    return (
+        f"uninstall the one you do not want: pip uninstall '{shadowed}' (shadowed now) or"
+        f" pip uninstall '{used}' (used now)"
     )
 
 
@@ -390,6 +409,15 @@ def _check_core_settings(findings: list[Finding]) -> bool:
                     fix=f"correct or unset {name}",
                 )
             )  # fmt: skip
+    from accelkit._core.host_jit import jit
+
+    if (problem := jit.bad_setting()) is not None:
+        findings.append(
+            Finding(
+                "problem", "settings", jit.ENV, f"{problem}; the CPU kernels run as with auto",
+                fix=f"correct or unset {jit.ENV}",
+            )
+        )  # fmt: skip
     return ok
 
 

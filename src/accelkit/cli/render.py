@@ -30,8 +30,9 @@ def table(
 ) -> str:
     """Rows under headers, columns padded to their widest cell; ``right`` columns (by index)
     are right-aligned (numbers). The last column is not padded, so long text does not drag
-    trailing spaces."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    trailing spaces. A cell of several lines (an error with its traceback's text) shows its
+    first, with `` ...`` (the table stays one line per row)."""
+    cells = [[str(h) for h in headers]] + [[_one_line(c) for c in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for n, row in enumerate(cells):
@@ -47,6 +48,14 @@ def table(
         if n == 0:
             lines.append(" " * indent + "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _one_line(cell: object) -> str:
+    text = "" if cell is None else str(cell)
+    if "\n" not in text:
+        return text
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return f"{lines[0]} ..." if lines else ""
 
 
 def fmt_bytes(n: int) -> str:

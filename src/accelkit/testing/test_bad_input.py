@@ -238,6 +238,18 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
         lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23c, t.a23d, lr=0.1, step=1, beta1=1.0),
         ("beta1", "[0, 1)", "1.0"),
     ),
+    "adam_lr": (
+        IAE,
+        lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23c, t.a23d, lr=-0.1, step=1),
+        ("lr must be >= 0", "-0.1"),
+    ),
+    "adam_weight_decay": (
+        IAE,
+        lambda o, f, t: o.adam_update(
+            t.a23, t.a23b, t.a23c, t.a23d, lr=0.1, step=1, weight_decay=-1.0
+        ),
+        ("weight_decay must be >= 0", "-1.0"),
+    ),
     "adam_step": (
         IAE,
         lambda o, f, t: o.adam_update(t.a23, t.a23b, t.a23c, t.a23d, lr=0.1, step=0),

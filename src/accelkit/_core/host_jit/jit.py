@@ -79,9 +79,18 @@ def _mode() -> str:
         return "off"
     if value == "eager":
         return "eager"
-    if value not in ("", "1", "on", "true", "yes", "auto"):
-        log.warning("%s=%r is not one of auto, eager, 0: using auto", ENV, value)
+    if (problem := bad_setting()) is not None:
+        log.warning("%s: using auto", problem)
     return "auto"
+
+
+def bad_setting() -> str | None:
+    """What is wrong with ``ACCELKIT_CPU_JIT`` (None: nothing); a bad value is taken as auto
+    (the CPU backend still works), and ``accelkit doctor`` reports it."""
+    value = os.environ.get(ENV, "auto").strip().lower()
+    if value in ("", "0", "off", "false", "no", "eager", "1", "on", "true", "yes", "auto"):
+        return None
+    return f"{ENV}={os.environ.get(ENV)!r} is not one of auto, eager, 0"
 
 
 _disabled = 0  # > 0 inside disabled()

@@ -397,13 +397,19 @@ class NNOps(OpsBase[TensorKernels]):
         check_same_dtype("adam_update", param=param, grad=grad, m=m, v=v)
         if len({id(param._buffer), id(grad._buffer), id(m._buffer), id(v._buffer)}) != 4:
             raise InvalidArgumentError("adam_update: param, grad, m and v must be distinct buffers")
-        lr = check_float_param(lr, "lr")
+        lr = check_float_param(lr, "lr", finite=True)
+        if lr < 0:  # as PyTorch's optimizers: it would climb the loss
+            raise InvalidArgumentError(f"adam_update: lr must be >= 0; got {lr}")
         for name, beta in (("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= check_float_param(beta, name) < 1.0:
                 raise InvalidArgumentError(f"adam_update: {name} must be in [0, 1); got {beta}")
         eps = check_float_param(eps, "eps", positive=True)
         step = check_int(step, "step", minimum=1)
-        weight_decay = check_float_param(weight_decay, "weight_decay")
+        weight_decay = check_float_param(weight_decay, "weight_decay", finite=True)
+        if weight_decay < 0:
+            raise InvalidArgumentError(
+                f"adam_update: weight_decay must be >= 0; got {weight_decay}"
+            )
         self.kernels.adam_update(
             param, grad, m, v, lr, float(beta1), float(beta2), eps, step, weight_decay
         )
