@@ -8,11 +8,10 @@ device backends mix in :class:`DeviceErrors`; they hold ``_lock`` for their othe
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable
 
-__all__ = ["DeviceErrors", "detached", "drop_tracebacks", "note_others", "pick_errors"]
+__all__ = ["DeviceErrors", "drop_tracebacks", "note_others", "pick_errors"]
 
 Check = Callable[[], BaseException | None]
 
@@ -24,13 +23,12 @@ def pick_errors(
     the entries that stay. ``entries`` are ``(position, error, noted_at)``, oldest first;
     ``noted_at`` is the position of the await that named the error in a note (None: not yet).
 
-    The first error at or before ``seq`` is raised. It and the others at or before ``seq``
-    (named in its notes) stay, marked, for an await of an *earlier* position than this one
-    (another task's own await, which covers them too: it raises one of them, so no failure is
-    lost to a task that awaited later work first, whichever task's failure came first); an
-    await at or after the one that named them drops them (a failed composition's second error
-    was raised by the next await of unrelated, valid work). The raised error stays as a copy
-    (:func:`detached`): the one raised gains this await's notes and traceback."""
+    The first error at or before ``seq`` is raised, and gone. The others at or before ``seq``
+    are named in its notes and stay, marked, for an await of an *earlier* position than this
+    one (another task's own await, which covers them too: it raises one of them, so no failure
+    is lost to a task that awaited later work first); an await at or after the one that named
+    them drops them (a failed composition's second error was raised by the next await of
+    unrelated, valid work)."""
     live = [e for e in entries if not (e[0] <= seq and e[2] is not None and e[2] <= seq)]
     covered = [e for e in live if e[0] <= seq]
     if not covered:
@@ -38,40 +36,14 @@ def pick_errors(
     first = covered[0]
     others = [e[1] for e in covered[1:] if e[1] is not first[1]]
     keep = [
-        (e[0], detached(e[1]) if e is first else e[1], seq if e[2] is None else min(e[2], seq))
-        if e[0] <= seq
-        else e
+        (e[0], e[1], seq if e[2] is None else min(e[2], seq)) if e[0] <= seq else e
         for e in live
+        if e is not first
     ]
     for e in keep:  # kept for a later await: no frames (they hold the failed kernels' tensors)
         if e[0] <= seq and e[1] is not first[1]:
             drop_tracebacks(e[1])
     return first[1], others, keep
-
-
-def detached(exc: BaseException) -> BaseException:
-    """A copy of ``exc`` to keep for another await: its notes as they are now (not those the
-    await raising ``exc`` adds), a copy of its cause, no traceback (frames hold the failed
-    kernels' tensors; the error raised keeps its own). ``exc`` itself where it cannot be
-    copied."""
-    return _copied(exc, 8) or exc
-
-
-def _copied(exc: BaseException, depth: int) -> BaseException | None:
-    try:
-        new = copy.copy(exc)
-    except Exception:
-        return None
-    if type(new) is not type(exc) or new.args != exc.args:
-        return None
-    notes = getattr(exc, "__notes__", None)
-    if notes is not None:
-        new.__notes__ = list(notes)
-    cause = exc.__cause__
-    new.__cause__ = _copied(cause, depth - 1) if cause is not None and depth > 0 else None
-    new.__context__ = None
-    new.__traceback__ = None
-    return new
 
 
 def drop_tracebacks(exc: BaseException | None) -> None:
@@ -136,8 +108,8 @@ class DeviceErrors:
                 del error  # no cycle through the traceback keeping the work's objects alive
 
     def _take_error(self, seq: int) -> BaseException | None:
-        # The rule of pick_errors, over checks: a failure raised or named in a note is kept as
-        # a _Noted check (its error, and the position of the await that raised or named it).
+        # The rule of pick_errors, over checks: a failure named in a note is kept as a _Noted
+        # check (its error, and the position of the await that named it).
         with self._lock:
             if not self.checks:
                 return None
@@ -147,23 +119,20 @@ class DeviceErrors:
             ]  # fmt: skip
             error: BaseException | None = None
             rest: list[tuple[int, Check]] = []
-            keep: list[tuple[int, Check]] = []
             for i, (at, check) in enumerate(checks):
                 if at > seq:
                     continue
                 if type(check) is _Noted:
                     error = check.error
-                    noted_at = min(check.at, seq)
                 elif (found := check()) is not None:
                     error = self.claim_error_locked(found)
-                    noted_at = seq
                 if error is not None:
                     rest = checks[i + 1 :]
-                    keep.append((at, _Noted(detached(error), noted_at)))  # raised: a copy stays
                     break
             if error is None:  # the clean checks at or before seq go
                 self.checks = [entry for entry in checks if entry[0] > seq]
                 return None
+            keep: list[tuple[int, Check]] = []
             others: list[BaseException] = []
             for at, check in self.covered_checks_locked(error, seq, rest):
                 if at > seq:
