@@ -71,6 +71,7 @@ from accelkit.sdk.kernels import (
     Operand,
     RandomDraw,
     TensorKernels,
+    uniform_range,
 )
 from accelkit.sdk.tensors import (
     buffer_of,
@@ -84,6 +85,7 @@ from accelkit.sdk.tensors import (
 
 __all__ = [
     "RandomDraw",
+    "uniform_range",
     "RecordedCall",
     "other_writers",
     "Waiters",

@@ -342,19 +342,29 @@ class RandomDraw:
         if self.dtype is None or self.dtype is DType.F64 or not self.a < self.b:
             return x
         t = self.dtype.to_numpy()
-        top, bottom = np.array(self.b, t), np.array(self.a, t)
-        while top.astype(np.float64) >= self.b:  # the dtype's largest value below b
-            top = np.nextafter(top, np.array(-np.inf, t))
-        while bottom.astype(np.float64) < self.a:  # and its smallest from a on
-            bottom = np.nextafter(bottom, np.array(np.inf, t))
-        if bottom.astype(np.float64) <= top.astype(np.float64):  # a value lies in [a, b)
+        bounds = uniform_range(self.a, self.b, t)
+        if bounds is not None:
             # Still float64 (what generate takes from every backend), exact in the dtype. A
             # low the dtype does not hold rounded samples below it (BF16 [1.0001, 1.5): 7959
             # in a million at 1.0).
+            bottom, top = bounds
             rounded = x.astype(t).astype(np.float64)
-            np.copyto(x, top.astype(np.float64), where=rounded >= self.b)
-            np.copyto(x, bottom.astype(np.float64), where=rounded < self.a)
+            np.copyto(x, top, where=rounded >= self.b)
+            np.copyto(x, bottom, where=rounded < self.a)
         return x
+
+
+def uniform_range(a: float, b: float, dtype: Any) -> tuple[float, float] | None:
+    """The values of NumPy ``dtype`` a uniform draw over ``[a, b)`` may take once rounded to
+    it: its smallest value from ``a`` on and its largest below ``b``, exact as floats; None
+    where it holds no value in ``[a, b)``."""
+    t = np.dtype(dtype)
+    top, bottom = np.array(b, t), np.array(a, t)
+    while float(top) >= b:
+        top = np.nextafter(top, np.array(-np.inf, t))
+    while float(bottom) < a:
+        bottom = np.nextafter(bottom, np.array(np.inf, t))
+    return (float(bottom), float(top)) if float(bottom) <= float(top) else None
 
 
 class FactoryKernels(_Allocating):

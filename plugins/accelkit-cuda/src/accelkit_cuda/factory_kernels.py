@@ -26,7 +26,7 @@ import cupy
 import numpy as np
 
 from accelkit.dtype import DType
-from accelkit.sdk import FactoryKernels, RandomDraw, buffer_of
+from accelkit.sdk import FactoryKernels, RandomDraw, buffer_of, uniform_range
 from accelkit.sdk import host_assign as assign
 from accelkit.tensor import Tensor
 from accelkit_cuda.cupy_tensor import cast_into
@@ -187,17 +187,13 @@ def uniform_bounds(a: float, b: float, acc: str, out: Any) -> tuple[float, float
     plain = (a, float(wide(b - a)))
     if not a < b:
         return plain
-    below, bottom = np.array(b, t), np.array(a, t)
-    while float(below) >= b:  # the dtype's largest value below b
-        below = np.nextafter(below, np.array(-np.inf, t))
-    while float(bottom) < a:  # and its smallest from a on
-        bottom = np.nextafter(bottom, np.array(np.inf, t))
-    if float(bottom) > float(below):
+    bounds = uniform_range(a, b, t)
+    if bounds is None:
         return plain
     if rounded(wide(a)) >= a and top_of(a, plain[1]) < b:
         return plain
-    offset = float(bottom)  # exact in acc: the dtype's values are acc's
-    scale = wide(float(below) - offset)
+    offset, below = bounds  # exact in acc: the dtype's values are acc's
+    scale = wide(below - offset)
     while scale > 0 and top_of(offset, scale) >= b:
         scale = np.nextafter(scale, wide(0))
     return offset, float(scale)
