@@ -511,6 +511,70 @@ async def test_a_send_to_a_lost_worker_fails_the_link_before_the_reader_says_so(
         await b.shutdown()  # raised WorkerLostError
 
 
+@pytest.mark.parametrize("then", ["recover", "shutdown"])
+async def test_a_stop_before_the_reader_reports_a_loss_fails_the_other_awaits(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """A failed send faults the link before the reader has seen the pipe's end; a recover()
+    (what the error advises) or a shutdown in that window stopped the link, so the reader
+    reported nothing: another task's await of queued work hung, and the fault was never
+    recorded. The stop now lets the loss be reported first (here the reader is held until the
+    link closes, so the stop reports it itself)."""
+    from accelkit._core.isolation import backend as iso
+
+    monkeypatch.setattr(iso, "_SETTLE_S", 0.5)
+    b = await _open_faulty()
+    link: Any = b._link
+    real_lost = link.lost
+
+    def late_lost(*args: Any, **kwargs: Any) -> None:
+        deadline = time.monotonic() + 20
+        while threading.current_thread() is link.reader and not link.closing:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        real_lost(*args, **kwargs)
+
+    link.lost = late_lost
+    x = b.tensor_factory.from_host(np.ones(4, np.float32))
+    await x.to_host()
+    pid = b.worker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    link.proc.wait(10)
+    stream: Any = b.default_stream
+    b.tensor_ops.add(x, 1.0)  # task B's work, queued
+    position = stream.submitted
+    got: list[str] = []
+
+    async def task_b() -> None:
+        try:
+            with anyio.fail_after(15):
+                await stream.wait_for(position)
+            got.append("returned")
+        except WorkerLostError:
+            got.append("WorkerLostError")
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(task_b)
+            with pytest.raises(WorkerLostError, match="cannot be reached"):  # task A
+                await b.tensor_factory.from_host(np.ones(4, np.float32)).to_host()
+            if then == "recover":
+                await b.recover()
+            else:
+                await b.shutdown()
+        assert got == ["WorkerLostError"]  # it hung
+        assert b.last_fault is not None
+        if then == "recover":
+            with pytest.raises(StaleHandleError):
+                b.memory_manager.free(x)  # of the old worker: it freed a new tensor's block
+            z = b.tensor_factory.from_host(np.full(4, 5, np.float32))
+            np.testing.assert_array_equal(await z.to_host(), np.full(4, 5, np.float32))
+    finally:
+        await b.shutdown()
+
+
 async def test_a_stream_kept_past_shutdown_refuses_work(anyio_backend: str) -> None:
     """Its link may serve another backend next (a spare worker): a stream of the shut-down
     backend refuses work (a call was accepted, sent nowhere, and its synchronize hung)."""

@@ -76,6 +76,8 @@ from accelkit.tensor import Tensor
 
 __all__ = ["IsolatedBackend", "IsoStream"]
 
+#: Seconds a stop waits for the reader to report a loss a failed send found (it does at once).
+_SETTLE_S = 10.0
 #: Default seconds without progress, while work is pending, before the worker counts as hung.
 DEFAULT_DEADLINE = 300.0
 #: At most this many restarts (``recover``) ...
@@ -520,6 +522,17 @@ class _Link:
             if pending is not None:
                 pending.settle(False, None, fault)
         self.cleanup_segments()
+
+    def settle_loss(self, timeout: float | None = None) -> None:
+        """After a failed send faulted the link, before it is stopped (a shutdown, a recover):
+        let the reader say why and fail the streams, as it does once it sees the pipe's end
+        (a stopped link's reader says nothing: the awaits of other tasks hung); if it has not
+        within ``timeout`` seconds, do it here. Blocking."""
+        if self.fault is None or self.lost_reported:
+            return
+        self.reader.join(_SETTLE_S if timeout is None else timeout)
+        if not self.lost_reported:
+            self.lost("its pipe is closed", cause="pipe closed", kill=True)
 
     def prune_segments(self) -> None:
         """Forget the segments of uploads that completed (the worker unlinked them)."""
@@ -1176,6 +1189,8 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         self._sids = itertools.count(1)
         self._loop: tuple[Callable[[], bool], Callable[[Callable[[], None]], Any]] | None = None
         self._recover_thread: threading.Thread | None = None
+        #: Inside recover(): a fault it settles starts no automatic recovery beside it.
+        self._recovering = False
 
     # -- hooks ------------------------------------------------------------------------------------
     def _device_count(self) -> int:
@@ -1260,6 +1275,8 @@ class IsolatedBackend(StreamBackend[IsoStream]):
                 await self._stop(link)
 
     async def _stop(self, link: _Link) -> None:
+        if link.fault is not None and not link.lost_reported:
+            await anyio.to_thread.run_sync(link.settle_loss)
         keep = _spares_wanted() and link.fault is None
         if link.fault is None:
             try:
@@ -1289,7 +1306,7 @@ class IsolatedBackend(StreamBackend[IsoStream]):
             self._pool.invalidate_all(close=True)  # every handle from before is stale
         if self._state is _READY:
             self.mark_failed(str(fault).split("\n", 1)[0])
-        if self.auto_recover:
+        if self.auto_recover and not self._closing and not self._recovering:
             # Named before it starts: a shutdown from now on finds it, and waits for it.
             thread = threading.Thread(target=self._recover_blocking, daemon=True)
             self._recover_thread = thread
@@ -1325,7 +1342,11 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         self._restarts.append(now)
         old_pool = self._pool
         if link is not None:
-            await self._stop(link)
+            self._recovering = True
+            try:
+                await self._stop(link)
+            finally:
+                self._recovering = False
         device = self._device
         assert device is not None
         try:
