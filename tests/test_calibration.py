@@ -166,6 +166,7 @@ FOREIGN = [
     json.dumps({"format": "accelkit-calibration", "version": 1, "entries": {"x": {"a": 1}}}),
     json.dumps({"format": "accelkit-calibration", "version": 1, "entries": {}, "extra": 1}),
     "\xff\xfe not UTF-8",
+    "[" * 100_000,  # deeper than json's parser goes: RecursionError crashed select() and the CLI
     # Figures no measurement gives (a 1e400 was accepted as inf, and select printed Infinity).
     '{"format": "accelkit-calibration", "version": 1, "entries": {"cpu/cpu:0": {"backend":'
     ' "cpu", "device": "cpu:0", "device_name": "x", "backend_version": "1", "gflops": {"f32":'

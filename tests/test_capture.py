@@ -317,6 +317,47 @@ async def test_a_graph_whose_tensor_was_freed_is_stale(backend: ak.ComputeBacken
         await graph.write(x, np.zeros(256, np.float32))
 
 
+async def test_a_capture_inside_another_backend_s_capture_says_which_is_open(
+    backend: ak.ComputeBackend,
+) -> None:
+    """It said "already open on this backend" of a backend with no capture."""
+    async with ak.open_backend("cpu" if backend.name != "cpu" else "example") as other:
+        async with backend.capture():
+            with pytest.raises(CaptureError, match=f"a graph capture on {backend.name} is open"):
+                async with other.capture():
+                    pass
+        async with other.capture():  # nothing left open
+            pass
+
+
+async def test_to_device_inside_a_capture_is_refused(backend: ak.ComputeBackend) -> None:
+    """It read another backend's tensor and froze its value into the graph as a constant."""
+    async with ak.open_backend("cpu" if backend.name != "cpu" else "example") as other:
+        src = other.tensor_factory.from_host(np.ones(4, np.float32))
+        async with backend.capture():
+            with pytest.raises(CaptureError, match="to_device"):
+                await backend.tensor_factory.to_device(src)
+        got = await backend.tensor_factory.to_device(src)  # after the block: fine
+        np.testing.assert_array_equal(await got.to_host(), np.ones(4, np.float32))
+
+
+async def test_a_graph_whose_raw_buffer_was_freed_is_stale(backend: ak.ComputeBackend) -> None:
+    """A copy into a raw DeviceBuffer (``copy_dtod(buffer, tensor)``) is recorded with its
+    buffer: freed, and its block handed to a new tensor, a replay wrote into that tensor (the
+    graph only watched tensors)."""
+    f, ops, mm = backend.tensor_factory, backend.tensor_ops, backend.memory_manager
+    x = f.from_host(np.arange(4, dtype=np.float32))
+    buf = mm.allocate(16)
+    async with backend.capture() as graph:
+        mm.copy_dtod(buf, ops.add(x, 1.0))
+    graph.replay()  # the buffer is alive: fine
+    mm.free(buf)
+    z = f.from_host(np.full(4, 7, np.float32))  # may take buf's block
+    with pytest.raises(StaleHandleError, match=r"a buffer this graph uses \(16 bytes\)"):
+        graph.replay()
+    np.testing.assert_array_equal(await z.to_host(), np.full(4, 7, np.float32))
+
+
 async def test_a_call_running_on_another_thread_hides_none_of_the_tasks_calls(
     backend: ak.ComputeBackend,
 ) -> None:

@@ -673,3 +673,12 @@ def test_a_malformed_deadline_is_refused_when_the_backend_is_made(
     with pytest.raises(ak.InvalidArgumentError, match="deadline"):
         IsolatedBackend("cpu", deadline=-1.0)
     assert IsolatedBackend("cpu", deadline=0.0).deadline == 0.0
+
+
+def test_a_fault_log_line_nested_past_json_s_depth_is_skipped() -> None:
+    """A corrupt line of ``[`` deeper than the json parser goes raised RecursionError out of
+    faults.read (and so out of `accelkit doctor`)."""
+    path = faults.log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[" * 100_000 + "\n")
+    assert faults.read() == []

@@ -245,6 +245,20 @@ def test_a_known_plugin_not_installed_says_how_to_install_it() -> None:
     assert "accelkit-dask" in str(info.value)
 
 
+def test_a_backend_that_does_not_drive_the_device_asked_for_says_so_not_that_none_is_installed(
+    reg: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--backend fakegpu --device cpu` said "no installed plugin drives cpu" (the hint looked
+    at the one backend asked for); a backend from ACCELKIT_BACKEND is named as such."""
+    with pytest.raises(BackendNotFoundError) as info:
+        accelkit.select("cpu", backend="fakegpu", registry=reg)
+    assert "drives fakegpu, not cpu" in str(info.value)
+    assert "no installed plugin drives" not in str(info.value)
+    monkeypatch.setenv("ACCELKIT_BACKEND", "fakegpu")
+    with pytest.raises(BackendNotFoundError, match=r"backend 'fakegpu' \(ACCELKIT_BACKEND\)"):
+        accelkit.select("cpu:0", registry=reg)
+
+
 def test_a_device_that_does_not_exist_is_an_error_not_another_device(reg: Registry) -> None:
     with pytest.raises(BackendNotFoundError) as info:
         accelkit.select("fakegpu:7", registry=reg)

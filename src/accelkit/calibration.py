@@ -122,7 +122,8 @@ def load() -> dict[str, CalibrationEntry]:
         if st.st_size > _MAX_BYTES:
             raise ValueError(f"larger than {_MAX_BYTES} bytes")
         data = _File.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, ValidationError) as exc:
+    except (OSError, ValueError, ValidationError, RecursionError) as exc:
+        # (RecursionError: nesting deeper than the parser goes, as 100k "[" in a row)
         aside = path.with_suffix(".json.corrupt")
         try:
             os.replace(path, aside)

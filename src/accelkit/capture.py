@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from accelkit._core.op_names import KERNEL_OPS_IN_ORDER
+from accelkit.abc.memory import DeviceBuffer
 from accelkit.errors import (
     CaptureError,
     StaleHandleError,
@@ -76,6 +77,12 @@ _EXECUTOR_WORK = ("execute_kernel", "dispatch_compute")
 _MEMORY_WORK = ("copy",)
 
 
+def _buffers(values: Any) -> Iterator[DeviceBuffer]:
+    for v in values:
+        if isinstance(v, DeviceBuffer):
+            yield v
+
+
 def _tensors(values: Any) -> Iterator[Tensor]:
     for v in values:
         if type(v) is Tensor:
@@ -98,6 +105,9 @@ class RecordedCall:
     kwargs: dict[str, Any] = field(repr=False)
     inputs: tuple[Tensor, ...] = field(repr=False)
     outputs: tuple[Tensor, ...] = field(repr=False)
+    #: The raw buffers it was given (``memory_manager.copy_dtod(buffer, ...)``): a replay uses
+    #: them as they are, so they must stay allocated as the tensors do.
+    buffers: tuple[DeviceBuffer, ...] = field(default=(), repr=False)
 
     def __call__(self) -> Any:
         """Submit the call again (on the current stream), as the facade did."""
@@ -260,8 +270,11 @@ class _Recorder:
                 args = tuple(a.copy() if type(a) is np.ndarray else a for a in args)
             if any(type(a) is np.ndarray for a in kwargs.values()):
                 kwargs = {k: a.copy() if type(a) is np.ndarray else a for k, a in kwargs.items()}
+            buffers = (*_buffers(args), *_buffers(kwargs.values()))
             self.calls.append(
-                RecordedCall(obj, name, real, args, kwargs, tuple(inputs), tuple(outputs))
+                RecordedCall(
+                    obj, name, real, args, kwargs, tuple(inputs), tuple(outputs), buffers
+                )
             )
             return result
 
@@ -302,6 +315,7 @@ class CapturedGraph:
         self._reads: frozenset[int] = frozenset()
         #: Every tensor the calls read or write, one per buffer (checked live at each use).
         self._held: tuple[Tensor, ...] = ()
+        self._held_buffers: tuple[DeviceBuffer, ...] = ()
         self._frees = 0
         #: The tensors the graph reads that it did not write first (write new values here).
         self.inputs: tuple[Tensor, ...] = ()
@@ -318,6 +332,7 @@ class CapturedGraph:
             for t in (*c.inputs, *c.outputs):
                 held.setdefault(id(t._buffer), t)
         self._held = tuple(held.values())
+        self._held_buffers = tuple({id(b): b for c in recording.calls for b in c.buffers}.values())
         self._frees = -1  # the first use looks (a free may have come during the build)
         self._native = native
         self._ready = True
@@ -387,6 +402,13 @@ class CapturedGraph:
                     f"{what}: a tensor this graph {role} ({t.shape} {t.dtype.value}) was freed"
                     " after the capture; its memory may hold another tensor now. Keep a graph's"
                     " tensors while it is replayed, or capture it again"
+                )
+        for b in self._held_buffers:
+            if b._pool is None:  # a raw buffer given to a copy: the same hazard
+                raise StaleHandleError(
+                    f"{what}: a buffer this graph uses ({b.nbytes} bytes) was freed after the"
+                    " capture; its memory may hold another tensor now. Keep a graph's buffers"
+                    " while it is replayed, or capture it again"
                 )
 
     def _check_input(self, what: str, dst: Tensor) -> None:
@@ -459,6 +481,11 @@ class GraphCapture:
         # (A task started inside a capture keeps a copy of its context, and so the recorder,
         # after the capture has ended: only an open one counts.)
         outer = _CAPTURING.get()
+        if outer is not None and outer.open and outer.backend is not backend:
+            raise CaptureError(
+                f"a graph capture on {outer.backend.name} is open in this task (captures do not"
+                " nest, across backends either: end it first, or capture in another task)"
+            )
         if (outer is not None and outer.open) or backend._capture is not None:
             raise CaptureError(
                 "a graph capture is already open on this backend (captures do not nest; one"

@@ -256,8 +256,12 @@ def select(
         what = " ".join(
             x
             for x in (
-                f"backend {backend!r}" if backend else "",
-                f"device {device}" if device is not None else "",
+                f"backend {backend!r}" + (" (ACCELKIT_BACKEND)" if env_backend else "")
+                if backend
+                else "",
+                f"device {device}" + (" (ACCELKIT_DEVICE)" if env_device else "")
+                if device is not None
+                else "",
             )
             if x
         )
@@ -266,8 +270,10 @@ def select(
             for r in rejected
         )
         hint = ""
-        if want_kind is not None and not any(want_kind in d.device_kinds for d in descriptors):
-            kinds = [kind for d in reg.descriptors() for kind in d.device_kinds]
+        # Over every installed plugin, not only the backend asked for (cpu is installed when
+        # --backend example --device cpu finds nothing).
+        kinds = [kind for d in reg.descriptors() for kind in d.device_kinds]
+        if want_kind is not None and want_kind not in kinds:
             hint = f"; no installed plugin drives {want_kind}" + not_found_hint(want_kind, kinds)
         raise BackendNotFoundError(
             f"no backend can serve {what or 'this request'}"

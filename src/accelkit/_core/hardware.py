@@ -286,7 +286,7 @@ def _vulkan_icds(base: Path) -> list[HardwareItem]:
         for manifest in manifests:
             try:
                 library = str(json.loads(_read(manifest))["ICD"]["library_path"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 library = ""
             software = "lvp" in manifest.stem or "lvp" in library
             items.append(

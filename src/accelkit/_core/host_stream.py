@@ -192,7 +192,12 @@ class HostStream(PositionStream):
             del error, picked, others
 
     # -- Stream interface -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:  # as a submission (an event of a closed stream marked nothing)
+            raise DeviceError(f"{self!r} is closed (its backend was shut down)")
+
     def record_event(self) -> HostEvent:
+        self._check_open()
         return HostEvent(self, self.submitted)
 
     def wait_event(self, event: Event) -> None:
@@ -200,6 +205,7 @@ class HostStream(PositionStream):
             raise InvalidArgumentError(
                 f"expected an event of a host stream; got {type(event).__name__}"
             )
+        self._check_open()
         if event.query() or event.stream is self:
             return
         self.submit(lambda: None, heavy=True, deps=[(event.stream, event.seq)])

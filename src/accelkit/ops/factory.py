@@ -272,5 +272,9 @@ class TensorFactory(OpsBase[FactoryKernels]):
         """Copy a tensor of any backend to this one (waits for the source's last writer)."""
         if not isinstance(x, Tensor):
             raise InvalidArgumentError(f"to_device takes a Tensor; got {type(x).__name__}")
+        rec = getattr(self.backend, "_capture", None)  # (a StreamBackend's open capture)
+        if rec is not None:
+            # A host read of x, whatever its backend: a replay would not read it again.
+            rec.refuse("to_device (a host read of its source)")
         host = await x.to_host()
         return self.from_host(host, dtype=x.dtype)

@@ -99,6 +99,18 @@ async def test_shutdown_releases_every_byte_and_invalidates_tensors(
     assert not buf.is_alive
 
 
+async def test_a_stream_kept_past_shutdown_refuses_events(backend: ComputeBackend) -> None:
+    """record_event and wait_event on a stream of a shut-down backend raise, as a submission
+    does (the CPU's returned an event marking nothing, reported done)."""
+    async with accelkit.open_backend(backend.name) as other:
+        kept, second = other.default_stream, other.create_stream()
+        event = second.record_event()
+    with pytest.raises(AccelError):
+        kept.record_event()
+    with pytest.raises(AccelError):
+        kept.wait_event(event)
+
+
 async def test_default_and_current_stream(backend: ComputeBackend) -> None:
     assert backend.current_stream is backend.default_stream
     s = backend.create_stream()

@@ -462,6 +462,8 @@ class CLStream(DeviceErrors, PositionStream):
             )
         if event.stream.context != self.context:
             raise InvalidArgumentError("wait_event: the event belongs to another OpenCL context")
+        if self._closed:  # as a submission, even where there is nothing to wait for
+            raise DeviceError(f"{self!r} is closed (its backend was shut down)")
         if event.stream is self or event.query():
             return
         self.wait_positions([(event.stream, event.seq)], (event,))

@@ -97,7 +97,7 @@ def _read(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # (nesting deeper than json parses)
         log.warning("ignoring the JIT verdicts in %s: %s", path, e)
         return {}
     machines = data.get("machines") if isinstance(data, dict) else None

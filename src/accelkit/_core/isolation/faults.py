@@ -70,7 +70,7 @@ def read(since: float | None = None) -> list[FaultRecord]:
     for line in text.splitlines():
         try:
             entry = FaultRecord(**json.loads(line))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # (nesting deeper than json parses)
             continue
         if since is None or entry.time >= since:
             out.append(entry)
