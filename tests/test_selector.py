@@ -71,6 +71,16 @@ def test_performance_picks_the_fast_device(reg: Registry, how: dict[str, object]
         assert sel.report.candidates[1].score == 2.0
 
 
+def test_a_required_dtype_without_a_figure_leaves_the_others_to_rank(reg: Registry) -> None:
+    """Requiring I32 (no device declares an I32 figure) scored every device 0, and the ranking
+    fell to plugin priority: the slow device could win."""
+    sel = accelkit.select("fakegpu", Requirements(dtypes={DType.F32, DType.I32}), registry=reg)
+    assert str(sel.device) == "fakegpu:1"
+    assert [c.score for c in sel.report.candidates] == [4.0, 2.0]
+    sel = accelkit.select("fakegpu", Requirements(dtypes={DType.F64, DType.I32}), registry=reg)
+    assert [c.score for c in sel.report.candidates] == [2.0, 1.0]  # F64's figures
+
+
 def test_memory_policy_picks_the_device_with_more_memory(reg: Registry) -> None:
     sel = accelkit.select("fakegpu", policy="memory", registry=reg)
     assert sel.device == "fakegpu:0"

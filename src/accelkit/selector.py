@@ -140,7 +140,11 @@ def _score(
     measured = calibration.lookup(info.backend, info.device, info.name)
     gflops_by = measured.gflops if measured else caps.performance.peak_gflops
     basis: Literal["calibrated", "declared", "none"] = "calibrated" if measured else "declared"
-    dtypes = sorted(requires.dtypes, key=lambda d: d.value) or [DType.F32]
+    # The slowest figure among the required dtypes that have one: a dtype without a figure
+    # (integers usually) is unknown, not zero (requiring I32 scored every device 0, and the
+    # ranking fell to plugin priority); with none, F32's figure stands for the device.
+    dtypes = [d for d in sorted(requires.dtypes, key=lambda d: d.value) if d in gflops_by]
+    dtypes = dtypes or [DType.F32]
     gflops = min(gflops_by.get(d, 0.0) for d in dtypes)
     perf = f"{gflops:.0f} GFLOP/s {'/'.join(d.value for d in dtypes)}"
     if mode == "memory":
