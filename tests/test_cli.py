@@ -497,6 +497,31 @@ def test_doctor_s_advice_for_two_plugins_of_one_name_names_both(
     assert shadowed.replace("_", "-") in finding.fix.replace("_", "-")
 
 
+def test_doctor_keeps_its_verdict_when_the_reader_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`accelkit doctor | true` (under pipefail) exited 0 on a machine with problems: the closed
+    pipe's BrokenPipeError returned 0 before the verdict."""
+    from accelkit.cli import main
+
+    class ClosedPipe:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def isatty(self) -> bool:
+            return False
+
+        def fileno(self) -> int:
+            raise OSError("not a file")
+
+    registry.quarantine("ghost", "initialize", RuntimeError("no context"), distribution="gh")
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["doctor", "--no-selftest"]) == 1
+
+
 def test_doctor_reports_plugin_api_version_mismatch(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -182,7 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         except BrokenPipeError:  # `accelkit devices | head`: the reader left; not an error
             _silence_stdout()
-            return 0
+            # A command whose status is a verdict (doctor) keeps it: `doctor | grep -q x` or
+            # `| true` under pipefail reported a machine with problems as healthy.
+            verdict: int = getattr(args, "verdict", 0)
+            return verdict
         except BaseException as exc:
             errors = _accel_errors(exc)
             if errors is None:

@@ -588,6 +588,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     problems, notes = diagnosis.problems, diagnosis.notes
+    args.verdict = 1 if problems else 0  # the status, even if the reader leaves (a closed pipe)
     if args.json:
         print_json(
             {
