@@ -469,7 +469,9 @@ async def test_shutdown_and_a_lost_worker_leave_no_thread(anyio_backend: str) ->
         pid = b.worker_pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(WorkerLostError):
+        # The op's own failure, or (where the reader reported the loss before the op, the
+        # loop thread descheduled 20 ms under load) the failed backend's refusal
+        with pytest.raises((WorkerLostError, NotInitializedError)):
             with anyio.fail_after(20):
                 await b.tensor_factory.from_host(np.ones(4, np.float32)).to_host()
     finally:
@@ -608,7 +610,13 @@ async def _lost_worker(auto_recover: bool) -> tuple[IsolatedBackend, int]:
     pid = b.worker_pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(WorkerLostError), anyio.fail_after(20):
+    # The op's own failure; or the failed backend's refusal, where the reader reported the
+    # loss first (the loop descheduled 20 ms under load); or, once an automatic recovery has
+    # finished, the stale tensor
+    with (
+        pytest.raises((WorkerLostError, NotInitializedError, StaleHandleError)),
+        anyio.fail_after(20),
+    ):
         await b.tensor_ops.add(a, a).to_host()
     return b, pid
 

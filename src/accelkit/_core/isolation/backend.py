@@ -487,7 +487,11 @@ class _Link:
                 return
             self.lost_reported = True
             if self.fault is None:  # (a failed send may have set it)
-                self.fault = WorkerLostError("(pending)")  # refuse new sends at once
+                # Refuse new sends at once (the message below replaces this one).
+                self.fault = WorkerLostError(
+                    f"the isolated {self.owner.name} worker (pid {self.proc.pid}) was lost",
+                    cause=cause,
+                )
             self.flush_wake.notify_all()  # the flusher ends
         if kill and self.proc.poll() is None:
             with contextlib.suppress(OSError):
