@@ -272,7 +272,9 @@ class _Recorder:
                 kwargs = {k: a.copy() if type(a) is np.ndarray else a for k, a in kwargs.items()}
             buffers = (*_buffers(args), *_buffers(kwargs.values()))
             self.calls.append(
-                RecordedCall(obj, name, real, args, kwargs, tuple(inputs), tuple(outputs), buffers)
+                RecordedCall(
+                    obj, name, real, args, kwargs, tuple(inputs), tuple(outputs), buffers
+                )
             )
             return result
 

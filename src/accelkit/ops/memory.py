@@ -82,20 +82,6 @@ class MemoryManager(DeviceMemoryManager):
         self.backend.check_ready()
         self.kernels.free(buf)
 
-    def _after_other_streams(self) -> None:
-        """Before a copy into existing memory: the current stream waits for the work queued so
-        far on the others, which may read that memory (a tensor remembers its last writer, not
-        its readers: an op queued on another stream read the new values). With one stream,
-        stream order is enough."""
-        backend = self.backend
-        streams = backend._streams
-        if len(streams) == 1 or (backend._capture is not None and backend._capture.mine()):
-            return  # (a capture records one stream: a wait on another is no part of it)
-        current = backend.current_stream
-        for stream in list(streams):
-            if stream is not current and stream.submitted > stream.completed:
-                current.wait_event(stream.record_event())
-
     # -- transfers --------------------------------------------------------------------------------
     async def copy_htod(self, dst: DeviceBuffer | Tensor, src: Any) -> None:
         if self.backend._capture is not None:
@@ -116,7 +102,6 @@ class MemoryManager(DeviceMemoryManager):
             return
         data = await self.kernels.stage(np.frombuffer(view, np.uint8))
         buf = self.owned_buffer(dst, "dst")  # still live after the await
-        self._after_other_streams()
         await self.kernels.write(buf, data, dst if isinstance(dst, Tensor) else None)
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
@@ -150,7 +135,6 @@ class MemoryManager(DeviceMemoryManager):
         self.backend.check_ready()
         if s.nbytes == 0:
             return
-        self._after_other_streams()
         self.kernels.copy(
             d,
             s,
