@@ -272,9 +272,7 @@ class _Recorder:
                 kwargs = {k: a.copy() if type(a) is np.ndarray else a for k, a in kwargs.items()}
             buffers = (*_buffers(args), *_buffers(kwargs.values()))
             self.calls.append(
-                RecordedCall(
-                    obj, name, real, args, kwargs, tuple(inputs), tuple(outputs), buffers
-                )
+                RecordedCall(obj, name, real, args, kwargs, tuple(inputs), tuple(outputs), buffers)
             )
             return result
 
@@ -434,9 +432,11 @@ class CapturedGraph:
             call.method(*call.args, **call.kwargs)
 
     async def write(self, dst: Tensor, values: Any) -> None:
-        """Copy host ``values`` into the input tensor ``dst`` (after the work queued so far,
-        before the next replay). The shape is fixed: ``values`` must have ``dst``'s shape; it is
-        converted to ``dst``'s dtype as ``np.asarray`` would."""
+        """Copy host ``values`` into the input tensor ``dst`` (after the work queued so far on
+        the graph's stream and dst's last write, before the next replay; a read of dst queued
+        on another stream is the program's to order, with an event). The shape is fixed:
+        ``values`` must have ``dst``'s shape; it is converted to ``dst``'s dtype as
+        ``np.asarray`` would."""
         self._check("write")
         self._check_input("write", dst)
         array = np.ascontiguousarray(values, dtype=dst.dtype.to_numpy())

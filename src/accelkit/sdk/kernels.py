@@ -607,9 +607,11 @@ class MemoryKernels(ABC):
         self, buffer: DeviceBuffer, data: np.ndarray[Any, Any], dst: Tensor | None
     ) -> None:
         """Copy ``data`` (what :meth:`stage` returned: ``data.nbytes`` bytes, at most
-        ``buffer.nbytes``) into the start of ``buffer``, after the work queued so far that uses
-        it (through ``dst``, the tensor over it, when the caller passed one: order the write
-        after its writer and record it as written), and return once the copy has completed."""
+        ``buffer.nbytes``) into the start of ``buffer``, after the work queued so far on the
+        current stream and the last write of ``dst`` (the tensor over it, when the caller passed
+        one: order the write after its writer on any stream, and record it as written), and
+        return once the copy has completed. Reads of it queued on other streams are the
+        program's to order (an event), as in CUDA."""
 
     @abstractmethod
     async def read(
@@ -630,9 +632,10 @@ class MemoryKernels(ABC):
         src_tensor: Tensor | None,
     ) -> None:
         """Submit a copy of the first ``nbytes`` bytes of ``src`` into ``dst`` (``nbytes`` > 0,
-        at most either size) on the current stream, after the writers of ``src_tensor`` and the
-        users of ``dst_tensor`` (None where the caller passed a buffer), recording
-        ``dst_tensor`` as written; return at once."""
+        at most either size) on the current stream, after the writers of ``src_tensor`` and of
+        ``dst_tensor`` on any stream (None where the caller passed a buffer), recording
+        ``dst_tensor`` as written; return at once. Reads of ``dst_tensor`` queued on other
+        streams are the program's to order (an event), as in CUDA."""
 
     @abstractmethod
     async def read_tensor(self, tensor: Tensor) -> np.ndarray[Any, Any]:
