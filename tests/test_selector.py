@@ -267,6 +267,9 @@ def test_a_backend_that_does_not_drive_the_device_asked_for_says_so_not_that_non
     monkeypatch.setenv("ACCELKIT_BACKEND", "fakegpu")
     with pytest.raises(BackendNotFoundError, match=r"backend 'fakegpu' \(ACCELKIT_BACKEND\)"):
         accelkit.select("cpu:0", registry=reg)
+    monkeypatch.setenv("ACCELKIT_BACKEND", "nosuch")
+    with pytest.raises(BackendNotFoundError, match=r"ACCELKIT_BACKEND='nosuch': no backend named"):
+        accelkit.select(registry=reg)
 
 
 def test_a_device_that_does_not_exist_is_an_error_not_another_device(reg: Registry) -> None:

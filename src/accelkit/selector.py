@@ -196,7 +196,12 @@ def select(
     scored: list[Candidate] = []
     descriptors = reg.descriptors()
     if backend is not None:
-        descriptors = [reg.descriptor(backend)]  # raises, with the reason, if unusable
+        try:
+            descriptors = [reg.descriptor(backend)]  # raises, with the reason, if unusable
+        except BackendNotFoundError as exc:
+            if not env_backend:
+                raise
+            raise BackendNotFoundError(f"ACCELKIT_BACKEND={env_backend!r}: {exc}") from None
     for desc in descriptors:
         if want_kind is not None and want_kind not in desc.device_kinds:
             rejected.append(

@@ -155,7 +155,11 @@ def test_block_for_reads_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gemm_tuning.block_for(_Device(), DType.F32) == gemm_tuning.DEFAULT_BLOCKS[DType.F32]
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"format": "other", "version": 1}'])
+@pytest.mark.parametrize(
+    "text",
+    ["{not json", '{"format": "other", "version": 1}', "[" * 100_000],  # (RecursionError)
+    ids=["not-json", "foreign", "too-deep"],
+)
 def test_unusable_store_means_default(text: str) -> None:
     path = gemm_tuning.tuning_path()
     path.parent.mkdir(parents=True, exist_ok=True)

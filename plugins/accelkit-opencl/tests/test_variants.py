@@ -118,11 +118,12 @@ def test_hanging_and_wrong_candidates_are_rejected(
     assert "max error" in choice.reason
 
 
+@pytest.mark.parametrize("corrupt", ["{ not json", "[" * 100_000], ids=["not-json", "too-deep"])
 def test_verdicts_are_reused_and_a_corrupt_store_is_rebuilt(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    store: Path, monkeypatch: pytest.MonkeyPatch, corrupt: str
 ) -> None:
     dev = _device()
-    store.write_text("{ not json", encoding="utf-8")
+    store.write_text(corrupt, encoding="utf-8")
     v = verifier_for(dev, 0)
     assert "reduce_wg" in v.pending()
     v.run(families=["reduce_wg"])

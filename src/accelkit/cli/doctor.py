@@ -308,6 +308,11 @@ def _report_quarantine(
     )
 
 
+def _normalized(distribution: str) -> str:
+    """A distribution's name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
 def _duplicate_fix(error: str, shadowed: str) -> str:
     """The advice for two plugins of one name: which distributions to choose between (the
     advice named only the shadowed one, as if it were the one to remove)."""
@@ -315,7 +320,9 @@ def _duplicate_fix(error: str, shadowed: str) -> str:
     used = match.group(1) if match else ""
     if not used or used == "?":
         return f"uninstall the one you do not want (this one: pip uninstall '{shadowed}')"
-    if used.replace("_", "-").lower() == shadowed.replace("_", "-").lower():
+    if _normalized(used) == "accelkit":  # a built-in backend's name, taken by a plugin
+        return f"pip uninstall '{shadowed}', or have its authors rename its entry point"
+    if _normalized(used) == _normalized(shadowed):
         return (
             f"'{used}' is installed twice (in two folders on sys.path): pip uninstall '{used}'"
             " until pip finds none, then install it once"

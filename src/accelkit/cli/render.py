@@ -52,9 +52,10 @@ def table(
 
 def _one_line(cell: object) -> str:
     text = "" if cell is None else str(cell)
-    if "\n" not in text:
+    parts = text.splitlines()  # (any line break: \r, \v and \f garble a row too)
+    if len(parts) <= 1 and (not parts or parts[0] == text):
         return text
-    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    lines = [line.rstrip() for line in parts if line.strip()]
     return f"{lines[0]} ..." if lines else ""
 
 

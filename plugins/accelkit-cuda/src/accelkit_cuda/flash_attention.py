@@ -348,7 +348,7 @@ def verdict(
     if recheck is None:
         recheck = env_str("ACCELKIT_CUDA_FLASH2") == "recheck"
     if not recheck:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, RecursionError):
             stored = json.loads(path.read_text())
             ok, reason = bool(stored["ok"]), str(stored["reason"])
             return None if ok else f"{reason} (a stored verdict: {path.name})"

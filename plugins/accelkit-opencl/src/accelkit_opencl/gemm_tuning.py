@@ -134,7 +134,7 @@ def _load() -> dict[str, dict[str, GemmBlock]]:
     if _stored is None:
         try:
             _stored = _parse(json.loads(tuning_path().read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
             _stored = {}
     return _stored
 

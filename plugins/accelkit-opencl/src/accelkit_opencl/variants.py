@@ -202,8 +202,8 @@ def _read_store(path: Path) -> dict[str, Any]:
         if not isinstance(devices, dict):
             raise ValueError("no devices")
         return devices
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return {}  # (RecursionError: nested deeper than json parses)
 
 
 def _write_store(path: Path, devices: dict[str, Any]) -> None:
@@ -652,7 +652,7 @@ def overrides_from_env() -> dict[str, str]:
     try:
         data = json.loads(raw)
         return {str(k): str(v) for k, v in dict(data).items()}
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return {}
 
 

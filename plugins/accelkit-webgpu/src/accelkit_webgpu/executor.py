@@ -441,7 +441,7 @@ class WebGPUKernelExecutor(WebGPUComponent, KernelExecutor):
             if data.get("format") != _FORMAT or data.get("version") != _VERSION:
                 return None
             return ShaderMeta.from_json(data)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def _write_disk(self, key: str, meta: ShaderMeta) -> None:
