@@ -639,6 +639,50 @@ async def test_a_shutdown_during_an_automatic_recovery_stays_shut_down(
     _no_leak([pid])
 
 
+@pytest.mark.parametrize("auto_recover", [False, True], ids=["two-recovers", "auto-and-recover"])
+async def test_recoveries_at_once_start_one_worker(anyio_backend: str, auto_recover: bool) -> None:
+    """Two recover() calls at once (or one beside the automatic recovery) each started a worker;
+    one was installed, and the other outlived shutdown."""
+    before = _worker_children()
+    b, pid = await _lost_worker(auto_recover=auto_recover)
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(b.recover)
+        with anyio.fail_after(60):
+            while b._recover_thread is not None:  # noqa: ASYNC110 - a thread
+                await anyio.sleep(0.05)
+        assert b.is_ready
+        assert len(b._restarts) == 1, b._restarts
+        assert len(_worker_children() - before) == 1  # the one installed
+    finally:
+        await b.shutdown()
+    _no_leak([pid])
+    deadline = time.monotonic() + 10
+    while (left := _worker_children() - before) and time.monotonic() < deadline:  # noqa: ASYNC110 - processes ending
+        await anyio.sleep(0.05)
+    assert not left
+
+
+def _worker_children() -> set[int]:
+    """The isolated workers this process started that are alive (not zombies)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        state, ppid = fields[0], int(fields[1])
+        if ppid == os.getpid() and state != "Z" and b"isolation.worker" in cmdline:
+            found.add(int(entry))
+    return found
+
+
 async def test_a_recover_overlapping_a_shutdown_installs_no_worker(anyio_backend: str) -> None:
     """recover() starting a new worker while shutdown() runs and returns: it finds the backend
     shut down and stops that worker (it installed it, ready, once shutdown had cleared its

@@ -1195,6 +1195,7 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         self._recover_thread: threading.Thread | None = None
         #: Inside recover(): a fault it settles starts no automatic recovery beside it.
         self._recovering = False
+        self._recover_lock = threading.Lock()
 
     # -- hooks ------------------------------------------------------------------------------------
     def _device_count(self) -> int:
@@ -1327,7 +1328,19 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         """Start a new worker after a fault and reopen the device in it: every tensor, stream,
         event and kernel handle from before is stale (StaleHandleError), and the backend is
         ready again. Nothing to do while the worker is healthy. Rate-limited: at most
-        ``max_restarts`` within ``restart_window`` seconds (DeviceError beyond)."""
+        ``max_restarts`` within ``restart_window`` seconds (DeviceError beyond). One recovery
+        at a time: a second (the automatic one's thread, another task) waits for the first,
+        then finds the worker healthy (two started a worker each, and one outlived shutdown)."""
+        # The holder may run on another thread's event loop (no anyio primitive spans both);
+        # a blocking acquire on a worker thread would take the lock after a cancellation.
+        while not self._recover_lock.acquire(blocking=False):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+        try:
+            await self._recover()
+        finally:
+            self._recover_lock.release()
+
+    async def _recover(self) -> None:
         link = self._link
         if self._state is _READY and link is not None and link.fault is None:
             return
