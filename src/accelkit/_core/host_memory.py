@@ -5,8 +5,9 @@ alive."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -111,20 +112,27 @@ def _being_read(buffer: DeviceBuffer) -> bool:
     return id(buffer) in _reads
 
 
-def _begin_read(buffer: DeviceBuffer) -> None:
+@contextlib.contextmanager
+def _reading(buffer: DeviceBuffer | None) -> Iterator[None]:
+    """A host copy reads ``buffer`` (None: not a pooled block) inside the block; what waits
+    for its reads (:func:`_after_reads`) runs once the last one ends."""
+    if buffer is None:
+        yield
+        return
     with _reads_lock:
         _reads.setdefault(id(buffer), [0, []])[0] += 1
-
-
-def _end_read(buffer: DeviceBuffer) -> None:
-    with _reads_lock:
-        entry = _reads[id(buffer)]
-        entry[0] -= 1
-        if entry[0]:
-            return
-        del _reads[id(buffer)]
-    for fn in entry[1]:
-        fn()
+    try:
+        yield
+    finally:
+        with _reads_lock:
+            entry = _reads[id(buffer)]
+            entry[0] -= 1
+            done = not entry[0]
+            if done:
+                del _reads[id(buffer)]
+        if done:
+            for fn in entry[1]:
+                fn()
 
 
 def _after_reads(buffer: DeviceBuffer, fn: Callable[[], None]) -> None:
@@ -161,13 +169,8 @@ async def copy_to_host(array: Array, buffer: DeviceBuffer | None = None) -> Arra
     done."""
     if array.nbytes < OFF_LOOP_COPY_BYTES:
         return _copy(array)
-    if buffer is not None:
-        _begin_read(buffer)
-    try:
+    with _reading(buffer):
         copied: Array = await anyio.to_thread.run_sync(_copy, array)
-    finally:
-        if buffer is not None:
-            _end_read(buffer)
     return copied
 
 
@@ -181,10 +184,5 @@ async def copy_into(dst: Array, src: Array, buffer: DeviceBuffer | None = None) 
     if src.nbytes < OFF_LOOP_COPY_BYTES:
         dst[...] = src
         return
-    if buffer is not None:
-        _begin_read(buffer)
-    try:
+    with _reading(buffer):
         await anyio.to_thread.run_sync(np.copyto, dst, src)
-    finally:
-        if buffer is not None:
-            _end_read(buffer)

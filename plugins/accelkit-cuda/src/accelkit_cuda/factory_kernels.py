@@ -185,9 +185,7 @@ def uniform_bounds(a: float, b: float, acc: str, out: Any) -> tuple[float, float
         return rounded(wide(offset) + wide(scale) * u)  # NumPy's rounding is the kernel's
 
     plain = (a, float(wide(b - a)))
-    if not a < b:
-        return plain
-    bounds = uniform_range(a, b, t)
+    bounds = uniform_range(a, b, t)  # (None where a >= b, too)
     if bounds is None:
         return plain
     if rounded(wide(a)) >= a and top_of(a, plain[1]) < b:

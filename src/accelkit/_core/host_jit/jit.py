@@ -73,22 +73,25 @@ _helpers: ThreadPoolExecutor | None = None
 _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+#: ACCELKIT_CPU_JIT's values (lower-cased) and the mode each means; any other is auto, reported.
+_MODES = (
+    dict.fromkeys(("0", "off", "false", "no"), "off")
+    | dict.fromkeys(("", "1", "on", "true", "yes", "auto"), "auto")
+    | {"eager": "eager"}
+)
+
+
 def _mode() -> str:
-    value = os.environ.get(ENV, "auto").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return "off"
-    if value == "eager":
-        return "eager"
-    if (problem := bad_setting()) is not None:
-        log.warning("%s: using auto", problem)
-    return "auto"
+    mode = _MODES.get(os.environ.get(ENV, "auto").strip().lower())
+    if mode is None:
+        log.warning("%s: using auto", bad_setting())
+    return mode or "auto"
 
 
 def bad_setting() -> str | None:
     """What is wrong with ``ACCELKIT_CPU_JIT`` (None: nothing); a bad value is taken as auto
     (the CPU backend still works), and ``accelkit doctor`` reports it."""
-    value = os.environ.get(ENV, "auto").strip().lower()
-    if value in ("", "0", "off", "false", "no", "eager", "1", "on", "true", "yes", "auto"):
+    if os.environ.get(ENV, "auto").strip().lower() in _MODES:
         return None
     return f"{ENV}={os.environ.get(ENV)!r} is not one of auto, eager, 0"
 
