@@ -246,3 +246,53 @@ def test_the_numpy_norms_sum_squares_in_float64_as_the_jit_does() -> None:
     np.testing.assert_allclose(out, rms, rtol=4 * float(np.finfo(np.float32).eps))
     h.layer_norm(x, None, None, 1e-5, out, accel=h.NUMPY_ONLY)
     np.testing.assert_allclose(out, ln, rtol=8 * float(np.finfo(np.float32).eps), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (0.0, 1.0),
+        (-1.0, 1e-3),
+        (0.1, 0.1000001),
+        (-np.inf, np.inf),
+        (3e38, np.inf),
+        (-np.inf, -1e300),
+        (1.0, 1.0),
+        (2.0, 1.0),
+        (1.0, -np.inf),
+        (-np.inf, -np.inf),
+        (np.inf, np.inf),
+        (np.nan, 1.0),
+        (0.0, np.nan),
+    ],
+)
+def test_uniform_range_is_the_dtypes_first_and_last_value_in_a_b(
+    a: float, b: float, dtype: Any
+) -> None:
+    """``sdk.uniform_range``: the smallest value of the dtype at or above ``a`` and the largest
+    below ``b``, each checked against its neighbour (which must fall outside ``[a, b)``); None
+    where no value is in the range, ``b = -inf`` and NaN bounds included (it looped forever
+    on ``b = -inf``)."""
+    from accelkit.sdk import uniform_range
+
+    t = np.dtype(dtype)
+    got = uniform_range(a, b, t)
+    if not a < b:
+        assert got is None
+        return
+    with np.errstate(over="ignore"):
+        up = np.array(a, t)  # a rounded to nearest: the first value from a on is it or the next
+    if float(up) < a:
+        up = np.nextafter(up, np.array(np.inf, t))
+    if got is None:  # only where the dtype holds nothing in [a, b)
+        assert float(up) >= b
+        return
+    assert got[0] == float(up)
+    low, high = (np.array(v, t) for v in got)
+    assert float(low) == got[0]  # exact in the dtype
+    assert float(high) == got[1]
+    assert a <= float(low) <= float(high) < b
+    assert float(np.nextafter(low, np.array(-np.inf, t))) < a or np.isneginf(low)
+    with np.errstate(over="ignore"):
+        assert float(np.nextafter(high, np.array(np.inf, t))) >= b

@@ -357,9 +357,12 @@ class RandomDraw:
 def uniform_range(a: float, b: float, dtype: Any) -> tuple[float, float] | None:
     """The values of NumPy ``dtype`` a uniform draw over ``[a, b)`` may take once rounded to
     it: its smallest value from ``a`` on and its largest below ``b``, exact as floats; None
-    where it holds no value in ``[a, b)``."""
+    where it holds no value in ``[a, b)`` (``a >= b`` or either NaN included)."""
+    if not a < b:  # also what ends the loops below: b > -inf, a < inf
+        return None
     t = np.dtype(dtype)
-    top, bottom = np.array(b, t), np.array(a, t)
+    with np.errstate(over="ignore"):  # a bound beyond the dtype's range rounds to an infinity
+        top, bottom = np.array(b, t), np.array(a, t)
     while float(top) >= b:
         top = np.nextafter(top, np.array(-np.inf, t))
     while float(bottom) < a:
