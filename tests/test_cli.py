@@ -708,10 +708,13 @@ def test_calibrate_reports_a_device_that_fails_and_quarantines_its_plugin(
         device_kinds=frozenset({"flaky"}),
         backend_class="accelkit.backends.cpu.backend:CPUBackend",
     )
+    class Flaky(CPUBackend):
+        name = "flaky"
+
     # the CPU backend's class cannot initialize device flaky:0: a driver failing at initialize
     registry.register(
         desc,
-        backend_class=CPUBackend,
+        backend_class=Flaky,
         probe=lambda: [DeviceInfo(device="flaky:0", backend="flaky", name="Flaky")],
     )
     monkeypatch.setenv("ACCELKIT_PLUGINS", "cpu,flaky")
@@ -720,7 +723,7 @@ def test_calibrate_reports_a_device_that_fails_and_quarantines_its_plugin(
         assert status == 1
         assert out.splitlines()[2].split()[:2] == ["cpu", "cpu:0"]  # the others are measured
         assert err == (
-            "accelkit calibrate: flaky on flaky:0 failed: backend 'cpu' cannot drive device"
+            "accelkit calibrate: flaky on flaky:0 failed: backend 'flaky' cannot drive device"
             " flaky:0; it drives cpu\n"
         )
         assert "cpu/cpu:0" in json.loads((isolated / "calibration.json").read_text())["entries"]

@@ -19,7 +19,12 @@ import accelkit
 from accelkit import Device, DType, Requirements, Selection
 from accelkit.capabilities import BackendCapabilities, PerformanceHints
 from accelkit.device import DeviceInfo
-from accelkit.errors import BackendNotFoundError, DeviceError, InvalidArgumentError
+from accelkit.errors import (
+    BackendNotFoundError,
+    DeviceError,
+    InvalidArgumentError,
+    PluginLoadError,
+)
 from accelkit.plugins import PluginDescriptor
 from accelkit.registry import Registry
 from accelkit.sdk import HostStream, Opened
@@ -502,12 +507,36 @@ async def test_open_backend_quarantines_a_backend_whose_initialize_fails(reg: Re
             pytest.fail("the body must not run")  # pragma: no cover
     record = {r.name: r for r in reg.quarantined()}["flaky"]
     assert record.stage == "initialize"
+    assert record.distribution == "accelkit-flaky"
     assert "device lost" in record.error
     assert "Traceback" in record.traceback
     # an explicit request for it now fails with the reason, never becoming another backend
     with pytest.raises(BackendNotFoundError, match=r"quarantined \(initialize\).*device lost"):
         async with accelkit.open_backend("flaky", registry=reg):
             pytest.fail("the body must not run")  # pragma: no cover
+
+
+@pytest.mark.anyio
+async def test_a_backend_class_named_as_another_plugin_is_refused_not_that_plugin(
+    reg: Registry,
+) -> None:
+    """A plugin whose backend subclasses another plugin's class and keeps its ``name`` is
+    quarantined itself, at import: its failures were recorded under the other name (a failed
+    ``initialize`` put the healthy plugin in quarantine)."""
+    from accelkit.backends.cpu.backend import CPUBackend
+
+    class Copied(CPUBackend):  # name stays "cpu"
+        device_kinds = frozenset({"copied"})
+
+    reg.register(_descriptor("copied", kind="copied"), Copied, _probe("copied", "copied", 0, 1.0))
+    reg.register(_descriptor("cpu", kind="cpu"), CPUBackend, _probe("cpu", "cpu", 0, 1.0))
+    with pytest.raises(PluginLoadError, match=r"\.name is 'cpu', not the plugin's name 'copied'"):
+        accelkit.create_backend("copied", registry=reg)
+    records = [(r.name, r.stage) for r in reg.quarantined()]
+    assert ("copied", "import") in records
+    assert "cpu" not in [name for name, _ in records]
+    async with accelkit.open_backend("cpu", registry=reg) as backend:
+        assert backend.name == "cpu"
 
 
 # -- helpers ----------------------------------------------------------------------------------------

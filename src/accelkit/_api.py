@@ -102,7 +102,17 @@ def create_backend(
     """
     from accelkit.registry import default_registry
 
-    reg = registry or default_registry
+    return _create(target, requires, policy, registry or default_registry, isolate)[1]
+
+
+def _create(
+    target: str | Device | Selection | None,
+    requires: Requirements | None,
+    policy: str,
+    reg: Registry,
+    isolate: bool,
+) -> tuple[str, ComputeBackend]:
+    """(the plugin's name, its new backend) for :func:`create_backend`."""
     name, device = _resolve(target, requires, policy, reg)
     if isolate:
         from accelkit._core.isolation.backend import IsolatedBackend
@@ -111,7 +121,7 @@ def create_backend(
     else:
         backend = reg.backend_class(name)()
     backend.selected_device = device
-    return backend
+    return name, backend
 
 
 class BackendContext(AbstractAsyncContextManager["ComputeBackend"]):
@@ -206,15 +216,14 @@ async def _open_backend(
     from accelkit.registry import default_registry
 
     reg = registry or default_registry
-    backend = create_backend(
-        target, requires=requires, policy=policy, registry=reg, isolate=isolate
-    )
+    name, backend = _create(target, requires, policy, reg, isolate)
+    distribution = reg.descriptor(name).distribution
     try:
         await backend.initialize(backend.selected_device)
     except InvalidArgumentError:  # the caller's input or settings: no fault of the plugin's
         raise
-    except Exception as exc:
-        reg.quarantine(backend.name, "initialize", exc)
+    except Exception as exc:  # the plugin resolved, not the class's name (a subclass may share it)
+        reg.quarantine(name, "initialize", exc, distribution=distribution)
         raise
     except BaseException:  # cancelled while opening: release what was opened (a worker)
         with anyio.CancelScope(shield=True):

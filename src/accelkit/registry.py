@@ -384,6 +384,12 @@ class Registry:
                     cls = _import_path(desc.backend_class)
                 if not (isinstance(cls, type) and issubclass(cls, ComputeBackend)):
                     raise PluginLoadError(f"{desc.backend_class} is not a ComputeBackend subclass")
+                if cls.name != name:  # the name its errors, records and fallback events carry
+                    raise PluginLoadError(
+                        f"{cls.__module__}:{cls.__qualname__}.name is {cls.name!r}, not the"
+                        f" plugin's name {name!r} (a subclass of another backend sets its own"
+                        f" `name = {name!r}`)"
+                    )
             except (Exception, SystemExit) as exc:
                 self.quarantine(name, "import", exc, distribution=desc.distribution)
                 raise PluginLoadError(
