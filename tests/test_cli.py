@@ -583,12 +583,12 @@ def test_doctor_notes_disabled_plugins(
     assert "'nosuchplugin', which is not installed" in notes[("settings", "ACCELKIT_PLUGINS")]
 
 
-@pytest.mark.parametrize(("allow", "deny"), [("cpuu", ""), (",", ""), ("cpu", "CPU")])
+@pytest.mark.parametrize(("allow", "deny"), [("cpuu", ""), ("cpu", "CPU")])
 def test_disabling_every_plugin_is_a_problem_said_as_such(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, allow: str, deny: str
 ) -> None:
-    """A typo in the allow-list, a list naming nothing, or the deny-list (compared without
-    case) leaving no plugin: doctor said "healthy" and exited 0, select said "no plugin is
+    """A typo in the allow-list or the deny-list (compared without case) leaving no plugin
+    (separators alone are a malformed setting: the next test): doctor said "healthy" and exited 0, select said "no plugin is
     installed"."""
     monkeypatch.setenv("ACCELKIT_PLUGINS", allow)
     monkeypatch.setenv("ACCELKIT_DISABLE_PLUGINS", deny)
@@ -600,6 +600,20 @@ def test_disabling_every_plugin_is_a_problem_said_as_such(
     assert status != 0
     assert "installed plugins disabled by ACCELKIT_PLUGINS or ACCELKIT_DISABLE_PLUGINS" in err
     assert "no plugin is installed" not in err
+
+
+def test_an_allow_list_naming_nothing_is_a_malformed_setting(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACCELKIT_PLUGINS=',' disabled every plugin without a word about the value."""
+    monkeypatch.setenv("ACCELKIT_PLUGINS", " , ")
+    status, data = run_json(capsys, "doctor")
+    assert status == 1
+    problems = {(p["check"], p["subject"]): p["message"] for p in data["problems"]}
+    assert "names no plugin" in problems[("settings", "ACCELKIT_PLUGINS")]
+    status, _out, err = run(capsys, "select")
+    assert status == 2
+    assert "ACCELKIT_PLUGINS=',' names no plugin" in err  # the value, stripped
 
 
 def test_a_malformed_setting_is_the_user_s_error_not_the_plugin_s(
@@ -708,6 +722,7 @@ def test_calibrate_reports_a_device_that_fails_and_quarantines_its_plugin(
         device_kinds=frozenset({"flaky"}),
         backend_class="accelkit.backends.cpu.backend:CPUBackend",
     )
+
     class Flaky(CPUBackend):
         name = "flaky"
 

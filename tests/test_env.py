@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from accelkit._core.env import env_flag, env_names, env_seconds, env_str
+from accelkit._core.env import env_flag, env_name, env_names, env_seconds, env_str
 from accelkit.errors import InvalidArgumentError
 
 VAR = "ACCELKIT_TEST_SETTING"
@@ -77,7 +77,6 @@ def test_str_unset_is_none() -> None:
         ("cpu,opencl", {"cpu", "opencl"}),
         (" CPU , OpenCL ,, ", {"cpu", "opencl"}),
         ("fake_gpu2", {"fake_gpu2"}),
-        (",", set()),  # a list that names nothing allows nothing
     ],
 )
 def test_names_parse_a_comma_separated_list(
@@ -114,6 +113,30 @@ def test_names_malformed_is_an_error_naming_the_bad_item(
     assert f"{VAR}={value!r}" in message
     assert bad in message
     assert "comma-separated list like 'cpu,opencl'" in message
+
+
+@pytest.mark.parametrize("value", [",", " , ,", ",,,"])
+def test_names_naming_nothing_is_an_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """Separators alone are a mistake: as a list of nothing, ACCELKIT_PLUGINS=',' disabled every
+    plugin."""
+    monkeypatch.setenv(VAR, value)
+    with pytest.raises(InvalidArgumentError, match="names no plugin"):
+        env_names(VAR)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("cpu", "cpu"), (" OpenCL ", "opencl")])
+def test_name_parses_one_backend_name(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(VAR, value)
+    assert env_name(VAR) == expected
+
+
+@pytest.mark.parametrize("value", ["cpu;x", "cpu,opencl", "9lives", "fake-gpu"])
+def test_name_malformed_is_an_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(VAR, value)
+    with pytest.raises(InvalidArgumentError, match=r"is not a backend name; expected one name"):
+        env_name(VAR)
 
 
 # -- env_seconds ------------------------------------------------------------------------------------

@@ -105,3 +105,24 @@ async def test_an_in_place_op_on_the_fallback_writes_the_caller_s_tensors() -> N
         for name, t, e in zip(("param", "m", "v"), got, expected, strict=True):
             assert not np.array_equal(e, start[("param", "grad", "m", "v").index(name)])
             np.testing.assert_array_equal(await t.to_host(), e, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("ACCELKIT_BACKEND", "subset"), ("ACCELKIT_DEVICE", "subset:0")]
+)
+async def test_the_override_settings_choose_the_primary_not_the_fallback(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """ACCELKIT_BACKEND made the fallback a second copy of the primary (which refuses what the
+    first refused), and ACCELKIT_DEVICE made opening the fallback fail."""
+    monkeypatch.setenv(variable, value)
+    async with ak.open_backend(None, fallback="cpu") as backend:
+        assert backend.name == "subset"
+        fb = backend.fallback
+        assert fb is not None
+        assert fb.fallback_backend.name == "cpu"
+        q, k, v = _qkv(backend.tensor_factory)
+        out = backend.tensor_ops.attention(q, k, v)
+        want = _reference(q.numpy(), k.numpy(), v.numpy())
+        np.testing.assert_allclose(await out.to_host(), want, rtol=1e-5, atol=1e-6)
+        assert [e.fallback for e in fb.events] == ["cpu"]

@@ -317,6 +317,10 @@ def test_accelkit_backend_overrides_the_argument(
     monkeypatch.setenv("ACCELKIT_BACKEND", "nope")
     with pytest.raises(BackendNotFoundError, match="'nope'"):
         accelkit.select(registry=reg)
+    for malformed in ("cpu;x", "cpu,fakegpu"):  # parsed strictly, as the other settings are
+        monkeypatch.setenv("ACCELKIT_BACKEND", malformed)
+        with pytest.raises(InvalidArgumentError, match=r"is not a backend name; expected one"):
+            accelkit.select(registry=reg)
 
 
 def test_accelkit_device_overrides_the_argument(

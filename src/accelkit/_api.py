@@ -33,11 +33,13 @@ def _resolve(
     requires: Requirements | None,
     policy: str,
     registry: Registry | None,
+    env: bool = True,
 ) -> tuple[str, Device]:
     """(backend name, device) for what the user asked for. The public boundary: a device's
-    string form is parsed here, once; everything further in takes the :class:`Device`."""
+    string form is parsed here, once; everything further in takes the :class:`Device`.
+    ``env``: whether ``ACCELKIT_BACKEND`` and ``ACCELKIT_DEVICE`` apply (not to a fallback)."""
     from accelkit.registry import default_registry
-    from accelkit.selector import Selection, select
+    from accelkit.selector import Selection, _select
 
     reg = registry or default_registry
     if isinstance(target, Selection):
@@ -47,9 +49,9 @@ def _resolve(
         if ":" in text:  # a device ('cuda:1', 'dask://host:8786'): the best backend for it
             target = Device.parse(text)
         else:
-            return _resolve_name(text.lower(), requires, policy, reg)
+            return _resolve_name(text.lower(), requires, policy, reg, env)
     if target is None or isinstance(target, Device):
-        sel = select(target, requires, policy, registry=reg)
+        sel = _select(target, requires, policy, None, reg, env=env)
         return sel.backend, sel.device
     raise InvalidArgumentError(
         "expected a backend name ('cpu'), a device ('cuda:0'), a Device or a Selection; got"
@@ -58,14 +60,14 @@ def _resolve(
 
 
 def _resolve_name(
-    text: str, requires: Requirements | None, policy: str, reg: Registry
+    text: str, requires: Requirements | None, policy: str, reg: Registry, env: bool
 ) -> tuple[str, Device]:
     """(backend name, device) for a backend name ('cpu': its best device) or a device kind
     ('cuda': the best backend and device of that kind)."""
-    from accelkit.selector import select
+    from accelkit.selector import _select
 
     if text in reg.names():
-        sel = select(None, requires, policy, backend=text, registry=reg)
+        sel = _select(None, requires, policy, text, reg, env=env)
         return sel.backend, sel.device
     kinds = {kind for d in reg.descriptors() for kind in d.device_kinds}
     if text not in kinds:
@@ -77,7 +79,7 @@ def _resolve_name(
             f" kind {text!r} (installed: {', '.join(reg.names()) or 'none'})"
             + not_found_hint(text, [*reg.names(), *kinds])
         )
-    sel = select(text, requires, policy, registry=reg)  # a device kind ('cuda')
+    sel = _select(text, requires, policy, None, reg, env=env)  # a device kind ('cuda')
     return sel.backend, sel.device
 
 
@@ -111,9 +113,10 @@ def _create(
     policy: str,
     reg: Registry,
     isolate: bool,
+    env: bool = True,
 ) -> tuple[str, ComputeBackend]:
     """(the plugin's name, its new backend) for :func:`create_backend`."""
-    name, device = _resolve(target, requires, policy, reg)
+    name, device = _resolve(target, requires, policy, reg, env)
     if isolate:
         from accelkit._core.isolation.backend import IsolatedBackend
 
@@ -212,11 +215,12 @@ async def _open_backend(
     registry: Registry | None = None,
     fallback: str | Device | None = None,
     isolate: bool = False,
+    env: bool = True,
 ) -> AsyncIterator[ComputeBackend]:
     from accelkit.registry import default_registry
 
     reg = registry or default_registry
-    name, backend = _create(target, requires, policy, reg, isolate)
+    name, backend = _create(target, requires, policy, reg, isolate, env)
     distribution = reg.descriptor(name).distribution
     try:
         await backend.initialize(backend.selected_device)
@@ -233,7 +237,7 @@ async def _open_backend(
         if fallback is None:
             yield backend
             return
-        async with _open_backend(fallback, registry=reg) as spare:
+        async with _open_backend(fallback, registry=reg, env=False) as spare:
             backend.enable_fallback(spare)
             yield backend
     finally:

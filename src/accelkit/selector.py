@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from accelkit import calibration
-from accelkit._core.env import env_str
+from accelkit._core.env import env_name, env_str
 from accelkit.capabilities import Requirements
 from accelkit.device import Device, DeviceInfo
 from accelkit.dtype import DType
@@ -171,6 +171,21 @@ def select(
 ) -> Selection:
     """Choose the best (backend, device) for ``requires`` under ``policy`` (see the module
     docstring); raises BackendNotFoundError, with every reason, when nothing can serve."""
+    return _select(device, requires, policy, backend, registry, env=True)
+
+
+def _select(
+    device: str | Device | None,
+    requires: Requirements | None,
+    policy: str,
+    backend: str | None,
+    registry: Registry | None,
+    *,
+    env: bool,
+) -> Selection:
+    """:func:`select`, with ``ACCELKIT_BACKEND`` and ``ACCELKIT_DEVICE`` applied where ``env``
+    (not to the backend named as ``open_backend``'s fallback: the settings choose the primary
+    backend, and a fallback turned into a second copy of it refuses what the first refused)."""
     reg = registry or default_registry
     requires = requires or Requirements()
     if not isinstance(requires, Requirements):
@@ -178,9 +193,10 @@ def select(
             f"requires must be a Requirements; got {type(requires).__name__}"
         )
     mode, kind_pref = _policy(policy)
-    env_backend, env_device = env_str("ACCELKIT_BACKEND"), env_str("ACCELKIT_DEVICE")
+    env_backend = env_name("ACCELKIT_BACKEND") if env else None
+    env_device = env_str("ACCELKIT_DEVICE") if env else None
     if env_backend:
-        backend = env_backend.lower()
+        backend = env_backend
     elif isinstance(backend, str) and backend not in (names := reg.names()):
         backend = next((n for n in names if n.lower() == backend.lower()), backend)  # "CPU"
     if env_device:

@@ -11,7 +11,7 @@ import re
 
 from accelkit.errors import InvalidArgumentError
 
-__all__ = ["env_flag", "env_names", "env_seconds", "env_str"]
+__all__ = ["env_flag", "env_name", "env_names", "env_seconds", "env_str"]
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -68,4 +68,21 @@ def env_names(name: str) -> frozenset[str] | None:
             f"{name}={value!r}: {', '.join(map(repr, bad))} is not a backend name; expected a"
             " comma-separated list like 'cpu,opencl'"
         )
+    if not names:  # ',' is a mistake, not a list of nothing (it disabled every plugin)
+        raise InvalidArgumentError(
+            f"{name}={value!r} names no plugin; expected a comma-separated list like"
+            " 'cpu,opencl' (an empty value is the same as an unset one)"
+        )
     return frozenset(names)
+
+
+def env_name(name: str) -> str | None:
+    """One backend name (lower-cased), or None when unset."""
+    value = env_str(name)
+    if value is None:
+        return None
+    if not _NAME.match(value.lower()):
+        raise InvalidArgumentError(
+            f"{name}={value!r} is not a backend name; expected one name like 'cpu'"
+        )
+    return value.lower()
