@@ -162,6 +162,64 @@ async def test_mixed_integer_dtypes_promote(backend: ComputeBackend) -> None:
     np.testing.assert_array_equal(await fetch(ops.bitwise_or(a, b)), [-128 | 3, 127 | -3, 5 | 1000])
 
 
+_U64_MIXED = ["add", "sub", "mul", "maximum", "minimum", "bitwise_and", "bitwise_xor", "lt", "eq"]
+
+
+@pytest.mark.parametrize(
+    "signed", [DType.I8, DType.I32, DType.I64], ids=ids([DType.I8, DType.I32, DType.I64])
+)
+@pytest.mark.parametrize("op", _U64_MIXED)
+async def test_u64_with_a_signed_integer_computes_in_i64(
+    backend: ComputeBackend, op: str, signed: DType
+) -> None:
+    """U64 with a signed integer promotes to I64 (not NumPy's F64): both operands wrap into
+    I64 and the op runs there, comparisons included (the CPU backend rounded through F64:
+    2**60 + 1 lost its 1, 2**64 - 1 became INT64_MIN, and bitwise ops failed)."""
+    require_op(backend, op)
+    require_dtype(backend, DType.U64, signed, DType.I64)
+    top = (1 << 63) - 1 if signed is DType.I64 else int(np.iinfo(signed.to_numpy()).max)
+    uvals = [0, 1, 2**60 + 1, 2**63 - 1, 2**63, 2**64 - 1]
+    svals = [0, -1, 3, top, -top - 1]
+    a = np.array([u for u in uvals for _ in svals], np.uint64)
+    b = np.array([v for _ in uvals for v in svals], signed.to_numpy())
+    f = backend.tensor_factory
+    got = await fetch(getattr(backend.tensor_ops, op)(f.from_host(a), f.from_host(b)))
+    wide = [(_wrap(int(x), DType.I64), int(y)) for x, y in zip(a, b, strict=True)]
+    compute = {
+        "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+        "maximum": max, "minimum": min, "bitwise_and": lambda x, y: x & y,
+        "bitwise_xor": lambda x, y: x ^ y, "lt": lambda x, y: x < y, "eq": lambda x, y: x == y,
+    }[op]  # fmt: skip
+    if op in ("lt", "eq"):
+        want = np.array([compute(x, y) for x, y in wide])
+    else:
+        want = np.array([_wrap(compute(x, y), DType.I64) for x, y in wide], np.int64)
+    np.testing.assert_array_equal(got, want, err_msg=f"{op}(u64, {signed.value})")
+
+
+@pytest.mark.parametrize(
+    ("int_dtype", "value", "float_dtype"),
+    [
+        (DType.I64, 16777217, DType.F32),
+        (DType.I32, 2**31 - 1, DType.F32),
+        (DType.I64, 2**53 + 1, DType.F64),
+    ],
+)
+async def test_an_integer_compared_with_a_float_tensor_is_rounded_to_the_float_first(
+    backend: ComputeBackend, int_dtype: DType, value: int, float_dtype: DType
+) -> None:
+    """A tensor comparison runs in the promoted dtype, the float's (as arithmetic does, and as
+    PyTorch compares): 16777217 as F32 is 16777216 (the CPU backend compared exactly)."""
+    require_dtype(backend, int_dtype, float_dtype)
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    rounded = float(np.array(value).astype(float_dtype.to_numpy()))
+    x = f.from_host(np.array([rounded, rounded + 1e9], float_dtype.to_numpy()))
+    i = f.from_host(np.array([value, value], int_dtype.to_numpy()))
+    np.testing.assert_array_equal(await fetch(ops.eq(x, i)), [True, False])
+    np.testing.assert_array_equal(await fetch(ops.lt(x, i)), [False, False])
+    np.testing.assert_array_equal(await fetch(ops.ge(i, x)), [True, False])
+
+
 @pytest.mark.parametrize(
     ("op", "a_dtype", "b_dtype", "message"),
     [

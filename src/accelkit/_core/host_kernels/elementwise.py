@@ -159,14 +159,30 @@ def _operand(v: Any, dtype: np.dtype[Any]) -> Any:
     return v
 
 
+def _compared(a: Any, b: Any) -> tuple[Any, Any]:
+    """The operands of a comparison: two arrays of different dtypes in their promoted dtype
+    (:func:`accelkit.dtype.result_type`: U64 with a signed integer in I64, an integer with a
+    float in the float's dtype), as every backend compares them; a Python scalar keeps its
+    exact value (NumPy's weak scalars)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype != b.dtype:
+        from accelkit.dtype import _numpy_maps, result_type
+
+        of = _numpy_maps()[1]
+        t = result_type(of[a.dtype], of[b.dtype]).to_numpy()
+        with np.errstate(all="ignore"):  # an integer beyond F16's range rounds to inf
+            return up(a.astype(t)), up(b.astype(t))
+    return up(a), up(b)
+
+
 def binary(op: str, a: Any, b: Any, out: Array) -> None:
-    """``a``/``b`` are arrays or Python scalars; ``out`` has the result dtype."""
+    """``a``/``b`` are arrays or Python scalars; ``out`` has the result dtype, in which the
+    arrays are combined (NumPy's own promotion differs: U64 with I64 in F64)."""
     if op == "pow":
         _pow(a, b, out)
         return
     fn = _BINARY[op]
     if op in ("eq", "ne", "lt", "le", "gt", "ge"):
-        fn(up(a), up(b), out=out)
+        fn(*_compared(a, b), out=out)
         return
     if out.dtype in _LOW:
         with np.errstate(all="ignore"):  # IEEE results (inf, nan), silently, as for F32
@@ -176,7 +192,7 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
         with np.errstate(all="ignore"):
             fn(_operand(a, out.dtype), _operand(b, out.dtype), out=out)
         return
-    fn(a, b, out=out, casting="unsafe")
+    fn(_operand(a, out.dtype), _operand(b, out.dtype), out=out, casting="unsafe")
 
 
 def _pow(a: Any, b: Any, out: Array) -> None:
