@@ -204,6 +204,16 @@ async def test_the_white_of_wide_integer_images_stays_white(
     flat = np.full((1, 1, 3, 3), white, dtype.to_numpy())
     got = await fetch(ops.sharpen(backend.tensor_factory.from_host(flat), 0.5), dtype)
     np.testing.assert_array_equal(got, flat)
+    # grayscale and gaussian_blur of a white image (the CPU backend's fused forms wrapped it to
+    # INT_MIN or 0): white, within the rounding of an F32 weighted sum (3 channels, or 2 x 5
+    # taps: each term and partial sum rounded, at most 2**-24 relative each, 64 of them bound
+    # the sum with room to spare), never more than white
+    rgb = np.full((3, 4, 4, 3) if layout == "hwc" else (1, 3, 4, 4), white, dtype.to_numpy())
+    x = backend.tensor_factory.from_host(rgb[0] if layout == "hwc" else rgb)
+    slack = int(np.ceil(white * 64 * 2.0**-24))
+    for name, result in (("grayscale", ops.grayscale(x)), ("gaussian_blur", ops.gaussian_blur(x))):
+        values = [int(v) for v in (await fetch(result, dtype)).reshape(-1)]
+        assert all(white - slack <= v <= white for v in values), (name, min(values), white)
 
 
 async def test_threshold_refuses_a_bool_image(backend: ComputeBackend) -> None:

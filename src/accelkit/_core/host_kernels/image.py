@@ -89,14 +89,35 @@ def _correlate_1d(src: Array, taps: Array, step: int, out: Array, tmp: Array) ->
 def _store(result: Array, h: int, width: int, w: int, out: Array) -> None:
     """Store the first w columns of the flat ``result`` rows into the plane ``out``."""
     full = result[: h * width]
+    over = None
     if out.dtype.kind in "iu":  # rounded and clipped over the contiguous rows: faster
-        np.rint(full, out=full)
-        np.clip(full, 0, _int_max(out.dtype), out=full)
+        over = _rounded_for(full, out.dtype)
     out[...] = full.reshape(h, width)[:, :w]
+    if over is not None:
+        out[over.reshape(h, width)[:, :w]] = _int_max(out.dtype)
 
 
 def _int_max(dtype: np.dtype[Any]) -> int:
     return 255 if dtype == np.uint8 else int(np.iinfo(dtype).max)
+
+
+def _rounded_for(acc: Array, dtype: np.dtype[Any]) -> Array | None:
+    """Round the float ``acc`` in place and clip it to integer ``dtype``'s range, ready to
+    cast. Where the float type rounds the dtype's maximum up (I32's 2**31 - 1 is 2**31 in F32,
+    which cast back wraps to INT32_MIN: white became black), the clip stops one float below,
+    and the values at or above the maximum are returned as a mask, to be set to it after the
+    cast (saturation, as OpenCL's convert_sat); None where no value needs it."""
+    np.rint(acc, out=acc)
+    top = _int_max(dtype)
+    hi = acc.dtype.type(top)
+    over = None
+    if float(hi) > top:
+        over = acc >= hi
+        hi = np.nextafter(hi, acc.dtype.type(0))
+        if not over.any():
+            over = None
+    np.clip(acc, 0, hi, out=acc)
+    return over
 
 
 def separable_filter(x: Array, col: Array, row: Array, out: Array) -> None:
@@ -202,7 +223,7 @@ def grayscale(x: Array, weights: Array, out: Array) -> None:
             dest *= wt
             if ch:
                 acc += tmp
-        if out.dtype.kind in "iu":
-            np.rint(acc, out=acc)
-            np.clip(acc, 0, _int_max(out.dtype), out=acc)
+        over = _rounded_for(acc, out.dtype) if out.dtype.kind in "iu" else None
         out[i, 0] = acc
+        if over is not None:
+            out[i, 0][over] = _int_max(out.dtype)
