@@ -159,6 +159,32 @@ async def test_nd_indices_out_of_range_are_reported(backend: ComputeBackend) -> 
         await ops.scatter(x, 0, f.from_host(np.array([[3, 0]])), 1.0, "add").to_host()
 
 
+@pytest.mark.parametrize("dtype", [DType.U64, DType.U32, DType.U8], ids=str)
+async def test_an_unsigned_index_beyond_the_axis_is_reported_not_wrapped(
+    backend: ComputeBackend, dtype: DType
+) -> None:
+    """An unsigned index holds no negative number to count from the end: U64's 2**64 - 1 is
+    out of range (the core's composition of a reducing scatter cast it to I64, -1, and wrote
+    to the last slot)."""
+    require_dtype(backend, dtype)
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    x = f.from_host(np.zeros((2, 4), np.float32))
+    src = f.from_host(np.ones((2, 1), np.float32))
+    top = int(np.iinfo(dtype.to_numpy()).max)
+    for bad in (top, 4):
+        index = f.from_host(np.array([bad], dtype.to_numpy()))
+        with pytest.raises(InvalidArgumentError):
+            await ops.index_add(x, 1, index, src).to_host()
+        full = f.from_host(np.array([[bad], [bad]], dtype.to_numpy()))
+        for reduce in ("add", "max"):
+            with pytest.raises(InvalidArgumentError):
+                await ops.scatter(x, 1, full, src, reduce).to_host()
+    ok = f.from_host(np.array([[3], [0]], dtype.to_numpy()))
+    want = np.zeros((2, 4), np.float32)
+    want[0, 3] = want[1, 0] = 1.0
+    np.testing.assert_array_equal(await fetch(ops.scatter(x, 1, ok, src, "add")), want)
+
+
 async def test_every_failure_an_await_covers_is_its_own_not_the_next_await_s(
     backend: ComputeBackend,
 ) -> None:

@@ -95,8 +95,12 @@ class IndexingOps(OpsBase[TensorKernels]):
             return ops.where(f.full((), True, DType.BOOL), x, x)
         m, dim = index._shape[axis], x._shape[axis]
         # The index and src padded to x's shape off the axis with an index that matches nothing.
-        idx = ops.cast(index, DType.I64) if index._dtype is not DType.I64 else index
-        idx = self._checked(ops.where(ops.lt(idx, 0), ops.add(idx, dim), idx), dim)
+        if index._dtype.is_signed:
+            idx = ops.cast(index, DType.I64) if index._dtype is not DType.I64 else index
+            idx = ops.where(ops.lt(idx, 0), ops.add(idx, dim), idx)
+        else:  # no negative indices: a U64 from 2**63 on wrapped to one, and was taken as such
+            idx = ops.cast(ops.minimum(index, dim), DType.I64)  # beyond the axis: reported as dim
+        idx = self._checked(idx, dim)
         widths = [(0, 0 if a == axis else x._shape[a] - index._shape[a]) for a in range(x.ndim)]
         if any(after for _, after in widths):
             idx = ops.pad(idx, widths, value=-1)
