@@ -197,6 +197,35 @@ async def test_u64_with_a_signed_integer_computes_in_i64(
     np.testing.assert_array_equal(got, want, err_msg=f"{op}(u64, {signed.value})")
 
 
+_COMPARE = {
+    "eq": lambda x, y: x == y, "ne": lambda x, y: x != y, "lt": lambda x, y: x < y,
+    "le": lambda x, y: x <= y, "gt": lambda x, y: x > y, "ge": lambda x, y: x >= y,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=ids(INT_DTYPES))
+async def test_a_comparison_with_an_int_beyond_the_dtype_compares_its_value(
+    backend: ComputeBackend, dtype: DType
+) -> None:
+    """``x < 2**63`` for an I64 ``x`` is true everywhere, as Python's integers say, on either
+    side of the operator (OpenCL compared such numbers in F64, where 2**63 - 1 is 2**63)."""
+    info = np.iinfo(dtype.to_numpy())
+    lo, hi = int(info.min), int(info.max)
+    x_h = np.array([lo, lo + 1, 0, hi - 1, hi], dtype.to_numpy())
+    x = backend.tensor_factory.from_host(x_h)
+    ops = backend.tensor_ops
+    for v in (hi + 1, hi + 2**70, lo - 1, -(2**70), hi, lo):
+        for op, compare in _COMPARE.items():
+            left = await fetch(getattr(ops, op)(x, v))
+            right = await fetch(getattr(ops, op)(v, x))
+            np.testing.assert_array_equal(
+                left, [compare(int(e), v) for e in x_h], err_msg=f"{dtype.value} {op} {v}"
+            )
+            np.testing.assert_array_equal(
+                right, [compare(v, int(e)) for e in x_h], err_msg=f"{v} {op} {dtype.value}"
+            )
+
+
 @pytest.mark.parametrize(
     ("int_dtype", "value", "float_dtype"),
     [

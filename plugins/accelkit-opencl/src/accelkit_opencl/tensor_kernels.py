@@ -56,21 +56,6 @@ def _not_yet(op: str) -> UnsupportedOperationError:
     return UnsupportedOperationError(f"opencl: {op} is not implemented yet")
 
 
-def _wide_enough(compute: DType, a: Operand, b: Operand) -> DType:
-    """A comparison with a Python int the integer dtype cannot hold (``u8 < 1000``) compares
-    in I64 (or F64), so the scalar is not wrapped."""
-    if not compute.is_integer:
-        return compute
-    for v in (a, b):
-        if isinstance(v, int) and not isinstance(v, bool):
-            info = np.iinfo(compute.to_numpy())
-            if not int(info.min) <= v <= int(info.max):
-                return (
-                    DType.I64 if -(2**63) <= v < 2**63 and compute is not DType.U64 else DType.F64
-                )
-    return compute
-
-
 @dataclass(frozen=True)
 class _Item:
     """An input of a strided elementwise kernel."""
@@ -155,7 +140,6 @@ class OpenCLTensorKernels(CLLinalgOps, CLComponent, TensorKernels):
                 # b is the Tensor here (a is not; both are not scalars): `type(x) is` checks
                 # do not narrow a union for mypy.
                 compute = scalar_result_type(b.dtype, a)  # type: ignore[union-attr]
-            compute = _wide_enough(compute, a, b)
         else:
             compute = out.dtype
         shape = out.shape

@@ -27,15 +27,20 @@ __all__ = ["BINARY_OPS", "UNARY_OPS", "ElementwiseOps", "Operand", "check_int_sc
 Operand = Tensor | int | float | bool
 
 
+def _bounds(dtype: DType) -> tuple[int, int]:
+    """The smallest and largest values of integer ``dtype``."""
+    bits = 8 * dtype.itemsize
+    if dtype.is_signed:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
 def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:
     """A Python int operand must fit an integer result dtype (as NumPy 2 requires, NEP 50):
     ``u8_tensor + 300`` is refused here rather than wrapping or failing inside a kernel."""
     if not dtype.is_integer or not isinstance(value, int) or isinstance(value, bool):
         return
-    bits = 8 * dtype.itemsize
-    lo, hi = (
-        (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
-    )
+    lo, hi = _bounds(dtype)
     if not lo <= value <= hi:
         raise InvalidArgumentError(
             f"{op}: {name}={value} does not fit the result dtype {dtype.value} ({lo}..{hi});"
@@ -45,6 +50,34 @@ def check_int_scalar(op: str, name: str, value: object, dtype: DType) -> None:
 
 #: Binary ops whose result keeps a float input's dtype (and shape, for equal shapes).
 _FAST_OPS = frozenset(op for op, kind in BINARY_OPS.items() if kind in ("arith", "div"))
+_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+#: A comparison with a number above (below) every value of the dtype, as one with its maximum
+#: (minimum) that gives the same answer for every element.
+_ABOVE = {"lt": "le", "le": "le", "ne": "le", "gt": "gt", "ge": "gt", "eq": "gt"}
+_BELOW = {"gt": "ge", "ge": "ge", "ne": "ge", "lt": "lt", "le": "lt", "eq": "lt"}
+
+
+def _in_range(op: str, a: Operand, b: Operand) -> tuple[str, Operand, Operand]:
+    """A comparison of an integer tensor with a Python int its compute dtype cannot hold
+    (``i64 < 2**63``, ``u8 == 1000``), as one with that dtype's nearest bound that gives the
+    same answer for every element (``i64 <= 2**63 - 1``: true), the tensor first; else
+    unchanged. Every backend then compares numbers its dtype holds (OpenCL compared such a
+    scalar in F64, where 2**63 - 1 equals 2**63)."""
+    if type(a) is Tensor and type(b) is int:
+        x, v, tensor_op = a, b, op
+    elif type(b) is Tensor and type(a) is int:
+        x, v, tensor_op = b, a, _FLIPPED[op]  # v < x is x > v
+    else:
+        return op, a, b
+    t = scalar_result_type(x._dtype, v)
+    if not t.is_integer:
+        return op, a, b
+    lo, hi = _bounds(t)
+    if v > hi:
+        return _ABOVE[tensor_op], x, hi
+    if v < lo:
+        return _BELOW[tensor_op], x, lo
+    return op, a, b
 
 
 class ElementwiseOps(OpsBase[TensorKernels]):
@@ -149,6 +182,8 @@ class ElementwiseOps(OpsBase[TensorKernels]):
             )
         if kind == "compare":
             dt = DType.BOOL
+            if type(a) is int or type(b) is int:
+                op, a, b = _in_range(op, a, b)
         elif kind == "div" and not dt.is_floating:
             dt = DType.F32
         elif dt is DType.BOOL and (op in ("sub", "pow", "mod") or kind in ("intdiv", "shift")):
