@@ -318,6 +318,12 @@ async def test_mod_takes_the_sign_of_the_divisor(backend: ComputeBackend, dtype:
             ops.mod(f.from_host(np.array([-7.5, 7.5], dtype.to_numpy())), -2.0), dtype
         )
         np.testing.assert_allclose(f64(got), [-1.5, -0.5])
+        # a zero remainder has the divisor's sign too (NumPy's npy_divmod): OpenCL gave +0.0
+        a0 = f.from_host(np.array([0.0, -0.0, 6.0, -6.0, 0.0, -6.0], dtype.to_numpy()))
+        b0 = f.from_host(np.array([-1.0, -1.0, -3.0, -3.0, 1.0, 3.0], dtype.to_numpy()))
+        got = f64(await fetch(ops.mod(a0, b0), dtype))
+        np.testing.assert_array_equal(got, 0.0)
+        np.testing.assert_array_equal(np.signbit(got), [True, True, True, True, False, False])
 
 
 @pytest.mark.parametrize("dtype", SIGNED, ids=ids(SIGNED))

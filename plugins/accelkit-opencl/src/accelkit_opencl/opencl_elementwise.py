@@ -100,6 +100,7 @@ T ak_ipow(T a, T b) {
 T ak_fmod(T a, T b) {
     T r = fmod(a, b);
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
+    if (r == 0) r = copysign((T)0, b);  /* a zero takes the divisor's sign too, as in NumPy */
     return r;
 }
 """,
