@@ -119,3 +119,17 @@ async def test_a_backend_refuses_a_device_it_does_not_drive() -> None:
     assert b.state is LifecycleState.CREATED
     await b.shutdown()  # never opened: nothing to do
     assert isinstance(accelkit.create_backend("cpu"), CPUBackend)
+
+
+async def test_an_index_based_backend_refuses_a_device_named_by_address() -> None:
+    """``cpu://10.0.0.5:8786`` names no CPU of this machine: the default ``supports_device``
+    took it for cpu:0 (an address gives index 0), and the backend initialized on it."""
+    backend = CPUBackend()
+    assert backend.supports_device("cpu:0")
+    assert not backend.supports_device("cpu://10.0.0.5:8786")
+    assert not backend.supports_device(Device("cpu", address="10.0.0.5:8786"))
+    with pytest.raises(
+        UnsupportedOperationError, match=r"cannot drive device cpu://10\.0\.0\.5:8786"
+    ):
+        await backend.initialize("cpu://10.0.0.5:8786")
+    assert not backend.is_ready

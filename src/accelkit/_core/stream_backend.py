@@ -195,8 +195,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
             d = Device.parse(device)
         except InvalidArgumentError:
             return False
-        if d.kind not in self.device_kinds:
-            return False
+        if d.kind not in self.device_kinds or d.address is not None:
+            return False  # an address ('cpu://host:1') names no device of an index-based backend
         try:
             return d.index < self._device_count()
         except DeviceError:
