@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from accelkit._core.env import env_names
 from accelkit.device import DeviceInfo
@@ -300,7 +300,7 @@ class Registry:
         record = QuarantineRecord(
             name=name,
             stage=stage,
-            error=f"{type(exc).__name__}: {exc}",
+            error=f"{type(exc).__name__}: {one_line(exc)}",
             traceback="".join(traceback.format_exception(exc)),
             distribution=distribution,
         )
@@ -393,7 +393,7 @@ class Registry:
             except (Exception, SystemExit) as exc:
                 self.quarantine(name, "import", exc, distribution=desc.distribution)
                 raise PluginLoadError(
-                    f"backend {name!r} failed to import and is quarantined: {exc}"
+                    f"backend {name!r} failed to import and is quarantined: {one_line(exc)}"
                 ) from exc
             self._classes[name] = cls
             return cls
@@ -433,6 +433,16 @@ class Registry:
                 )
             )
         return out
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line, as the CLI prints an error: a pydantic ValidationError's
+    errors as ``title: field: message; ...`` (its text spans several lines and a link), any
+    other message's lines joined with ``; ``. The record's traceback keeps the whole text."""
+    if isinstance(exc, ValidationError):
+        parts = [f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()]
+        return f"{exc.title}: {'; '.join(parts)}"
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def _import_path(path: str) -> Any:
