@@ -4,6 +4,9 @@ Python's own integer arithmetic (an independent reference) and NumPy's float ufu
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -162,6 +165,13 @@ async def test_mixed_integer_dtypes_promote(backend: ComputeBackend) -> None:
     np.testing.assert_array_equal(await fetch(ops.bitwise_or(a, b)), [-128 | 3, 127 | -3, 5 | 1000])
 
 
+#: Each op on Python integers (the independent reference).
+_PYTHON_OPS: dict[str, Callable[[int, int], int | bool]] = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "maximum": max,
+    "minimum": min, "bitwise_and": operator.and_, "bitwise_xor": operator.xor,
+    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+    "eq": operator.eq, "ne": operator.ne,
+}  # fmt: skip
 _U64_MIXED = ["add", "sub", "mul", "maximum", "minimum", "bitwise_and", "bitwise_xor", "lt", "eq"]
 
 
@@ -185,11 +195,7 @@ async def test_u64_with_a_signed_integer_computes_in_i64(
     f = backend.tensor_factory
     got = await fetch(getattr(backend.tensor_ops, op)(f.from_host(a), f.from_host(b)))
     wide = [(_wrap(int(x), DType.I64), int(y)) for x, y in zip(a, b, strict=True)]
-    compute = {
-        "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
-        "maximum": max, "minimum": min, "bitwise_and": lambda x, y: x & y,
-        "bitwise_xor": lambda x, y: x ^ y, "lt": lambda x, y: x < y, "eq": lambda x, y: x == y,
-    }[op]  # fmt: skip
+    compute = _PYTHON_OPS[op]
     if op in ("lt", "eq"):
         want = np.array([compute(x, y) for x, y in wide])
     else:
@@ -197,10 +203,7 @@ async def test_u64_with_a_signed_integer_computes_in_i64(
     np.testing.assert_array_equal(got, want, err_msg=f"{op}(u64, {signed.value})")
 
 
-_COMPARE = {
-    "eq": lambda x, y: x == y, "ne": lambda x, y: x != y, "lt": lambda x, y: x < y,
-    "le": lambda x, y: x <= y, "gt": lambda x, y: x > y, "ge": lambda x, y: x >= y,
-}  # fmt: skip
+_COMPARE = {op: _PYTHON_OPS[op] for op in ("eq", "ne", "lt", "le", "gt", "ge")}
 
 
 @pytest.mark.parametrize("dtype", INT_DTYPES, ids=ids(INT_DTYPES))
