@@ -398,6 +398,43 @@ def test_the_stderr_excerpt_folds_the_stacks_of_other_threads() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("abort", "killed the process with SIGABRT: fatal: the crash driver's probe aborts on"
+         " purpose"),
+        ("exit", "ended the process with exit status 3"),
+        ("hang", "did not return within 5 s (a hang)"),
+    ],
+)  # fmt: skip
+def test_a_probe_that_crashes_or_hangs_is_quarantined_not_the_end_of_doctor(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    crash_plugin: str,
+    mode: str,
+    reason: str,
+) -> None:
+    """The probes run in a child first: a probe that aborted or hung took doctor down with no
+    output at all (only the self-test ran in a child)."""
+    monkeypatch.setenv("ACCELKIT_TESTPLUG_CRASH_PROBE", mode)
+    # a probe gets a self-test step's time: 5 s for the hang (and then no self-test, whose
+    # first step, compiling the CPU backend's kernels, may take longer)
+    argv = ["--no-selftest", "--selftest-timeout", "5"] if mode == "hang" else []
+    status, out, _ = run(capsys, "doctor", "--json", *argv)
+    assert status == 1
+    data = json.loads(out)
+    (problem,) = data["problems"]
+    assert (problem["check"], problem["subject"]) == ("plugin", "crash")
+    assert problem["message"] == f"quarantined at probe: PluginLoadError: its probe {reason}"
+    plugins = {p["name"]: p["status"] for p in data["plugins"] if p["status"] != "disabled"}
+    assert plugins == {"cpu": "ok", "crash": "quarantined"}
+    if mode != "hang":  # the other backend's self-test still runs
+        assert [(r["backend"], r["verdict"]) for r in data["selftest"]] == [("cpu", "ok")]
+    if mode == "abort":  # the child's stderr ends the record's traceback (--verbose)
+        assert "the child process's stderr ended with:" in problem["traceback"]
+        assert "Fatal Python error: Aborted" in problem["traceback"]
+
+
 def test_a_well_behaved_crash_plugin_is_healthy(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, crash_plugin: str
 ) -> None:

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from accelkit._core import selftest
+from accelkit._core import probe_check, selftest
 from accelkit.cli.render import Progress, print_json, table
-from accelkit.errors import AccelError
+from accelkit.errors import AccelError, PluginLoadError
 
 __all__ = ["Finding", "diagnose", "run"]
 
@@ -78,6 +78,9 @@ def diagnose(
     if settings_ok:
         from accelkit import registry
 
+        # before any probe runs in this process; a probe gets a self-test step's time
+        for failure in probe_check.check_probes(selftest_timeout):
+            _quarantine_probe(failure)
         statuses = registry.statuses()
         _check_plugins(findings, statuses)
         if statuses and not any(st.status == "ok" for st in statuses):
@@ -205,6 +208,22 @@ def _fold_other_threads(lines: list[str]) -> list[str]:
             line = header
         folded.append(line)
     return folded
+
+
+def _quarantine_probe(failure: probe_check.ProbeFailure) -> None:
+    """Quarantine a plugin whose probe crashed or hung the child, so that this process does not
+    run it (the record's traceback ends with the child's stderr)."""
+    from accelkit.registry import default_registry
+
+    exc = PluginLoadError(f"its probe {failure.reason}")
+    tail = failure.stderr.splitlines()[-40:]
+    if tail:
+        exc.add_note("the child process's stderr ended with:\n" + "\n".join(tail))
+    try:
+        distribution = default_registry.descriptor(failure.plugin).distribution
+    except AccelError:
+        distribution = ""
+    default_registry.quarantine(failure.plugin, "probe", exc, distribution=distribution)
 
 
 def _check_plugin_settings(findings: list[Finding]) -> bool:

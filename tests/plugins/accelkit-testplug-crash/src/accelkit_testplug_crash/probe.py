@@ -1,6 +1,15 @@
-"""One device, ``crash:0``, described without importing the backend module or NumPy."""
+"""One device, ``crash:0``, described without importing the backend module or NumPy.
+
+``ACCELKIT_TESTPLUG_CRASH_PROBE`` makes the probe itself misbehave (read at each call):
+``abort`` (print a driver-style fatal line and ``os.abort()``), ``hang`` (sleep for an hour),
+``exit`` (``os._exit(3)``); anything else, or unset, lists the device.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+import time
 
 from accelkit.capabilities import BackendCapabilities, Features, Limits, PerformanceHints
 from accelkit.device import Device, DeviceInfo
@@ -25,7 +34,20 @@ def capabilities() -> BackendCapabilities:
     )
 
 
+#: The fatal line the probe prints before aborting (tests look for it).
+PROBE_FATAL_LINE = "fatal: the crash driver's probe aborts on purpose"
+
+
 def probe() -> list[DeviceInfo]:
+    mode = os.environ.get("ACCELKIT_TESTPLUG_CRASH_PROBE", "").strip().lower()
+    if mode == "abort":
+        sys.stderr.write(PROBE_FATAL_LINE + "\n")
+        sys.stderr.flush()
+        os.abort()
+    if mode == "hang":
+        time.sleep(3600)
+    if mode == "exit":
+        os._exit(3)
     return [
         DeviceInfo(
             device=Device("crash", 0),
