@@ -734,3 +734,30 @@ def test_a_fault_log_line_nested_past_json_s_depth_is_skipped() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("[" * 100_000 + "\n")
     assert faults.read() == []
+
+
+def test_a_plugin_registered_in_process_is_refused_isolated_with_the_reason() -> None:
+    """The worker process sees only installed plugins: it answered "no backend named 'local'
+    is installed", and the plugin was quarantined at initialize."""
+    from accelkit.backends.cpu.backend import CPUBackend
+    from accelkit.device import Device, DeviceInfo
+    from accelkit.plugins import PLUGIN_API_VERSION, PluginDescriptor
+    from accelkit.registry import Registry
+
+    class Local(CPUBackend):
+        name = "local"
+        device_kinds = frozenset({"cpu"})
+
+    reg = Registry()
+    reg.register(
+        PluginDescriptor(
+            name="local", distribution="", version="0.1", api_version=PLUGIN_API_VERSION,
+            device_kinds=frozenset({"cpu"}), backend_class="x:Local",
+        ),
+        backend_class=Local,
+        probe=lambda: [DeviceInfo(device=Device("cpu", 0), backend="local", name="local cpu")],
+    )  # fmt: skip
+    with pytest.raises(ak.InvalidArgumentError, match=r"'local' was registered in this process"):
+        ak.create_backend("local", registry=reg, isolate=True)
+    assert "local" not in [r.name for r in reg.quarantined()]
+    assert ak.create_backend("local", registry=reg).name == "local"  # not isolated: as before

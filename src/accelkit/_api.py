@@ -120,6 +120,14 @@ def _create(
     if isolate:
         from accelkit._core.isolation.backend import IsolatedBackend
 
+        if reg.registered_in_process(name):  # the worker would not find it, or another one
+            raise InvalidArgumentError(
+                f"backend {name!r} was registered in this process (registry.register): an"
+                " isolated backend runs in a worker process, which sees only installed plugins;"
+                " install it as a plugin (an entry point in the accelkit.backends group), or"
+                " open it without isolate=True"
+            )
+
         backend: ComputeBackend = IsolatedBackend(name)
     else:
         backend = reg.backend_class(name)()

@@ -271,6 +271,12 @@ class Registry:
             self._manual[descriptor.name] = (descriptor, backend_class, probe)
             self._forget(descriptor.name)
 
+    def registered_in_process(self, name: str) -> bool:
+        """Whether ``name`` was registered in this process (:meth:`register`), which another
+        process (an isolated backend's worker, doctor's self-test) cannot see."""
+        with self._lock:
+            return name in self._manual
+
     def unregister(self, name: str) -> None:
         with self._lock:
             if name not in self._manual:
