@@ -761,3 +761,33 @@ def test_a_plugin_registered_in_process_is_refused_isolated_with_the_reason() ->
         ak.create_backend("local", registry=reg, isolate=True)
     assert "local" not in [r.name for r in reg.quarantined()]
     assert ak.create_backend("local", registry=reg).name == "local"  # not isolated: as before
+
+
+@pytest.mark.parametrize("after", [0.05, 0.3])
+async def test_a_cancelled_initialize_leaves_no_worker_nor_thread(
+    anyio_backend: str, after: float
+) -> None:
+    """The close of a worker whose open was cancelled ran inside the cancelled scope, so it was
+    cancelled before it began: the killed worker stayed a zombie and its flusher thread ran on
+    past shutdown."""
+    warm = ak.create_backend("cpu", isolate=True)
+    await warm.initialize()
+    await warm.shutdown()
+    before = set(threading.enumerate())
+    b = ak.create_backend("cpu", isolate=True)
+    with anyio.move_on_after(after):
+        await b.initialize()
+    await b.initialize()  # cancelled or not, the backend opens again
+    np.testing.assert_array_equal(await b.tensor_factory.full((2,), 3.0).to_host(), 3.0)
+    await b.shutdown()
+
+    def new_threads() -> list[str]:  # (the async libraries' idle worker threads aside)
+        idle = ("AnyIO worker thread", "Trio thread")
+        return [
+            t.name for t in threading.enumerate() if t not in before and not t.name.startswith(idle)
+        ]
+
+    with anyio.move_on_after(10):
+        while new_threads():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    assert new_threads() == []

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -117,6 +117,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
         self._streams: list[S] = []
         #: True while ``shutdown`` runs: ``create_stream`` refuses (the streams are closing).
         self._closing = False
+        #: Set while ``initialize`` or ``shutdown`` runs (:meth:`_one_at_a_time`).
+        self._lifecycle: anyio.Event | None = None
         self._default: S | None = None
         self._pool: CachingPool | None = None
         self._caps: BackendCapabilities | None = None
@@ -251,7 +253,26 @@ class StreamBackend(ComputeBackend, Generic[S]):
         self._state = LifecycleState.FAILED
 
     # -- lifecycle --------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self) -> AsyncIterator[None]:
+        """``initialize`` and ``shutdown`` one after the other: two initializes at once opened
+        the device twice (the first was leaked), a shutdown during an initialize returned at
+        once (and the backend ended ready), two shutdowns at once closed the device under each
+        other. The loop runs them, so a flag and an event serve (no lock bound to a loop)."""
+        while self._lifecycle is not None:
+            await self._lifecycle.wait()
+        done = self._lifecycle = anyio.Event()
+        try:
+            yield
+        finally:
+            self._lifecycle = None
+            done.set()
+
     async def initialize(self, device: Device | str | None = None) -> None:
+        async with self._one_at_a_time():
+            await self._initialize_now(device)
+
+    async def _initialize_now(self, device: Device | str | None) -> None:
         if device is None:
             device = self.selected_device or self._default_device()
         dev = Device.parse(device)
@@ -349,6 +370,10 @@ class StreamBackend(ComputeBackend, Generic[S]):
         await self._synchronize()
 
     async def shutdown(self) -> None:
+        async with self._one_at_a_time():
+            await self._shutdown_now()
+
+    async def _shutdown_now(self) -> None:
         # A backend that opened something (ready, or failed after opening) releases it once.
         if self._state is LifecycleState.SHUT_DOWN or self._memory_manager is None:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import cast
 
 import anyio
@@ -222,6 +223,61 @@ async def test_a_partial_copy_writes_the_start_and_keeps_the_rest(backend: Compu
         u8 = f.from_host(np.arange(1, 9, dtype=np.uint8))
         await mm.copy_htod(u8, np.full(5, 200, np.uint8))
         np.testing.assert_array_equal(await u8.to_host(), [200] * 5 + [6, 7, 8])
+
+
+def _new_threads(before: set[threading.Thread]) -> list[str]:
+    """The threads started since ``before`` that are still alive (anyio's and trio's idle
+    worker threads, which outlive their work by design, aside)."""
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t not in before and not t.name.startswith(("AnyIO worker thread", "Trio thread"))
+    )
+
+
+async def _no_new_threads(before: set[threading.Thread]) -> None:
+    with anyio.move_on_after(10):  # threads end shortly after shutdown returns
+        while _new_threads(before):  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    assert _new_threads(before) == []
+
+
+async def test_initialize_and_shutdown_called_at_once_run_one_after_the_other(
+    backend: ComputeBackend,
+) -> None:
+    """Two initializes at once opened the device twice (the first one's threads and processes
+    leaked past shutdown); a shutdown during an initialize returned at once, and the backend
+    ended ready; two shutdowns at once closed the device under each other (one raised)."""
+    b = accelkit.create_backend(backend.name)
+    await b.initialize()  # a library's process-wide threads start on a first use (Dask's)
+    np.testing.assert_array_equal(await fetch(b.tensor_factory.full((3,), 2.0)), 2.0)
+    await b.shutdown()
+    before = set(threading.enumerate())
+    b = accelkit.create_backend(backend.name)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(b.initialize)
+        tg.start_soon(b.initialize)
+    assert b.status.state is LifecycleState.READY
+    np.testing.assert_array_equal(await fetch(b.tensor_factory.full((3,), 2.0)), 2.0)
+    x = b.tensor_factory.ones((256, 256))
+    for _ in range(4):
+        x = b.tensor_ops.matmul(x, x)  # queued work for the shutdowns to drain
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(b.shutdown)
+        tg.start_soon(b.shutdown)
+    assert b.status.state is LifecycleState.SHUT_DOWN
+    await _no_new_threads(before)
+
+    b = accelkit.create_backend(backend.name)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(b.initialize)
+        # until the initialize has begun (the flag every StreamBackend has) or ended (one that
+        # never yields to the loop): a shutdown before it began would rightly come first
+        while getattr(b, "_lifecycle", True) is None and not b.is_ready:  # noqa: ASYNC110
+            await anyio.sleep(0.001)
+        await b.shutdown()  # waits for it, then shuts down
+    assert b.status.state is LifecycleState.SHUT_DOWN
+    await _no_new_threads(before)
 
 
 async def test_work_submitted_while_shutdown_drains_still_reports_its_error(

@@ -227,8 +227,9 @@ class DaskBackend(StreamBackend[HostStream]):
             if cold:
                 await anyio.to_thread.run_sync(lambda: cluster.client.run(warm_up, workers=cold))
                 _WARM.update((cluster.address, a) for a in cold)
-        except BaseException:
-            await anyio.to_thread.run_sync(cluster.close)
+        except BaseException:  # cancelled too: the close must run (it left the cluster up)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(cluster.close)
             raise
         threads = sum(w.threads for w in workers)
         memory = sum(w.memory_limit for w in workers) or local_info().memory_bytes

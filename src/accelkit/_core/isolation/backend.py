@@ -1226,11 +1226,12 @@ class IsolatedBackend(StreamBackend[IsoStream]):
         try:
             with anyio.CancelScope(shield=False):
                 info = await link.ask("open", self.inner, str(device), self._pool_config)
-        except BaseException:
+        except BaseException:  # cancelled too: the close must run (it left a zombie, a thread)
             link.closing = True
             with contextlib.suppress(OSError):
                 link.proc.kill()
-            await anyio.to_thread.run_sync(link.close, 5.0)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(link.close, 5.0)
             raise
         self._link = link
         self._info = info
