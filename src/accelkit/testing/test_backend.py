@@ -265,7 +265,8 @@ async def test_initialize_and_shutdown_called_at_once_run_one_after_the_other(
     async with anyio.create_task_group() as tg:
         tg.start_soon(b.shutdown)
         tg.start_soon(b.shutdown)
-    assert b.status.state is LifecycleState.SHUT_DOWN
+    state: LifecycleState = b.status.state  # (mypy narrowed it to READY above)
+    assert state is LifecycleState.SHUT_DOWN
     await _no_new_threads(before)
 
     b = accelkit.create_backend(backend.name)
