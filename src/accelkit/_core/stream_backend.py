@@ -21,7 +21,7 @@ import contextvars
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 
@@ -52,6 +52,7 @@ __all__ = ["Opened", "StreamBackend"]
 
 #: The backend's stream type.
 S = TypeVar("S", bound=PositionStream)
+C = TypeVar("C")
 
 #: ``LifecycleState.READY`` as a module constant: an enum member read through its class costs
 #: about 100 ns on Python 3.11, and ``check_ready`` runs at every component entry (every op
@@ -119,6 +120,8 @@ class StreamBackend(ComputeBackend, Generic[S]):
         self._closing = False
         #: Set while ``initialize`` or ``shutdown`` runs (:meth:`_one_at_a_time`).
         self._lifecycle: anyio.Event | None = None
+        #: The components of the sessions, by class (:meth:`_component`).
+        self._components: dict[type, object] = {}
         self._default: S | None = None
         self._pool: CachingPool | None = None
         self._caps: BackendCapabilities | None = None
@@ -317,15 +320,29 @@ class StreamBackend(ComputeBackend, Generic[S]):
             )
         self._streams = list(opened.streams)
         self._default = self._streams[0]
-        self._memory_manager = MemoryManager(self, opened.memory)
+        self._memory_manager = self._component(MemoryManager, opened.memory)
         self._pool = opened.memory.pool
         self._kernel_executor = opened.executor
         self.supported_dtypes = opened.dtypes
         self._caps = opened.capabilities
-        self._tensor_ops = TensorOps(self, opened.tensor)
-        self._tensor_factory = TensorFactory(self, opened.factory)
+        self._tensor_ops = self._component(TensorOps, opened.tensor)
+        self._tensor_factory = self._component(TensorFactory, opened.factory)
         fused = opened.fused if opened.fused is not None else ComposedOnly(opened.tensor)
-        self._kernel_ops = KernelOps(self, fused)
+        self._kernel_ops = self._component(KernelOps, fused)
+
+    def _component(self, cls: type[C], kernels: Any) -> C:
+        """The component ``cls`` over this session's ``kernels``: the object of an earlier
+        session of this backend, initialized anew, where there is one. A reference a program
+        kept across ``shutdown`` and a new ``initialize`` (``f = backend.tensor_factory``) then
+        serves the new session (it held the old session's kernels: the WebGPU device closed at
+        shutdown, an isolated backend's closed worker, where an await hung forever)."""
+        old = self._components.get(cls)
+        if old is not None:
+            old.__init__(self, kernels)  # type: ignore[misc]
+            return old  # type: ignore[return-value]
+        new = cls(self, kernels)  # type: ignore[call-arg]
+        self._components[cls] = new
+        return new
 
     async def reopen(self) -> None:
         """Open the device anew after it was lost: the streams are closed (their queued work is

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 import accelkit
 from accelkit import ComputeBackend, Device, DType, LifecycleState, Requirements
-from accelkit.errors import AccelError, InvalidArgumentError
+from accelkit.errors import AccelError, InvalidArgumentError, StaleHandleError
 from accelkit.ops.tensor_ops import TENSOR_OPS, UNARY_OPS
 
 from .checks import fetch
@@ -279,6 +279,34 @@ async def test_initialize_and_shutdown_called_at_once_run_one_after_the_other(
         await b.shutdown()  # waits for it, then shuts down
     assert b.status.state is LifecycleState.SHUT_DOWN
     await _no_new_threads(before)
+
+
+async def test_components_kept_across_a_shutdown_serve_the_next_session(
+    backend: ComputeBackend,
+) -> None:
+    """``f = backend.tensor_factory`` (and the others) held across ``shutdown`` and a new
+    ``initialize`` work on the new session, as the backend's own do (an isolated backend's
+    sent to its old, closed worker: the await hung forever)."""
+    b = accelkit.create_backend(backend.name)
+    await b.initialize()
+    f, ops, mm, kops = b.tensor_factory, b.tensor_ops, b.memory_manager, b.kernel_ops
+    old = f.full((3,), 1.0)
+    await b.shutdown()
+    await b.initialize()
+    try:
+        with anyio.fail_after(60):
+            y = ops.add(f.full((3,), 2.0), 1.0)
+            np.testing.assert_array_equal(await fetch(y), 3.0)
+            z = f.zeros((3,), DType.F32)
+            await mm.copy_htod(z, np.arange(3, dtype=np.float32))
+            back = np.empty(3, np.float32)
+            await mm.copy_dtoh(back, kops.silu_mul(z, f.ones((3,))))
+            want = np.arange(3) / (1 + np.exp(-np.arange(3.0)))
+            np.testing.assert_allclose(back, want, rtol=1e-5, atol=1e-6)
+        with pytest.raises(StaleHandleError):  # a tensor of the old session stays stale
+            ops.add(old, 1.0)
+    finally:
+        await b.shutdown()
 
 
 async def test_work_submitted_while_shutdown_drains_still_reports_its_error(

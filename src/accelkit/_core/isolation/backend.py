@@ -947,8 +947,18 @@ class _ProxyExecutor(KernelExecutor):
 
     def __init__(self, backend: IsolatedBackend, link: _Link, languages: Sequence[str]) -> None:
         self.backend = backend
-        self._link = link
         self.languages = frozenset(languages)
+
+    @property
+    def _link(self) -> _Link:
+        """The link to the worker now: an executor kept across a shutdown and a new initialize
+        sent to the old, closed worker (the core's components are reused across sessions,
+        :meth:`StreamBackend._component`; a backend's executor is its own)."""
+        link = self.backend._link
+        if link is None:
+            self.backend.check_ready()  # NotInitializedError, saying why
+            raise NotInitializedError(f"the isolated {self.backend.inner} backend has no worker")
+        return link
 
     async def load_kernel(
         self, source: str, name: str, *, language: str, options: Sequence[str] = ()
