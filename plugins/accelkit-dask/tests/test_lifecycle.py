@@ -151,9 +151,12 @@ async def test_cancelling_a_read_cancels_its_futures(
     await backend.initialize("dask://" + shared_cluster.address.removeprefix("tcp://"))
     try:
         f, ops = backend.tensor_factory, backend.tensor_ops
-        a = f.from_host(np.random.default_rng(0).standard_normal((1536, 1536), dtype=np.float32))
+        a = f.from_host(np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32))
         y = a
-        for _ in range(6):  # seconds of GEMMs on two single-threaded workers
+        # seconds of GEMMs on two single-threaded workers, on any machine: with 6 of 1536 a
+        # fast one finished some of the last chunks before the cancel (a finished future
+        # stays finished), and the test failed there, 1 run in 3
+        for _ in range(8):
             y = ops.matmul(y, a)
         with anyio.move_on_after(0.3) as scope:
             await y.to_host()
@@ -177,6 +180,59 @@ async def test_cancelling_a_read_cancels_its_futures(
     finally:
         with anyio.CancelScope(shield=True):
             await backend.shutdown()
+
+
+async def test_a_cancelled_read_leaves_another_task_s_read_of_it_alone(
+    anyio_backend: str, shared_cluster: Any
+) -> None:
+    """Two tasks read one tensor; the one with a timeout gives up: the other gets the result
+    (the timeout cancelled their shared futures, and the task nothing cancelled raised "its
+    read was cancelled"). The last reader to give up still cancels them."""
+    backend = DaskBackend(chunk_bytes=1 << 20)
+    await backend.initialize("dask://" + shared_cluster.address.removeprefix("tcp://"))
+    try:
+        f, ops = backend.tensor_factory, backend.tensor_ops
+        a_h = np.random.default_rng(2).standard_normal((768, 768)).astype(np.float32) / 16
+        a = f.from_host(a_h)
+        y = ops.matmul(ops.matmul(a, a), a)
+        got: dict[str, Any] = {}
+
+        async def patient() -> None:
+            got["y"] = await y.to_host()
+
+        async def impatient() -> None:
+            with anyio.move_on_after(0.02) as scope:
+                await y.to_host()
+            got["gave up"] = scope.cancelled_caught
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(patient)
+            tg.start_soon(impatient)
+        want = a_h.astype(np.float64) @ a_h @ a_h
+        # f32 GEMMs of 768-term sums of terms below about 0.1: a few ulp of the result
+        np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-5)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.shutdown()
+
+
+async def test_a_read_awaited_during_shutdown_gets_its_result(anyio_backend: str) -> None:
+    """Shutdown waits for the reads in flight, as the other backends do (it closed its local
+    cluster under them: "the Dask scheduler ... is gone")."""
+    backend = DaskBackend(chunk_bytes=1 << 20)
+    await backend.initialize()  # a local cluster of its own
+    x = backend.tensor_factory.full((1024, 1024), 0.5)
+    y = backend.tensor_ops.matmul(x, x)
+    got: dict[str, Any] = {}
+
+    async def reader() -> None:
+        got["y"] = await y.to_host()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        await anyio.lowlevel.checkpoint()  # the read has begun
+        await backend.shutdown()
+    np.testing.assert_array_equal(got["y"], 256.0)  # 1024 products of 0.25: exact in f32
 
 
 async def test_awaiting_a_result_leaves_the_loop_running(backend: Any) -> None:

@@ -291,8 +291,10 @@ class DaskBackend(StreamBackend[HostStream]):
     async def _shutdown(self) -> None:
         try:
             try:
+                await self._reads_done()
                 await super()._shutdown()  # the streams' work, then the pool (its chunks)
             finally:
+                await self._reads_done()  # (one that began as the streams drained)
                 # The blocks of tensors the program still holds (stale now) let go of their
                 # chunks too: on an external cluster they held its memory until dropped.
                 if self._memory_kernels is not None:
@@ -303,6 +305,14 @@ class DaskBackend(StreamBackend[HostStream]):
                 await self._close_cluster()
         finally:
             self._graphs = None
+
+    async def _reads_done(self) -> None:
+        """Until the reads awaited now have their results: their futures are not stream work,
+        and closing the cluster under them failed them ("the scheduler is gone"), where the
+        other backends' reads in flight at shutdown return their results."""
+        graphs = self._graphs
+        while graphs is not None and graphs.reads_in_flight and graphs.lost is None:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
 
     # -- streams ----------------------------------------------------------------------------------
     def _open_stream(self) -> HostStream:

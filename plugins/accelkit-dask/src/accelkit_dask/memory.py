@@ -4,6 +4,7 @@ go through the client, on a stream's worker thread or awaited without blocking t
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -182,44 +183,72 @@ class DaskMemoryKernels(MemoryKernels):
 
     async def _compute(self, array: Any, what: str) -> Array:
         """Flush pending graphs, then compute ``array()`` and bring it to the host, awaited
-        without blocking the loop; cancelling the wait cancels its futures."""
+        without blocking the loop; cancelling the wait cancels its futures that no other read
+        waits on."""
         from distributed import futures_of
 
         graphs = self.backend.graphs
         box: dict[str, Any] = {}
 
+        lock = threading.Lock()
+
         def submit() -> None:
             # One persist for the pending graphs and the array read (one message to the
             # scheduler), then its chunks are gathered here and assembled.
             graphs.flush(array())
-            box["array"] = graphs.extra
-            box["parts"] = futures_of(graphs.extra)
+            made = futures_of(graphs.extra)
+            with lock:
+                box["array"] = graphs.extra
+                box["parts"] = made
+                abandoned = "abandoned" in box
+            if abandoned:  # the read was cancelled while this waited its turn
+                graphs.read_ended(made, cancelled=True, counted=False)
 
-        stream = self._stream()
-        await stream.wait_for(stream.submit(submit, True))
-        parts = box["parts"]
-
-        def cancel() -> None:
-            graphs.cancel(parts)
-
-        await wait_futures(parts, cancel)
-        error = first_error(parts, what)
-        if error is not None:
-            error = await lost_or(error, parts, graphs)
-            failed = next((f for f in parts if f.status == "error"), None)
-            graphs.reported(error, failed.exception() if failed is not None else None)
-            try:
-                raise error
-            finally:
-                # Break the cycle error -> traceback -> this frame -> error, which would keep
-                # the tensor read (and its memory) alive until a gc pass.
-                del error, array
-        arr = box["array"]
+        graphs.reads_in_flight += 1  # (on the loop's thread only) shutdown waits for it
         try:
-            # Gathering and joining the chunks (a copy of the whole tensor) run off the loop.
-            return await anyio.to_thread.run_sync(fetch, graphs, arr)
-        except Exception as exc:
-            raise map_error(exc, what) from None
+            stream = self._stream()
+            try:
+                await stream.wait_for(stream.submit(submit, True))
+            except BaseException:
+                # Cancelled before the flush was made (or as it was): its futures, once made,
+                # are cancelled too (they computed on, with no read left to want them).
+                with lock:
+                    box["abandoned"] = True
+                    made = box.get("parts")
+                if made is not None:
+                    graphs.read_ended(made, cancelled=True, counted=False)
+                raise
+            parts = box["parts"]
+            cancelled = [False]
+
+            def cancel() -> None:
+                cancelled[0] = True
+
+            graphs.read_started(parts)
+            try:
+                await wait_futures(parts, cancel)
+            finally:  # a cancelled wait cancels the futures no other read waits on
+                graphs.read_ended(parts, cancelled[0])
+            error = first_error(parts, what)
+            if error is not None:
+                error = await lost_or(error, parts, graphs)
+                failed = next((f for f in parts if f.status == "error"), None)
+                graphs.reported(error, failed.exception() if failed is not None else None)
+                try:
+                    raise error
+                finally:
+                    # Break the cycle error -> traceback -> this frame -> error, which would
+                    # keep the tensor read (and its memory) alive until a gc pass.
+                    del error, array
+            arr = box["array"]
+            try:
+                # Gathering and joining the chunks (a copy of the whole tensor) run off the
+                # loop.
+                return await anyio.to_thread.run_sync(fetch, graphs, arr)
+            except Exception as exc:
+                raise map_error(exc, what) from None
+        finally:
+            graphs.reads_in_flight -= 1
 
     def read_tensor_blocking(self, tensor: Tensor) -> Array:
         if tensor.size == 0:

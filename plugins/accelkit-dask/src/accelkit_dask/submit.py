@@ -14,6 +14,7 @@ graph); flushes and host transfers run on the stream's worker thread, never on t
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import threading
@@ -251,6 +252,10 @@ class Graphs:
         # The persisted array of the last flush's ``extra``, per thread (streams flush at once).
         self._local = threading.local()
         self.lost: str | None = None
+        #: The reads waiting on each future's key (:meth:`read_started`), and the reads in
+        #: flight, from their flush to their gather (shutdown waits for them).
+        self._readers: collections.Counter[str] = collections.Counter()
+        self.reads_in_flight = 0
 
     @property
     def extra(self) -> Any:
@@ -413,6 +418,28 @@ class Graphs:
     def cancel(self, futures: Iterable[Any]) -> None:
         """Cancel the unfinished ``futures`` (an awaited read was cancelled), saying so."""
         self.client.cancel([f for f in futures if not f.done()], reason=CANCELLED_HERE)
+
+    def read_started(self, futures: Sequence[Any]) -> None:
+        """A read waits on ``futures`` (counted per key: reads of one tensor share them)."""
+        with self._lock:
+            self._readers.update(f.key for f in futures)
+
+    def read_ended(self, futures: Sequence[Any], cancelled: bool, counted: bool = True) -> None:
+        """A read stopped waiting on ``futures`` (``counted``: it had started waiting); if it
+        was ``cancelled``, cancel those that no other read waits on (one task's timeout
+        cancelled another task's read of the same tensor, which raised "cancelled" though
+        nothing cancelled it)."""
+        idle = []
+        with self._lock:
+            for f in futures:
+                n = self._readers[f.key] - counted
+                if n > 0:
+                    self._readers[f.key] = n
+                else:
+                    del self._readers[f.key]
+                    idle.append(f)
+        if cancelled and idle:
+            self.cancel(idle)
 
     def settle(self, futures: Iterable[Any]) -> None:
         """Forget finished futures (their errors were reported)."""
