@@ -116,6 +116,8 @@ def test_prefer_puts_a_kind_first_then_ranks_by_performance(reg: Registry) -> No
     assert _ranked(sel)[:3] == ["fakegpu@fakegpu:1", "fakegpu@fakegpu:0", "cpu@cpu:0"]
     assert "preferred kind fakegpu" in sel.report.candidates[0].detail
     assert accelkit.select(policy="prefer:cpu", registry=reg).device == "cpu:0"
+    # case-insensitive, as a kind is everywhere else ("CPU" was refused as not lower-case)
+    assert accelkit.select(policy="prefer:FakeGPU", registry=reg).device == "fakegpu:1"
     # a preference, not a requirement: with no device of that kind the best other one is chosen
     assert accelkit.select(policy="prefer:cuda", registry=reg).device == "cpu:0"
 
@@ -128,8 +130,9 @@ def test_an_unknown_policy_names_it_and_the_accepted_ones(reg: Registry, policy:
     if policy != "prefer:CUDA!":
         assert repr(policy) in message
         assert "performance, memory, power, prefer:<kind>" in message
-    else:
-        assert "'CUDA!'" in message
+    else:  # the policy named, and the kind's form
+        assert "policy 'prefer:CUDA!'" in message
+        assert "'cuda!'" in message
 
 
 def test_ties_go_to_the_priority_then_the_name(

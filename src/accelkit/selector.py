@@ -104,8 +104,11 @@ def _policy(policy: str) -> tuple[str, str | None]:
     if policy in POLICIES:
         return policy, None
     if policy.startswith("prefer:") and policy[7:]:
-        kind = policy[7:]
-        Device(kind)  # validates the kind's form
+        kind = policy[7:].strip().lower()  # case-insensitive, as kinds are everywhere else
+        try:
+            Device(kind)  # validates the kind's form
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"policy {policy!r}: {exc}") from None
         return "prefer", kind
     raise InvalidArgumentError(
         f"unknown policy {policy!r}; expected one of: performance, memory, power, prefer:<kind>"
