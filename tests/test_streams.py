@@ -499,3 +499,27 @@ async def test_a_large_to_host_waits_for_its_writer_not_for_later_work(
     assert not backend.default_stream.query(), "to_host waited for the later chain"
     np.testing.assert_array_equal(got, np.full(1 << 20, 2.0, np.float32))
     np.testing.assert_array_equal(await y.to_host(), np.full((N, N), 1.0 / N, np.float32))
+
+
+def test_an_interrupt_during_an_inline_op_is_raised_at_once_and_fails_its_position() -> None:
+    """Ctrl-C lands on the thread that runs an op inline: the KeyboardInterrupt was kept as the
+    op's failure (the loop was not interrupted) and came back as a DeviceError at the next
+    await. It is raised by the submission now, and the position fails, saying so."""
+    from accelkit.sdk import HostStream
+
+    stream = HostStream(accelkit.Device("cpu", 0), "interrupted")
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stream.submit(interrupted, False, (), ())
+        assert stream.completed == stream.submitted == 1  # done, not left pending
+        seq = stream.submit(lambda: None, False, (), ())  # the stream runs on
+        with pytest.raises(
+            DeviceError, match=r"an operation was interrupted \(KeyboardInterrupt\)"
+        ):
+            stream.wait_for_blocking(seq)
+    finally:
+        stream.close()

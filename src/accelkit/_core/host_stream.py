@@ -88,8 +88,17 @@ class HostStream(PositionStream):
                 # thread meanwhile waits, then queues behind it. No waiter can be registered for
                 # a position that did not exist a moment ago, so none is due.
                 quiet = _np_errstate.set(_QUIET)  # no NumPy warnings (see the end)
+                interrupt: BaseException | None = None
                 try:
                     fn()
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    # The program's interrupt (Ctrl-C lands on the thread that runs the op
+                    # inline), not the op's failure: raised here, at once (it came back as a
+                    # DeviceError at the next await); the op's position fails, saying so, in
+                    # case it wrote into a tensor the program holds.
+                    interrupt = exc
+                    self._errors.append((seq, DeviceError(f"{self.name}: an operation was"
+                                         f" interrupted ({type(exc).__name__})"), None))  # fmt: skip
                 except BaseException as exc:
                     self._errors.append((seq, exc, None))
                 finally:
@@ -97,6 +106,8 @@ class HostStream(PositionStream):
                 self.completed = seq
                 if self._blocked:
                     self._cv.notify_all()
+                if interrupt is not None:
+                    raise interrupt
                 return seq
             if deps:
                 fn = _after(deps, fn)

@@ -62,7 +62,10 @@ class DeviceBuffer:
         return pool is not None and pool.generation == self._gen
 
     def __del__(self) -> None:
-        pool = self._pool
+        try:
+            pool = self._pool
+        except AttributeError:  # interrupted (Ctrl-C) before __init__ set it: nothing to give
+            return
         if pool is not None and not pool.closed:
             # CachingPool.release_later, inlined (every tensor's death comes here): an append to
             # a deque, atomic in CPython, drained under the pool's lock at its next allocation.
