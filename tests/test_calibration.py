@@ -143,6 +143,9 @@ def test_the_slow_device_calibrated_fast_wins(reg: Registry) -> None:
     assert (str(best.device), best.score, best.basis) == ("fakegpu:0", 100.0, "calibrated")
     assert (str(other.device), other.score, other.basis) == ("fakegpu:1", 4.0, "declared")
     assert "[calibrated]" in after.report.explain()
+    # the memory policy ranks by declared memory, whatever was calibrated (it said "calibrated")
+    by_memory = accelkit.select("fakegpu", policy="memory", registry=reg)
+    assert {c.basis for c in by_memory.report.candidates} == {"declared"}
 
 
 def test_calibrated_figures_follow_the_required_dtype(reg: Registry) -> None:

@@ -152,7 +152,7 @@ def _score(
     perf = f"{gflops:.0f} GFLOP/s {'/'.join(d.value for d in dtypes)}"
     if mode == "memory":
         mem = caps.limits.memory_bytes or info.memory_bytes
-        return mem / 2**30, basis, f"{mem / 2**30:.1f} GiB; {perf}"
+        return mem / 2**30, "declared", f"{mem / 2**30:.1f} GiB; {perf}"  # (never calibrated)
     if mode == "power":
         watts = caps.performance.power_watts
         if not watts:
