@@ -393,6 +393,26 @@ def test_a_probe_reporting_another_backend_s_device_is_quarantined(reg: Registry
     assert "reported a device of backend 'cpu'" in record.error
 
 
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        (["wrongkind:0", "cpu:0"], "reported cpu:0, not of its device kinds (wrongkind)"),
+        (["wrongkind:0", "wrongkind:0"], "reported wrongkind:0 twice"),
+    ],
+)
+def test_a_probe_reporting_a_device_it_cannot_drive_is_quarantined(
+    reg: Registry, devices: list[str], message: str
+) -> None:
+    """A device of another kind, or one listed twice, became a candidate of select() its
+    backend could not open (calibrate failed on it, twice)."""
+    infos = [DeviceInfo(backend="wrongkind", device=d, name="d") for d in devices]
+    reg.register(_manual("wrongkind"), probe=lambda: infos)
+    assert reg.probe("wrongkind") == []
+    record = {r.name: r for r in reg.quarantined()}["wrongkind"]
+    assert record.stage == "probe"
+    assert message in record.error
+
+
 def test_a_backend_class_that_fails_to_import_is_quarantined_at_stage_import(
     reg: Registry,
 ) -> None:

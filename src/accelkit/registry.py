@@ -341,12 +341,25 @@ class Registry:
                 infos = [
                     d if isinstance(d, DeviceInfo) else DeviceInfo.model_validate(d) for d in found
                 ]
+                seen: set[str] = set()
                 for info in infos:  # listed as another backend's, they were selected as that
                     if info.backend != name:
                         raise PluginLoadError(
                             f"the probe of plugin {name!r} reported a device of backend"
                             f" {info.backend!r} ({info.device}); a probe reports its own"
                         )
+                    # a device outside the plugin's kinds, or listed twice, became a candidate
+                    # of select() that its backend could not open (calibrate failed on it)
+                    if info.device.kind not in desc.device_kinds:
+                        raise PluginLoadError(
+                            f"the probe of plugin {name!r} reported {info.device}, not of its"
+                            f" device kinds ({', '.join(sorted(desc.device_kinds))})"
+                        )
+                    if str(info.device) in seen:
+                        raise PluginLoadError(
+                            f"the probe of plugin {name!r} reported {info.device} twice"
+                        )
+                    seen.add(str(info.device))
             except DeviceError as exc:  # the plugin's clean "no device here, because..."
                 self._unavailable[name] = str(exc)
                 self._probes[name] = []
