@@ -401,9 +401,9 @@ def test_the_stderr_excerpt_folds_the_stacks_of_other_threads() -> None:
 @pytest.mark.parametrize(
     ("mode", "reason"),
     [
-        ("abort", "killed the process with SIGABRT: fatal: the crash driver's probe aborts on"
+        ("abort", "crashed the process (SIGABRT): fatal: the crash driver's probe aborts on"
          " purpose"),
-        ("exit", "ended the process with exit status 3"),
+        ("exit", "ended the process (status 3)"),
         ("hang", "did not return within 5 s (a hang)"),
     ],
 )  # fmt: skip

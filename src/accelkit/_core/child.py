@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChildRun", "crash_line", "run_child", "signal_name"]
+__all__ = ["ChildRun", "crash_line", "ending", "run_child", "signal_name"]
 
 _STDERR_TAIL = 400  # lines
 
@@ -114,6 +114,20 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (OSError, AttributeError):
         proc.kill()
+
+
+def ending(run: ChildRun, hang: str) -> str:
+    """How a child ended that did not finish its work, in words: ``hang`` where it ran past
+    its timeout, else the signal that killed it or its exit status, with the last meaningful
+    line of its stderr (:func:`crash_line`)."""
+    if run.timed_out:
+        return hang
+    if run.returncode < 0:
+        reason = f"crashed the process ({signal_name(run.returncode)})"
+    else:
+        reason = f"ended the process (status {run.returncode})"
+    line = crash_line(run.stderr)
+    return f"{reason}: {line}" if line else reason
 
 
 def signal_name(returncode: int) -> str:

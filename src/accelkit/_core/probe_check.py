@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from accelkit._core.child import crash_line, run_child, signal_name
+from accelkit._core.child import ending, run_child
 
 __all__ = ["DEFAULT_TIMEOUT_S", "MARKER", "ProbeFailure", "check_probes", "main"]
 
@@ -66,14 +66,8 @@ def check_probes(timeout: float = DEFAULT_TIMEOUT_S) -> list[ProbeFailure]:
         culprit = next((name for name in reversed(started) if name not in finished), None)
         if culprit is None or culprit in skip:
             return failures
-        if run.timed_out:
-            reason = f"did not return within {timeout:g} s (a hang)"
-        elif run.returncode < 0:
-            reason = f"killed the process with {signal_name(run.returncode)}"
-        else:
-            reason = f"ended the process with exit status {run.returncode}"
-        line = crash_line(run.stderr)
-        failures.append(ProbeFailure(culprit, reason + (f": {line}" if line else ""), run.stderr))
+        reason = ending(run, f"did not return within {timeout:g} s (a hang)")
+        failures.append(ProbeFailure(culprit, reason, run.stderr))
         skip.append(culprit)
 
 

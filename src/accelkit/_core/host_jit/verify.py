@@ -170,7 +170,7 @@ def _verify(names: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _run_child(names: list[str]) -> dict[str, dict[str, Any]]:
-    from accelkit._core.child import crash_line, run_child, signal_name
+    from accelkit._core.child import ending, run_child
 
     def progress(msg: dict[str, Any]) -> None:
         if msg.get("done") in names:
@@ -204,14 +204,7 @@ def _run_child(names: list[str]) -> dict[str, dict[str, Any]]:
             found[msg["done"]] = verdict
             current = None
     if current is not None:
-        if run.timed_out:
-            reason = f"hung: no result in {TIMEOUT:.0f} s while compiling or checking it"
-        elif run.returncode < 0:
-            reason = f"crashed the process ({signal_name(run.returncode)})"
-        else:
-            reason = f"ended the process (status {run.returncode})"
-        line = "" if run.timed_out else crash_line(run.stderr)
-        reason = f"{reason}: {line}" if line else reason
+        reason = ending(run, f"hung: no result in {TIMEOUT:.0f} s while compiling or checking it")
         reason = f"{reason} (in a child process checking it on this machine)"
         found[current] = {"ok": False, "reason": reason}
         log.info("CPU JIT kernel %s: not used: %s", current, reason)
