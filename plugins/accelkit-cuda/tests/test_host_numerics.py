@@ -257,3 +257,27 @@ def test_host_arrays_never_reach_cublas(monkeypatch: pytest.MonkeyPatch) -> None
         cupy_tensor.matmul(x, y, got, tf32=True)
         want = x.astype(np.float64) @ y.astype(np.float64)
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        # U64 with I64 compares in I64 (2**64 - 1 is -1 there), as on every backend
+        (np.array([2**64 - 1, 5], np.uint64), np.array([0, 5], np.int64), [True, False]),
+        # an integer with an F32 tensor compares in F32 (16777217 is 16777216 there)
+        (
+            np.array([16777217, 3], np.int64),
+            np.array([16777216.0, 2.5], np.float32),
+            [False, False],
+        ),
+    ],
+)
+def test_a_comparison_of_two_dtypes_runs_in_the_promoted_one(
+    a: Any, b: Any, want: list[bool]
+) -> None:
+    """CuPy's promotion compared them in F64 (exact, unlike every other backend)."""
+    out = np.empty(2, bool)
+    cupy_tensor.binary("lt", a, b, out)
+    np.testing.assert_array_equal(out, want)
+    cupy_tensor.binary("eq", a, b, out)
+    np.testing.assert_array_equal(out, [False, True] if a.dtype == np.uint64 else [True, False])

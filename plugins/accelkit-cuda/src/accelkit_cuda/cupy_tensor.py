@@ -15,6 +15,7 @@ import cupy as cp
 import cupyx.scipy.special as cps
 import numpy as np
 
+from accelkit.dtype import DType, result_type
 from accelkit_cuda import blas, division
 
 __all__ = [
@@ -129,9 +130,21 @@ def _operand(v: Any, dtype: Any) -> Any:
         return np.array(v).astype(dtype)[()]
 
 
+def _compared(a: Any, b: Any) -> tuple[Any, Any]:
+    """A comparison's operands: two arrays of different dtypes in their promoted dtype
+    (accelkit's ``result_type``: U64 with a signed integer in I64, an integer with a float in
+    the float's dtype), as every backend compares them (CuPy's promotion compared U64 with I64,
+    and an integer with F32, in F64); a Python scalar keeps its exact value."""
+    if isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) and a.dtype != b.dtype:
+        t = result_type(DType.from_any(a.dtype), DType.from_any(b.dtype)).to_numpy()
+        with np.errstate(all="ignore"):
+            return up(a.astype(t)), up(b.astype(t))
+    return up(a), up(b)
+
+
 def binary(op: str, a: Any, b: Any, out: Array) -> None:
     if op in ("eq", "ne", "lt", "le", "gt", "ge"):
-        _BINARY[op](up(a), up(b), out=out)
+        _BINARY[op](*_compared(a, b), out=out)
         return
     ct = cp.dtype(cp.float32) if half(out.dtype) else out.dtype
     av, bv = _operand(a, ct), _operand(b, ct)

@@ -165,10 +165,9 @@ def _compared(a: Any, b: Any) -> tuple[Any, Any]:
     float in the float's dtype), as every backend compares them; a Python scalar keeps its
     exact value (NumPy's weak scalars)."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype != b.dtype:
-        from accelkit.dtype import _numpy_maps, result_type
+        from accelkit.dtype import DType, result_type
 
-        of = _numpy_maps()[1]
-        t = result_type(of[a.dtype], of[b.dtype]).to_numpy()
+        t = result_type(DType.from_any(a.dtype), DType.from_any(b.dtype)).to_numpy()
         with np.errstate(all="ignore"):  # an integer beyond F16's range rounds to inf
             return up(a.astype(t)), up(b.astype(t))
     return up(a), up(b)
