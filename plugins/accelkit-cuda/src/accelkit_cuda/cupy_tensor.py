@@ -138,7 +138,7 @@ def _compared(a: Any, b: Any) -> tuple[Any, Any]:
     if isinstance(a, cp.ndarray) and isinstance(b, cp.ndarray) and a.dtype != b.dtype:
         t = result_type(DType.from_any(a.dtype), DType.from_any(b.dtype)).to_numpy()
         with np.errstate(all="ignore"):
-            return up(a.astype(t)), up(b.astype(t))
+            return up(a.astype(t, copy=False)), up(b.astype(t, copy=False))
     return up(a), up(b)
 
 

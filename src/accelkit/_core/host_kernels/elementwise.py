@@ -159,18 +159,22 @@ def _operand(v: Any, dtype: np.dtype[Any]) -> Any:
     return v
 
 
-def _compared(a: Any, b: Any) -> tuple[Any, Any]:
-    """The operands of a comparison: two arrays of different dtypes in their promoted dtype
+def _compare(fn: Any, a: Any, b: Any, out: Array) -> None:
+    """A comparison: two arrays of different dtypes in their promoted dtype
     (:func:`accelkit.dtype.result_type`: U64 with a signed integer in I64, an integer with a
-    float in the float's dtype), as every backend compares them; a Python scalar keeps its
-    exact value (NumPy's weak scalars)."""
+    float in the float's dtype), as every backend compares them, through the ufunc's loop for
+    that dtype (no copies); a Python scalar keeps its exact value (NumPy's weak scalars)."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype != b.dtype:
         from accelkit.dtype import DType, result_type
 
         t = result_type(DType.from_any(a.dtype), DType.from_any(b.dtype)).to_numpy()
         with np.errstate(all="ignore"):  # an integer beyond F16's range rounds to inf
-            return up(a.astype(t)), up(b.astype(t))
-    return up(a), up(b)
+            if t in _LOW or a.dtype in _LOW or b.dtype in _LOW:
+                fn(up(a.astype(t, copy=False)), up(b.astype(t, copy=False)), out=out)
+            else:
+                fn(a, b, out=out, signature=(t, t, np.dtype(np.bool_)), casting="unsafe")
+        return
+    fn(up(a), up(b), out=out)
 
 
 def binary(op: str, a: Any, b: Any, out: Array) -> None:
@@ -181,7 +185,7 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
         return
     fn = _BINARY[op]
     if op in ("eq", "ne", "lt", "le", "gt", "ge"):
-        fn(*_compared(a, b), out=out)
+        _compare(fn, a, b, out)
         return
     if out.dtype in _LOW:
         with np.errstate(all="ignore"):  # IEEE results (inf, nan), silently, as for F32
@@ -191,7 +195,7 @@ def binary(op: str, a: Any, b: Any, out: Array) -> None:
         with np.errstate(all="ignore"):
             fn(_operand(a, out.dtype), _operand(b, out.dtype), out=out)
         return
-    fn(_operand(a, out.dtype), _operand(b, out.dtype), out=out, casting="unsafe")
+    fn(a, b, out=out, dtype=out.dtype, casting="unsafe")  # in the result's dtype: U64 + I64 wraps
 
 
 def _pow(a: Any, b: Any, out: Array) -> None:
