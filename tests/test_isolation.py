@@ -791,3 +791,14 @@ async def test_a_cancelled_initialize_leaves_no_worker_nor_thread(
         while new_threads():  # noqa: ASYNC110
             await anyio.sleep(0.05)
     assert new_threads() == []
+
+
+def test_an_isolated_backend_leaves_an_addressed_device_to_its_worker() -> None:
+    """The default supports_device refuses an address (an index-based backend cannot drive
+    cpu://host:1); an isolated backend lets its worker decide (isolated Dask on a scheduler's
+    address was refused, and the dask plugin quarantined)."""
+    assert not ak.create_backend("cpu").supports_device("cpu://127.0.0.1:1")
+    isolated = IsolatedBackend("cpu")
+    assert isolated.supports_device("cpu:0")
+    assert isolated.supports_device("cpu://127.0.0.1:1")  # the worker refuses it, if it must
+    assert not isolated.supports_device("cuda:0")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 import anyio
 
 from accelkit.device import Device, DeviceInfo
-from accelkit.errors import InvalidArgumentError
+from accelkit.errors import InvalidArgumentError, UnsupportedOperationError
 
 if TYPE_CHECKING:
     from accelkit.abc.backend import ComputeBackend
@@ -123,9 +123,10 @@ def _create(
         if reg.registered_in_process(name):  # the worker would not find it, or another one
             raise InvalidArgumentError(
                 f"backend {name!r} was registered in this process (registry.register): an"
-                " isolated backend runs in a worker process, which sees only installed plugins;"
-                " install it as a plugin (an entry point in the accelkit.backends group), or"
-                " open it without isolate=True"
+                " isolated backend runs in a worker process, which sees only installed plugins"
+                " (it would run an installed plugin of that name, not this one); install it as"
+                " a plugin (an entry point in the accelkit.backends group), unregister it to"
+                " isolate the installed one, or open it without isolate=True"
             )
 
         backend: ComputeBackend = IsolatedBackend(name)
@@ -232,8 +233,8 @@ async def _open_backend(
     distribution = reg.descriptor(name).distribution
     try:
         await backend.initialize(backend.selected_device)
-    except InvalidArgumentError:  # the caller's input or settings: no fault of the plugin's
-        raise
+    except (InvalidArgumentError, UnsupportedOperationError):
+        raise  # the caller's input or settings ("cannot drive device X"): not the plugin's fault
     except Exception as exc:  # the plugin resolved, not the class's name (a subclass may share it)
         reg.quarantine(name, "initialize", exc, distribution=distribution)
         raise

@@ -1211,6 +1211,15 @@ class IsolatedBackend(StreamBackend[IsoStream]):
     def _device_count(self) -> int:
         return 1 << 16  # the worker says whether the device exists, when it opens it
 
+    def supports_device(self, device: Device | str) -> bool:
+        """Any device of the inner backend's kinds, by index or by address (``dask://...``):
+        the worker says whether it can open it (the default refuses addresses, which an
+        index-based backend cannot drive)."""
+        try:
+            return Device.parse(device).kind in self.device_kinds
+        except InvalidArgumentError:
+            return False
+
     def _device_capabilities(self, index: int) -> BackendCapabilities:
         if self._info:
             caps: BackendCapabilities = self._info["capabilities"]
