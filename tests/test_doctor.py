@@ -404,6 +404,7 @@ def test_the_stderr_excerpt_folds_the_stacks_of_other_threads() -> None:
         ("abort", "crashed the process (SIGABRT): fatal: the crash driver's probe aborts on"
          " purpose"),
         ("exit", "ended the process (status 3)"),
+        ("exit0", "ended the process (status 0)"),
         ("hang", "did not return within 5 s (a hang)"),
     ],
 )  # fmt: skip

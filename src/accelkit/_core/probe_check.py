@@ -61,8 +61,7 @@ def check_probes(timeout: float = DEFAULT_TIMEOUT_S) -> list[ProbeFailure]:
             return failures
         started = [str(e["probing"]) for e in run.events if "probing" in e]
         finished = {str(e["probed"]) for e in run.events if "probed" in e}
-        if run.returncode == 0 and not run.timed_out:
-            return failures
+        # whatever the exit status: a probe that ends the process with os._exit(0) is one
         culprit = next((name for name in reversed(started) if name not in finished), None)
         if culprit is None or culprit in skip:
             return failures

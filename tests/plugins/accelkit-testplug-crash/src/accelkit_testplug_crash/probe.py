@@ -2,7 +2,8 @@
 
 ``ACCELKIT_TESTPLUG_CRASH_PROBE`` makes the probe itself misbehave (read at each call):
 ``abort`` (print a driver-style fatal line and ``os.abort()``), ``hang`` (sleep for an hour),
-``exit`` (``os._exit(3)``); anything else, or unset, lists the device.
+``exit`` (``os._exit(3)``), ``exit0`` (``os._exit(0)``); anything else, or unset, lists the
+device.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def probe() -> list[DeviceInfo]:
         time.sleep(3600)
     if mode == "exit":
         os._exit(3)
+    if mode == "exit0":
+        os._exit(0)
     return [
         DeviceInfo(
             device=Device("crash", 0),
