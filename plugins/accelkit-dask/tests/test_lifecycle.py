@@ -311,3 +311,20 @@ async def test_futures_cancelled_by_a_lost_scheduler_poison_the_backend(
         graphs = _Graphs(after=0)
         assert await submit.lost_or(error, [_Future(status)], graphs) is error
         assert graphs.checks == 0
+
+
+async def test_shutdown_waits_for_reads_in_flight_a_bounded_time(
+    anyio_backend: str, shared_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that never ends (a hung worker) must not hold the shielded shutdown forever."""
+    import time
+
+    from accelkit_dask import backend as dask_backend
+
+    monkeypatch.setattr(dask_backend, "READS_GRACE_S", 0.5)
+    backend = DaskBackend(chunk_bytes=1 << 20)
+    await backend.initialize("dask://" + shared_cluster.address.removeprefix("tcp://"))
+    backend.graphs.reads_in_flight += 1  # a read that will never end
+    start = time.monotonic()
+    await backend.shutdown()
+    assert time.monotonic() - start < 15  # the grace (0.5 s) and closing the client

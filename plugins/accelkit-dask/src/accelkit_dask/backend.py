@@ -57,6 +57,10 @@ class Plan:
     reason: str
 
 
+#: How long ``shutdown`` waits for the reads in flight before it closes the cluster.
+READS_GRACE_S = 30.0
+
+
 class DaskBackend(StreamBackend[HostStream]):
     """A Dask cluster: tensors are dask arrays chunked over its workers."""
 
@@ -307,12 +311,15 @@ class DaskBackend(StreamBackend[HostStream]):
             self._graphs = None
 
     async def _reads_done(self) -> None:
-        """Until the reads awaited now have their results: their futures are not stream work,
-        and closing the cluster under them failed them ("the scheduler is gone"), where the
-        other backends' reads in flight at shutdown return their results."""
+        """Until the reads awaited now have their results, for at most ``READS_GRACE_S``
+        (shutdown is shielded: a hung worker must not hold it forever; the reads then fail,
+        "the scheduler is gone"). Their futures are not stream work, and closing the cluster
+        under them failed them, where the other backends' reads in flight at shutdown return
+        their results."""
         graphs = self._graphs
-        while graphs is not None and graphs.reads_in_flight and graphs.lost is None:  # noqa: ASYNC110
-            await anyio.sleep(0.005)
+        with anyio.move_on_after(READS_GRACE_S):
+            while graphs is not None and graphs.reads_in_flight and graphs.lost is None:  # noqa: ASYNC110
+                await anyio.sleep(0.005)
 
     # -- streams ----------------------------------------------------------------------------------
     def _open_stream(self) -> HostStream:
