@@ -117,11 +117,13 @@ def test_names_malformed_is_an_error_naming_the_bad_item(
 
 @pytest.mark.parametrize("value", [",", " , ,", ",,,"])
 def test_names_naming_nothing_is_an_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    """Separators alone are a mistake: as a list of nothing, ACCELKIT_PLUGINS=',' disabled every
-    plugin."""
-    monkeypatch.setenv(VAR, value)
+    """Separators alone are a mistake in an allow list: as a list of nothing,
+    ACCELKIT_PLUGINS=',' disabled every plugin. A deny list of nothing denies nothing."""
+    monkeypatch.setenv("ACCELKIT_PLUGINS", value)
     with pytest.raises(InvalidArgumentError, match="names no plugin"):
-        env_names(VAR)
+        env_names("ACCELKIT_PLUGINS")
+    monkeypatch.setenv("ACCELKIT_DISABLE_PLUGINS", value)
+    assert env_names("ACCELKIT_DISABLE_PLUGINS") == frozenset()
 
 
 @pytest.mark.parametrize(("value", "expected"), [("cpu", "cpu"), (" OpenCL ", "opencl")])

@@ -56,6 +56,11 @@ def env_seconds(name: str, default: float) -> float:
     return seconds
 
 
+#: The lists that allow only what they name: one of separators alone is an error (a deny list
+#: of nothing denies nothing, and stays harmless).
+_ALLOW_LISTS = frozenset({"ACCELKIT_PLUGINS"})
+
+
 def env_names(name: str) -> frozenset[str] | None:
     """A comma-separated list of backend names, or None when unset."""
     value = env_str(name)
@@ -68,7 +73,7 @@ def env_names(name: str) -> frozenset[str] | None:
             f"{name}={value!r}: {', '.join(map(repr, bad))} is not a backend name; expected a"
             " comma-separated list like 'cpu,opencl'"
         )
-    if not names:  # ',' is a mistake, not a list of nothing (it disabled every plugin)
+    if not names and name in _ALLOW_LISTS:  # ',' allowed nothing: every plugin was disabled
         raise InvalidArgumentError(
             f"{name}={value!r} names no plugin; expected a comma-separated list like"
             " 'cpu,opencl' (an empty value is the same as an unset one)"
