@@ -4,7 +4,6 @@ go through the client, on a stream's worker thread or awaited without blocking t
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -190,34 +189,19 @@ class DaskMemoryKernels(MemoryKernels):
         graphs = self.backend.graphs
         box: dict[str, Any] = {}
 
-        lock = threading.Lock()
-
         def submit() -> None:
             # One persist for the pending graphs and the array read (one message to the
             # scheduler), then its chunks are gathered here and assembled.
             graphs.flush(array())
-            made = futures_of(graphs.extra)
-            with lock:
-                box["array"] = graphs.extra
-                box["parts"] = made
-                abandoned = "abandoned" in box
-            if abandoned:  # the read was cancelled while this waited its turn
-                graphs.read_ended(made, cancelled=True, counted=False)
+            box["array"] = graphs.extra
+            box["parts"] = futures_of(graphs.extra)
 
         graphs.reads_in_flight += 1  # (on the loop's thread only) shutdown waits for it
         try:
             stream = self._stream()
-            try:
-                await stream.wait_for(stream.submit(submit, True))
-            except BaseException:
-                # Cancelled before the flush was made (or as it was): its futures, once made,
-                # are cancelled too (they computed on, with no read left to want them).
-                with lock:
-                    box["abandoned"] = True
-                    made = box.get("parts")
-                if made is not None:
-                    graphs.read_ended(made, cancelled=True, counted=False)
-                raise
+            # (Cancelled before the flush was made, the read leaves its futures computing: a
+            # flush persists every pending graph, fused into tasks other tensors share.)
+            await stream.wait_for(stream.submit(submit, True))
             parts = box["parts"]
             cancelled = [False]
 

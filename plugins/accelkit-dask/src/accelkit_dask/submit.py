@@ -424,15 +424,14 @@ class Graphs:
         with self._lock:
             self._readers.update(f.key for f in futures)
 
-    def read_ended(self, futures: Sequence[Any], cancelled: bool, counted: bool = True) -> None:
-        """A read stopped waiting on ``futures`` (``counted``: it had started waiting); if it
-        was ``cancelled``, cancel those that no other read waits on (one task's timeout
-        cancelled another task's read of the same tensor, which raised "cancelled" though
-        nothing cancelled it)."""
+    def read_ended(self, futures: Sequence[Any], cancelled: bool) -> None:
+        """A read stopped waiting on ``futures``; if it was ``cancelled``, cancel those that no
+        other read waits on (one task's timeout cancelled another task's read of the same
+        tensor, which raised "cancelled" though nothing cancelled it)."""
         idle = []
         with self._lock:
             for f in futures:
-                n = self._readers[f.key] - counted
+                n = self._readers[f.key] - 1
                 if n > 0:
                     self._readers[f.key] = n
                 else:
