@@ -49,11 +49,6 @@ class FallbackTensorOps:
     def fallback_backend(self) -> ComputeBackend:
         return self._fallback
 
-    def rebind(self, primary_ops: TensorOps) -> None:
-        """Wrap the primary backend's new TensorOps (after it reopened its device), keeping
-        ``events`` and ``counts``."""
-        self._ops = primary_ops
-
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._ops, name)
         if name.startswith("_") or not callable(attr):

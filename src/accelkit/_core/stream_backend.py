@@ -368,8 +368,6 @@ class StreamBackend(ComputeBackend, Generic[S]):
             raise
         if old_pool is not None:
             self.pool.generation = old_pool.generation + 1
-        if self._fallback_ops is not None and self._tensor_ops is not None:
-            self._fallback_ops.rebind(self._tensor_ops)  # the same records, the new TensorOps
 
     async def prepare(self, progress: Callable[[str], None] | None = None) -> str | None:
         """Nothing by default (see :meth:`accelkit.abc.ComputeBackend.prepare`): returns None."""

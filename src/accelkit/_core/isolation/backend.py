@@ -1404,8 +1404,6 @@ class IsolatedBackend(StreamBackend[IsoStream]):
             raise
         if old_pool is not None:
             self.pool.generation = old_pool.generation + 1
-        if self._fallback_ops is not None and self._tensor_ops is not None:
-            self._fallback_ops.rebind(self._tensor_ops)
         self._error = None
         self._state = _READY
 
