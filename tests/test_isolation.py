@@ -594,7 +594,7 @@ async def test_a_stream_kept_past_shutdown_refuses_work(anyio_backend: str) -> N
         lambda: stream.wait_event(event),
     ]
     for call in calls:
-        with pytest.raises(NotInitializedError, match="the stream was closed"):
+        with pytest.raises(StaleHandleError, match="the stream was closed"):
             call()
     assert stream.submitted == submitted
     with anyio.fail_after(5):

@@ -18,7 +18,7 @@ import test_offloop
 from test_offloop import Plugin, _open
 
 from accelkit.device import Device
-from accelkit.errors import ContextPoisonedError, NotInitializedError
+from accelkit.errors import ContextPoisonedError, StaleHandleError
 
 pytestmark = pytest.mark.anyio
 
@@ -101,7 +101,7 @@ async def test_a_stream_closed_by_shutdown_refuses_work(plugin: Plugin) -> None:
         lambda: stream.record_event(),
         lambda: stream.submit(lambda: None),
     ):
-        with pytest.raises(NotInitializedError, match="the stream was closed"):
+        with pytest.raises(StaleHandleError, match="the stream was closed"):
             call()
     assert stream.submitted == submitted
     with anyio.fail_after(5):
@@ -249,7 +249,7 @@ async def test_a_stream_closes_in_bounded_time_with_its_thread_stuck(
         t0 = time.monotonic()
         await anyio.to_thread.run_sync(stream.close)
         assert time.monotonic() - t0 < 5
-        with pytest.raises(NotInitializedError, match="the stream was closed"):
+        with pytest.raises(StaleHandleError, match="the stream was closed"):
             stream.submit(lambda: None)
     finally:
         gate.set()

@@ -24,7 +24,7 @@ from accelkit._core.device_errors import drop_tracebacks, note_others, pick_erro
 from accelkit._core.positions import PositionEvent, PositionStream, Waiters
 from accelkit.abc.stream import Event
 from accelkit.device import Device
-from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
+from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, StaleHandleError
 
 __all__ = ["HostEvent", "HostStream", "errors_ignored"]
 
@@ -79,7 +79,9 @@ class HostStream(PositionStream):
         """
         with self._lock:
             if self._closed:
-                raise DeviceError(f"{self!r} is closed (its backend was shut down)")
+                raise StaleHandleError(
+                    f"{self!r}: the stream was closed (its backend was shut down)"
+                )
             seq = self.submitted + 1
             self.submitted = seq
             if not heavy and not deps and self.completed == seq - 1:
@@ -205,7 +207,7 @@ class HostStream(PositionStream):
     # -- Stream interface -------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:  # as a submission (an event of a closed stream marked nothing)
-            raise DeviceError(f"{self!r} is closed (its backend was shut down)")
+            raise StaleHandleError(f"{self!r}: the stream was closed (its backend was shut down)")
 
     def record_event(self) -> HostEvent:
         self._check_open()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from accelkit.errors import (
     DeviceError,
     InvalidArgumentError,
     NotInitializedError,
+    StaleHandleError,
     UnsupportedOperationError,
 )
 from accelkit.memory import MemoryPoolConfig
@@ -116,6 +118,9 @@ class StreamBackend(ComputeBackend, Generic[S]):
         self.supported_dtypes: frozenset[DType] = frozenset()
         self._pool_config = pool_config or MemoryPoolConfig()
         self._streams: list[S] = []
+        #: The streams of earlier sessions (closed at a shutdown or reopen): ``use_stream`` names
+        #: them stale rather than foreign.
+        self._retired: weakref.WeakSet[S] = weakref.WeakSet()
         #: True while ``shutdown`` runs: ``create_stream`` refuses (the streams are closing).
         self._closing = False
         #: Set while ``initialize`` or ``shutdown`` runs (:meth:`_one_at_a_time`).
@@ -358,6 +363,7 @@ class StreamBackend(ComputeBackend, Generic[S]):
         for stream in list(self._streams):
             stream.discard_errors()
             await anyio.to_thread.run_sync(stream.close)
+        self._retired.update(self._streams)
         self._streams = []
         if old_pool is not None:
             old_pool.invalidate_all(close=True)
@@ -399,6 +405,7 @@ class StreamBackend(ComputeBackend, Generic[S]):
         finally:
             self._closing = False
             self._state = LifecycleState.SHUT_DOWN
+            self._retired.update(self._streams)
             self._streams = []
             self._tensor_ops = self._tensor_factory = None
             self._fallback_ops = None
@@ -532,6 +539,11 @@ class StreamBackend(ComputeBackend, Generic[S]):
     def use_stream(self, stream: Stream) -> Iterator[Stream]:
         self.check_ready()
         if stream not in self._streams:
+            if stream in self._retired:
+                raise StaleHandleError(
+                    f"{stream!r} is a stream of this {self.name} backend before it was shut down"
+                    " or reopened"
+                )
             raise InvalidArgumentError(f"{stream!r} is not a stream of this {self.name} backend")
         token = self._stream_var.set(stream)  # one of ours: checked above
         try:

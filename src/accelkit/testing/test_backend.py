@@ -100,16 +100,30 @@ async def test_shutdown_releases_every_byte_and_invalidates_tensors(
     assert not buf.is_alive
 
 
-async def test_a_stream_kept_past_shutdown_refuses_events(backend: ComputeBackend) -> None:
-    """record_event and wait_event on a stream of a shut-down backend raise, as a submission
-    does (the CPU's returned an event marking nothing, reported done)."""
-    async with accelkit.open_backend(backend.name) as other:
-        kept, second = other.default_stream, other.create_stream()
-        event = second.record_event()
-    with pytest.raises(AccelError):
+async def test_a_stream_kept_past_shutdown_is_stale(backend: ComputeBackend) -> None:
+    """record_event and wait_event on a stream of a shut-down backend raise StaleHandleError,
+    as every handle kept past shutdown does (the CPU's returned an event marking nothing,
+    reported done; then CPU and OpenCL raised DeviceError, CUDA and isolated backends
+    NotInitializedError); so does ``use_stream`` of it once the backend is open again (it
+    said the stream was another backend's)."""
+    other = accelkit.create_backend(backend.name)
+    await other.initialize(backend.device)
+    kept, second = other.default_stream, other.create_stream()
+    event = second.record_event()
+    await other.shutdown()
+    with pytest.raises(StaleHandleError, match="closed"):
         kept.record_event()
-    with pytest.raises(AccelError):
+    with pytest.raises(StaleHandleError, match="closed"):
         kept.wait_event(event)
+    await other.initialize(backend.device)
+    try:
+        with (
+            pytest.raises(StaleHandleError, match="before it was shut down"),
+            other.use_stream(second),
+        ):
+            pass
+    finally:
+        await other.shutdown()
 
 
 async def test_default_and_current_stream(backend: ComputeBackend) -> None:

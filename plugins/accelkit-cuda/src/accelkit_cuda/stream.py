@@ -52,7 +52,6 @@ from accelkit.errors import (
     ContextPoisonedError,
     DeviceError,
     InvalidArgumentError,
-    NotInitializedError,
     OutOfMemoryError,
     StaleHandleError,
 )
@@ -418,8 +417,8 @@ class CUDAStream(DeviceErrors, PositionStream):
             self.thread.submit(partial(_work, self, seq, deps, fn, keepalive, what), self)
         return seq
 
-    def _ended_error(self, what: str) -> NotInitializedError:
-        return NotInitializedError(
+    def _ended_error(self, what: str) -> StaleHandleError:
+        return StaleHandleError(
             f"{what} on {self.name}: the stream was closed (its backend was shut down, or is"
             " shutting down)"
         )

@@ -49,7 +49,7 @@ import anyio
 import pyopencl as cl
 
 from accelkit.device import Device
-from accelkit.errors import AccelError, DeviceError, InvalidArgumentError
+from accelkit.errors import AccelError, DeviceError, InvalidArgumentError, StaleHandleError
 from accelkit.sdk import (
     DeviceErrors,
     Event,
@@ -254,7 +254,9 @@ class CLStream(DeviceErrors, PositionStream):
         """
         with self._lock:
             if self._closed:
-                raise DeviceError(f"{self!r} is closed (its backend was shut down)")
+                raise StaleHandleError(
+                    f"{self!r}: the stream was closed (its backend was shut down)"
+                )
             seq = self.submitted + 1
             self.submitted = seq
             self._keep[seq] = (fn, *keepalive)
@@ -463,7 +465,7 @@ class CLStream(DeviceErrors, PositionStream):
         if event.stream.context != self.context:
             raise InvalidArgumentError("wait_event: the event belongs to another OpenCL context")
         if self._closed:  # as a submission, even where there is nothing to wait for
-            raise DeviceError(f"{self!r} is closed (its backend was shut down)")
+            raise StaleHandleError(f"{self!r}: the stream was closed (its backend was shut down)")
         if event.stream is self or event.query():
             return
         self.wait_positions([(event.stream, event.seq)], (event,))

@@ -66,6 +66,7 @@ from accelkit.errors import (
     DeviceError,
     InvalidArgumentError,
     NotInitializedError,
+    StaleHandleError,
     UnsupportedOperationError,
     WorkerLostError,
 )
@@ -753,8 +754,8 @@ class IsoStream(DeviceErrors, PositionStream):
         self.link.call(self, (event.eid,), op="we")
 
 
-def _closed_error(stream: IsoStream) -> NotInitializedError:
-    return NotInitializedError(
+def _closed_error(stream: IsoStream) -> StaleHandleError:
+    return StaleHandleError(
         f"{stream.name}: the stream was closed (its backend was shut down, or is shutting down)"
     )
 
