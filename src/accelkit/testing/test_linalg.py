@@ -210,6 +210,28 @@ async def test_matmul(
     assert_close(await fetch(a @ b, dtype), expected, dtype)
 
 
+@pytest.mark.parametrize(
+    ("sa", "sb"),
+    [((2, 1, 0), (0, 4)), ((2, 3, 4), (4, 0)), ((0, 3, 4), (4, 5)), ((3, 0), (0, 2)),
+     ((2, 3, 0), (2, 0, 5))],
+    ids=["k0-batched", "n0-batched", "batch0", "k0", "k0-both-batched"],
+)  # fmt: skip
+async def test_matmul_and_linear_with_an_empty_dimension(
+    backend: ComputeBackend, sa: tuple[int, ...], sb: tuple[int, ...]
+) -> None:
+    """An empty inner dimension sums nothing: zeros of the full shape (the CPU's batched
+    [..., m, 0] @ [0, n] raised a NumPy ValueError from its one-GEMM reshape)."""
+    f, ops = backend.tensor_factory, backend.tensor_ops
+    a_h, b_h = np.ones(sa, np.float32), np.ones(sb, np.float32)
+    expected = np.matmul(a_h, b_h)
+    np.testing.assert_array_equal(
+        await fetch(ops.matmul(f.from_host(a_h), f.from_host(b_h))), expected
+    )
+    if len(sb) == 2:
+        w = f.from_host(np.ascontiguousarray(b_h.T))
+        np.testing.assert_array_equal(await fetch(ops.linear(f.from_host(a_h), w)), expected)
+
+
 async def test_matmul_explicit_loops(backend: ComputeBackend) -> None:
     """A batched, broadcasting product against a triple loop (independent of np.matmul)."""
     a_h, b_h = _inputs(DType.F64, (2, 1, 3, 4), (3, 4, 2), seed=1)

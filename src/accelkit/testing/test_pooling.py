@@ -100,6 +100,21 @@ async def test_adaptive_avg_pool2d(backend: ComputeBackend, dtype: DType) -> Non
         assert_close(got, ref.adaptive_avg_pool2d(x_h, oh, ow), dtype, scale=2.0)
 
 
+async def test_pooling_of_no_channels_is_empty(backend: ComputeBackend) -> None:
+    """[N, 0, H, W] pools to [N, 0, oh, ow], as max pooling did (average pooling raised
+    "groups must be >= 1", an argument the caller never gave)."""
+    x = backend.tensor_factory.from_host(np.zeros((2, 0, 4, 4), np.float32))
+    ops = backend.tensor_ops
+    for name, got in (
+        ("max_pool2d", ops.max_pool2d(x, 2)),
+        ("avg_pool2d", ops.avg_pool2d(x, 2)),
+        ("adaptive_avg_pool2d", ops.adaptive_avg_pool2d(x, 2)),
+        ("adaptive_avg_pool2d uneven", ops.adaptive_avg_pool2d(x, 3)),
+    ):
+        out = await fetch(got)
+        assert out.shape == ((2, 0, 3, 3) if "uneven" in name else (2, 0, 2, 2)), name
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 async def test_conv1d(backend: ComputeBackend, dtype: DType) -> None:
     require_op(backend, "conv1d")

@@ -71,11 +71,13 @@ class PoolingOps(OpsBase[TensorKernels]):
         oh = pool_output_size(h, k[0], s[0], p[0], 1, ceil_mode)
         ow = pool_output_size(w, k[1], s[1], p[1], 1, ceil_mode)
         self._check_output("avg_pool2d", x, oh, ow)
+        ops, f = self._ops(), self.backend.tensor_factory
+        if c == 0:  # no channels: no grouped convolution to run (groups=0 is refused)
+            return f.zeros((x._shape[0], 0, oh, ow), x._dtype)
         divisor = np.outer(
             _divisors(h, oh, k[0], s[0], p[0], count_include_pad),
             _divisors(w, ow, k[1], s[1], p[1], count_include_pad),
         )
-        ops, f = self._ops(), self.backend.tensor_factory
         work = DType.F64 if x._dtype is DType.F64 else DType.F32
         y = x if x._dtype is work else ops.cast(x, work)
         y = self._pad_for(y, (oh, ow), k, s, p, (1, 1), 0.0)
