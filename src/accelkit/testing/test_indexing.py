@@ -235,6 +235,7 @@ BAD_CALLS: list[tuple[str, Any, str]] = [
     ("scatter", lambda o, t: o.scatter(t["x"], 0, t["i"], 1.5j, "add"), "src"),
     ("index_add", lambda o, t: o.index_add(t["x"], 0, t["i"], t["x"]), "1-d"),
     ("index_add", lambda o, t: o.index_add(t["x"], 0, t["i1"], t["x"]), "src must be"),
+    ("index_add", lambda o, t: o.index_add(t["xi"], 0, t["iv"], t["xi"], 0.5), "alpha must be an int"),
     ("gather_nd", lambda o, t: o.gather_nd(t["x"], t["x"]), "integer"),
     ("gather_nd", lambda o, t: o.gather_nd(t["x"], t["i3"]), "1 <= K"),
     ("scatter_nd", lambda o, t: o.scatter_nd(t["x"], t["i2"], t["x"]), "updates must be"),
@@ -252,6 +253,7 @@ async def test_bad_arguments_are_refused_before_allocating(
     inputs = {
         "x": f.ones((2, 3)), "xi": f.ones((2, 3), "i32"), "flags": f.ones((2, 3), "bool"),
         "i": f.zeros((2, 3), "i64"), "i1": f.zeros((5,), "i64"), "i3": f.zeros((2, 3), "i64"), "i2": f.zeros((4, 2), "i64"),
+        "iv": f.zeros((2,), "i64"),
     }  # fmt: skip
     await backend.synchronize()
     used = backend.memory_manager.memory_info().used

@@ -160,6 +160,11 @@ class IndexingOps(OpsBase[TensorKernels]):
         if src._shape != want:
             raise InvalidArgumentError(f"index_add: src must be {want}; got {src._shape}")
         check_scalar(alpha, "alpha")
+        if isinstance(alpha, float) and not x._dtype.is_floating:  # as PyTorch refuses it
+            raise InvalidArgumentError(
+                f"index_add: alpha must be an int for the {x._dtype.name} tensor x; got {alpha!r}"
+                " (the product would be truncated)"
+            )
         ops = self._ops()
         if alpha != 1:
             src = ops.mul(src, alpha)
