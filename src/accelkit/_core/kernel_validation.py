@@ -99,6 +99,10 @@ def check_rotary(
         )
     base_ = check_float_param(base, "base", positive=True)
     offset_ = check_int(offset, "offset", minimum=0)
+    if offset_ + x._shape[2] - 1 > (1 << 63) - 1:  # the positions are I64 on every route
+        raise InvalidArgumentError(
+            f"rotary_embedding: offset={offset_} puts positions beyond 2**63 - 1 (I64's range)"
+        )
     if positions is not None:
         check_tensor(backend, positions, "positions")
         check_index(positions, "rotary_embedding", "positions")
@@ -161,7 +165,7 @@ def check_paged_attention(
             )
     if scale is None:
         return 1.0 / d**0.5 if d else 1.0
-    return check_float_param(scale, "scale")
+    return check_float_param(scale, "scale", finite=True)
 
 
 def check_silu_mul(backend: ComputeBackend, gate: Tensor, up: Tensor) -> None:

@@ -25,13 +25,15 @@ from accelkit._core.validation import (
 from accelkit.dtype import DType
 from accelkit.errors import InvalidArgumentError
 from accelkit.ops._mixins.base import OpsBase
-from accelkit.ops._mixins.elementwise import check_int_scalar
-from accelkit.sdk.kernels import FactoryKernels, RandomDraw
+from accelkit.ops._mixins.elementwise import _bounds, check_int_scalar
+from accelkit.sdk.kernels import FactoryKernels, RandomDraw, uniform_range
 from accelkit.tensor import Tensor
 
 __all__ = ["TensorFactory"]
 
 ShapeLike = int | tuple[int, ...] | list[int]
+#: A number argument: a Python one or a NumPy scalar (``np.float32(1.5)``), as NumPy takes.
+Number = int | float | np.integer[Any] | np.floating[Any] | np.bool_
 
 
 #: The range of I64 (arange computes integer arguments in it).
@@ -64,6 +66,70 @@ def _big_int(data: Any, arr: np.ndarray[Any, Any]) -> bool:
     return big
 
 
+def _number(value: Any) -> Any:
+    """A NumPy scalar (``np.float32(1.5)``, ``np.int64(3)``) as the Python number it holds, as
+    NumPy's own functions take one; anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _shown(value: int | float) -> str:
+    """``value`` for an error message: an int of hundreds of digits by its first ones."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:8]}... ({len(text)} digits)"
+
+
+def _check_float_fits(op: str, name: str, value: int | float, dt: DType) -> None:
+    """A finite number that floating ``dt`` holds only as an infinity (``1e39`` in F32,
+    ``70000`` in F16, an int beyond float64) is refused, as PyTorch refuses it; an infinity
+    given is kept."""
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float64's range
+        raise InvalidArgumentError(
+            f"{op}: {name}={value} is beyond the range of {dt.value}"
+        ) from None
+    if math.isfinite(v):
+        with np.errstate(over="ignore"):
+            stored = np.array(v, dt.to_numpy())
+        if not np.isfinite(stored):
+            big = float(np.finfo(dt.to_numpy()).max)
+            raise InvalidArgumentError(
+                f"{op}: {name}={_shown(value)} overflows {dt.value} (its largest value is {big:g})"
+            )
+
+
+def _check_holds(op: str, name: str, value: int | float, dt: DType) -> None:
+    """``value`` must be one ``dt`` holds: an integer dtype's range (a float's integer part,
+    as the cast keeps it), 0 or 1 for BOOL, a finite float's dtype without overflow."""
+    if dt.is_floating:
+        _check_float_fits(op, name, value, dt)
+        return
+    lo, hi = (0, 1) if dt is DType.BOOL else _bounds(dt)
+    if not (math.isfinite(value) and lo <= math.trunc(value) <= hi):
+        raise InvalidArgumentError(
+            f"{op}: {name}={_shown(value)} does not fit {dt.value} ({lo}..{hi})"
+        )
+
+
+def _check_python_data(arr: np.ndarray[Any, Any], dt: DType) -> None:
+    """Python numbers given with an explicit ``dtype`` must fit it, as NumPy 2 requires of
+    ``np.asarray([300], np.uint8)``: not wrap (arrays are cast as NumPy's ``astype`` casts)."""
+    if not arr.size or arr.dtype.kind == "b" or dt is DType.BOOL:
+        return  # (any number is a bool: nonzero is True, as NumPy converts it)
+    if arr.dtype.kind == "O":  # ints beyond 64 bits among them
+        try:
+            values = [float(v) if dt.is_floating else v for v in arr.reshape(-1).tolist()]
+        except (OverflowError, TypeError) as exc:
+            raise InvalidArgumentError(f"from_host: {exc} for dtype {dt.value}") from None
+        low, high = min(values), max(values)
+    else:
+        low, high = arr.min().item(), arr.max().item()
+    if dt.is_floating and arr.dtype.kind == "f":
+        return  # floats round to the dtype (an overflow gives inf, as a cast of an array does)
+    for v in (low, high):
+        _check_holds("from_host", "value", v, dt)
+
+
 class TensorFactory(OpsBase[FactoryKernels]):
     """Creates tensors: validates, allocates through the backend's FactoryKernels (``accelkit.sdk``)
     and calls its ``fill``, ``from_host`` or ``generate``."""
@@ -72,9 +138,11 @@ class TensorFactory(OpsBase[FactoryKernels]):
         """Uninitialized memory (reading it before writing gives arbitrary values)."""
         return self._empty(check_shape(shape), check_dtype(self.backend, dtype))
 
-    def full(
-        self, shape: ShapeLike, value: int | float | bool, dtype: DType | str = DType.F32
-    ) -> Tensor:
+    def full(self, shape: ShapeLike, value: Number, dtype: DType | str = DType.F32) -> Tensor:
+        """Every element ``value`` (a Python or NumPy number), which the dtype must hold: an
+        integer dtype's range, and for a float dtype a finite value that does not overflow it
+        (``full(s, 1e39, "f32")`` is refused, as PyTorch refuses it; ``inf`` is kept)."""
+        value = _number(value)
         if not isinstance(value, int | float):  # bool is an int
             raise InvalidArgumentError(f"full: value must be a number; got {type(value).__name__}")
         # A value the dtype cannot hold is refused before anything is allocated.
@@ -83,6 +151,8 @@ class TensorFactory(OpsBase[FactoryKernels]):
             if isinstance(value, float) and not value.is_integer():
                 raise InvalidArgumentError(f"full: {value} is not representable in {dt.value}")
             check_int_scalar("full", "value", int(value), dt)
+        elif dt.is_floating:
+            _check_float_fits("full", "value", value, dt)
         out = self.empty(shape, dt)
         self.kernels.fill(out, value)
         return out
@@ -101,15 +171,25 @@ class TensorFactory(OpsBase[FactoryKernels]):
 
     def arange(
         self,
-        start: int | float,
-        stop: int | float | None = None,
-        step: int | float = 1,
+        start: Number,
+        stop: Number | None = None,
+        step: Number = 1,
         dtype: DType | str | None = None,
     ) -> Tensor:
         """``start, start+step, ...`` below ``stop`` (``arange(n)`` is ``0..n-1``).
 
-        The dtype defaults to I64 for int arguments, F32 otherwise.
+        The dtype defaults to I64 for int arguments, F32 otherwise; every value must fit the
+        dtype (``arange(250, 260, dtype="u8")`` is refused rather than wrapping to 0).
         """
+        return self._arange(_number(start), _number(stop), _number(step), dtype)
+
+    def _arange(
+        self,
+        start: int | float,
+        stop: int | float | None,
+        step: int | float,
+        dtype: DType | str | None,
+    ) -> Tensor:
         if stop is None:
             start, stop = 0, start
         for name, v in (("start", start), ("stop", stop), ("step", step)):
@@ -135,6 +215,9 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 raise InvalidArgumentError(
                     f"arange: the values {start} .. {last} do not fit in 64-bit integers"
                 )
+            if n:  # and in the dtype asked for (u8 from 250 wrapped to 0 after 255)
+                _check_holds("arange", "start", start, dt)
+                _check_holds("arange", "the last value", last, dt)
             # Modulo 2**64, where every value in between fits (start + i * step wraps back).
             i0, di = np.uint64(start % (1 << 64)), np.uint64(step % (1 << 64))
             out = self._empty((n,), dt)
@@ -142,6 +225,9 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 out, lambda: (np.arange(n, dtype=np.uint64) * di + i0).view(np.int64)
             )
             return out
+        if n:
+            _check_holds("arange", "start", start, dt)
+            _check_holds("arange", "the last value", start + (n - 1) * step, dt)
         out = self._empty((n,), dt)
         self.kernels.generate(out, lambda: np.arange(n, dtype=np.float64) * step + start)
         return out
@@ -160,7 +246,8 @@ class TensorFactory(OpsBase[FactoryKernels]):
     def from_host(self, data: Any, dtype: DType | str | None = None) -> Tensor:
         """Copy array-like ``data`` (a NumPy array, nested lists, a scalar, anything with the
         buffer protocol) to the device. The dtype defaults to the data's (Python floats give F32,
-        Python ints I64)."""
+        Python ints I64). With ``dtype``, Python numbers must fit it (``[300]`` is refused for
+        U8, as NumPy 2 refuses it) and arrays are cast as NumPy's ``astype`` casts them."""
         if isinstance(data, Tensor):
             raise InvalidArgumentError("from_host takes host data; use to_device() for a Tensor")
         try:
@@ -183,6 +270,8 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 dt = DType.from_any(arr.dtype)
         else:
             dt = DType.from_any(dtype)
+            if type(data) in _PYTHON_SCALARS or isinstance(data, list | tuple):
+                _check_python_data(arr, check_dtype(self.backend, dt))
         dt = check_dtype(self.backend, dt)
         out = self._empty(check_shape(arr.shape), dt)
         self.kernels.from_host(out, arr)
@@ -227,6 +316,10 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 f"uniform: high - low ({hi} - {lo}) is beyond float64's range"
             )
         dims, dt = check_shape(shape), self._float_dtype(dtype, "uniform")
+        if lo < hi and uniform_range(lo, hi, dt.to_numpy()) is None:
+            raise InvalidArgumentError(  # (its samples came out below low)
+                f"uniform: {dt.value} holds no value in [{lo}, {hi})"
+            )
         out = self._empty(dims, dt)
         self.kernels.random(out, RandomDraw("uniform", lo, hi, dims, seed, dt))
         return out

@@ -318,6 +318,11 @@ SUBMISSION_CASES: dict[str, tuple[type[AccelError], Callable[..., Any], tuple[st
         lambda o, f, t: o.attention(t.q, t.k, t.k, scale="big"),
         ("scale", "str"),
     ),
+    "attn_scale_inf": (
+        IAE,
+        lambda o, f, t: o.attention(t.q, t.k, t.k, scale=float("inf")),
+        ("scale", "finite"),
+    ),
     "from_host_tensor": (IAE, lambda o, f, t: f.from_host(t.v3), ("to_device",)),
     "from_host_ragged": (IAE, lambda o, f, t: f.from_host([[1, 2], [3]]), ("list",)),
     # sizes

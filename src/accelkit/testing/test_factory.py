@@ -134,6 +134,49 @@ async def test_arange_beyond_int64_is_refused(backend: ComputeBackend) -> None:
             f.arange(args[0], args[1], args[2] if len(args) > 2 else 1)
 
 
+async def test_numbers_the_dtype_cannot_hold_are_refused(backend: ComputeBackend) -> None:
+    """``arange``, ``full``, ``from_host`` of Python numbers and ``uniform`` refuse what the
+    dtype asked for cannot hold, before allocating: arange(250, 260, u8) wrapped to 0 after
+    255, from_host([300], u8) gave 44 and [2**64] raised a raw OverflowError, full(2**200, F32)
+    gave inf (2**1100 a raw OverflowError), and uniform over [1.0001, 1.0002) in F16 gave 1.0,
+    below low (F32 holds no value in [1 + 1e-8, 1 + 2e-8) either). Arrays keep NumPy's casting (``astype``)."""
+    f = backend.tensor_factory
+    await backend.synchronize()
+    used = backend.memory_manager.memory_info().used
+    calls: list[tuple[Any, str]] = [
+        (lambda: f.arange(250, 260, dtype="u8"), "does not fit u8"),
+        (lambda: f.arange(-3, 3, dtype="u8"), "does not fit u8"),
+        (lambda: f.arange(2**31 - 2, 2**31 + 2, dtype="i32"), "does not fit i32"),
+        (lambda: f.arange(0, 5, dtype="bool"), "does not fit bool"),
+        (lambda: f.arange(0.5, 300.5, dtype="u8"), "does not fit u8"),
+        (lambda: f.from_host([300], dtype="u8"), "does not fit u8"),
+        (lambda: f.from_host([[1], [-1]], dtype="u64"), "does not fit u64"),
+        (lambda: f.from_host([2**64], dtype="u64"), "does not fit u64"),
+        (lambda: f.from_host([float("nan")], dtype="i32"), "does not fit i32"),
+        (lambda: f.from_host([2**1100], dtype="f32"), "beyond the range|too large"),
+        (lambda: f.full((2,), 2**200, "f32"), "overflows f32"),
+        (lambda: f.full((2,), 2**1100, "f32"), "beyond the range"),
+        (lambda: f.full((2,), 1e39, "f32"), "overflows f32"),
+        (lambda: f.uniform((4,), 1 + 1e-8, 1 + 2e-8, dtype="f32"), "holds no value"),
+    ]
+    for call, message in calls:
+        with pytest.raises(accelkit.InvalidArgumentError, match=message):
+            call()
+    assert backend.memory_manager.memory_info().used == used
+    # What fits is kept: the bounds themselves, an infinity asked for, NumPy scalars, arrays
+    # cast as astype casts them, and any number as a bool.
+    np.testing.assert_array_equal(await fetch(f.arange(250, 256, dtype="u8")), np.arange(250, 256))
+    np.testing.assert_array_equal(await fetch(f.from_host([0, 255], dtype="u8")), [0, 255])
+    np.testing.assert_array_equal(await fetch(f.from_host([2, 0], dtype="bool")), [True, False])
+    np.testing.assert_array_equal(
+        await fetch(f.from_host(np.array([300]), dtype="u16")), np.array([300], np.uint16)
+    )
+    np.testing.assert_array_equal(await fetch(f.full((2,), float("inf"), "f32")), np.inf)
+    np.testing.assert_array_equal(await fetch(f.full((2,), np.float32(1.5), "f32")), 1.5)
+    np.testing.assert_array_equal(await fetch(f.arange(np.int64(3))), [0, 1, 2])
+    np.testing.assert_array_equal(await fetch(f.uniform((3,), 2.0, 2.0)), 2.0)
+
+
 @pytest.mark.parametrize(("n", "m"), [(3, None), (2, 4), (4, 2), (0, None)])
 @pytest.mark.parametrize("dtype", [DType.F32, DType.I64, DType.BOOL, DType.F16], ids=str)
 async def test_eye(backend: ComputeBackend, n: int, m: int | None, dtype: DType) -> None:

@@ -648,6 +648,10 @@ BAD_CALLS: dict[str, BadCall] = {
     "rotary positions+offset": lambda d, e: d.rotary_embedding(e.f32(1, 2, 3, 8), e.i32(3), 1e4, 2),
     "rotary base": lambda d, e: d.rotary_embedding(e.f32(1, 2, 3, 8), base=0.0),
     "rotary offset": lambda d, e: d.rotary_embedding(e.f32(1, 2, 3, 8), offset=-1),
+    "rotary offset beyond i64": lambda d, e: d.rotary_embedding(
+        e.f32(1, 2, 3, 8), offset=2**63 - 2
+    ),
+    "attention scale inf": lambda d, e: d.attention(*[e.f32(1, 2, 2, 8)] * 3, scale=float("inf")),
     "attention 3-d": lambda d, e: d.attention(e.f32(2, 3, 8), e.f32(2, 3, 8), e.f32(2, 3, 8)),
     "attention heads": lambda d, e: d.attention(e.f32(1, 3, 2, 8), *[e.f32(1, 2, 2, 8)] * 2),
     "attention dtype": lambda d, e: d.attention(

@@ -93,6 +93,18 @@ async def test_group_and_instance_norm(backend: ComputeBackend, dtype: DType) ->
     )
 
 
+async def test_row_norms_of_an_empty_last_axis_are_empty(backend: ComputeBackend) -> None:
+    """[5, 0] normalises to [5, 0], on every route (the CPU's NumPy kernels raised "cannot
+    reshape array of size 0 into shape (0)" at the await)."""
+    x = backend.tensor_factory.zeros((5, 0))
+    ops, kops = backend.tensor_ops, backend.kernel_ops
+    results = [ops.layer_norm(x), ops.rms_norm(x)]
+    if kops is not None:
+        results += [kops.layer_norm(x), kops.rms_norm(x), *kops.rms_norm_residual(x, x)]
+    for got in results:
+        assert (await fetch(got)).shape == (5, 0)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ids(FLOATS))
 async def test_row_norms_return_their_statistics(backend: ComputeBackend, dtype: DType) -> None:
     require_op(backend, "layer_norm_with_stats", "rms_norm_with_stats")

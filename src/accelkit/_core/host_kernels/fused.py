@@ -10,6 +10,7 @@ result is awaited.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_dtypes
@@ -147,7 +148,7 @@ def quantized_linear(
     ct = _compute_dtype(x)
     n_out = qweight.shape[0]
     n_in = x.shape[-1]
-    xf = x.reshape(-1, n_in).astype(ct, copy=False)
+    xf = x.reshape(math.prod(x.shape[:-1]), n_in).astype(ct, copy=False)  # (n_in may be 0)
     res = np.empty((xf.shape[0], n_out), ct)
     rows = max(1, _DEQUANT_CHUNK_ELEMS // n_in)
     for r0 in range(0, n_out, rows):

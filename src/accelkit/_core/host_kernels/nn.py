@@ -7,6 +7,7 @@ Low-precision floats (F16, BF16) are computed in F32 and rounded once when store
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_dtypes
@@ -90,7 +91,7 @@ def matmul(a: Array, b: Array, out: Array) -> None:
         # [..., m, k] @ [k, n] is one [M, k] @ [k, n] GEMM: a single BLAS call beats NumPy's
         # loop over the batch (about 15 % on a transformer's projections).
         # (the row count spelled out: reshape cannot infer -1 where k or n is 0)
-        rows = a.size // a.shape[-1] if a.shape[-1] else int(np.prod(a.shape[:-1]))
+        rows = math.prod(a.shape[:-1])
         a = a.reshape(rows, a.shape[-1])
         out = out.reshape(rows, out.shape[-1])
     dt = out.dtype
@@ -295,6 +296,8 @@ def layer_norm(
     accel: HostAccelerator = NUMPY_ONLY,
 ) -> None:
     """Layer norm over the last axis: ``accel``'s kernel where it has one, else NumPy's."""
+    if not out.size:  # nothing to write (a mean of no values would warn)
+        return
     if not accel.layer_norm(x, w, bias, eps, out):
         _layer_norm_numpy(x, w, bias, eps, out)
 
@@ -310,7 +313,7 @@ def _layer_norm_numpy(
     d = x.shape[-1]
     res = out if out.dtype == ct else np.empty(out.shape, ct)
     np.subtract(xf, np.mean(xf, axis=-1, keepdims=True), out=res)
-    r2 = res.reshape(-1, d)
+    r2 = res.reshape(math.prod(x.shape[:-1]), d)  # (not -1: d may be 0)
     # The sum of squares in float64, as the JIT kernels sum it (in float32 a finite row of
     # 1e20s overflowed to inf and came out 0, until the JIT had compiled and made it right).
     var = np.einsum("ij,ij->i", r2, r2, dtype=np.float64) / d
@@ -328,6 +331,8 @@ def rms_norm(
     x: Array, w: Array | None, eps: float, out: Array, *, accel: HostAccelerator = NUMPY_ONLY
 ) -> None:
     """RMS norm over the last axis: ``accel``'s kernel where it has one, else NumPy's."""
+    if not out.size:  # nothing to write
+        return
     if not accel.rms_norm(x, w, eps, out):
         _rms_norm_numpy(x, w, eps, out)
 
@@ -336,7 +341,7 @@ def _rms_norm_numpy(x: Array, w: Array | None, eps: float, out: Array) -> None:
     ct = _compute_dtype(x)
     xf = x.astype(ct, copy=False)
     d = x.shape[-1]
-    x2 = xf.reshape(-1, d)
+    x2 = xf.reshape(math.prod(x.shape[:-1]), d)  # (not -1: d may be 0)
     ms = np.einsum("ij,ij->i", x2, x2, dtype=np.float64) / d  # float64, as the JIT (above)
     rstd = (1.0 / np.sqrt(ms + eps)).astype(ct).reshape(*x.shape[:-1], 1)
     res = out if out.dtype == ct else np.empty(out.shape, ct)

@@ -216,7 +216,7 @@ class NNOps(OpsBase[TensorKernels]):
         if scale is None:
             sc = 1.0 / dq**0.5 if dq else 1.0
         else:
-            sc = check_float_param(scale, "scale")
+            sc = check_float_param(scale, "scale", finite=True)
         if mask is not None:
             check_tensor(b, mask, "mask")
             target = (bq, h, sq, sk)
