@@ -30,6 +30,17 @@ if TYPE_CHECKING:
 __all__ = ["MemoryManager"]
 
 
+def _after_raw_writers(stream: Any, *buffers: DeviceBuffer | None) -> None:
+    """Order the next submission to ``stream`` after the last write of each raw buffer given
+    (its ``last_write``) queued on another stream and not yet done: the kernels order their
+    work after the writers of the tensors they are given, never of a raw buffer."""
+    for raw in buffers:
+        if raw is not None and raw.last_write is not None:
+            writer = raw.last_write[0]
+            if writer is not stream and not writer.query():
+                stream.wait_event(writer.record_event())
+
+
 class MemoryManager(DeviceMemoryManager):
     """A backend's :class:`~accelkit.abc.DeviceMemoryManager` (``backend.memory_manager``; see
     the module docstring). ``StreamBackend`` builds it over the memory kernels of the backend's
@@ -102,6 +113,10 @@ class MemoryManager(DeviceMemoryManager):
             return
         data = await self.kernels.stage(np.frombuffer(view, np.uint8))
         buf = self.owned_buffer(dst, "dst")  # still live after the await
+        if not isinstance(dst, Tensor) and buf.last_write is not None:
+            # a copy into the raw buffer queued on another stream must not land after this
+            await buf.last_write[0].wait_for(buf.last_write[1])
+            buf = self.owned_buffer(dst, "dst")
         await self.kernels.write(buf, data, dst if isinstance(dst, Tensor) else None)
 
     async def copy_dtoh(self, dst: np.ndarray[Any, Any], src: DeviceBuffer | Tensor) -> None:
@@ -126,6 +141,8 @@ class MemoryManager(DeviceMemoryManager):
                 await buf.last_write[0].wait_for(buf.last_write[1])
             await self.backend.current_stream.synchronize()
             buf = self.owned_buffer(src, "src")  # still live after the awaits
+        elif tensor is None:  # the read is queued on the current stream: after the writer
+            _after_raw_writers(self.backend.current_stream, buf)
         await self.kernels.read(dst.reshape(-1).view(np.uint8), buf, tensor)
 
     def copy_dtod(self, dst: DeviceBuffer | Tensor, src: DeviceBuffer | Tensor) -> None:
@@ -135,13 +152,17 @@ class MemoryManager(DeviceMemoryManager):
         self.backend.check_ready()
         if s.nbytes == 0:
             return
-        self.kernels.copy(
-            d,
-            s,
-            s.nbytes,
-            dst if isinstance(dst, Tensor) else None,
-            src if isinstance(src, Tensor) else None,
-        )
+        dst_tensor = dst if isinstance(dst, Tensor) else None
+        src_tensor = src if isinstance(src, Tensor) else None
+        # The kernels order a copy after the writers of the tensors it is given; a raw buffer's
+        # writer (its last_write) is ordered here, and the copy recorded as its writer, so
+        # that a read on another stream or by the host waits for it (a read of a raw buffer
+        # written on another stream returned the old contents).
+        stream = self.backend.current_stream
+        _after_raw_writers(stream, None if dst_tensor else d, None if src_tensor else s)
+        self.kernels.copy(d, s, s.nbytes, dst_tensor, src_tensor)
+        if dst_tensor is None:
+            d.last_write = (stream, stream.submitted)
 
     # -- tensor transfers (Tensor.to_host, numpy, __dlpack__) ---------------------------------------
     # The two reads are every to_host() and numpy(): one frame each, with sdk.pending_writes

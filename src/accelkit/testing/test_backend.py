@@ -189,6 +189,40 @@ async def test_two_writes_of_a_tensor_on_two_streams_land_in_submission_order(
     np.testing.assert_array_equal(await x.to_host(), np.full((n, n), 2.0, np.float32))
 
 
+async def test_a_raw_buffer_written_on_another_stream_is_read_after_the_write(
+    backend: ComputeBackend,
+) -> None:
+    """``copy_dtod`` into a raw buffer (``memory_manager.allocate``) on another stream after
+    slow work, then a read of the buffer from the default stream, by the host and by a copy:
+    each waits for the write (both returned the old contents: a raw buffer's writer was not
+    recorded); and a host write into it after a queued copy is not overwritten by the copy."""
+    mm = backend.memory_manager
+    n = 512
+    expect = np.full(n * n, 1.0 / n, np.float32)
+    s2 = backend.create_stream()
+    for read in ("copy_dtoh", "copy_dtod", "copy_htod after"):
+        buf = mm.allocate(n * n * 4)
+        await mm.copy_htod(buf, np.zeros(n * n, np.float32))
+        y = _slow_on(backend, s2, n)
+        with backend.use_stream(s2):
+            mm.copy_dtod(buf, y)
+        host = np.empty(n * n, np.float32)
+        if read == "copy_dtoh":
+            await mm.copy_dtoh(host, buf)
+        elif read == "copy_dtod":
+            other = mm.allocate(n * n * 4)
+            mm.copy_dtod(other, buf)
+            await mm.copy_dtoh(host, other)
+            mm.free(other)
+        else:
+            expect = np.full(n * n, 3.0, np.float32)
+            await mm.copy_htod(buf, expect)
+            await s2.synchronize()  # the queued copy has run: it must have run before
+            await mm.copy_dtoh(host, buf)
+        np.testing.assert_array_equal(host, expect, err_msg=read)
+        mm.free(buf)
+
+
 async def test_a_free_while_to_host_copies_keeps_the_block_until_the_copy_is_done(
     backend: ComputeBackend,
 ) -> None:
