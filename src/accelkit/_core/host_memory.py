@@ -113,9 +113,12 @@ def _being_read(buffer: DeviceBuffer) -> bool:
 
 
 @contextlib.contextmanager
-def _reading(buffer: DeviceBuffer | None) -> Iterator[None]:
+def reading(buffer: DeviceBuffer | None) -> Iterator[None]:
     """A host copy reads ``buffer`` (None: not a pooled block) inside the block; what waits
-    for its reads (:func:`_after_reads`) runs once the last one ends."""
+    for its reads (:func:`_after_reads`: a stream-ordered free, :func:`free_in_stream_order`)
+    runs once the last one ends. A backend whose read of a buffer's block runs outside its
+    streams (on a worker thread) reads inside this block, so that a free meanwhile does not
+    hand the block to other work before the read is done."""
     if buffer is None:
         yield
         return
@@ -169,7 +172,7 @@ async def copy_to_host(array: Array, buffer: DeviceBuffer | None = None) -> Arra
     done."""
     if array.nbytes < OFF_LOOP_COPY_BYTES:
         return _copy(array)
-    with _reading(buffer):
+    with reading(buffer):
         copied: Array = await anyio.to_thread.run_sync(_copy, array)
     return copied
 
@@ -184,5 +187,5 @@ async def copy_into(dst: Array, src: Array, buffer: DeviceBuffer | None = None) 
     if src.nbytes < OFF_LOOP_COPY_BYTES:
         dst[...] = src
         return
-    with _reading(buffer):
+    with reading(buffer):
         await anyio.to_thread.run_sync(np.copyto, dst, src)

@@ -25,7 +25,8 @@ backend may pass too (``h.attention(..., accel=h.JIT)``) and warm up in its ``pr
 Also here, for backends whose device memory is host memory: an aligned block allocator and its
 release for the caching pool, stream-ordered frees on a host stream, ``copy_to_host`` and
 ``copy_into`` (the copies of a ``read_tensor`` or a transfer, moved off the event loop when
-large) and DLPack export.
+large), ``reading`` (a read of a block on a thread of the backend's own, which a free waits
+for) and DLPack export.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ from accelkit._core.host_memory import (
     copy_to_host,
     export_dlpack,
     free_in_stream_order,
+    reading,
     release_block,
 )
 
@@ -90,7 +92,7 @@ __all__ = [
     "binary", "cast_into", "conv2d", "copy_into", "copy_to_host", "cross_entropy", "cumulative",
     "depthwise", "embedding", "export_dlpack", "free_in_stream_order", "gather", "gemm",
     "grayscale", "layer_norm", "linear", "matmul", "paged_attention", "quantized_linear",
-    "reduce", "release_block", "rms_norm", "rms_norm_residual", "rotary_embedding",
+    "reading", "reduce", "release_block", "rms_norm", "rms_norm_residual", "rotary_embedding",
     "sample_token", "scatter", "scatter_reduce", "separable_filter", "silu_mul",
     "sobel_magnitude", "softmax", "take", "unary", "where",
 ]  # fmt: skip

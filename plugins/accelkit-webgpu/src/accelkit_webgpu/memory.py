@@ -19,7 +19,7 @@ from accelkit import Tensor
 from accelkit.device import Device
 from accelkit.errors import UnsupportedOperationError
 from accelkit.memory import MemoryPoolConfig
-from accelkit.sdk import CachingPool, DeviceBuffer, MemoryKernels
+from accelkit.sdk import CachingPool, DeviceBuffer, MemoryKernels, buffer_of
 from accelkit.sdk import host as h
 from accelkit_webgpu.gpu import GPU, Block
 from accelkit_webgpu.submit import block, nbytes
@@ -74,7 +74,8 @@ class WebGPUMemoryKernels(MemoryKernels):
         # The core has waited for the writers and the current stream's work. Mapping waits for
         # the device: on a worker thread, never on the loop's.
         gpu, handle, n = self._gpu, buffer.handle, out.nbytes
-        out[:] = await anyio.to_thread.run_sync(lambda: gpu.read(handle, n))
+        with h.reading(buffer):  # a free meanwhile keeps the block until the read is done
+            out[:] = await anyio.to_thread.run_sync(lambda: gpu.read(handle, n))
 
     def copy(
         self,
@@ -99,7 +100,10 @@ class WebGPUMemoryKernels(MemoryKernels):
         gpu, handle, n = self._gpu, block(tensor), nbytes(tensor)
         # Mapping waits for the device: always on a worker thread, never on the loop's.
         # (wgpu-py's read_buffer returns a fresh copy of the mapped range: no second copy)
-        raw = await anyio.to_thread.run_sync(lambda: gpu.read(handle, n))
+        # (a free meanwhile keeps the block until the read is done: it returned the data of
+        # the tensor the block went to next)
+        with h.reading(buffer_of(tensor)):
+            raw = await anyio.to_thread.run_sync(lambda: gpu.read(handle, n))
         return self._typed(tensor, raw)
 
     def read_tensor_blocking(self, tensor: Tensor) -> Any:
