@@ -60,6 +60,10 @@ def _fmt(n: int) -> str:
     raise AssertionError
 
 
+class _Reclaim(Exception):
+    """Raised inside ``allocate``'s lock to leave it and call ``on_limit`` (not an error)."""
+
+
 class CachingPool:
     """Size-class caching allocator with exact accounting (see module docstring)."""
 
@@ -97,6 +101,10 @@ class CachingPool:
         self._cached = 0
         self._active = 0
         self._peak = 0
+        #: Called (outside the lock) where an allocation would exceed the limit, before it is
+        #: refused: the backend waits there for queued work that may hold buffers the program
+        #: has dropped, and releases them (``StreamBackend``); the allocation is tried again once.
+        self.on_limit: Callable[[], None] | None = None
 
     # -- configuration ----------------------------------------------------------------------------
     @property
@@ -137,7 +145,7 @@ class CachingPool:
         self._caching = cfg.enabled
 
     # -- allocation -------------------------------------------------------------------------------
-    def allocate(self, nbytes: int) -> DeviceBuffer:
+    def allocate(self, nbytes: int, _again: bool = False) -> DeviceBuffer:
         """Allocate a buffer of ``nbytes`` (validated by the caller as a non-negative int)."""
         # size_class(), inlined: this is every tensor's allocation.
         if nbytes <= 512:
@@ -145,69 +153,79 @@ class CachingPool:
         else:
             step = 1 << (nbytes.bit_length() - 4)
             block = (nbytes + step - 1) & ~(step - 1)
-        with self._lock:
-            if self.closed:
-                raise NotInitializedError(
-                    f"the memory pool of {self.device} is closed: its backend was shut down"
-                )
-            released = self._released
-            handle = None
-            if released:
-                buf = released[0]
-                if (
-                    len(released) == 1
-                    and buf.block_size == block
-                    and buf._pool is self
-                    and buf._gen == self.generation
-                    and self._caching
-                ):
-                    # The commonest case, whole: the one buffer that died since the last
-                    # allocation (a loop's previous result) is of this size class, and its block
-                    # is handed straight back (one buffer out, one in: the active count stays).
-                    # Anything else (over the limit, a block that is not live) takes the general
-                    # path below, which drains it like any other.
-                    handle = buf.handle
-                    used = self._used - buf.nbytes + nbytes
-                    is_live = self._is_live
-                    if used <= self._total and (is_live is None or is_live(handle)):
-                        released.popleft()
-                        buf._pool = None
-                        self._used = used
-                        if used > self._peak:
-                            self._peak = used
-                        return DeviceBuffer(
-                            self, handle, nbytes, block, self.device, self.generation
+        try:
+            with self._lock:
+                if self.closed:
+                    raise NotInitializedError(
+                        f"the memory pool of {self.device} is closed: its backend was shut down"
+                    )
+                released = self._released
+                handle = None
+                if released:
+                    buf = released[0]
+                    if (
+                        len(released) == 1
+                        and buf.block_size == block
+                        and buf._pool is self
+                        and buf._gen == self.generation
+                        and self._caching
+                    ):
+                        # The commonest case, whole: the one buffer that died since the last
+                        # allocation (a loop's previous result) is of this size class, and its block
+                        # is handed straight back (one buffer out, one in: the active count stays).
+                        # Anything else (over the limit, a block that is not live) takes the general
+                        # path below, which drains it like any other.
+                        handle = buf.handle
+                        used = self._used - buf.nbytes + nbytes
+                        is_live = self._is_live
+                        if used <= self._total and (is_live is None or is_live(handle)):
+                            released.popleft()
+                            buf._pool = None
+                            self._used = used
+                            if used > self._peak:
+                                self._peak = used
+                            return DeviceBuffer(
+                                self, handle, nbytes, block, self.device, self.generation
+                            )
+                    handle = self._drain_locked(block)
+                used = self._used + nbytes
+                if used > self._total:
+                    if handle is not None:  # the block swapped in above goes to the cache
+                        self._recycle_locked(handle, block)
+                    if self.on_limit is None or _again:
+                        total = self._total
+                        raise OutOfMemoryError(
+                            f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
+                            f" {'limit' if self._config.limit_bytes else 'device memory'} of"
+                            f" {_fmt(total)} ({_fmt(self._used)} in use, {_fmt(total - self._used)}"
+                            " free)",
+                            requested=nbytes,
+                            used=self._used,
+                            limit=total,
                         )
-                handle = self._drain_locked(block)
-            used = self._used + nbytes
-            if used > self._total:
-                if handle is not None:  # the block swapped in above goes to the cache
-                    self._recycle_locked(handle, block)
-                total = self._total
-                raise OutOfMemoryError(
-                    f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
-                    f" {'limit' if self._config.limit_bytes else 'device memory'} of {_fmt(total)}"
-                    f" ({_fmt(self._used)} in use, {_fmt(total - self._used)} free)",
-                    requested=nbytes,
-                    used=self._used,
-                    limit=total,
-                )
-            if handle is None:
-                free_list = self._cache.get(block)
-                if free_list:
-                    handle = free_list.pop()
-                    self._cached -= block
-                    if self._is_live is not None and not self._is_live(handle):
-                        handle = self._dead_locked(handle, block, nbytes)
-                else:
-                    handle = self._fresh_locked(nbytes, block)
-            elif self._is_live is not None and not self._is_live(handle):
-                handle = self._dead_locked(handle, block, nbytes)
-            self._used = used
-            self._active += 1
-            if used > self._peak:
-                self._peak = used
-            return DeviceBuffer(self, handle, nbytes, block, self.device, self.generation)
+                    raise _Reclaim
+                if handle is None:
+                    free_list = self._cache.get(block)
+                    if free_list:
+                        handle = free_list.pop()
+                        self._cached -= block
+                        if self._is_live is not None and not self._is_live(handle):
+                            handle = self._dead_locked(handle, block, nbytes)
+                    else:
+                        handle = self._fresh_locked(nbytes, block)
+                elif self._is_live is not None and not self._is_live(handle):
+                    handle = self._dead_locked(handle, block, nbytes)
+                self._used = used
+                self._active += 1
+                if used > self._peak:
+                    self._peak = used
+                return DeviceBuffer(self, handle, nbytes, block, self.device, self.generation)
+        except _Reclaim:
+            pass
+        on_limit = self.on_limit
+        assert on_limit is not None
+        on_limit()  # (outside the lock: it waits for the streams, whose work allocates)
+        return CachingPool.allocate(self, nbytes, True)  # (not a subclass's: it wraps this)
 
     def _dead_locked(self, handle: Any, block: int, nbytes: int) -> Any:
         """A cached handle that is not live, dropped (never handed out): one whose allocation

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
+import time
 import weakref
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -101,6 +103,11 @@ class Opened(Generic[S]):
                 " accelkit.sdk.MemoryKernels (plugin API 3.0: the core's memory manager checks"
                 " the arguments and calls your memory kernels)"
             )
+
+
+#: How long an allocation that would exceed the pool's limit waits for the work queued on the
+#: streams (which may hold the buffers of dropped tensors) before it is refused.
+LIMIT_WAIT_S = 10.0
 
 
 class StreamBackend(ComputeBackend, Generic[S]):
@@ -327,6 +334,7 @@ class StreamBackend(ComputeBackend, Generic[S]):
         self._default = self._streams[0]
         self._memory_manager = self._component(MemoryManager, opened.memory)
         self._pool = opened.memory.pool
+        self._pool.on_limit = self._on_pool_limit
         self._kernel_executor = opened.executor
         self.supported_dtypes = opened.dtypes
         self._caps = opened.capabilities
@@ -550,6 +558,25 @@ class StreamBackend(ComputeBackend, Generic[S]):
             yield stream
         finally:
             self._stream_var.reset(token)
+
+    def _on_pool_limit(self) -> None:
+        """The pool would refuse an allocation over its limit: first wait (blocking this
+        thread, as CUDA's caching allocators synchronize before they report out of memory) for
+        the work queued on the streams, which keeps alive the buffers of tensors the program may
+        have dropped, at most :data:`LIMIT_WAIT_S` in all, then let the streams release them;
+        the pool tries once more. Errors of that work stay for their awaits."""
+        deadline = time.monotonic() + LIMIT_WAIT_S
+        for stream in list(self._streams):
+            seq = stream.submitted
+            if stream.query():  # (query also marks where a stream's last positions end)
+                continue
+            done = threading.Event()
+            unregister = stream.add_waiter(seq, done.set)
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                if unregister is not None:
+                    unregister()
+                break
+        self.prune_streams()
 
     def prune_streams(self) -> None:
         """Let each stream release what its completed work kept alive (before allocations and

@@ -450,6 +450,27 @@ async def test_memory_limit_raises_out_of_memory_naming_requested_and_used(
     assert mm.memory_info().total > 1 << 20
 
 
+async def test_a_limit_counts_no_dropped_tensor_that_queued_work_still_holds(
+    backend: ComputeBackend,
+) -> None:
+    """Under a 1 MiB limit, a loop that keeps one 320 kB tensor alive (three while it rebinds)
+    never runs out: an allocation over the limit first waits for the queued work that still
+    holds the dropped tensors' buffers (OpenCL, WebGPU and the example plugin raised
+    OutOfMemoryError on the second round, "781.2 KiB in use" with no tensor held), and memory
+    the program holds is still refused."""
+    mm, f, ops = backend.memory_manager, backend.tensor_factory, backend.tensor_ops
+    await backend.synchronize()
+    mm.configure_pool(MemoryPoolConfig(limit_bytes=1 << 20))
+    try:
+        t = f.zeros((80_000,))
+        for _ in range(20):
+            t = ops.add(ops.add(f.zeros((80_000,)), t), 1.0)
+        np.testing.assert_array_equal(await fetch(t), np.full(80_000, 20.0, np.float32))
+        refuses(backend, OutOfMemoryError, lambda: f.zeros((200_000,)), "in use")
+    finally:
+        mm.configure_pool(MemoryPoolConfig())
+
+
 # -- other backends, freed tensors, lifecycle -------------------------------------------------------
 async def test_tensors_of_another_backend_instance_are_refused(backend: ComputeBackend) -> None:
     async with accelkit.open_backend(backend.name) as other:

@@ -788,9 +788,9 @@ class _ProxyPool(CachingPool):
         super().__init__(device, lambda _size: next(ids), link.buf_drops.append, total, config)
         self._link = link
 
-    def allocate(self, nbytes: int) -> DeviceBuffer:
+    def allocate(self, nbytes: int, _again: bool = False) -> DeviceBuffer:
         """A raw allocation (``memory_manager.allocate``): the worker allocates it too."""
-        buf = CachingPool.allocate(self, nbytes)
+        buf = CachingPool.allocate(self, nbytes, _again)
         self._link.queue(("a", buf.handle, nbytes))
         return buf
 
