@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -73,3 +74,33 @@ def test_selector_ranks_opencl() -> None:
     sel = ak.select("opencl")
     assert sel.backend == "opencl"
     assert str(sel.device) == "opencl:0"
+
+
+def test_a_program_that_ends_without_shutdown_exits_cleanly() -> None:
+    """Work still queued when a program ends without ``shutdown()`` (or dies of an exception):
+    the streams are closed at exit (the process aborted with status 134, "terminate called
+    without an active exception", its threads in the driver while the interpreter finalized)."""
+    code = (
+        "import anyio, sys, numpy as np, accelkit as ak\n"
+        "async def main():\n"
+        "    b = ak.create_backend('opencl'); await b.initialize()\n"
+        "    x = b.tensor_factory.from_host(np.ones((2048, 2048), np.float32))\n"
+        "    for _ in range(int(sys.argv[1])): y = b.tensor_ops.matmul(x, x)\n"
+        "    if sys.argv[2] == 'raise': raise RuntimeError('the app failed')\n"
+        "anyio.run(main, backend=sys.argv[3])\n"
+    )
+    # Products of 2048 (seconds of PoCL's time): work still running at the exit, where the
+    # abort happened (512 finished first here, with the kernel variants a fresh cache picks).
+    env = {**os.environ, "ACCELKIT_OPENCL_VERIFY": "0"}
+    for rounds, end, loop in (
+        ("3", "return", "trio"), ("3", "return", "asyncio"), ("3", "raise", "trio"),
+    ):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code, rounds, end, loop],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert done.returncode == (1 if end == "raise" else 0), (rounds, end, done.stderr[-2000:])
+        assert "terminate called" not in done.stderr

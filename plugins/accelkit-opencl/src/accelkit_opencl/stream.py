@@ -38,9 +38,11 @@ finished).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -88,6 +90,22 @@ _IDLE_EXIT = 10.0
 _FLUSH_EVERY = 32
 
 _log = logging.getLogger("accelkit.opencl")
+
+#: The streams not yet closed: a program that ends without ``shutdown()`` (or dies of an
+#: exception) with work still queued has them closed at exit (:func:`_close_at_exit`).
+_OPEN: weakref.WeakSet[CLStream] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the streams left open, before the interpreter finalizes: their threads waited
+    in the OpenCL driver for queued commands then, and the process aborted ("terminate called
+    without an active exception", status 134)."""
+    for stream in list(_OPEN):
+        try:
+            stream.close()
+        except Exception as exc:  # a broken device: the exit goes on
+            _log.warning("accelkit-opencl: closing %s at exit failed: %s", stream.name, exc)
 
 
 def _status(event: Any) -> int:
@@ -196,6 +214,7 @@ class CLStream(DeviceErrors, PositionStream):
         self.context = context
         self._device = dev
         self.name = name
+        _OPEN.add(self)
         self._lock = threading.Lock()
         #: The submitter waits on this for work; the completer for enqueued positions.
         self._work_cv = threading.Condition(self._lock)
@@ -529,6 +548,7 @@ class CLStream(DeviceErrors, PositionStream):
 
     def close(self) -> None:
         """Let the queued work finish, stop the stream's threads, and release what it kept."""
+        _OPEN.discard(self)
         with self._lock:
             self._closed = True
             self._work_cv.notify_all()
