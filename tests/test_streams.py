@@ -3,6 +3,7 @@ cancellation, a free event loop while device work runs, ``use_stream``, and kern
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, cast
 
@@ -523,3 +524,26 @@ def test_an_interrupt_during_an_inline_op_is_raised_at_once_and_fails_its_positi
             stream.wait_for_blocking(seq)
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the child picks its own loops
+@pytest.mark.parametrize("name", ["cpu", "example"])
+async def test_a_program_that_ends_without_shutdown_exits(name: str) -> None:
+    """A program that returns (or dies of an exception) with products still queued on a host
+    stream and never shuts its backend down exits at once, with its own status: the worker
+    thread in BLAS while the interpreter finalized hung the exit for good."""
+    code = (
+        "import anyio, sys, numpy as np, accelkit as ak\n"
+        "async def main():\n"
+        "    b = ak.create_backend(sys.argv[1]); await b.initialize()\n"
+        "    x = b.tensor_factory.from_host(np.ones((2048, 2048), np.float32))\n"
+        "    for _ in range(3): y = b.tensor_ops.matmul(x, x)\n"
+        "    if sys.argv[2] == 'raise': raise RuntimeError('the app failed')\n"
+        "anyio.run(main, backend=sys.argv[3])\n"
+    )
+    for end, loop in (("return", "trio"), ("return", "asyncio"), ("raise", "trio")):
+        with anyio.fail_after(120):
+            proc = await anyio.run_process(
+                [sys.executable, "-c", code, name, end, loop], check=False
+            )
+        assert proc.returncode == (1 if end == "raise" else 0), (end, loop, proc.stderr[-2000:])

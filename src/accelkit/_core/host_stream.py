@@ -12,8 +12,10 @@ is waiting until ``completed`` reaches that number.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -118,6 +120,7 @@ class HostStream(PositionStream):
                 self._thread = threading.Thread(
                     target=self._work, name=f"accelkit-{self.name}", daemon=True
                 )
+                _RUNNING.add(self)
                 self._thread.start()
             elif self._blocked:
                 self._cv.notify_all()
@@ -225,6 +228,7 @@ class HostStream(PositionStream):
 
     def close(self) -> None:
         """Let queued work finish, then stop the worker thread (called by shutdown)."""
+        _RUNNING.discard(self)
         with self._lock:
             self._closed = True
             self._cv.notify_all()
@@ -237,6 +241,29 @@ class HostStream(PositionStream):
         with self._lock:
             for _, exc, _at in self._errors:
                 drop_tracebacks(exc)
+
+
+#: The streams whose worker thread was started and that were not closed since.
+_RUNNING: weakref.WeakSet[HostStream] = weakref.WeakSet()
+
+#: How long the exit waits for each stream's running operation.
+_EXIT_JOIN_S = 60.0
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """At the interpreter's exit, the streams a program left open (no ``shutdown()``, or an
+    exception) drop the work still queued and stop once the running operation ends: a worker
+    thread still in BLAS while the interpreter finalized hung the exit for good (a CPU backend
+    with three products of 2048 queued never exited)."""
+    for stream in list(_RUNNING):
+        with stream._lock:
+            stream._closed = True
+            stream._queue.clear()  # nobody is left to await it
+            stream._cv.notify_all()
+            thread = stream._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_EXIT_JOIN_S)
 
 
 def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Callable[[], None]:
