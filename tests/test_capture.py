@@ -331,12 +331,16 @@ async def test_a_capture_inside_another_backend_s_capture_says_which_is_open(
 
 
 async def test_to_device_inside_a_capture_is_refused(backend: ak.ComputeBackend) -> None:
-    """It read another backend's tensor and froze its value into the graph as a constant."""
+    """It read another backend's tensor and froze its value into the graph as a constant; so
+    did ``from_dlpack`` of a tensor (of any backend)."""
     async with ak.open_backend("cpu" if backend.name != "cpu" else "example") as other:
         src = other.tensor_factory.from_host(np.ones(4, np.float32))
         async with backend.capture():
             with pytest.raises(CaptureError, match="to_device"):
                 await backend.tensor_factory.to_device(src)
+            with pytest.raises(CaptureError, match="from_dlpack"):
+                backend.tensor_factory.from_dlpack(src)
+            backend.tensor_factory.from_dlpack(np.ones(4, np.float32))  # a host array: a constant
         got = await backend.tensor_factory.to_device(src)  # after the block: fine
         np.testing.assert_array_equal(await got.to_host(), np.ones(4, np.float32))
 

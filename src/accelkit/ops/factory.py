@@ -353,6 +353,11 @@ class TensorFactory(OpsBase[FactoryKernels]):
 
     def from_dlpack(self, obj: Any) -> Tensor:
         """Import a DLPack producer (copying it into this backend's memory)."""
+        rec = getattr(self.backend, "_capture", None)
+        if rec is not None and isinstance(obj, Tensor):
+            # A read of a tensor's device memory, as to_device's: a replay would not read it
+            # again (another producer's array is a constant, as from_host's).
+            rec.refuse("from_dlpack of a Tensor (a read of its memory)")
         try:
             arr = np.from_dlpack(obj)
         except (TypeError, BufferError, RuntimeError, AttributeError) as exc:
