@@ -170,11 +170,15 @@ def _no_leak(pids: list[int]) -> None:
 
 
 async def _recovers_after(b: IsolatedBackend, pid: int) -> None:
-    """The lost worker ``pid`` left nothing behind, and a recovered backend computes right."""
+    """The lost worker ``pid`` left nothing behind, and a recovered backend computes right;
+    a stream of the lost worker is stale (``use_stream`` called it another backend's)."""
     _no_leak([pid])
+    old = b.default_stream
     with anyio.fail_after(60):
         await b.recover()
     await _check_recovered(b)
+    with pytest.raises(StaleHandleError, match="before it was shut down"), b.use_stream(old):
+        pass
 
 
 async def test_worker_killed_mid_gemm(anyio_backend: str) -> None:

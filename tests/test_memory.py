@@ -622,3 +622,32 @@ async def test_a_failure_named_in_a_note_holds_no_memory(backend: ComputeBackend
     del a_bad, b_bad, big
     gc.collect()
     assert mm.memory_info().used - baseline < 1 << 20
+
+
+def test_an_allocation_over_the_limit_waits_for_queued_work_only_where_it_could_fit() -> None:
+    """The pool asks its backend (``on_limit``: wait for the streams' queued work, which holds
+    dropped tensors) once before it refuses an allocation over the limit, and tries again;
+    not for a request larger than the whole limit, which no wait could make fit (it blocked
+    the event loop until the queued work had finished, then raised anyway)."""
+    from accelkit._core.pool import CachingPool
+    from accelkit.device import Device
+    from accelkit.errors import OutOfMemoryError
+
+    pool = CachingPool(Device("cpu", 0), lambda size: [size], lambda _h: None, 1000)
+    held = [pool.allocate(600)]
+    calls: list[int] = []
+
+    def on_limit() -> None:
+        calls.append(1)
+        held.clear()  # the queued work completed: its buffers die
+
+    pool.on_limit = on_limit
+    buf = pool.allocate(600)  # over the limit: waits once, then fits
+    assert (calls, pool.info().used) == ([1], 600)
+    with pytest.raises(OutOfMemoryError):
+        pool.allocate(500)  # waits once, still over: refused
+    assert calls == [1, 1]
+    with pytest.raises(OutOfMemoryError):
+        pool.allocate(1001)  # more than the limit: refused at once
+    assert calls == [1, 1]
+    del buf

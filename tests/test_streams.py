@@ -537,12 +537,18 @@ async def test_a_program_that_ends_without_shutdown_exits(name: str) -> None:
         "async def main():\n"
         "    b = ak.create_backend(sys.argv[1]); await b.initialize()\n"
         "    x = b.tensor_factory.from_host(np.ones((2048, 2048), np.float32))\n"
-        "    for _ in range(3): y = b.tensor_ops.matmul(x, x)\n"
+        "    s1, s2 = b.create_stream(), b.create_stream()\n"
+        "    with b.use_stream(s1):\n"
+        "        for _ in range(3): x = b.tensor_ops.matmul(x, x)\n"
+        "    with b.use_stream(s2): y = b.tensor_ops.matmul(x, x)  # waits for s1's work\n"
+        "    await anyio.sleep(0.3)  # s2's worker waits in it\n"
         "    if sys.argv[2] == 'raise': raise RuntimeError('the app failed')\n"
         "anyio.run(main, backend=sys.argv[3])\n"
     )
+    # (also with work on a second stream that waits for the first's: the exit dropped the
+    # first's queue and waited 60 s for the second, whose worker waited for it)
     for end, loop in (("return", "trio"), ("return", "asyncio"), ("raise", "trio")):
-        with anyio.fail_after(120):
+        with anyio.fail_after(40):
             proc = await anyio.run_process(
                 [sys.executable, "-c", code, name, end, loop], check=False
             )

@@ -53,6 +53,8 @@ class HostStream(PositionStream):
         #: (position, error, position of the await that named it in a note, or None)
         self._errors: list[tuple[int, BaseException, int | None]] = []
         self._closed = False
+        #: Set at the interpreter's exit (:func:`_stop_at_exit`): the queued work was dropped.
+        self._dropped = False
 
     @property
     def device(self) -> Device:
@@ -256,12 +258,14 @@ def _stop_at_exit() -> None:
     exception) drop the work still queued and stop once the running operation ends: a worker
     thread still in BLAS while the interpreter finalized hung the exit for good (a CPU backend
     with three products of 2048 queued never exited)."""
-    for stream in list(_RUNNING):
+    streams = list(_RUNNING)
+    for stream in streams:  # all of them first: work on one may wait for another's (_after)
         with stream._lock:
-            stream._closed = True
+            stream._closed = stream._dropped = True
             stream._queue.clear()  # nobody is left to await it
             stream._cv.notify_all()
-            thread = stream._thread
+    for stream in streams:
+        thread = stream._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(_EXIT_JOIN_S)
 
@@ -271,6 +275,8 @@ def _after(deps: Sequence[tuple[HostStream, int]], fn: Callable[[], None]) -> Ca
         for stream, seq in deps:
             with stream._lock:
                 while stream.completed < seq:
+                    if stream._dropped:  # at exit: that position will never complete
+                        return
                     stream._wait_locked()
         fn()
 

@@ -330,6 +330,7 @@ class StreamBackend(ComputeBackend, Generic[S]):
                 f"{type(self).__name__}._initialize must return accelkit.sdk.Opened; got"
                 f" {type(opened).__name__}"
             )
+        self._retired.update(self._streams)  # a rebuild's old streams (an isolated recover's)
         self._streams = list(opened.streams)
         self._default = self._streams[0]
         self._memory_manager = self._component(MemoryManager, opened.memory)

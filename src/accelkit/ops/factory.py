@@ -9,6 +9,7 @@ default, so the same seed gives the same values on every backend.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import anyio.to_thread
@@ -105,29 +106,26 @@ def _check_holds(op: str, name: str, value: int | float, dt: DType) -> None:
         _check_float_fits(op, name, value, dt)
         return
     lo, hi = (0, 1) if dt is DType.BOOL else _bounds(dt)
-    if not (math.isfinite(value) and lo <= math.trunc(value) <= hi):
+    if not ((isinstance(value, int) or math.isfinite(value)) and lo <= math.trunc(value) <= hi):
         raise InvalidArgumentError(
             f"{op}: {name}={_shown(value)} does not fit {dt.value} ({lo}..{hi})"
         )
 
 
-def _check_python_data(arr: np.ndarray[Any, Any], dt: DType) -> None:
-    """Python numbers given with an explicit ``dtype`` must fit it, as NumPy 2 requires of
-    ``np.asarray([300], np.uint8)``: not wrap (arrays are cast as NumPy's ``astype`` casts)."""
-    if not arr.size or arr.dtype.kind == "b" or dt is DType.BOOL:
-        return  # (any number is a bool: nonzero is True, as NumPy converts it)
-    if arr.dtype.kind == "O":  # ints beyond 64 bits among them
+def _python_data_as(data: Any, dt: DType) -> np.ndarray[Any, Any]:
+    """Python numbers (a scalar, nested lists or tuples) read as ``dt``, by NumPy 2's rules: a
+    Python int must fit the dtype (``[300]`` as U8 is refused, not wrapped; NumPy 1.x only
+    warned), typed values in the lists (NumPy scalars, arrays) are cast as ``astype`` casts
+    them, floats round (to an infinity where they overflow a float dtype, as a cast does)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # NumPy 1.x: an int out of bounds
         try:
-            values = [float(v) if dt.is_floating else v for v in arr.reshape(-1).tolist()]
-        except (OverflowError, TypeError) as exc:
-            raise InvalidArgumentError(f"from_host: {exc} for dtype {dt.value}") from None
-        low, high = min(values), max(values)
-    else:
-        low, high = arr.min().item(), arr.max().item()
-    if dt.is_floating and arr.dtype.kind == "f":
-        return  # floats round to the dtype (an overflow gives inf, as a cast of an array does)
-    for v in (low, high):
-        _check_holds("from_host", "value", v, dt)
+            with np.errstate(over="ignore", invalid="ignore"):
+                return np.asarray(data, dtype=dt.to_numpy())
+        except (OverflowError, ValueError, TypeError, DeprecationWarning) as exc:
+            raise InvalidArgumentError(
+                f"from_host: cannot read {type(data).__name__} as {dt.value}: {exc}"
+            ) from None
 
 
 class TensorFactory(OpsBase[FactoryKernels]):
@@ -250,6 +248,12 @@ class TensorFactory(OpsBase[FactoryKernels]):
         U8, as NumPy 2 refuses it) and arrays are cast as NumPy's ``astype`` casts them."""
         if isinstance(data, Tensor):
             raise InvalidArgumentError("from_host takes host data; use to_device() for a Tensor")
+        if dtype is not None and (type(data) in _PYTHON_SCALARS or isinstance(data, list | tuple)):
+            dt = check_dtype(self.backend, DType.from_any(dtype))
+            arr = _python_data_as(data, dt)
+            out = self._empty(check_shape(arr.shape), dt)
+            self.kernels.from_host(out, arr)
+            return out
         try:
             arr = np.asarray(data)
         except (ValueError, TypeError) as exc:
@@ -270,8 +274,6 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 dt = DType.from_any(arr.dtype)
         else:
             dt = DType.from_any(dtype)
-            if type(data) in _PYTHON_SCALARS or isinstance(data, list | tuple):
-                _check_python_data(arr, check_dtype(self.backend, dt))
         dt = check_dtype(self.backend, dt)
         out = self._empty(check_shape(arr.shape), dt)
         self.kernels.from_host(out, arr)
