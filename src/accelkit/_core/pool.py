@@ -192,7 +192,8 @@ class CachingPool:
                 if used > self._total:
                     if handle is not None:  # the block swapped in above goes to the cache
                         self._recycle_locked(handle, block)
-                    if self.on_limit is None or _again or nbytes > self._total:  # (waiting frees too little)
+                    # (a request over the whole limit: no wait would make it fit)
+                    if self.on_limit is None or _again or nbytes > self._total:
                         total = self._total
                         raise OutOfMemoryError(
                             f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
