@@ -46,7 +46,7 @@ class CrashTensorKernels(CPUTensorKernels):
         if mode == "hang":
             time.sleep(3600)
         if mode == "slow":
-            time.sleep(1.5)
+            time.sleep(2.5)
         if mode == "raise":
             raise DeviceError("the crash device lost its context (on purpose)")
         if mode == "exit":
