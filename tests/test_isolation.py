@@ -173,7 +173,7 @@ async def _recovers_after(b: IsolatedBackend, pid: int) -> None:
     """The lost worker ``pid`` left nothing behind, and a recovered backend computes right;
     a stream of the lost worker is stale (``use_stream`` called it another backend's)."""
     _no_leak([pid])
-    old = b.default_stream
+    old = b.streams[0]  # (the default stream: default_stream refuses while the backend failed)
     with anyio.fail_after(60):
         await b.recover()
     await _check_recovered(b)
