@@ -87,8 +87,10 @@ def _check_float_fits(op: str, name: str, value: int | float, dt: DType) -> None
         v = float(value)
     except OverflowError:  # an int beyond float64's range
         raise InvalidArgumentError(
-            f"{op}: {name}={value} is beyond the range of {dt.value}"
+            f"{op}: {name}={_shown(value)} is beyond the range of {dt.value}"
         ) from None
+    if -65504.0 <= v <= 65504.0:  # every float dtype holds it (F16's largest): the common case
+        return
     if math.isfinite(v):
         with np.errstate(over="ignore"):
             stored = np.array(v, dt.to_numpy())
