@@ -60,10 +60,6 @@ def _fmt(n: int) -> str:
     raise AssertionError
 
 
-class _Reclaim(Exception):
-    """Raised inside ``allocate``'s lock to leave it and call ``on_limit`` (not an error)."""
-
-
 class CachingPool:
     """Size-class caching allocator with exact accounting (see module docstring)."""
 
@@ -153,58 +149,57 @@ class CachingPool:
         else:
             step = 1 << (nbytes.bit_length() - 4)
             block = (nbytes + step - 1) & ~(step - 1)
-        try:
-            with self._lock:
-                if self.closed:
-                    raise NotInitializedError(
-                        f"the memory pool of {self.device} is closed: its backend was shut down"
-                    )
-                released = self._released
-                handle = None
-                if released:
-                    buf = released[0]
-                    if (
-                        len(released) == 1
-                        and buf.block_size == block
-                        and buf._pool is self
-                        and buf._gen == self.generation
-                        and self._caching
-                    ):
-                        # The commonest case, whole: the one buffer that died since the last
-                        # allocation (a loop's previous result) is of this size class, and its block
-                        # is handed straight back (one buffer out, one in: the active count stays).
-                        # Anything else (over the limit, a block that is not live) takes the general
-                        # path below, which drains it like any other.
-                        handle = buf.handle
-                        used = self._used - buf.nbytes + nbytes
-                        is_live = self._is_live
-                        if used <= self._total and (is_live is None or is_live(handle)):
-                            released.popleft()
-                            buf._pool = None
-                            self._used = used
-                            if used > self._peak:
-                                self._peak = used
-                            return DeviceBuffer(
-                                self, handle, nbytes, block, self.device, self.generation
-                            )
-                    handle = self._drain_locked(block)
-                used = self._used + nbytes
-                if used > self._total:
-                    if handle is not None:  # the block swapped in above goes to the cache
-                        self._recycle_locked(handle, block)
-                    # (a request over the whole limit: no wait would make it fit)
-                    if self.on_limit is None or _again or nbytes > self._total:
-                        total = self._total
-                        raise OutOfMemoryError(
-                            f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
-                            f" {'limit' if self._config.limit_bytes else 'device memory'} of"
-                            f" {_fmt(total)} ({_fmt(self._used)} in use, {_fmt(total - self._used)}"
-                            " free)",
-                            requested=nbytes,
-                            used=self._used,
-                            limit=total,
+        with self._lock:
+            if self.closed:
+                raise NotInitializedError(
+                    f"the memory pool of {self.device} is closed: its backend was shut down"
+                )
+            released = self._released
+            handle = None
+            if released:
+                buf = released[0]
+                if (
+                    len(released) == 1
+                    and buf.block_size == block
+                    and buf._pool is self
+                    and buf._gen == self.generation
+                    and self._caching
+                ):
+                    # The commonest case, whole: the one buffer that died since the last
+                    # allocation (a loop's previous result) is of this size class, and its block
+                    # is handed straight back (one buffer out, one in: the active count stays).
+                    # Anything else (over the limit, a block that is not live) takes the general
+                    # path below, which drains it like any other.
+                    handle = buf.handle
+                    used = self._used - buf.nbytes + nbytes
+                    is_live = self._is_live
+                    if used <= self._total and (is_live is None or is_live(handle)):
+                        released.popleft()
+                        buf._pool = None
+                        self._used = used
+                        if used > self._peak:
+                            self._peak = used
+                        return DeviceBuffer(
+                            self, handle, nbytes, block, self.device, self.generation
                         )
-                    raise _Reclaim
+                handle = self._drain_locked(block)
+            used = self._used + nbytes
+            if used > self._total:
+                if handle is not None:  # the block swapped in above goes to the cache
+                    self._recycle_locked(handle, block)
+                # (a request over the whole limit: no wait would make it fit)
+                if self.on_limit is None or _again or nbytes > self._total:
+                    total = self._total
+                    raise OutOfMemoryError(
+                        f"allocating {_fmt(nbytes)} on {self.device} would exceed the"
+                        f" {'limit' if self._config.limit_bytes else 'device memory'} of"
+                        f" {_fmt(total)} ({_fmt(self._used)} in use, {_fmt(total - self._used)}"
+                        " free)",
+                        requested=nbytes,
+                        used=self._used,
+                        limit=total,
+                    )
+            else:  # within the limit
                 if handle is None:
                     free_list = self._cache.get(block)
                     if free_list:
@@ -221,8 +216,6 @@ class CachingPool:
                 if used > self._peak:
                     self._peak = used
                 return DeviceBuffer(self, handle, nbytes, block, self.device, self.generation)
-        except _Reclaim:
-            pass
         on_limit = self.on_limit
         assert on_limit is not None
         on_limit()  # (outside the lock: it waits for the streams, whose work allocates)

@@ -250,23 +250,21 @@ class TensorFactory(OpsBase[FactoryKernels]):
         U8, as NumPy 2 refuses it) and arrays are cast as NumPy's ``astype`` casts them."""
         if isinstance(data, Tensor):
             raise InvalidArgumentError("from_host takes host data; use to_device() for a Tensor")
-        if dtype is not None and (type(data) in _PYTHON_SCALARS or isinstance(data, list | tuple)):
+        python = type(data) in _PYTHON_SCALARS or isinstance(data, list | tuple)
+        if dtype is not None and python:  # read as the dtype: its ints must fit
             dt = check_dtype(self.backend, DType.from_any(dtype))
             arr = _python_data_as(data, dt)
-            out = self._empty(check_shape(arr.shape), dt)
-            self.kernels.from_host(out, arr)
-            return out
-        try:
-            arr = np.asarray(data)
-        except (ValueError, TypeError) as exc:
-            raise InvalidArgumentError(
-                f"from_host: cannot read {type(data).__name__}: {exc}"
-            ) from None
-        if dtype is None:
-            if type(data) in _PYTHON_SCALARS or isinstance(data, list | tuple):
-                # Python numbers (a list or tuple may hold typed ones): floats give F32
-                kind = arr.dtype.kind
-                if kind in "ufO" and _big_int(data, arr):
+        else:
+            try:
+                arr = np.asarray(data)
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgumentError(
+                    f"from_host: cannot read {type(data).__name__}: {exc}"
+                ) from None
+            if dtype is not None:  # typed data, cast as astype casts it
+                dt = DType.from_any(dtype)
+            elif python:  # Python numbers (a list or tuple may hold typed ones): floats give F32
+                if arr.dtype.kind in "ufO" and _big_int(data, arr):
                     raise InvalidArgumentError(
                         "from_host: Python ints beyond the range of I64 (-2**63 .. 2**63 - 1);"
                         " pass dtype= (for example 'u64') to convert them"
@@ -274,8 +272,6 @@ class TensorFactory(OpsBase[FactoryKernels]):
                 dt = DType.F32 if arr.dtype == np.float64 else DType.from_any(arr.dtype)
             else:  # typed data (an array, a buffer, anything with __array__) keeps its dtype
                 dt = DType.from_any(arr.dtype)
-        else:
-            dt = DType.from_any(dtype)
         dt = check_dtype(self.backend, dt)
         out = self._empty(check_shape(arr.shape), dt)
         self.kernels.from_host(out, arr)
